@@ -1,0 +1,254 @@
+"""Looped-model architectures: layer shape, prelude-core-coda split, loop counts, and what they cost.
+
+An :class:`ArchSpec` is everything the scheduler, the latency model and the executor need to know about a
+looped LM: the shape of one transformer layer, how many layers sit before the loop (prelude), inside it
+(core, applied up to ``r_max`` times per token) and after it (coda), the vocabulary and head. From it
+follow parameter counts per stage, the FLOP terms ``F_0`` (paid once per token) and ``F_r`` (paid per
+loop), weight bytes per stage, and KV bytes per token for each KV layout.
+
+Shapes of the presets come from the public configs summarised in ``reference/models.md``: Ouro-1.4B and
+Ouro-2.6B (ByteDance, HF ``ByteDance/Ouro-1.4B``/``Ouro-2.6B``) and Huginn-0125 (tomg-group-umd, served
+with r_max 16 as in the CDB paper, arXiv 2608.09444).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from cdbsim.errors import ConfigError, require, unknown
+from cdbsim.kvlayout import KVLayout
+
+LAYER_STYLES = ("ouro", "huginn")
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One transformer layer: attention and gated MLP sizes plus the block style.
+
+    ``style`` picks the block: ``ouro`` (sandwich norm: post-norm on the branch before the residual add,
+    separate q/k/v/o and gate/up/down, final norm after every loop) or ``huginn`` (post-norm on the
+    residual sum, fused qkv with a learned q/k bias, adapter injecting the embedding each loop).
+    """
+
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    style: str = "ouro"
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "intermediate", "heads", "kv_heads", "head_dim"):
+            require(getattr(self, name) >= 1, f"layer {name} must be >= 1, got {getattr(self, name)}")
+        require(self.heads % self.kv_heads == 0,
+                f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.style not in LAYER_STYLES:
+            raise unknown("layer style", self.style, LAYER_STYLES)
+
+    @property
+    def key(self) -> str:
+        """A name for this shape, so latency fits of one layer serve every split that uses it."""
+        return (f"{self.style}-h{self.hidden}-i{self.intermediate}-"
+                f"a{self.heads}x{self.head_dim}-kv{self.kv_heads}")
+
+    @property
+    def params(self) -> int:
+        """Parameters of one layer (attention, MLP, 4 norms, Huginn's q/k bias)."""
+        q_out = self.heads * self.head_dim
+        kv_out = self.kv_heads * self.head_dim
+        attention = self.hidden * (q_out + 2 * kv_out) + q_out * self.hidden
+        mlp = 3 * self.hidden * self.intermediate
+        norms = 4 * self.hidden
+        qk_bias = (q_out + kv_out) if self.style == "huginn" else 0
+        return attention + mlp + norms + qk_bias
+
+    @property
+    def kv_bytes_per_slot(self) -> int:
+        """Bytes of K and V for one token in one layer slot, at 2 bytes per value (bf16)."""
+        return 2 * self.kv_heads * self.head_dim * 2
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """A looped LM: layer shape, prelude-core-coda split and the loop-depth limits."""
+
+    name: str
+    layer: LayerShape
+    vocab: int
+    prelude: int
+    core: int
+    coda: int
+    r_max: int
+    r_min: int = 1
+    tied_head: bool = False
+    rope_theta: float = 1e6
+    norm_eps: float = 1e-6
+    dtype_bytes: int = 2
+    extras: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        require(self.core >= 1, f"the core needs at least one layer, got {self.core}")
+        require(self.prelude >= 0 and self.coda >= 0, "prelude and coda layer counts must be >= 0")
+        require(self.vocab >= 1, "vocab must be >= 1")
+        require(self.r_max >= 1, f"r_max must be >= 1, got {self.r_max}")
+        require(self.r_min >= 1, f"r_min must be >= 1, got {self.r_min}")
+        require(self.r_min <= self.r_max, f"r_min ({self.r_min}) must not exceed r_max ({self.r_max})")
+
+    # ----- structure -----------------------------------------------------------------------------
+    @property
+    def style(self) -> str:
+        return self.layer.style
+
+    @property
+    def has_adapter(self) -> bool:
+        """Huginn-style cores mix the prelude output back in each loop through a 2h -> h adapter."""
+        return self.style == "huginn"
+
+    @property
+    def split(self) -> str:
+        return f"{self.prelude}-{self.core}-{self.coda}"
+
+    # ----- parameters ----------------------------------------------------------------------------
+    @property
+    def adapter_params(self) -> int:
+        return 2 * self.layer.hidden * self.layer.hidden if self.has_adapter else 0
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.layer.hidden
+
+    @property
+    def head_params(self) -> int:
+        """LM-head parameters; a tied head reuses the embedding but still costs its FLOPs."""
+        return self.vocab * self.layer.hidden
+
+    @property
+    def final_norm_params(self) -> int:
+        return self.layer.hidden
+
+    @property
+    def prelude_params(self) -> int:
+        return self.prelude * self.layer.params
+
+    @property
+    def core_params(self) -> int:
+        """Parameters applied once per loop: the core layers plus Huginn's adapter."""
+        return self.core * self.layer.params + self.adapter_params
+
+    @property
+    def coda_params(self) -> int:
+        return self.coda * self.layer.params
+
+    @property
+    def total_params(self) -> int:
+        head = 0 if self.tied_head else self.head_params
+        return (self.embedding_params + self.prelude_params + self.core_params + self.coda_params
+                + self.final_norm_params + head)
+
+    @property
+    def f0(self) -> float:
+        """F_0: work paid once per token (prelude, coda, final norm, head), counted in parameters."""
+        return float(self.prelude_params + self.coda_params + self.final_norm_params + self.head_params)
+
+    @property
+    def fr(self) -> float:
+        """F_r: work of one loop of the core, counted in parameters."""
+        return float(self.core_params)
+
+    # ----- bytes ---------------------------------------------------------------------------------
+    def weight_bytes(self) -> dict[str, int]:
+        """Weight bytes one pass of each stage reads (the embedding is a gather, so it reads rows only)."""
+        b = self.dtype_bytes
+        return {
+            "prelude": self.prelude_params * b,
+            "core": (self.core_params + self.final_norm_params) * b,
+            "coda": (self.coda_params + self.final_norm_params + self.head_params) * b,
+        }
+
+    def cache_layers(self, layout: KVLayout | str) -> int:
+        """Layer slots holding KV for one token: prelude + slots x core + coda."""
+        slots = KVLayout.parse(layout).slots(self.r_max)
+        return self.prelude + slots * self.core + self.coda
+
+    def kv_bytes_per_token(self, layout: KVLayout | str) -> int:
+        """KV bytes one token occupies under ``layout``."""
+        return self.cache_layers(layout) * self.layer.kv_bytes_per_slot
+
+    # ----- variants ------------------------------------------------------------------------------
+    def with_split(self, split: str) -> ArchSpec:
+        """The same layer shape re-split as ``prelude-core-coda`` (e.g. ``1-4-1``)."""
+        parts = split.split("-")
+        try:
+            prelude, core, coda = (int(p) for p in parts)
+        except ValueError:
+            raise ConfigError(f"split must look like 2-4-2 (prelude-core-coda), got {split!r}") from None
+        return replace(self, name=f"{self.name}@{prelude}-{core}-{coda}", prelude=prelude, core=core,
+                       coda=coda)
+
+    def with_loops(self, r_max: int | None = None, r_min: int | None = None) -> ArchSpec:
+        """The same model with other loop limits."""
+        return replace(self, r_max=r_max if r_max is not None else self.r_max,
+                       r_min=r_min if r_min is not None else self.r_min)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.pop("extras")
+        return data
+
+
+def _ouro(name: str, layers: int) -> ArchSpec:
+    return ArchSpec(
+        name=name,
+        layer=LayerShape(hidden=2048, intermediate=5632, heads=16, kv_heads=16, head_dim=128,
+                         style="ouro"),
+        vocab=49152, prelude=0, core=layers, coda=0, r_max=4, tied_head=False, rope_theta=1e6,
+        norm_eps=1e-6,
+    )
+
+
+PRESETS: dict[str, ArchSpec] = {
+    "ouro-1.4b": _ouro("ouro-1.4b", 24),
+    "ouro-2.6b": _ouro("ouro-2.6b", 48),
+    "huginn-3.5b": ArchSpec(
+        name="huginn-3.5b",
+        layer=LayerShape(hidden=5280, intermediate=17920, heads=55, kv_heads=55, head_dim=96,
+                         style="huginn"),
+        vocab=65536, prelude=2, core=4, coda=2, r_max=16, tied_head=True, rope_theta=50000.0,
+        norm_eps=1e-6,
+    ),
+}
+
+
+def arch_from_dict(data: dict, source: str = "architecture") -> ArchSpec:
+    """Build an :class:`ArchSpec` from a dict (the JSON form written by :meth:`ArchSpec.to_dict`)."""
+    try:
+        layer = LayerShape(**data["layer"])
+        fields = {k: v for k, v in data.items() if k != "layer"}
+        return ArchSpec(layer=layer, **fields)
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"{source}: not a valid architecture ({exc})") from None
+
+
+def load_arch(name_or_path: str, split: str | None = None, r_max: int | None = None,
+              r_min: int | None = None) -> ArchSpec:
+    """A preset by name or an architecture JSON file, optionally re-split or with other loop limits."""
+    if name_or_path in PRESETS:
+        arch = PRESETS[name_or_path]
+    elif name_or_path.endswith(".json"):
+        path = Path(name_or_path)
+        require(path.is_file(), f"architecture file {path} does not exist")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+        arch = arch_from_dict(data, str(path))
+    else:
+        raise unknown("architecture", name_or_path, [*PRESETS, "<file>.json"])
+    if split:
+        arch = arch.with_split(split)
+    if r_max is not None or r_min is not None:
+        arch = arch.with_loops(r_max, r_min)
+    return arch
+

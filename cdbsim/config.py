@@ -1,0 +1,143 @@
+"""Serving configuration: policy, widths, budgets, exit timing, and the executor's graph sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from cdbsim.arch import ArchSpec
+from cdbsim.errors import require, unknown
+from cdbsim.kvlayout import KVLayout
+
+
+class Policy(str, Enum):
+    """CB: token-level continuous batching (every token at full depth, fused step).
+    NOREFILL: CDB with lock-step decode waves (freed slots wait for the wave's coda).
+    REFILL: CDB that refills loop slots every launch (coda >= K > prefill > core)."""
+
+    CB = "cb"
+    NOREFILL = "norefill"
+    REFILL = "refill"
+
+    @classmethod
+    def parse(cls, name: str | Policy) -> Policy:
+        if isinstance(name, Policy):
+            return name
+        aliases = {"no-refill": "norefill", "continuous": "cb", "cdb": "refill"}
+        try:
+            return cls(aliases.get(name, name))
+        except ValueError:
+            raise unknown("policy", name, [m.value for m in cls]) from None
+
+
+class Timing(str, Enum):
+    """When the host learns exit decisions and plans the next launch.
+
+    SYNC: the host plans only after the device finished (device idles while the host plans).
+    ASYNC: planning overlaps the running launch, except after a core launch, whose gate must be read.
+    LOOKAHEAD: the gate computed at loop step r decides step r + 2, so planning always overlaps;
+    the price is a minimum exit depth of 2.
+    """
+
+    SYNC = "sync"
+    ASYNC = "async"
+    LOOKAHEAD = "lookahead"
+
+    @classmethod
+    def parse(cls, name: str | Timing) -> Timing:
+        if isinstance(name, Timing):
+            return name
+        try:
+            return cls(name)
+        except ValueError:
+            raise unknown("exit timing", name, [m.value for m in cls]) from None
+
+    @property
+    def min_depth(self) -> int:
+        return 2 if self is Timing.LOOKAHEAD else 1
+
+
+def decode_graph_sizes(width: int) -> tuple[int, ...]:
+    """Padded batch sizes with a CUDA graph: 1, 2, 4, 8, 12, 16..256 by 8, 272..496 by 16, 512.. by 32, W."""
+    sizes = {1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 497, 16), *range(512, width + 1, 32), width}
+    return tuple(sorted(s for s in sizes if s <= width))
+
+
+def prefill_graph_sizes(budget: int) -> tuple[int, ...]:
+    """Padded prefill token counts: 16..256 by 16, 288..512 by 32, 576..1024 by 64, 1280..4096 by 256,
+    4608.. by 512, and the budget M itself."""
+    sizes = {*range(16, 257, 16), *range(288, 513, 32), *range(576, 1025, 64), *range(1280, 4097, 256),
+             *range(4608, budget + 1, 512), budget}
+    return tuple(sorted(s for s in sizes if s <= budget))
+
+
+def padding_table(sizes: tuple[int, ...], limit: int) -> list[int]:
+    """``table[n]`` = the smallest size >= n (n = 0 .. limit)."""
+    table = [0] * (limit + 1)
+    j = 0
+    for n in range(1, limit + 1):
+        while sizes[j] < n:
+            j += 1
+        table[n] = sizes[j]
+    return table
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How a looped model is served. Defaults follow the CDB paper's engine (reference/cdb-engine-spec.md).
+
+    ``width`` (W) bounds both resident requests and tokens per decode-type launch; ``coda_batch`` (K) is
+    the coda size refill waits for; ``prefill_budget`` (M) bounds prompt tokens per prefill launch;
+    ``kv_margin`` is the share of free KV blocks below which new prompts are not admitted while others
+    decode; ``min_free_slots`` (default max(1, W/8)) how many resident slots must be free to start
+    admitting.
+    """
+
+    policy: Policy = Policy.REFILL
+    width: int = 64
+    coda_batch: int = 1
+    prefill_budget: int = 8192
+    timing: Timing = Timing.LOOKAHEAD
+    layout: KVLayout = KVLayout.DEPTH
+    kv_margin: float = 0.2
+    min_free_slots: int | None = None
+    max_coda_in_flight: int = 2
+    block_size: int = 16
+    graph_sizes: tuple[int, ...] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", Policy.parse(self.policy))
+        object.__setattr__(self, "timing", Timing.parse(self.timing))
+        object.__setattr__(self, "layout", KVLayout.parse(self.layout))
+        require(self.width >= 1, f"W must be >= 1, got {self.width}")
+        require(self.coda_batch >= 1, f"K must be >= 1, got {self.coda_batch}")
+        require(self.coda_batch <= self.width, f"K ({self.coda_batch}) must not exceed W ({self.width})")
+        require(self.prefill_budget >= 1, f"M must be >= 1, got {self.prefill_budget}")
+        require(self.width <= self.prefill_budget,
+                f"W ({self.width}) must not exceed the prefill budget M ({self.prefill_budget})")
+        require(0.0 <= self.kv_margin < 1.0, f"the KV margin must be in [0, 1), got {self.kv_margin}")
+        require(self.min_free_slots is None or 1 <= self.min_free_slots <= self.width,
+                f"min_free_slots must be in [1, W], got {self.min_free_slots}")
+        require(self.max_coda_in_flight >= 1, "max_coda_in_flight must be >= 1")
+        require(self.block_size >= 1, "block_size must be >= 1")
+        if self.graph_sizes is not None:
+            require(len(self.graph_sizes) > 0 and max(self.graph_sizes) >= self.width,
+                    f"graph sizes must include a size >= W ({self.width})")
+
+    @property
+    def free_slots_to_admit(self) -> int:
+        return self.min_free_slots if self.min_free_slots is not None else max(1, self.width // 8)
+
+    def r_min(self, arch: ArchSpec) -> int:
+        """Effective minimum depth: the model's, raised to 2 by the lookahead gate; CB runs r_max."""
+        if self.policy is Policy.CB:
+            return arch.r_max
+        return min(max(arch.r_min, self.timing.min_depth), arch.r_max)
+
+    def decode_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self.graph_sizes)) if self.graph_sizes else decode_graph_sizes(self.width)
+
+    def describe(self) -> str:
+        k = f" K={self.coda_batch}" if self.policy is Policy.REFILL else ""
+        return (f"{self.policy.value}{k} W={self.width} M={self.prefill_budget} {self.timing.value} "
+                f"{self.layout.value}-KV")

@@ -1,0 +1,125 @@
+"""The launch log and the per-request log: one schema, whichever clock (simulated or GPU) filled them.
+
+Both drivers call :meth:`RunRecorder.record` once per launch with its device start and end time (seconds
+from the start of the run) and the host time spent planning it; the recorder derives which tokens each
+launch produced and when. :class:`RunLog` is what the report, the plots and ``cdbsim validate`` read.
+
+Launch log columns: ``index, stage, size, padded, items, context, kv_copies, start, end, host_s,
+step_mix`` (``"0:12 1:30"``, core launches), ``exits``, ``tokens`` (tokens produced),
+``queue_waiting, queue_core, queue_coda, active``.
+
+Request log columns: ``request_id, prompt_len, output_len, arrival, scheduled`` (first prefill launch
+start), ``first_token, finish``, and ``token_times`` (the time each output token was produced).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cdbsim.launch import Launch, Stage
+from traces.request import Request
+
+LAUNCH_COLUMNS = ("index", "stage", "size", "padded", "items", "context", "kv_copies", "start", "end",
+                  "host_s", "step_mix", "exits", "tokens", "queue_waiting", "queue_core", "queue_coda",
+                  "active")
+
+
+class RunRecorder:
+    """Collects launch rows and token times during a run."""
+
+    def __init__(self, requests: list[Request], keep_step_mix: bool = True) -> None:
+        self.requests = requests
+        self.keep_step_mix = keep_step_mix
+        self._rows: dict[str, list] = {c: [] for c in LAUNCH_COLUMNS}
+        self._tokens: list[list[float]] = [[] for _ in requests]
+        self._scheduled = [np.nan] * len(requests)
+
+    def record(self, launch: Launch, start: float, end: float, host_s: float = 0.0) -> None:
+        rows = self._rows
+        stage = launch.stage
+        if stage is Stage.PREFILL:
+            produced = [i for i, f in zip(launch.requests, launch.finishes, strict=True) if f]
+            for i in launch.requests:
+                if self._scheduled[i] != self._scheduled[i]:  # NaN: first time scheduled
+                    self._scheduled[i] = start
+        elif stage is Stage.CODA or stage is Stage.DECODE:
+            produced = launch.requests
+        else:
+            produced = ()
+        tokens = self._tokens
+        for i in produced:
+            tokens[i].append(end)
+        rows["index"].append(launch.index)
+        rows["stage"].append(stage.value)
+        rows["size"].append(launch.size)
+        rows["padded"].append(launch.padded)
+        rows["items"].append(len(launch.requests))
+        rows["context"].append(launch.context)
+        rows["kv_copies"].append(launch.kv_copies)
+        rows["start"].append(start)
+        rows["end"].append(end)
+        rows["host_s"].append(host_s)
+        rows["step_mix"].append(_mix(launch) if self.keep_step_mix and launch.steps else "")
+        rows["exits"].append(sum(launch.exits) if launch.exits else 0)
+        rows["tokens"].append(len(produced))
+        rows["queue_waiting"].append(launch.queue_waiting)
+        rows["queue_core"].append(launch.queue_core)
+        rows["queue_coda"].append(launch.queue_coda)
+        rows["active"].append(launch.active)
+
+    def finish(self, meta: dict | None = None) -> RunLog:
+        launches = pd.DataFrame(self._rows)
+        reqs = self.requests
+        times = [np.asarray(t) for t in self._tokens]
+        requests = pd.DataFrame({
+            "request_id": [r.request_id for r in reqs],
+            "prompt_len": [r.prompt_len for r in reqs],
+            "output_len": [r.output_len for r in reqs],
+            "arrival": [r.arrival for r in reqs],
+            "scheduled": self._scheduled,
+            "first_token": [t[0] if len(t) else np.nan for t in times],
+            "finish": [t[-1] if len(t) else np.nan for t in times],
+        })
+        return RunLog(launches=launches, requests=requests, token_times=times, meta=dict(meta or {}))
+
+
+def _mix(launch: Launch) -> str:
+    return " ".join(f"{s}:{c}" for s, c in launch.step_mix().items())
+
+
+@dataclass
+class RunLog:
+    """A finished run: launch rows, request rows, each request's token times, and what produced it."""
+
+    launches: pd.DataFrame
+    requests: pd.DataFrame
+    token_times: list[np.ndarray]
+    meta: dict = field(default_factory=dict)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``launches.csv``, ``requests.csv`` (token times space-separated) and ``meta.json``."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self.launches.to_csv(out / "launches.csv", index=False)
+        req = self.requests.copy()
+        req["token_times"] = [" ".join(f"{t:.9g}" for t in ts) for ts in self.token_times]
+        req.to_csv(out / "requests.csv", index=False)
+        (out / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
+        return out
+
+    @classmethod
+    def load(cls, directory: str | Path) -> RunLog:
+        src = Path(directory)
+        launches = pd.read_csv(src / "launches.csv", keep_default_na=False,
+                               dtype={"step_mix": str})
+        req = pd.read_csv(src / "requests.csv", keep_default_na=False, dtype={"token_times": str})
+        times = [np.array(s.split(), dtype=float) for s in req.pop("token_times")]
+        for col in ("scheduled", "first_token", "finish"):
+            req[col] = pd.to_numeric(req[col], errors="coerce")
+        meta = json.loads((src / "meta.json").read_text()) if (src / "meta.json").exists() else {}
+        return cls(launches=launches, requests=req, token_times=times, meta=meta)

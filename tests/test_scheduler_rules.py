@@ -1,0 +1,124 @@
+"""Hand-checked scheduler behaviour: admission, queue order, coda batching, waves, KV pressure."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdbsim.config import ServeConfig, decode_graph_sizes, prefill_graph_sizes
+from cdbsim.errors import ConfigError
+from cdbsim.launch import Stage
+from cdbsim.replay import drive
+from cdbsim.scheduler import Scheduler
+from tests.conftest import make_requests, tiny_arch
+
+
+def stages(launches) -> list[str]:
+    return [x.stage.value for x in launches]
+
+
+def test_refill_two_requests_exact_sequence() -> None:
+    arch = tiny_arch(r_max=3)
+    requests = make_requests([(4, 2), (4, 2)], depths=[[1], [3]])
+    config = ServeConfig(policy="refill", width=4, coda_batch=1, prefill_budget=16, timing="sync")
+    launches = list(drive(Scheduler(arch, config, requests, 64), pipelined=False))
+    assert stages(launches) == ["prefill", "prelude", "core", "coda", "core", "core", "coda"]
+    assert launches[0].chunk_lens == [4, 4] and launches[0].finishes == [True, True]
+    core = launches[2]
+    assert core.requests == [0, 1] and core.steps == [0, 0] and core.exits == [True, False]
+    # request 1 keeps looping at the head of the queue while request 0's coda runs first
+    assert launches[4].steps == [1] and launches[5].steps == [2] and launches[5].exits == [True]
+    assert launches[1].positions == [4, 4]  # the first decode token's input sits after the prompt
+
+
+def test_lookahead_raises_minimum_depth_to_two() -> None:
+    arch = tiny_arch(r_max=3)
+    requests = make_requests([(4, 2)], depths=[[1]])
+    launches = list(drive(Scheduler(arch, ServeConfig(width=2, timing="lookahead"), requests, 64)))
+    assert sum(x.size for x in launches if x.stage is Stage.CORE) == 2
+
+
+def test_cb_runs_one_fused_step_per_token() -> None:
+    arch = tiny_arch(r_max=3)
+    requests = make_requests([(4, 3), (6, 2)], depths=[[1, 1], [1]])
+    launches = list(drive(Scheduler(arch, ServeConfig(policy="cb", width=4), requests, 64)))
+    assert stages(launches) == ["prefill", "decode", "decode"]
+    assert launches[1].requests == [0, 1] and launches[2].requests == [0]
+
+
+def test_norefill_wave_shrinks_and_ends_with_one_coda() -> None:
+    arch = tiny_arch(r_max=4)
+    requests = make_requests([(4, 2), (4, 2), (4, 2)], depths=[[2], [4], [3]])
+    config = ServeConfig(policy="norefill", width=4, timing="lookahead")
+    launches = list(drive(Scheduler(arch, config, requests, 64)))
+    assert stages(launches) == ["prefill", "prelude", "core", "core", "core", "core", "coda"]
+    assert [x.size for x in launches[2:6]] == [3, 3, 2, 1]
+    assert launches[-1].size == 3
+
+
+def test_admission_waits_for_free_slots() -> None:
+    """W = 8 with min_free_slots = 4: six residents admit nothing; after two finish, four are admitted."""
+    arch = tiny_arch(r_max=2)
+    specs = [(4, 4)] * 2 + [(4, 30)] * 4 + [(4, 2)] * 6
+    config = ServeConfig(policy="refill", width=8, min_free_slots=4, prefill_budget=16, timing="sync")
+    scheduler = Scheduler(arch, config, make_requests(specs, depths=[[2] * (o - 1) for _, o in specs]), 256)
+    for i in range(6):
+        scheduler.arrive(i)
+    while scheduler.active < 6:
+        scheduler.complete(scheduler.plan())
+    for i in range(6, 12):
+        scheduler.arrive(i)
+    admitted_at = None
+    while admitted_at is None:
+        launch = scheduler.plan()
+        if launch.stage is Stage.PREFILL and any(i >= 6 for i in launch.requests):
+            admitted_at = scheduler.finished
+            fresh = [i for i in launch.requests if i >= 6]
+        scheduler.complete(launch)
+    assert admitted_at == 2 and fresh == [6, 7, 8, 9]
+
+
+def test_coda_batch_waits_for_k_and_flushes_when_idle() -> None:
+    arch = tiny_arch(r_max=4)
+    specs = [(4, 5)] * 6
+    depths = [[2, 3, 4, 2], [4, 4, 2, 2], [3, 2, 2, 4], [2, 2, 2, 2], [4, 3, 2, 3], [3, 3, 3, 3]]
+    counts = {}
+    for k in (1, 3, 6):
+        config = ServeConfig(policy="refill", width=6, coda_batch=k, timing="sync")
+        launches = list(drive(Scheduler(arch, config, make_requests(specs, depths), 64), pipelined=False))
+        codas = [x for x in launches if x.stage is Stage.CODA]
+        assert sum(x.size for x in codas) == 6 * 4
+        counts[k] = len(codas)
+    assert counts[1] > counts[3] >= counts[6]
+
+
+def test_kv_pressure_stalls_then_preempts_and_still_finishes() -> None:
+    arch = tiny_arch(r_max=2)
+    specs = [(16, 40), (16, 40), (16, 40)]
+    config = ServeConfig(policy="refill", width=4, timing="sync", kv_margin=0.0)
+    scheduler = Scheduler(arch, config, make_requests(specs, depths=[[2] * 39] * 3), 4)
+    launches = list(drive(scheduler, pipelined=False))
+    assert scheduler.preemptions >= 1
+    assert scheduler.kv.used == 0 and scheduler.finished == 3
+    assert sum(x.size for x in launches if x.stage is Stage.CODA) + 3 + scheduler.recomputes == 120
+
+
+def test_capacity_smaller_than_one_request_is_refused() -> None:
+    with pytest.raises(ConfigError, match="smaller than request 0's need of 3 blocks"):
+        Scheduler(tiny_arch(), ServeConfig(), make_requests([(40, 2)]), 2)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"coda_batch": 65}, "K \\(65\\) must not exceed W"), ({"width": 0}, "W must be >= 1"),
+    ({"policy": "fifo"}, "choose one of: cb, norefill, refill"), ({"prefill_budget": 32}, "must not exceed"),
+    ({"layout": "paged"}, "choose one of: depth, first-shared, shared"), ({"coda_batch": 0}, "K must be"),
+])
+def test_impossible_settings_are_refused(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ServeConfig(**kwargs)
+
+
+def test_graph_sizes_follow_the_engine_buckets() -> None:
+    assert decode_graph_sizes(64) == (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64)
+    sizes = decode_graph_sizes(600)
+    assert 496 in sizes and 512 in sizes and 544 in sizes and sizes[-1] == 600
+    assert prefill_graph_sizes(8192)[:3] == (16, 32, 48) and prefill_graph_sizes(8192)[-1] == 8192

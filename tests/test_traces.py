@@ -1,0 +1,83 @@
+"""Workload sampling, exit models and trace file IO."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from traces import ExitModel, InputError, build_trace, length_model, read_trace, write_trace
+
+
+@pytest.mark.parametrize("name,prompt_median,output_median", [
+    ("sharegpt", 1730, 415), ("alpaca", 17, 50), ("arxiv", 2730, 167)])
+def test_workload_lengths_follow_the_quantiles(name: str, prompt_median: float, output_median: float,
+                                               rng: np.random.Generator) -> None:
+    prompt, output = length_model(name).sample(20_000, rng)
+    assert np.median(prompt) == pytest.approx(prompt_median, rel=0.05)
+    assert np.median(output) == pytest.approx(output_median, rel=0.05)
+    assert prompt.min() >= 1 and output.min() >= 1
+
+
+def test_unknown_workload_lists_the_valid_ones() -> None:
+    with pytest.raises(InputError, match="alpaca, arxiv, sharegpt"):
+        length_model("c4")
+
+
+def test_synthetic_exit_model_hits_mean_and_range(rng: np.random.Generator) -> None:
+    model = ExitModel("synthetic", mean=2.5, dispersion=0.3, correlation=0.6)
+    depths = np.concatenate(model.depths(np.full(400, 300), r_min=2, r_max=4, rng=rng))
+    assert depths.min() >= 2 and depths.max() <= 4
+    assert depths.mean() == pytest.approx(2.5, abs=0.03)
+    # token-to-token correlation within a request is positive
+    seq = model.depths(np.array([20_000]), r_min=2, r_max=4, rng=rng)[0].astype(float)
+    assert np.corrcoef(seq[:-1], seq[1:])[0, 1] > 0.3
+    uncorrelated = ExitModel("synthetic", mean=2.5, correlation=0.0)
+    seq = uncorrelated.depths(np.array([20_000]), 2, 4, rng)[0].astype(float)
+    assert abs(np.corrcoef(seq[:-1], seq[1:])[0, 1]) < 0.05
+
+
+def test_exit_model_pmf_mean_is_exact() -> None:
+    for disp in (0.0, 0.2, 0.7):
+        pmf = ExitModel("synthetic", mean=8.0, dispersion=disp).pmf(2, 16)
+        assert (pmf * np.arange(1, 17)).sum() == pytest.approx(8.0)
+    assert ExitModel("none").pmf(1, 4).tolist() == [0, 0, 0, 1]
+    with pytest.raises(InputError, match="outside"):
+        ExitModel("synthetic", mean=5).pmf(2, 4)
+    with pytest.raises(InputError, match="choose one of"):
+        ExitModel("gate")
+
+
+def test_trace_roundtrip_csv_and_parquet(tmp_path) -> None:
+    requests = build_trace("alpaca", 50, r_max=4, r_min=2, exits=ExitModel(mean=3), rate=5.0, seed=3)
+    for name in ("t.csv", "t.parquet"):
+        path = write_trace(requests, tmp_path / name)
+        back = read_trace(path, r_max=4)
+        assert [(r.request_id, r.prompt_len, r.output_len) for r in back] == \
+               [(r.request_id, r.prompt_len, r.output_len) for r in requests]
+        assert all(np.array_equal(a.depths, b.depths) for a, b in zip(back, requests, strict=True))
+        assert [r.arrival for r in back] == pytest.approx([r.arrival for r in requests])
+
+
+def test_same_seed_same_trace() -> None:
+    a = build_trace("sharegpt", 20, 4, 2, ExitModel(mean=2.5), seed=7)
+    b = build_trace("sharegpt", 20, 4, 2, ExitModel(mean=2.5), seed=7)
+    assert all(x.prompt_len == y.prompt_len and np.array_equal(x.depths, y.depths)
+               for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("body,message", [
+    ("request_id,prompt_len,output_len,arrival_s,exit_depths\n0,5,3,0,2 2\n1,5,3,0,2 9\n",
+     "t.csv:3: exit depth 9 is outside"),
+    ("request_id,prompt_len,output_len,arrival_s,exit_depths\n0,5,3,0,2 2\n1,x,3,0,2 2\n",
+     "t.csv:3: prompt_len must be"),
+    ("request_id,prompt_len,output_len,arrival_s,exit_depths\n0,5,3,0,2\n", "t.csv:2: exit_depths has 1"),
+    ("request_id,prompt_len,output_len,arrival_s,exit_depths\n0,5,3,0,2 a\n", "t.csv:2: exit_depths must"),
+    ("request_id,prompt_len,output_len,arrival_s,exit_depths\n0,5,3,0,0 1\n", "t.csv:2: exit depth 0"),
+    ("request_id,prompt_len\n0,5\n", "missing column"),
+    ("request_id,prompt_len,output_len,arrival_s,exit_depths\n0,5,1,0,\n0,5,1,0,\n", "t.csv:3: duplicate"),
+])
+def test_malformed_trace_names_file_and_line(tmp_path, body: str, message: str) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(body)
+    with pytest.raises(InputError, match=message):
+        read_trace(path, r_max=4)

@@ -1,0 +1,105 @@
+"""Exit-depth models: how many core loops each generated token asks for.
+
+These are *synthetic* stand-ins for a real model's exit gate, for what-if studies. To replay a real
+model's decisions, record them (``executor`` can, with live gates) or bring a trace file recorded
+elsewhere (see :mod:`traces.io`).
+
+* ``none``: every token runs ``r_max`` loops (no early exit).
+* ``fixed``: every token asks for the same depth.
+* ``synthetic``: depths on ``[r_min, r_max]`` from a beta-binomial distribution with an exact mean and a
+  chosen dispersion (0 = binomial, towards 1 = mass at the two ends), correlated from token to token
+  within a request through a Gaussian AR(1) copula with lag-one correlation ``correlation`` (hard
+  prompts stay hard for a while, as real exit gates do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import signal, stats
+
+from traces.errors import require, unknown
+
+EXIT_MODELS = ("none", "fixed", "synthetic")
+
+
+@dataclass(frozen=True)
+class ExitModel:
+    """A recipe for per-token exit depths; see the module docstring for the kinds."""
+
+    kind: str = "synthetic"
+    depth: int | None = None
+    mean: float = 2.5
+    dispersion: float = 0.3
+    correlation: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.kind not in EXIT_MODELS:
+            raise unknown("exit model", self.kind, EXIT_MODELS)
+        if self.kind == "fixed":
+            require(self.depth is not None and self.depth >= 1, "the fixed exit model needs a depth >= 1")
+        if self.kind == "synthetic":
+            require(0.0 <= self.dispersion < 1.0, f"dispersion must be in [0, 1), got {self.dispersion}")
+            require(-1.0 < self.correlation < 1.0,
+                    f"correlation must be in (-1, 1), got {self.correlation}")
+
+    def describe(self) -> str:
+        if self.kind == "none":
+            return "no exits (r_max)"
+        if self.kind == "fixed":
+            return f"fixed depth {self.depth}"
+        return (f"synthetic mean {self.mean:g}, dispersion {self.dispersion:g}, "
+                f"correlation {self.correlation:g}")
+
+    def pmf(self, r_min: int, r_max: int) -> np.ndarray:
+        """P(depth = d) for d = 1 .. r_max (index d - 1)."""
+        require(1 <= r_min <= r_max, f"r_min ({r_min}) must be in [1, r_max ({r_max})]")
+        p = np.zeros(r_max)
+        if self.kind == "none":
+            p[r_max - 1] = 1.0
+        elif self.kind == "fixed":
+            require(r_min <= self.depth <= r_max,
+                    f"fixed depth {self.depth} is outside [r_min, r_max] = [{r_min}, {r_max}]")
+            p[self.depth - 1] = 1.0
+        else:
+            require(r_min <= self.mean <= r_max,
+                    f"mean depth {self.mean} is outside [r_min, r_max] = [{r_min}, {r_max}]")
+            span = r_max - r_min
+            frac = 0.0 if span == 0 else (self.mean - r_min) / span
+            if span == 0 or frac in (0.0, 1.0):
+                p[round(self.mean) - 1] = 1.0
+            elif self.dispersion == 0.0:
+                p[r_min - 1:] = stats.binom.pmf(np.arange(span + 1), span, frac)
+            else:
+                scale = 1.0 / self.dispersion - 1.0
+                p[r_min - 1:] = stats.betabinom.pmf(np.arange(span + 1), span, frac * scale,
+                                                   (1.0 - frac) * scale)
+        return p / p.sum()
+
+    def depths(self, output_lens: np.ndarray, r_min: int, r_max: int,
+               rng: np.random.Generator) -> list[np.ndarray]:
+        """Per request, the requested depths of output tokens 1 .. output_len - 1."""
+        cdf = np.cumsum(self.pmf(r_min, r_max))
+        cdf[-1] = 1.0
+        out = []
+        for n in np.asarray(output_lens, dtype=np.int64):
+            count = max(int(n) - 1, 0)
+            if self.kind != "synthetic":
+                out.append(np.full(count, int(np.searchsorted(cdf, 0.5) + 1), dtype=np.int16))
+                continue
+            u = stats.norm.cdf(self._latent(count, rng))
+            out.append((np.searchsorted(cdf, u, side="right") + 1).clip(1, r_max).astype(np.int16))
+        return out
+
+    def _latent(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        """A stationary standard-normal AR(1) sequence with lag-one correlation ``correlation``."""
+        eps = rng.standard_normal(count)
+        rho = self.correlation
+        if rho == 0.0 or count == 0:
+            return eps
+        z = np.empty(count)
+        z[0] = eps[0]
+        if count > 1:
+            z[1:], _ = signal.lfilter([np.sqrt(1.0 - rho * rho)], [1.0, -rho], eps[1:], zi=[rho * eps[0]])
+        return z

@@ -1,0 +1,121 @@
+"""Reading and writing request + exit-depth traces as CSV or Parquet (one schema for both).
+
+Schema, one row per request:
+
+=============  ===========  ======================================================================
+column         type         meaning
+=============  ===========  ======================================================================
+request_id     int          unique id of the request
+prompt_len     int >= 1     prompt tokens
+output_len     int >= 1     generated tokens, including the first one (produced by prefill)
+arrival_s      float >= 0   arrival time in seconds from the start of the run (0 for offline runs)
+exit_depths    ints         requested core loops (1-indexed) for output tokens 1 .. output_len - 1,
+                            so exactly output_len - 1 values; CSV: space-separated in one field;
+                            Parquet: a list<int16> column
+=============  ===========  ======================================================================
+
+The format is the file's extension: ``.csv`` or ``.parquet``. A malformed file is refused with a
+one-line error that names the file and the line (CSV, counting the header as line 1) or the row
+(Parquet).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from traces.errors import InputError, require
+from traces.request import Request
+
+COLUMNS = ("request_id", "prompt_len", "output_len", "arrival_s", "exit_depths")
+FORMATS = (".csv", ".parquet")
+
+
+def _format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    require(suffix in FORMATS, f"{path}: trace files must end in .csv or .parquet")
+    return suffix
+
+
+def write_trace(requests: list[Request], path: str | Path) -> Path:
+    """Write ``requests`` to ``path`` (.csv or .parquet)."""
+    path = Path(path)
+    fmt = _format(path)
+    frame = pd.DataFrame({
+        "request_id": [r.request_id for r in requests],
+        "prompt_len": [r.prompt_len for r in requests],
+        "output_len": [r.output_len for r in requests],
+        "arrival_s": [float(r.arrival) for r in requests],
+    })
+    if fmt == ".csv":
+        frame["exit_depths"] = [" ".join(map(str, r.depths.tolist())) for r in requests]
+        frame.to_csv(path, index=False)
+    else:
+        frame["exit_depths"] = [np.asarray(r.depths, dtype=np.int16) for r in requests]
+        frame.to_parquet(path, index=False)
+    return path
+
+
+def read_trace(path: str | Path, r_max: int | None = None) -> list[Request]:
+    """Read a trace; with ``r_max`` every depth must lie in ``[1, r_max]``."""
+    path = Path(path)
+    fmt = _format(path)
+    require(path.is_file(), f"trace file {path} does not exist")
+    where = (lambda i: f"{path}:{i + 2}") if fmt == ".csv" else (lambda i: f"{path}: row {i}")
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False) if fmt == ".csv" else pd.read_parquet(path)
+    except Exception as exc:
+        raise InputError(f"{path}: not a readable {fmt[1:]} trace ({str(exc).splitlines()[0]})") from None
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    require(not missing, f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(COLUMNS)}")
+
+    def numbers(column: str, kind: type, minimum: float) -> np.ndarray:
+        values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+        bad = ~np.isfinite(values) | (values < minimum)
+        if kind is int:
+            bad |= values != np.round(values)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InputError(f"{where(i)}: {column} must be a {'whole ' if kind is int else ''}number "
+                             f">= {minimum:g}, got {frame[column].iloc[i]!r}")
+        return values
+
+    ids = numbers("request_id", int, 0).astype(np.int64)
+    prompt = numbers("prompt_len", int, 1).astype(np.int64)
+    output = numbers("output_len", int, 1).astype(np.int64)
+    arrival = numbers("arrival_s", float, 0.0)
+    dup = pd.Series(ids).duplicated().to_numpy()
+    require(not dup.any(), f"{where(int(np.argmax(dup)))}: duplicate request_id {ids[np.argmax(dup)]}")
+
+    requests = []
+    for i, raw in enumerate(frame["exit_depths"]):
+        depths = _parse_depths(raw, where(i))
+        require(len(depths) == output[i] - 1,
+                f"{where(i)}: exit_depths has {len(depths)} values, expected output_len - 1 = {output[i] - 1}")
+        if len(depths):
+            low, high = int(depths.min()), int(depths.max())
+            limit = r_max if r_max is not None else np.iinfo(np.int16).max
+            if low < 1 or high > limit:
+                bad = low if low < 1 else high
+                raise InputError(f"{where(i)}: exit depth {bad} is outside [1, r_max = {limit}]")
+        requests.append(Request(int(ids[i]), int(prompt[i]), int(output[i]), float(arrival[i]),
+                                depths.astype(np.int16)))
+    return requests
+
+
+def _parse_depths(raw: object, where: str) -> np.ndarray:
+    if isinstance(raw, str):
+        try:
+            return np.array([int(tok) for tok in raw.split()], dtype=np.int64)
+        except ValueError:
+            raise InputError(f"{where}: exit_depths must be space-separated whole numbers, "
+                             f"got {raw[:40]!r}") from None
+    try:
+        values = np.asarray(raw if raw is not None else [], dtype=float)
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: exit_depths must be a list of whole numbers") from None
+    if values.ndim != 1 or not np.all(values == np.round(values)):
+        raise InputError(f"{where}: exit_depths must be a list of whole numbers")
+    return values.astype(np.int64)

@@ -21,7 +21,7 @@ from traces import ExitModel
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Predict and measure serving throughput and latency of looped language models "
                        "under Continuous Depth Batching.")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 150)
 DEFAULT_KV_TOKENS = 327_680  # the CDB paper's KV cache size
 
 
@@ -78,6 +78,17 @@ Correlation = Annotated[float, typer.Option("--correlation", help="Token-to-toke
 Seed = Annotated[int, typer.Option("--seed", help="Seed for lengths, arrivals and depths.")]
 KVTokens = Annotated[int | None, typer.Option("--kv-tokens", help="KV capacity in tokens.")]
 KVBlocks = Annotated[int | None, typer.Option("--kv-blocks", help="KV capacity in blocks of 16 tokens.")]
+ProfileOpt = Annotated[str, typer.Option("--profile", help="auto (a shipped measured profile of this shape, else "
+                                                            "the H200 roofline), roofline, a shipped name, or "
+                                                            "a profile JSON file.")]
+Force = Annotated[bool, typer.Option("--force", help="Use a profile made for another shape, filling gaps "
+                                                     "from the roofline.")]
+Bandwidth = Annotated[float | None, typer.Option("--bandwidth", help="Roofline: memory bandwidth in TB/s.")]
+Matmul = Annotated[float | None, typer.Option("--matmul-tflops", help="Roofline: matmul rate in TFLOP/s.")]
+LaunchUs = Annotated[float | None, typer.Option("--launch-us", help="Roofline: per-kernel launch cost in us.")]
+MemoryGb = Annotated[float | None, typer.Option("--memory-gb", help="Roofline: device memory in GB.")]
+HostUs = Annotated[float | None, typer.Option("--host-us", help="Roofline: host time per launch in us.")]
+SaveLogs = Annotated[Path | None, typer.Option("--save-logs", help="Write launch and request logs here.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 CsvOut = Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")]
 
@@ -210,6 +221,241 @@ def bound(
         return
     emit([{"quantity": k, "value": v} for k, v in row.items()], f"Bounds for {spec.name}", False, False,
          caption="d-bar counts each request's first token (from prefill) at r_max")
+
+
+def build_latency(spec: ArchSpec, profile: str, force: bool, bandwidth: float | None, matmul: float | None,
+                  launch_us: float | None, memory_gb: float | None, host_us: float | None) -> Any:
+    """The latency model: a named/shipped profile, or the roofline with the device figures given."""
+    from dataclasses import replace
+
+    from calibration.shipped import resolve_profile
+    from cdbsim.latency import H200, LatencyModel
+
+    overrides = {k: v for k, v in {"bandwidth": bandwidth and bandwidth * 1e12,
+                                   "matmul_flops": matmul and matmul * 1e12,
+                                   "launch_s": launch_us and launch_us * 1e-6,
+                                   "memory_bytes": memory_gb and memory_gb * 1e9,
+                                   "host_launch_s": host_us and host_us * 1e-6}.items() if v}
+    device = replace(H200, name="custom device", **overrides) if overrides else H200
+    if overrides and profile == "auto":
+        profile = "roofline"
+    return LatencyModel(spec, resolve_profile(profile, spec, device), force=force)
+
+
+def progress_bars() -> tuple[Any, Callable[[str, int], Callable[[int], None]]]:
+    """A rich progress display (on stderr) and a factory giving each run its own bar."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=True)
+
+    def factory(label: str, total: int) -> Callable[[int], None]:
+        task = bars.add_task(label, total=total)
+        return lambda n: bars.advance(task, n)
+
+    return bars, factory
+
+
+class Setup:
+    """Everything a simulated run needs, built from the shared command-line options."""
+
+    def __init__(self, arch: str, split: str | None, r_max: int | None, r_min: int | None, policy: str,
+                 width: int, coda_batch: int, prefill_budget: int, timing: str, kv_layout: str, workload: str,
+                 trace: Path | None, requests: int | None, rate: float | None, exits: str, depth: int | None,
+                 mean_depth: float | None, dispersion: float, correlation: float, seed: int,
+                 kv_tokens: int | None, kv_blocks: int | None, latency: tuple) -> None:
+        from cdbsim.study import KVCapacity
+        from cdbsim.workload import WorkloadSpec
+
+        self.arch = build_arch(arch, split, r_max, r_min)
+        self.config = ServeConfig(policy=policy, width=width, coda_batch=coda_batch,
+                                  prefill_budget=prefill_budget, timing=timing, layout=kv_layout)
+        exit_model = build_exits(self.arch, exits, depth, mean_depth, dispersion, correlation)
+        self.workload = WorkloadSpec(workload, requests, rate, exit_model, seed, str(trace) if trace else None)
+        self.latency = build_latency(self.arch, *latency)
+        self.kv = KVCapacity(tokens=kv_tokens, blocks=kv_blocks)
+        self.requests = self.workload.build(self.arch, self.config.r_min(self.arch))
+
+    def title(self) -> str:
+        c = self.config
+        return (f"{self.arch.name} ({self.arch.split}, r_max {self.arch.r_max}) | W={c.width} M={c.prefill_budget} "
+                f"{c.timing.value} {c.layout.value}-KV | {self.workload.describe()} | "
+                f"profile {self.latency.profile.label()}")
+
+
+def run_label(config: ServeConfig) -> str:
+    """``refill K=1``, ``norefill`` or ``cb``: what differs between the columns of one study."""
+    policy = config.policy.value
+    return f"{policy} K={config.coda_batch}" if policy == "refill" else policy
+
+
+METRICS = [("output tok/s", "output_tps", 1.0), ("requests/s", "request_rate", 1.0),
+           ("makespan s", "makespan_s", 1.0), ("TTFT p50 s", ("ttft_s", "p50"), 1.0),
+           ("TTFT p99 s", ("ttft_s", "p99"), 1.0), ("TPOT p50 ms", ("tpot_s", "p50"), 1e3),
+           ("ITL p99 ms", ("itl_s", "p99"), 1e3), ("E2E p50 s", ("e2e_s", "p50"), 1.0),
+           ("norm. latency p50 ms", ("normalized_s", "p50"), 1e3),
+           ("norm. latency p99 ms", ("normalized_s", "p99"), 1e3), ("device idle %", "device_idle", 100.0),
+           ("prefill share %", "prefill_share", 100.0), ("mean depth d-bar", "mean_depth", 1.0),
+           ("S_dec", "s_dec", 1.0), ("S_e2e", "s_e2e", 1.0), ("speed-up vs CB", "speedup", 1.0),
+           ("% of S_e2e realised", "bound_realised", 100.0)]
+
+
+def metric_rows(reports: dict[str, Any]) -> list[dict]:
+    """One row per metric, one column per run (a vertical table reads best for a few runs)."""
+    rows = []
+    for label, key, scale in METRICS:
+        row: dict[str, Any] = {"metric": label}
+        for name, report in reports.items():
+            value = getattr(getattr(report, key[0]), key[1]) if isinstance(key, tuple) else getattr(report, key)
+            row[name] = "-" if value is None else float(value) * scale
+        rows.append(row)
+    stages = sorted({s for r in reports.values() for s in r.launches})
+    for stage in stages:
+        rows.append({"metric": f"{stage}: launches / mean B",
+                     **{name: f"{r.launches.get(stage, 0):,} / {r.mean_batch.get(stage, 0):.1f}"
+                        for name, r in reports.items()}})
+    return rows
+
+
+def emit_reports(reports: dict[str, Any], title: str, as_json: bool, as_csv: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps({name: r.to_dict() for name, r in reports.items()}, indent=2,
+                                    default=str) + "\n")
+        return
+    if as_csv:
+        emit([{"run": name, **r.row()} for name, r in reports.items()], title, False, True)
+        return
+    emit(metric_rows(reports), title, False, False,
+         caption="speed-up and S_e2e are against CB on the same requests; S_e2e uses CB's prefill share")
+
+
+@app.command()
+@friendly
+def predict(
+    arch: Arch = "ouro-1.4b", split: Split = None, r_max: RMax = None, r_min: RMin = None,
+    policy: PolicyOpt = "refill", width: Width = 64, coda_batch: CodaK = 1, prefill_budget: Budget = 8192,
+    timing: TimingOpt = "lookahead", kv_layout: Layout = "depth", workload: Workload = "sharegpt",
+    trace: TraceOpt = None, requests: Requests = None, rate: Rate = None, exits: Exits = "synthetic",
+    depth: Depth = None, mean_depth: MeanDepth = None, dispersion: Dispersion = 0.3,
+    correlation: Correlation = 0.5, seed: Seed = 0, kv_tokens: KVTokens = None, kv_blocks: KVBlocks = None,
+    profile: ProfileOpt = "auto", force: Force = False, bandwidth: Bandwidth = None, matmul_tflops: Matmul = None,
+    launch_us: LaunchUs = None, memory_gb: MemoryGb = None, host_us: HostUs = None,
+    baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="Also simulate CB on the same "
+                                                                            "requests.")] = True,
+    save_logs: SaveLogs = None, as_json: JsonOut = False, as_csv: CsvOut = False,
+) -> None:
+    """Predict throughput and latency of one configuration (and of CB on the same requests)."""
+
+    from cdbsim.study import run_one, with_baseline
+
+    setup = Setup(arch, split, r_max, r_min, policy, width, coda_batch, prefill_budget, timing, kv_layout,
+                  workload, trace, requests, rate, exits, depth, mean_depth, dispersion, correlation, seed,
+                  kv_tokens, kv_blocks, (profile, force, bandwidth, matmul_tflops, launch_us, memory_gb, host_us))
+    bars, factory = progress_bars()
+    with bars:
+        if baseline:
+            result, base = with_baseline(setup.arch, setup.config, setup.requests, setup.latency, setup.kv,
+                                         factory)
+        else:
+            result, base = run_one(setup.arch, setup.config, setup.requests, setup.latency, setup.kv,
+                                   factory), None
+    reports = {run_label(setup.config): result.report}
+    if base is not None:
+        reports["cb"] = base.report
+    if save_logs:
+        result.log.save(save_logs / "run")
+        if base is not None:
+            base.log.save(save_logs / "cb")
+    emit_reports(reports, setup.title(), as_json, as_csv)
+
+
+@app.command()
+@friendly
+def compare(
+    arch: Arch = "ouro-1.4b", split: Split = None, r_max: RMax = None, r_min: RMin = None,
+    width: Width = 64, coda_batch: CodaK = 1, prefill_budget: Budget = 8192, timing: TimingOpt = "lookahead",
+    kv_layout: Layout = "depth", workload: Workload = "sharegpt", trace: TraceOpt = None,
+    requests: Requests = None, rate: Rate = None, exits: Exits = "synthetic", depth: Depth = None,
+    mean_depth: MeanDepth = None, dispersion: Dispersion = 0.3, correlation: Correlation = 0.5, seed: Seed = 0,
+    kv_tokens: KVTokens = None, kv_blocks: KVBlocks = None, profile: ProfileOpt = "auto", force: Force = False,
+    bandwidth: Bandwidth = None, matmul_tflops: Matmul = None, launch_us: LaunchUs = None,
+    memory_gb: MemoryGb = None, host_us: HostUs = None, save_logs: SaveLogs = None,
+    as_json: JsonOut = False, as_csv: CsvOut = False,
+) -> None:
+    """CB, CDB no-refill and CDB refill side by side on the same requests, with the bounds."""
+    from dataclasses import replace
+
+    from cdbsim.study import compare_policies
+
+    setup = Setup(arch, split, r_max, r_min, "refill", width, coda_batch, prefill_budget, timing, kv_layout,
+                  workload, trace, requests, rate, exits, depth, mean_depth, dispersion, correlation, seed,
+                  kv_tokens, kv_blocks, (profile, force, bandwidth, matmul_tflops, launch_us, memory_gb, host_us))
+    bars, factory = progress_bars()
+    with bars:
+        results = compare_policies(setup.arch, setup.config, setup.requests, setup.latency, setup.kv, factory)
+    reports = {run_label(replace(setup.config, policy=r.log.meta["policy"])): r.report for r in results}
+    if save_logs:
+        for r in results:
+            r.log.save(save_logs / r.log.meta["policy"])
+    emit_reports(reports, setup.title(), as_json, as_csv)
+
+
+@app.command("rate-sweep")
+@friendly
+def rate_sweep(
+    arch: Arch = "ouro-1.4b", split: Split = None, r_max: RMax = None, r_min: RMin = None,
+    width: Width = 64, coda_batch: CodaK = 1, prefill_budget: Budget = 8192, timing: TimingOpt = "lookahead",
+    kv_layout: Layout = "depth", workload: Workload = "sharegpt", requests: Requests = None,
+    exits: Exits = "synthetic", depth: Depth = None, mean_depth: MeanDepth = None, dispersion: Dispersion = 0.3,
+    correlation: Correlation = 0.5, seed: Seed = 0, kv_tokens: KVTokens = None, kv_blocks: KVBlocks = None,
+    profile: ProfileOpt = "auto", force: Force = False, bandwidth: Bandwidth = None,
+    matmul_tflops: Matmul = None, launch_us: LaunchUs = None, memory_gb: MemoryGb = None, host_us: HostUs = None,
+    rates: Annotated[str | None, typer.Option("--rates", help="Comma-separated request rates (req/s); default: "
+                                                              "fractions of refill's offline capacity.")] = None,
+    plot: Annotated[Path, typer.Option("--plot", help="Where to write the PNG plot.")] = Path("rate-sweep.png"),
+    as_json: JsonOut = False, as_csv: CsvOut = False,
+) -> None:
+    """Normalized latency and throughput against Poisson request rate for each policy, with the knee."""
+    from dataclasses import replace
+
+    from cdbsim.plots import plot_rate_sweep
+    from cdbsim.study import latency_knee, run_one
+    from cdbsim.study import rate_sweep as sweep
+
+    setup = Setup(arch, split, r_max, r_min, "refill", width, coda_batch, prefill_budget, timing, kv_layout,
+                  workload, None, requests, None, exits, depth, mean_depth, dispersion, correlation, seed,
+                  kv_tokens, kv_blocks, (profile, force, bandwidth, matmul_tflops, launch_us, memory_gb, host_us))
+    bars, factory = progress_bars()
+    with bars:
+        if rates:
+            try:
+                rate_list = [float(x) for x in rates.split(",")]
+            except ValueError:
+                raise ConfigError(f"--rates must be comma-separated numbers, got {rates!r}") from None
+        else:
+            capacity = run_one(setup.arch, setup.config, setup.requests, setup.latency, setup.kv, factory,
+                               label="offline capacity").report.request_rate
+            rate_list = [round(capacity * f, 4) for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.1, 1.25)]
+        points = sweep(setup.arch, setup.config,
+                       lambda r: replace(setup.workload, rate=r).build(setup.arch, setup.config.r_min(setup.arch)),
+                       rate_list, setup.latency, setup.kv, progress=factory)
+    rows = [{"policy": p.policy, "rate req/s": p.rate, "achieved req/s": p.report.request_rate,
+             "output tok/s": p.report.output_tps, "norm lat p50 ms": p.report.normalized_s.p50 * 1e3,
+             "norm lat mean ms": p.report.normalized_s.mean * 1e3,
+             "norm lat p99 ms": p.report.normalized_s.p99 * 1e3, "TTFT p50 s": p.report.ttft_s.p50}
+            for p in points]
+    knees = {}
+    for policy in dict.fromkeys(p.policy for p in points):
+        mine = [p for p in points if p.policy == policy]
+        knees[policy] = latency_knee([p.rate for p in mine], [p.report.normalized_s.mean for p in mine])
+    plot_rate_sweep(points, knees, plot, setup.title())
+    if as_json or as_csv:
+        emit(rows if as_csv else [{"points": rows, "knees": knees}], "", as_json, as_csv)
+        return
+    emit(rows, setup.title(), False, False,
+         caption="knee (mean normalized latency 2x its lowest-rate value): "
+                 + ", ".join(f"{k} {v:.3g} req/s" if v else f"{k} none in range" for k, v in knees.items())
+                 + f" | plot: {plot}")
 
 
 def main() -> None:  # pragma: no cover - console entry point alias

@@ -30,50 +30,41 @@ LAUNCH_COLUMNS = ("index", "stage", "size", "padded", "items", "context", "kv_co
 
 
 class RunRecorder:
-    """Collects launch rows and token times during a run."""
+    """Collects launch rows and token times during a run (one tuple per launch: this is a hot path)."""
 
     def __init__(self, requests: list[Request], keep_step_mix: bool = True) -> None:
         self.requests = requests
         self.keep_step_mix = keep_step_mix
-        self._rows: dict[str, list] = {c: [] for c in LAUNCH_COLUMNS}
+        self._rows: list[tuple] = []
         self._tokens: list[list[float]] = [[] for _ in requests]
         self._scheduled = [np.nan] * len(requests)
 
     def record(self, launch: Launch, start: float, end: float, host_s: float = 0.0) -> None:
-        rows = self._rows
         stage = launch.stage
+        tokens = self._tokens
         if stage is Stage.PREFILL:
-            produced = [i for i, f in zip(launch.requests, launch.finishes, strict=True) if f]
-            for i in launch.requests:
+            produced = 0
+            for i, final in zip(launch.requests, launch.finishes, strict=True):
                 if self._scheduled[i] != self._scheduled[i]:  # NaN: first time scheduled
                     self._scheduled[i] = start
+                if final:
+                    tokens[i].append(end)
+                    produced += 1
         elif stage is Stage.CODA or stage is Stage.DECODE:
-            produced = launch.requests
+            for i in launch.requests:
+                tokens[i].append(end)
+            produced = len(launch.requests)
         else:
-            produced = ()
-        tokens = self._tokens
-        for i in produced:
-            tokens[i].append(end)
-        rows["index"].append(launch.index)
-        rows["stage"].append(stage.value)
-        rows["size"].append(launch.size)
-        rows["padded"].append(launch.padded)
-        rows["items"].append(len(launch.requests))
-        rows["context"].append(launch.context)
-        rows["kv_copies"].append(launch.kv_copies)
-        rows["start"].append(start)
-        rows["end"].append(end)
-        rows["host_s"].append(host_s)
-        rows["step_mix"].append(_mix(launch) if self.keep_step_mix and launch.steps else "")
-        rows["exits"].append(sum(launch.exits) if launch.exits else 0)
-        rows["tokens"].append(len(produced))
-        rows["queue_waiting"].append(launch.queue_waiting)
-        rows["queue_core"].append(launch.queue_core)
-        rows["queue_coda"].append(launch.queue_coda)
-        rows["active"].append(launch.active)
+            produced = 0
+        steps = launch.steps
+        self._rows.append((
+            launch.index, stage.value, launch.size, launch.padded, len(launch.requests), launch.context,
+            launch.kv_copies, start, end, host_s, _mix(steps) if steps and self.keep_step_mix else "",
+            launch.exits.count(True) if launch.exits else 0, produced, launch.queue_waiting,
+            launch.queue_core, launch.queue_coda, launch.active))
 
     def finish(self, meta: dict | None = None) -> RunLog:
-        launches = pd.DataFrame(self._rows)
+        launches = pd.DataFrame.from_records(self._rows, columns=list(LAUNCH_COLUMNS))
         reqs = self.requests
         times = [np.asarray(t) for t in self._tokens]
         requests = pd.DataFrame({
@@ -88,8 +79,9 @@ class RunRecorder:
         return RunLog(launches=launches, requests=requests, token_times=times, meta=dict(meta or {}))
 
 
-def _mix(launch: Launch) -> str:
-    return " ".join(f"{s}:{c}" for s, c in launch.step_mix().items())
+def _mix(steps: list[int]) -> str:
+    """``"0:12 1:30"``: how many items sat at each 0-based loop step."""
+    return " ".join(f"{s}:{steps.count(s)}" for s in sorted(set(steps)))
 
 
 @dataclass

@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+import numpy as np
+
 from cdbsim.arch import ArchSpec
 from cdbsim.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
 from cdbsim.errors import ConfigError
@@ -69,7 +71,8 @@ class Scheduler:
         # per-request state, as flat lists for speed
         self.prompt = [r.prompt_len for r in requests]
         self.output = [r.output_len for r in requests]
-        self.depths = [r.depths.tolist() for r in requests]
+        low, high = self.r_min, self.r_max
+        self.depths = [np.clip(r.depths, low, high).tolist() for r in requests]  # executed depths
         self.status = [NEW] * n
         self.prefill_target = list(self.prompt)
         self.prefilled = [0] * n
@@ -98,6 +101,8 @@ class Scheduler:
         self.coda_in_flight = 0
         self.launches = 0
         self._retire: dict[int, list[int]] = {}
+        self._loops = config.policy is not Policy.CB        # CDB: tokens carry an exit depth
+        self._prelude_first = config.policy is Policy.REFILL  # refill: new tokens go to the prelude queue
         self._plan_policy = {Policy.CB: self._plan_cb, Policy.NOREFILL: self._plan_norefill,
                              Policy.REFILL: self._plan_refill}[config.policy]
 
@@ -187,8 +192,7 @@ class Scheduler:
         positions = self._positions(batch)
         launch = self._new_launch(Stage.DECODE, batch, positions)
         retire = self._retire.setdefault(launch.index, [])
-        for i in batch:
-            self._token_done(i, retire, head=False)
+        self._produce(batch, retire, head=False)
         return launch
 
     # ----- stage launches ------------------------------------------------------------------------
@@ -203,18 +207,18 @@ class Scheduler:
 
     def _launch_core(self) -> Launch:
         ready, step, target, fill = self.ready, self.step, self.target, self._fill
-        batch = [ready.popleft() for _ in range(min(self._width, len(ready)))]
-        steps, exits, survivors = [], [], []
+        pop = ready.popleft
+        batch = [pop() for _ in range(min(self._width, len(ready)))]
+        steps = [step[i] for i in batch]
+        exits = [s + 1 >= target[i] for i, s in zip(batch, steps, strict=True)]
+        survivors = []
+        to_coda = self.coda_queue.append
         copies = 0
-        for i in batch:
-            s = step[i]
-            steps.append(s)
-            if s + 1 >= target[i]:
-                exits.append(True)
-                self.coda_queue.append(i)
+        for i, s, leaves in zip(batch, steps, exits, strict=True):
+            if leaves:
+                to_coda(i)
                 copies += fill[s]
             else:
-                exits.append(False)
                 step[i] = s + 1
                 survivors.append(i)
         ready.extendleft(reversed(survivors))
@@ -245,9 +249,7 @@ class Scheduler:
     def _launch_coda(self, queue: deque[int]) -> Launch:
         batch = [queue.popleft() for _ in range(min(self._width, len(queue)))]
         launch = self._new_launch(Stage.CODA, batch, self._positions(batch))
-        retire = self._retire.setdefault(launch.index, [])
-        for i in batch:
-            self._token_done(i, retire, head=True)
+        self._produce(batch, self._retire.setdefault(launch.index, []), head=True)
         return launch
 
     def _try_prefill(self) -> Launch | None:
@@ -297,26 +299,30 @@ class Scheduler:
                         chunk_lens=lens, finishes=finishes, size=tokens, padded=self._pad_prefill[tokens],
                         context=sum(c * s + c * (c + 1) // 2 for s, c in zip(starts, lens, strict=True)))
         self.launches += 1
-        retire = self._retire.setdefault(launch.index, [])
-        for i, final in zip(requests, finishes, strict=True):
-            if final:
-                self.prefilling.remove(i)
-                self.status[i] = DECODING
-                self.decoding += 1
-                self._token_done(i, retire, head=False)
+        done = [i for i, final in zip(requests, finishes, strict=True) if final]
+        for i in done:
+            self.prefilling.remove(i)
+            self.status[i] = DECODING
+            self.decoding += 1
+        self._produce(done, self._retire.setdefault(launch.index, []), head=False)
         return launch
 
     # ----- token bookkeeping ---------------------------------------------------------------------
-    def _token_done(self, i: int, retire: list[int], head: bool) -> None:
-        """Request ``i`` produced a token: finish it, or stage its next token."""
-        g = self.generated[i] + 1
-        self.generated[i] = g
-        if g >= self.output[i]:
-            self.status[i] = FINISHED
-            self.decoding -= 1
-            retire.append(i)
-        else:
-            self._stage(i, head)
+    def _produce(self, batch: list[int], retire: list[int], head: bool) -> None:
+        """Each request in ``batch`` produced a token: finish it, or stage its next token."""
+        generated, output, prompt, blocks = self.generated, self.output, self.prompt, self.blocks
+        bs = self.config.block_size
+        for i in batch:
+            g = generated[i] + 1
+            generated[i] = g
+            if g >= output[i]:
+                self.status[i] = FINISHED
+                self.decoding -= 1
+                retire.append(i)
+            elif (prompt[i] + g - 1) // bs < len(blocks[i]):
+                self._ready(i, head)
+            else:
+                self._stage(i, head)
 
     def _stage(self, i: int, head: bool) -> None:
         """Give the next decode token of request ``i`` its KV position, or stall it."""
@@ -328,14 +334,14 @@ class Scheduler:
         self._ready(i, head)
 
     def _ready(self, i: int, head: bool) -> None:
+        """The next token of request ``i`` can run: queue it for the prelude (refill) or the pool."""
         self.step[i] = 0
-        if self.config.policy is Policy.REFILL:
-            self.target[i] = min(max(self.depths[i][self.generated[i] - 1], self.r_min), self.r_max)
+        if self._loops:
+            self.target[i] = self.depths[i][self.generated[i] - 1]
+        if self._prelude_first:
             self.prelude_queue.append((i, head))
-            return
-        if self.config.policy is Policy.NOREFILL:
-            self.target[i] = min(max(self.depths[i][self.generated[i] - 1], self.r_min), self.r_max)
-        self.pool.append(i)
+        else:
+            self.pool.append(i)
 
     def _restage_stalled(self) -> None:
         stalled, self.stalled = self.stalled, []

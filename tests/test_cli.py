@@ -47,6 +47,9 @@ def test_bound_reports_layouts() -> None:
     (["schedule", "--exits", "fixed", "--depth", "7"], "outside [r_min, r_max]"),
     (["schedule", "--kv-tokens", "64"], "smaller than request"),
     (["bound", "--mean-depth", "9"], "mean depth must be in"),
+    (["predict", "--profile", "a100"], "unknown profile 'a100'; choose one of"),
+    (["predict", "--kv-tokens", "100"], "smaller than request"),
+    (["rate-sweep", "--rates", "1,x"], "--rates must be comma-separated"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str) -> None:
     result = runner.invoke(app, args)
@@ -61,3 +64,40 @@ def test_trace_depth_outside_range_names_file_and_line(tmp_path) -> None:
     result = runner.invoke(app, ["schedule", "--trace", str(path)])
     assert result.exit_code == 2
     assert f"{path}:3: exit depth 5 is outside [1, r_max = 4]" in result.output
+
+
+def test_predict_runs_with_no_arguments() -> None:
+    result = runner.invoke(app, ["predict", "--requests", "60"])
+    assert result.exit_code == 0, result.output
+    assert "refill K=1" in result.output and "cb" in result.output and "profile" in result.output
+
+
+def test_predict_json_has_speedup_and_bound() -> None:
+    result = runner.invoke(app, ["predict", "--workload", "alpaca", "--requests", "100", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    refill = data["refill K=1"]
+    assert refill["speedup"] > 1.0 and 0 < refill["bound_realised"] < 1.1
+    assert refill["meta"]["profile"].startswith("h200-roofline")
+
+
+def test_compare_and_rate_sweep(tmp_path) -> None:
+    result = runner.invoke(app, ["compare", "--workload", "alpaca", "--requests", "80", "--csv"])
+    assert result.exit_code == 0, result.output
+    assert [line.split(",")[0] for line in result.output.strip().splitlines()[1:]] == ["cb", "norefill",
+                                                                                       "refill K=1"]
+    plot = tmp_path / "sweep.png"
+    result = runner.invoke(app, ["rate-sweep", "--workload", "alpaca", "--requests", "60", "--rates", "5,20",
+                                 "--plot", str(plot), "--json"])
+    assert result.exit_code == 0, result.output
+    assert plot.stat().st_size > 1000
+    assert len(json.loads(result.output)[0]["points"]) == 6
+
+
+def test_roofline_overrides_change_the_prediction() -> None:
+    base = runner.invoke(app, ["predict", "--requests", "40", "--no-baseline", "--json"])
+    fast = runner.invoke(app, ["predict", "--requests", "40", "--no-baseline", "--json", "--bandwidth", "8"])
+    assert base.exit_code == fast.exit_code == 0
+    slow_tps = json.loads(base.output)["refill K=1"]["output_tps"]
+    fast_data = json.loads(fast.output)["refill K=1"]
+    assert fast_data["output_tps"] > 1.3 * slow_tps and "custom device" in fast_data["meta"]["profile"]

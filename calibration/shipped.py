@@ -1,0 +1,48 @@
+"""The measured profiles shipped with cdbsim, and how a profile name on the command line is resolved.
+
+Pure Python (no torch): ``cdbsim predict`` reads these JSON files as package data.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from cdbsim.arch import ArchSpec
+from cdbsim.errors import unknown
+from cdbsim.latency import H200, DeviceSpec, components_for, roofline_profile
+from cdbsim.profile import Profile, load_profile_file
+
+
+def profile_dir() -> Path:
+    return Path(str(resources.files("calibration").joinpath("profiles")))
+
+
+def shipped_profiles() -> dict[str, Profile]:
+    """Every shipped profile by name."""
+    directory = profile_dir()
+    if not directory.is_dir():
+        return {}
+    profiles = (load_profile_file(p) for p in sorted(directory.glob("*.json")))
+    return {p.name: p for p in profiles}
+
+
+def covers(profile: Profile, arch: ArchSpec) -> bool:
+    """True if ``profile`` measured every component ``arch`` needs."""
+    return all(name in profile.components for name in components_for(arch))
+
+
+def resolve_profile(name: str, arch: ArchSpec, device: DeviceSpec = H200) -> Profile:
+    """``auto`` (a shipped measured profile covering ``arch``, else the H200 roofline), ``roofline``,
+    a shipped profile's name, or a profile JSON file."""
+    if name == "roofline":
+        return roofline_profile(arch, device)
+    if name.endswith(".json"):
+        return load_profile_file(name)
+    shipped = shipped_profiles()
+    if name == "auto":
+        matching = [p for p in shipped.values() if p.kind == "measured" and covers(p, arch)]
+        return matching[0] if matching else roofline_profile(arch, device)
+    if name in shipped:
+        return shipped[name]
+    raise unknown("profile", name, ["auto", "roofline", "<file>.json", *shipped])

@@ -1,0 +1,34 @@
+"""PNG figures (matplotlib, headless): rate sweeps, predicted-vs-measured scatters, launch timelines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def plot_rate_sweep(points: list[Any], knees: dict[str, float | None], path: str | Path, title: str) -> Path:
+    """Mean normalized latency and output throughput against request rate, one line per policy."""
+    fig, (ax_lat, ax_tps) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for policy in dict.fromkeys(p.policy for p in points):
+        mine = sorted((p for p in points if p.policy == policy), key=lambda p: p.rate)
+        rates = [p.rate for p in mine]
+        (line,) = ax_lat.plot(rates, [p.report.normalized_s.mean * 1e3 for p in mine], "o-", label=policy)
+        ax_tps.plot(rates, [p.report.output_tps for p in mine], "o-", color=line.get_color(), label=policy)
+        if knees.get(policy):
+            ax_lat.axvline(knees[policy], color=line.get_color(), ls=":", lw=1)
+    ax_lat.set(xlabel="request rate (req/s)", ylabel="mean normalized latency (ms/token)", yscale="log")
+    ax_tps.set(xlabel="request rate (req/s)", ylabel="output tokens/s")
+    for ax in (ax_lat, ax_tps):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

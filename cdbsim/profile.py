@@ -1,0 +1,137 @@
+"""Latency profiles: per-component fits ``t = delta + gamma x + alpha c`` of one device, as JSON.
+
+A profile holds one fit per *component*, named by what it computes and the shape it was measured at, so
+any architecture built from measured pieces is predicted with no new GPU run (Huginn 2-4-2 -> 1-4-1 ->
+0-4-0 reuses the same ``layer`` fit):
+
+============================  =====================  ==========================================
+component                      x                      c
+============================  =====================  ==========================================
+``layer/<shape>``              tokens in the batch    (query, key) pairs attended (decode)
+``prefill_layer/<shape>``      prompt tokens          (query, key) pairs attended (causal)
+``adapter/h<hidden>``          tokens                 -
+``embed/h<hidden>``            tokens                 -
+``head/h<hidden>-v<vocab>``    tokens sampled         -
+``kv_copy/<shape>``            (token, slot) copies   -
+``stage/<stage>``              items (or tokens)      -   (graph launch and glue of a stage)
+``host``                       items planned          -   (host time to plan and launch)
+============================  =====================  ==========================================
+
+File format (``format: cdbsim-profile/1``): ``name``, ``kind`` (``measured`` | ``roofline`` |
+``constant``), ``device`` (name, memory_bytes, bandwidth, matmul_flops), ``versions``, ``date``,
+``notes``, and ``components``: ``{name: {delta, gamma, alpha, r2, max_rel_residual, points: [[x, c, t],
+...]}}`` with times in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import lsq_linear
+
+from cdbsim.errors import ConfigError, require
+
+FORMAT = "cdbsim-profile/1"
+
+
+@dataclass
+class Fit:
+    """``t = delta + gamma x + alpha c`` with its fit quality and the points it came from."""
+
+    delta: float
+    gamma: float = 0.0
+    alpha: float = 0.0
+    r2: float | None = None
+    max_rel_residual: float | None = None
+    points: list[list[float]] = field(default_factory=list)
+
+    def __call__(self, x: float, c: float = 0.0) -> float:
+        return self.delta + self.gamma * x + self.alpha * c
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def fit_points(points: np.ndarray | list, with_context: bool = True) -> Fit:
+    """Least-squares fit of ``t = delta + gamma x + alpha c`` (all >= 0) to rows ``[x, c, t]``.
+
+    Residuals are weighted by ``1/t`` so small and large launches count alike (the error that matters
+    for a simulator is relative); R^2 is reported on the unweighted times.
+    """
+    pts = np.asarray(points, dtype=float)
+    require(pts.ndim == 2 and pts.shape[1] == 3 and len(pts) >= 2, "a fit needs at least 2 points [x, c, t]")
+    x, c, t = pts[:, 0], pts[:, 1], pts[:, 2]
+    require(bool(np.all(t > 0)), "measured times must be > 0")
+    columns = [np.ones_like(x), x] + ([c] if with_context and np.ptp(c) > 0 else [])
+    design = np.stack(columns, axis=1)
+    weights = 1.0 / t
+    result = lsq_linear(design * weights[:, None], t * weights, bounds=(0.0, np.inf))
+    coef = list(result.x) + [0.0] * (3 - len(result.x))
+    predicted = design @ result.x
+    ss_res = float(np.sum((t - predicted) ** 2))
+    ss_tot = float(np.sum((t - t.mean()) ** 2))
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    worst = float(np.max(np.abs(predicted - t) / t))
+    return Fit(delta=float(coef[0]), gamma=float(coef[1]), alpha=float(coef[2]), r2=r2,
+               max_rel_residual=worst, points=pts.tolist())
+
+
+@dataclass
+class Profile:
+    """Component fits of one device, plus the device facts used for KV sizing and the roofline."""
+
+    name: str
+    kind: str
+    device: dict
+    components: dict[str, Fit]
+    versions: dict = field(default_factory=dict)
+    date: str = ""
+    notes: str = ""
+    source: str = ""
+
+    def component(self, name: str) -> Fit | None:
+        return self.components.get(name)
+
+    @property
+    def memory_bytes(self) -> float:
+        return float(self.device.get("memory_bytes", 0.0))
+
+    def label(self) -> str:
+        device = self.device.get("name", "unknown device")
+        return f"{self.name} ({self.kind}, {device}{', ' + self.date if self.date else ''})"
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "name": self.name, "kind": self.kind, "device": self.device,
+                "versions": self.versions, "date": self.date, "notes": self.notes,
+                "components": {k: v.to_dict() for k, v in sorted(self.components.items())}}
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+
+def profile_from_dict(data: dict, source: str = "profile") -> Profile:
+    """Parse the JSON form; a wrong format is refused with a one-line error naming ``source``."""
+    if data.get("format") != FORMAT:
+        raise ConfigError(f"{source}: not a cdbsim profile (expected format {FORMAT!r})")
+    try:
+        components = {name: Fit(**fit) for name, fit in data["components"].items()}
+        return Profile(name=data["name"], kind=data["kind"], device=dict(data["device"]),
+                       components=components, versions=dict(data.get("versions", {})),
+                       date=data.get("date", ""), notes=data.get("notes", ""), source=source)
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"{source}: malformed profile ({exc})") from None
+
+
+def load_profile_file(path: str | Path) -> Profile:
+    path = Path(path)
+    require(path.is_file(), f"profile file {path} does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    return profile_from_dict(data, str(path))

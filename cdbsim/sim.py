@@ -1,0 +1,143 @@
+"""The discrete-event simulator: the shared scheduler driven by SimPy with latencies from a profile.
+
+Three processes share one SimPy environment:
+
+* ``arrivals`` releases each request into the scheduler at its arrival time;
+* ``host`` plans a launch (``Scheduler.plan``), spends the profile's host time on it, and hands it to
+  the device. With ``sync`` timing it waits for the launch to finish before planning the next, so the
+  device idles while the host works; with ``lookahead`` it plans launch k + 1 while launch k runs and
+  only then waits for k (the order a GPU engine with a lookahead gate uses); ``async`` overlaps like
+  lookahead except after a core launch, whose exit gate must be read first;
+* ``device`` runs launches in order, each for the time the latency model gives.
+
+Every launch is logged through :class:`~cdbsim.logs.RunRecorder`, the same recorder the GPU executor uses.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import simpy
+
+from cdbsim.arch import ArchSpec
+from cdbsim.config import ServeConfig, Timing
+from cdbsim.latency import LatencyModel
+from cdbsim.launch import Launch, Stage
+from cdbsim.logs import RunLog, RunRecorder
+from cdbsim.scheduler import Scheduler
+from traces.request import Request
+
+
+class Simulation:
+    """One simulated run of ``requests`` on ``kv_blocks`` KV blocks."""
+
+    def __init__(self, arch: ArchSpec, config: ServeConfig, requests: Sequence[Request],
+                 latency: LatencyModel, kv_blocks: int,
+                 progress: Callable[[int], None] | None = None) -> None:
+        self.arch = arch
+        self.config = config
+        self.requests = list(requests)
+        self.latency = latency
+        self.scheduler = Scheduler(arch, config, self.requests, kv_blocks)
+        self.recorder = RunRecorder(self.requests)
+        self.progress = progress
+        self.env = simpy.Environment()
+        self._wake_host = self.env.event()
+        self._device_queue: deque[tuple[Launch, float, float, simpy.Event]] = deque()
+        self._wake_device = self.env.event()
+
+    def run(self) -> RunLog:
+        env = self.env
+        env.process(self._arrivals())
+        env.process(self._device())
+        host = env.process(self._host())
+        env.run(until=host)
+        s = self.scheduler
+        meta = {"arch": self.arch.name, "split": self.arch.split, "r_max": self.arch.r_max,
+                "r_min": s.r_min, "policy": self.config.policy.value, "width": self.config.width,
+                "coda_batch": self.config.coda_batch, "prefill_budget": self.config.prefill_budget,
+                "timing": self.config.timing.value, "layout": self.config.layout.value,
+                "kv_blocks": s.kv.total, "preemptions": s.preemptions, "profile": self.latency.profile.label(),
+                "clock": "simulated"}
+        return self.recorder.finish(meta)
+
+    # ----- processes -----------------------------------------------------------------------------
+    def _arrivals(self):
+        env, s = self.env, self.scheduler
+        order = sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival)
+        for i in order:
+            delay = self.requests[i].arrival - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            s.arrive(i)
+            self._poke_host()
+
+    def _poke_host(self) -> None:
+        if not self._wake_host.triggered:
+            self._wake_host.succeed()
+
+    def _host(self):
+        """Plan, hand over, wait. A launch planned at ``t`` is ready on the device at ``t + host time``,
+        and the host is busy until then; it waits for the previous launch (lookahead) or this one (sync)."""
+        env, s, latency = self.env, self.scheduler, self.latency
+        timing = self.config.timing
+        pending: tuple[Launch, simpy.Event] | None = None
+        finished_before = 0
+        while not s.done:
+            launch = s.plan()
+            if launch is None:
+                if pending is not None:
+                    yield pending[1] | self._wake_host
+                    if pending[1].processed:
+                        s.complete(pending[0])
+                        pending = None
+                else:
+                    self._wake_host = env.event()
+                    yield self._wake_host
+                if self._wake_host.triggered:
+                    self._wake_host = env.event()
+                continue
+            host_s = latency.host_time(launch)
+            ready_at = env.now + host_s
+            finished = env.event()
+            self._device_queue.append((launch, ready_at, host_s, finished))
+            if not self._wake_device.triggered:
+                self._wake_device.succeed()
+            if pending is not None:
+                yield pending[1]
+                s.complete(pending[0])
+                pending = None
+            if timing is Timing.LOOKAHEAD or (timing is Timing.ASYNC and launch.stage is not Stage.CORE):
+                pending = (launch, finished)
+            else:
+                yield finished
+                s.complete(launch)
+            if env.now < ready_at:  # still planning this launch
+                yield env.timeout(ready_at - env.now)
+            if self.progress is not None and s.finished != finished_before:
+                self.progress(s.finished - finished_before)
+                finished_before = s.finished
+        if pending is not None:
+            yield pending[1]
+            s.complete(pending[0])
+
+    def _device(self):
+        """Run launches in order; a launch starts when the device is free and the host has handed it over."""
+        env, queue, latency, record = self.env, self._device_queue, self.latency, self.recorder.record
+        while True:
+            if not queue:
+                self._wake_device = env.event()
+                yield self._wake_device
+                continue
+            launch, ready_at, host_s, finished = queue.popleft()
+            start = max(env.now, ready_at)
+            yield env.timeout(start - env.now + latency.launch_time(launch))
+            record(launch, start, env.now, host_s)
+            finished.succeed()
+
+
+def simulate(arch: ArchSpec, config: ServeConfig, requests: Sequence[Request], latency: LatencyModel,
+             kv_blocks: int, progress: Callable[[int], None] | None = None) -> RunLog:
+    """Simulate serving ``requests``; returns the launch and request logs."""
+    return Simulation(arch, config, requests, latency, kv_blocks, progress).run()

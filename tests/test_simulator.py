@@ -1,0 +1,170 @@
+"""The SimPy simulator, the latency model and the report."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cdbsim.arch import PRESETS
+from cdbsim.config import ServeConfig
+from cdbsim.errors import ConfigError
+from cdbsim.latency import LatencyModel, constant_profile, roofline_profile
+from cdbsim.launch import Stage
+from cdbsim.logs import RunLog
+from cdbsim.profile import fit_points, load_profile_file
+from cdbsim.report import summarize
+from cdbsim.sim import simulate
+from cdbsim.study import KVCapacity, compare_policies
+from tests.conftest import make_requests, tiny_arch
+from traces import ExitModel, build_trace
+
+MS = 1e-3
+
+
+def constant(arch, host_s: float = 0.0) -> LatencyModel:
+    return LatencyModel(arch, constant_profile(MS, host_s=host_s))
+
+
+@pytest.mark.parametrize("policy,launches,token_times", [
+    # prefill, prelude, core(r0 exits, r1 loops), coda(r0), core, core(r1 exits), coda(r1)
+    ("refill", 7, [[1, 4], [1, 7]]),
+    # prefill, prelude, core x3 (2, 1, 1 tokens), one coda for the wave
+    ("norefill", 6, [[1, 6], [1, 6]]),
+    # prefill, one fused decode step
+    ("cb", 2, [[1, 2], [1, 2]]),
+])
+def test_constant_latency_gives_hand_computed_times(policy: str, launches: int, token_times: list) -> None:
+    arch = tiny_arch(r_max=3)
+    requests = make_requests([(4, 2), (4, 2)], depths=[[1], [3]])
+    config = ServeConfig(policy=policy, width=4, timing="sync")
+    log = simulate(arch, config, requests, constant(arch), kv_blocks=64)
+    assert len(log.launches) == launches
+    assert log.launches["end"].max() == pytest.approx(launches * MS)
+    for got, want in zip(log.token_times, token_times, strict=True):
+        assert got == pytest.approx(np.array(want) * MS)
+
+
+def test_sync_idles_for_the_host_and_lookahead_hides_it() -> None:
+    arch = tiny_arch(r_max=4)
+    requests = make_requests([(20, 30)] * 8, depths=[([2, 3, 4] * 10)[:29]] * 8)
+    host = 0.25 * MS
+    sync = simulate(arch, ServeConfig(width=8, timing="sync"), requests, constant(arch, host), 256)
+    starts, ends = sync.launches["start"].to_numpy(), sync.launches["end"].to_numpy()
+    assert starts[1:] - ends[:-1] == pytest.approx(np.full(len(starts) - 1, host))
+    report = summarize(sync, arch, requests, 2)
+    assert report.device_idle == pytest.approx(host / (host + MS), rel=0.02)
+    ahead = simulate(arch, ServeConfig(width=8, timing="lookahead"), requests, constant(arch, host), 256)
+    assert summarize(ahead, arch, requests, 2).device_idle < 0.002
+    # async overlaps everything but what follows a core launch
+    overlap = simulate(arch, ServeConfig(width=8, timing="async"), requests, constant(arch, host), 256)
+    gaps = overlap.launches["start"].to_numpy()[1:] - overlap.launches["end"].to_numpy()[:-1]
+    after_core = (overlap.launches["stage"].to_numpy()[:-1] == "core")
+    assert gaps[after_core] == pytest.approx(np.full(after_core.sum(), host))
+    assert np.allclose(gaps[~after_core], 0.0)
+
+
+def test_online_arrivals_wait_for_their_time() -> None:
+    arch = tiny_arch(r_max=2)
+    requests = make_requests([(4, 2), (4, 2)], depths=[[2], [2]], arrivals=[0.0, 0.5])
+    log = simulate(arch, ServeConfig(width=4, timing="sync"), requests, constant(arch), 64)
+    assert log.launches["start"].iloc[-1] >= 0.5
+    assert log.requests["first_token"].iloc[1] == pytest.approx(0.5 + MS)
+
+
+def test_fit_recovers_coefficients_from_noisy_points() -> None:
+    rng = np.random.default_rng(0)
+    delta, gamma, alpha = 5.4e-3, 2.0e-5, 3.0e-9
+    batch = np.repeat([1, 2, 4, 8, 16, 32, 64, 128, 256, 512], 4)
+    context = np.tile([128, 512, 2048, 8192], 10) * batch
+    t = (delta + gamma * batch + alpha * context) * rng.normal(1.0, 0.005, size=batch.size)
+    fit = fit_points(np.stack([batch, context, t], axis=1))
+    assert fit.delta == pytest.approx(delta, rel=0.02)
+    assert fit.gamma == pytest.approx(gamma, rel=0.02)
+    assert fit.alpha == pytest.approx(alpha, rel=0.02)
+    assert fit.r2 > 0.99 and fit.max_rel_residual < 0.03
+
+
+def test_profile_roundtrip_and_shape_check(tmp_path) -> None:
+    ouro, huginn = PRESETS["ouro-1.4b"], PRESETS["huginn-3.5b"]
+    profile = roofline_profile(ouro)
+    path = profile.save(tmp_path / "p.json")
+    back = load_profile_file(path)
+    assert back.components.keys() == profile.components.keys()
+    assert LatencyModel(ouro, back).costs == LatencyModel(ouro, profile).costs
+    with pytest.raises(ConfigError, match="no measurement of layer/huginn"):
+        LatencyModel(huginn, back)
+    forced = LatencyModel(huginn, back, force=True)
+    assert forced.costs[Stage.CORE].delta == pytest.approx(LatencyModel(huginn, roofline_profile(huginn))
+                                                           .costs[Stage.CORE].delta)
+    (tmp_path / "bad.json").write_text('{"format": "cdbsim-profile/1",\n"name": }')
+    with pytest.raises(ConfigError, match=r"bad\.json:2"):
+        load_profile_file(tmp_path / "bad.json")
+
+
+def test_resplit_costs_come_from_the_same_components() -> None:
+    base = PRESETS["huginn-3.5b"]
+    profile = roofline_profile(base)
+    full = LatencyModel(base, profile)
+    small = LatencyModel(base.with_split("1-4-1"), profile)
+    layer = profile.components["layer/" + base.layer.key]
+    assert full.costs[Stage.CORE] == small.costs[Stage.CORE]
+    assert full.costs[Stage.CODA].delta - small.costs[Stage.CODA].delta == pytest.approx(layer.delta)
+    assert full.costs[Stage.PRELUDE].gamma - small.costs[Stage.PRELUDE].gamma == pytest.approx(layer.gamma)
+
+
+def test_same_seed_same_result() -> None:
+    arch = PRESETS["ouro-1.4b"]
+    latency = LatencyModel(arch, roofline_profile(arch))
+
+    def once():
+        requests = build_trace("alpaca", 150, 4, 2, ExitModel(mean=2.5), rate=40.0, seed=11)
+        return simulate(arch, ServeConfig(), requests, latency, 4096)
+
+    a, b = once(), once()
+    pd.testing.assert_frame_equal(a.launches, b.launches)
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+
+
+@pytest.mark.parametrize("workload", ["alpaca", "sharegpt"])
+def test_policies_order_as_expected(workload: str) -> None:
+    arch = PRESETS["ouro-1.4b"]
+    latency = LatencyModel(arch, roofline_profile(arch))
+    kv = KVCapacity(tokens=400_000)
+    none = build_trace(workload, 300, 4, 2, ExitModel("none"), seed=1)
+    cb, norefill, refill = (r.report for r in compare_policies(arch, ServeConfig(), none, latency, kv))
+    assert norefill.output_tps == pytest.approx(cb.output_tps, rel=0.03)
+    assert refill.output_tps == pytest.approx(cb.output_tps, rel=0.03)
+    exits = build_trace(workload, 300, 4, 2, ExitModel(mean=2.5), seed=1)
+    cb, norefill, refill = (r.report for r in compare_policies(arch, ServeConfig(), exits, latency, kv))
+    assert refill.output_tps >= norefill.output_tps >= cb.output_tps * 1.05
+    assert 0.8 < refill.bound_realised <= 1.05
+
+
+def test_report_on_a_hand_built_log() -> None:
+    arch = tiny_arch(r_max=4)
+    requests = make_requests([(10, 3), (6, 2)], depths=[[2, 4], [3]])
+    launches = pd.DataFrame({
+        "index": [0, 1, 2, 3], "stage": ["prefill", "core", "coda", "coda"], "size": [16, 2, 1, 1],
+        "padded": [16, 2, 1, 1], "items": [2, 2, 1, 1], "context": [0, 0, 0, 0], "kv_copies": [0] * 4,
+        "start": [0.0, 1.0, 2.0, 3.5], "end": [1.0, 2.0, 3.0, 4.0], "host_s": [0.0] * 4,
+        "step_mix": ["", "0:2", "", ""], "exits": [0, 1, 0, 0], "tokens": [2, 0, 1, 2],
+        "queue_waiting": [0] * 4, "queue_core": [0] * 4, "queue_coda": [0] * 4, "active": [2] * 4})
+    token_times = [np.array([1.0, 3.0, 4.0]), np.array([1.0, 4.0])]
+    reqs = pd.DataFrame({"request_id": [0, 1], "prompt_len": [10, 6], "output_len": [3, 2],
+                         "arrival": [0.0, 0.5], "scheduled": [0.0, 0.0], "first_token": [1.0, 1.0],
+                         "finish": [4.0, 4.0]})
+    report = summarize(RunLog(launches, reqs, token_times, {"policy": "refill"}), arch, requests, r_min=2)
+    assert report.makespan_s == 4.0
+    assert report.output_tps == pytest.approx(5 / 4.0)
+    assert report.ttft_s.p50 == pytest.approx(0.75)  # (1.0, 0.5)
+    assert report.tpot_s.mean == pytest.approx((1.5 + 3.0) / 2)
+    assert report.itl_s.mean == pytest.approx((2.0 + 1.0 + 3.0) / 3)
+    assert report.e2e_s.mean == pytest.approx((4.0 + 3.5) / 2)
+    assert report.normalized_s.mean == pytest.approx((4.0 / 3 + 3.5 / 2) / 2)
+    assert report.device_busy == pytest.approx(3.5 / 4.0)
+    assert report.device_idle == pytest.approx(0.5 / 4.0)
+    assert report.prefill_share == pytest.approx(1.0 / 3.5)
+    assert report.launches == {"prefill": 1, "core": 1, "coda": 2}
+    assert report.mean_depth == pytest.approx((4 + 2 + 4 + 4 + 3) / 5)
+    assert report.f1 == pytest.approx(2 / 5)

@@ -458,6 +458,83 @@ def rate_sweep(
                  + f" | plot: {plot}")
 
 
+@app.command()
+@friendly
+def validate(
+    matrix: Annotated[Path | None, typer.Option("--matrix", help="A validation matrix JSON file (default: one "
+                                                                 "configuration from the options below).")] = None,
+    only: Annotated[str | None, typer.Option("--only", help="Comma-separated config names of the matrix.")] = None,
+    measured: Annotated[Path | None, typer.Option("--measured", help="Compare against executor logs saved in "
+                                                                     "this directory instead of running the "
+                                                                     "GPU.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Where logs, tables and plots go.")] = Path("validation"),
+    arch: Arch = "ouro-1.4b", split: Split = None, policy: PolicyOpt = "refill", width: Width = 64,
+    coda_batch: CodaK = 1, timing: TimingOpt = "lookahead", kv_layout: Layout = "depth",
+    workload: Workload = "alpaca", requests: Requests = 128, exits: Exits = "synthetic",
+    mean_depth: MeanDepth = None, seed: Seed = 1, kv_tokens: Annotated[int, typer.Option(
+        "--kv-tokens", help="KV capacity in tokens (executor and simulator).")] = 65536,
+    rate_of_capacity: Annotated[float | None, typer.Option("--rate-of-capacity", help="Online run: Poisson "
+                                                           "arrivals at this fraction of the simulated "
+                                                           "offline capacity.")] = None,
+    profile: ProfileOpt = "auto", force: Force = False, as_json: JsonOut = False, as_csv: CsvOut = False,
+) -> None:
+    """Run configurations on the GPU executor and in the simulator on identical requests; show the errors."""
+    from calibration import validation as val
+    from calibration.shipped import resolve_profile
+    from cdbsim.latency import LatencyModel
+    from cdbsim.validate import error_summary, plot_scatter, plot_timelines
+
+    if matrix is not None:
+        entries = val.load_matrix(matrix)
+        if only:
+            wanted = set(only.split(","))
+            unknown_names = wanted - {e.name for e in entries}
+            if unknown_names:
+                raise ConfigError(f"{matrix}: no config named {', '.join(sorted(unknown_names))}")
+            entries = [e for e in entries if e.name in wanted]
+    else:
+        entries = [val.Entry(name="config", arch=arch, split=split, policy=policy, coda_batch=coda_batch,
+                             width=width, layout=kv_layout, timing=timing, workload=workload,
+                             requests=requests or 128, exits=exits, mean_depth=mean_depth, seed=seed,
+                             kv_tokens=kv_tokens, rate_of_capacity=rate_of_capacity)]
+        entries[0].config()  # refuse impossible settings before any work
+    cache: dict[str, Any] = {}
+
+    def latency_for(spec: ArchSpec) -> Any:
+        if spec.name not in cache:
+            cache[spec.name] = LatencyModel(spec, resolve_profile(profile, spec), force=force)
+        return cache[spec.name]
+
+    out.mkdir(parents=True, exist_ok=True)
+    if measured is not None:
+        logs = val.load_measured(entries, measured)
+    else:
+        logs = val.measure(entries, out / "measured", latency_for,
+                           log=lambda msg: Console(stderr=True).print(msg, markup=False))
+    comparisons = val.compare(entries, logs, latency_for)
+    summary = [c.summary() for c in comparisons]
+    errors = error_summary(comparisons)
+    (out / "summary.json").write_text(json.dumps(
+        {"summary": summary, "errors": errors, "profiles": val.profile_names(latency_for, entries),
+         "configs": {e.name: e.describe() for e in entries},
+         "details": {c.name: c.rows for c in comparisons}}, indent=2, default=float))
+    import pandas as pd
+
+    pd.DataFrame(summary).to_csv(out / "summary.csv", index=False)
+    plot_scatter(comparisons, out / "scatter.png")
+    first = comparisons[0]
+    if first.measured_log is not None and first.predicted_log is not None:
+        plot_timelines(first.measured_log, first.predicted_log, out / "timeline.png", title=first.name)
+    if as_json or as_csv:
+        emit(summary if as_csv else [{"summary": summary, "errors": errors}], "", as_json, as_csv)
+        return
+    if len(comparisons) == 1:
+        emit(first.rows, f"{entries[0].describe()} | errors are (predicted - measured) / measured", False, False)
+    else:
+        emit(summary, f"validation: {len(comparisons)} configurations", False, False,
+             caption=" | ".join(f"{k}: {v:.3g}" for k, v in errors.items()) + f" | files in {out}")
+
+
 def main() -> None:  # pragma: no cover - console entry point alias
     app()
 

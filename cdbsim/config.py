@@ -129,9 +129,8 @@ class ServeConfig:
         return self.min_free_slots if self.min_free_slots is not None else max(1, self.width // 8)
 
     def r_min(self, arch: ArchSpec) -> int:
-        """Effective minimum depth: the model's, raised to 2 by the lookahead gate; CB runs r_max."""
-        if self.policy is Policy.CB:
-            return arch.r_max
+        """Effective minimum exit depth: the model's, raised to 2 by the lookahead gate (CB ignores depths
+        and runs r_max, but its requests carry the same depths as CDB's so runs compare like for like)."""
         return min(max(arch.r_min, self.timing.min_depth), arch.r_max)
 
     def decode_sizes(self) -> tuple[int, ...]:

@@ -8,8 +8,6 @@ executor indexes its paged cache with them.
 
 from __future__ import annotations
 
-import math
-
 from cdbsim.arch import ArchSpec
 from cdbsim.errors import require
 from cdbsim.kvlayout import KVLayout
@@ -46,10 +44,6 @@ class BlockPool:
         blocks.clear()
 
 
-def blocks_for(positions: int, block_size: int = BLOCK_SIZE) -> int:
-    return -(-positions // block_size)
-
-
 def capacity_blocks(arch: ArchSpec, layout: KVLayout | str, *, tokens: int | None = None,
                     blocks: int | None = None, memory_bytes: float | None = None,
                     block_size: int = BLOCK_SIZE) -> int:
@@ -74,4 +68,4 @@ def memory_for_kv(device_bytes: float, weight_bytes: float, fraction: float = 0.
 
 def need_blocks(prompt_len: int, output_len: int, block_size: int = BLOCK_SIZE) -> int:
     """Blocks a request holds at its end (prompt + every output token but the last)."""
-    return math.ceil(max(prompt_len, prompt_len + output_len - 1) / block_size)
+    return -(-max(prompt_len, prompt_len + output_len - 1) // block_size)

@@ -1,0 +1,182 @@
+"""``cdbsim validate``: run configurations on the GPU executor and in the simulator, on identical requests
+and exit depths, and compare the two logs.
+
+A validation matrix is a JSON file (``calibration/matrices/validation-h200.json``): ``defaults`` plus a
+list of ``configs``, each naming ``arch`` (and optionally ``split``), ``policy``, ``coda_batch``, ``width``,
+``layout``, ``timing``, ``workload``, ``requests``, ``exits`` (``synthetic`` or ``none``), ``mean_depth``,
+``seed``, ``kv_tokens`` and, for an online run, ``rate_of_capacity`` (Poisson arrivals at that fraction of
+the simulator's offline request rate for the same configuration).
+
+The executor part needs torch and a GPU; measured logs are saved per configuration, so the comparison can
+be redone anywhere from them (``--measured DIR``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from cdbsim.arch import ArchSpec, load_arch
+from cdbsim.config import ServeConfig
+from cdbsim.errors import ConfigError, require
+from cdbsim.kv import capacity_blocks
+from cdbsim.latency import LatencyModel
+from cdbsim.logs import RunLog
+from cdbsim.profile import Profile
+from cdbsim.report import summarize
+from cdbsim.sim import simulate
+from cdbsim.validate import Comparison
+from cdbsim.workload import WorkloadSpec, default_mean_depth
+from traces import ExitModel, Request
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One configuration of a validation matrix."""
+
+    name: str
+    arch: str = "ouro-1.4b"
+    split: str | None = None
+    policy: str = "refill"
+    coda_batch: int = 1
+    width: int = 64
+    layout: str = "depth"
+    timing: str = "lookahead"
+    workload: str = "alpaca"
+    requests: int = 256
+    exits: str = "synthetic"
+    mean_depth: float | None = None
+    seed: int = 1
+    kv_tokens: int = 65536
+    rate_of_capacity: float | None = None
+
+    @property
+    def online(self) -> bool:
+        return self.rate_of_capacity is not None
+
+    def spec(self) -> ArchSpec:
+        return load_arch(self.arch, split=self.split)
+
+    def config(self) -> ServeConfig:
+        return ServeConfig(policy=self.policy, width=self.width, coda_batch=self.coda_batch, timing=self.timing,
+                           layout=self.layout)
+
+    def kv_blocks(self) -> int:
+        config = self.config()
+        return capacity_blocks(self.spec(), config.layout, tokens=self.kv_tokens, block_size=config.block_size)
+
+    def build_requests(self, rate: float | None = None) -> list[Request]:
+        arch, config = self.spec(), self.config()
+        mean = self.mean_depth if self.mean_depth is not None else default_mean_depth(arch.r_max)
+        exits = ExitModel(self.exits, mean=mean) if self.exits == "synthetic" else ExitModel(self.exits)
+        spec = WorkloadSpec(self.workload, self.requests, rate, exits, self.seed)
+        return spec.build(arch, config.r_min(arch))
+
+    def describe(self) -> str:
+        arch = self.spec()
+        rate = f", {self.rate_of_capacity:g} x capacity" if self.online else ", offline"
+        return (f"{arch.name} {arch.split} {self.config().describe()} {self.workload} x{self.requests} "
+                f"exits {self.exits}{rate}")
+
+
+def load_matrix(path: str | Path) -> list[Entry]:
+    """The entries of a matrix file (defaults applied); unknown keys are refused with the file's name."""
+    path = Path(path)
+    require(path.is_file(), f"validation matrix {path} does not exist")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    valid = {f.name for f in fields(Entry)}
+    defaults = data.get("defaults", {})
+    entries = []
+    for i, raw in enumerate(data.get("configs", [])):
+        merged = {**defaults, **raw}
+        extra = sorted(set(merged) - valid)
+        require(not extra, f"{path}: config {i} ({raw.get('name', '?')}) has unknown key(s) {', '.join(extra)}")
+        require("name" in merged, f"{path}: config {i} has no name")
+        entries.append(Entry(**merged))
+    require(entries, f"{path}: no configs")
+    return entries
+
+
+def offline_capacity(entry: Entry, latency: LatencyModel) -> float:
+    """The simulator's offline request rate for ``entry`` (sets the rate of its online runs)."""
+    arch, config = entry.spec(), entry.config()
+    offline = replace(entry, rate_of_capacity=None)
+    requests = offline.build_requests()
+    log = simulate(arch, config, requests, latency, entry.kv_blocks())
+    return summarize(log, arch, requests, config.r_min(arch)).request_rate
+
+
+def requests_for(entry: Entry, latency: LatencyModel) -> tuple[list[Request], float | None]:
+    """The requests of ``entry``, with Poisson arrivals for online runs, and the rate used."""
+    if not entry.online:
+        return entry.build_requests(), None
+    rate = entry.rate_of_capacity * offline_capacity(entry, latency)
+    return entry.build_requests(rate), rate
+
+
+def measure(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], LatencyModel],
+            log: Callable[[str], None] = print) -> dict[str, RunLog]:
+    """Run every entry on the GPU executor; logs go to ``out/<name>/`` (needs torch and CUDA)."""
+    import torch
+
+    from executor.driver import build_model, execute
+
+    require(torch.cuda.is_available(), "cdbsim validate needs a CUDA GPU to run the executor "
+                                       "(or pass --measured DIR with saved executor logs)")
+    results: dict[str, RunLog] = {}
+    models: dict[tuple[str, str], object] = {}
+    for entry in entries:
+        arch = entry.spec()
+        key = (arch.name, arch.split)
+        if key not in models:
+            models.clear()
+            torch.cuda.empty_cache()
+            models[key] = build_model(arch, device="cuda", seed=0)
+        requests, rate = requests_for(entry, latency_for(arch))
+        run = execute(arch, entry.config(), requests, entry.kv_blocks(), device="cuda", model=models[key],
+                      seed=entry.seed)
+        run.log.meta.update({"validation_entry": entry.name, "rate": rate})
+        run.log.save(out / entry.name)
+        results[entry.name] = run.log
+        log(f"{entry.name}: {sum(len(t) for t in run.log.token_times)} tokens in "
+            f"{run.log.meta.get('wall_s', float('nan')):.1f} s")
+        del run
+        torch.cuda.empty_cache()
+    return results
+
+
+def load_measured(entries: list[Entry], directory: Path) -> dict[str, RunLog]:
+    """Saved executor logs, ``directory/<name>/``, one per entry."""
+    missing = [e.name for e in entries if not (directory / e.name / "launches.csv").is_file()]
+    require(not missing, f"{directory}: no saved executor log for {', '.join(missing[:4])}")
+    return {e.name: RunLog.load(directory / e.name) for e in entries}
+
+
+def compare(entries: list[Entry], measured: dict[str, RunLog],
+            latency_for: Callable[[ArchSpec], LatencyModel]) -> list[Comparison]:
+    """Simulate each entry on the requests the executor served (same arrivals and depths) and compare."""
+    comparisons = []
+    for entry in entries:
+        arch, config = entry.spec(), entry.config()
+        real = measured[entry.name]
+        rate = real.meta.get("rate")
+        requests = entry.build_requests(rate if entry.online else None)
+        predicted = simulate(arch, config, requests, latency_for(arch), entry.kv_blocks())
+        r_min = config.r_min(arch)
+        comparisons.append(Comparison.of(entry.name, summarize(real, arch, requests, r_min),
+                                         summarize(predicted, arch, requests, r_min), entry.online,
+                                         measured_log=real, predicted_log=predicted))
+    return comparisons
+
+
+def profile_names(latency_for: Callable[[ArchSpec], LatencyModel], entries: list[Entry]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for entry in entries:
+        profile: Profile = latency_for(entry.spec()).profile
+        out[entry.arch] = profile.label()
+    return out

@@ -1,0 +1,153 @@
+"""Simulated against measured: the same requests and exit depths, two logs, one table of signed errors.
+
+Pure Python: it reads two :class:`~cdbsim.logs.RunLog` objects (whichever clock produced them) and their
+reports. Running the executor is the caller's job (``calibration.validation``), so a comparison can also
+be redone later from saved logs on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cdbsim.logs import RunLog
+from cdbsim.report import Report
+
+OFFLINE_METRICS = ("output_tps", "makespan_s", "device_idle")
+ONLINE_METRICS = (("ttft_s", "p50"), ("ttft_s", "p99"), ("tpot_s", "p50"), ("tpot_s", "p99"),
+                  ("normalized_s", "p50"), ("normalized_s", "p99"))
+
+
+def _value(report: Report, key: str | tuple[str, str]) -> float:
+    if isinstance(key, tuple):
+        return float(getattr(getattr(report, key[0]), key[1]))
+    return float(getattr(report, key))
+
+
+def _name(key: str | tuple[str, str]) -> str:
+    return f"{key[0]} {key[1]}" if isinstance(key, tuple) else key
+
+
+def signed_error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured; NaN when measured is 0 or missing."""
+    if not np.isfinite(measured) or measured == 0:
+        return float("nan")
+    return (predicted - measured) / measured
+
+
+@dataclass
+class Comparison:
+    """One configuration: measured and predicted reports and the rows of the side-by-side table."""
+
+    name: str
+    measured: Report
+    predicted: Report
+    online: bool
+    rows: list[dict] = field(default_factory=list)
+    measured_log: RunLog | None = None
+    predicted_log: RunLog | None = None
+
+    @classmethod
+    def of(cls, name: str, measured: Report, predicted: Report, online: bool,
+           measured_log: RunLog | None = None, predicted_log: RunLog | None = None) -> Comparison:
+        comp = cls(name, measured, predicted, online, measured_log=measured_log, predicted_log=predicted_log)
+        keys: list = list(OFFLINE_METRICS) + (list(ONLINE_METRICS) if online else [])
+        for key in keys:
+            m, p = _value(measured, key), _value(predicted, key)
+            err = p - m if key == "device_idle" else signed_error(p, m)
+            comp.rows.append({"metric": _name(key), "measured": m, "predicted": p,
+                              "error": err, "error kind": "abs" if key == "device_idle" else "rel"})
+        for stage in sorted(set(measured.launches) | set(predicted.launches)):
+            for label, source in (("launches", "launches"), ("mean B", "mean_batch")):
+                m = float(getattr(measured, source).get(stage, 0))
+                p = float(getattr(predicted, source).get(stage, 0))
+                comp.rows.append({"metric": f"{stage} {label}", "measured": m, "predicted": p,
+                                  "error": signed_error(p, m), "error kind": "rel"})
+        return comp
+
+    @property
+    def throughput_error(self) -> float:
+        return signed_error(self.predicted.output_tps, self.measured.output_tps)
+
+    @property
+    def normalized_p50_error(self) -> float:
+        return signed_error(self.predicted.normalized_s.p50, self.measured.normalized_s.p50)
+
+    def summary(self) -> dict:
+        return {"config": self.name, "measured tok/s": self.measured.output_tps,
+                "predicted tok/s": self.predicted.output_tps, "tok/s error %": 100 * self.throughput_error,
+                "measured idle %": 100 * self.measured.device_idle,
+                "predicted idle %": 100 * self.predicted.device_idle,
+                "norm p50 error %": 100 * self.normalized_p50_error if self.online else float("nan")}
+
+
+def error_summary(comparisons: list[Comparison]) -> dict:
+    """Median and worst |error| of offline throughput, and of online normalized p50 latency."""
+    offline = [abs(c.throughput_error) for c in comparisons if not c.online]
+    online = [abs(c.normalized_p50_error) for c in comparisons if c.online]
+    out = {"configs": len(comparisons)}
+    if offline:
+        out.update({"offline tok/s |error| median %": 100 * float(np.median(offline)),
+                    "offline tok/s |error| worst %": 100 * float(np.max(offline))})
+    if online:
+        out.update({"online norm p50 |error| median %": 100 * float(np.median(online)),
+                    "online norm p50 |error| worst %": 100 * float(np.max(online))})
+    return out
+
+
+def plot_scatter(comparisons: list[Comparison], path: str | Path, title: str = "") -> Path:
+    """Predicted against measured output throughput over the matrix, with the +-7% band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 5.5))
+    measured = np.array([c.measured.output_tps for c in comparisons])
+    predicted = np.array([c.predicted.output_tps for c in comparisons])
+    for comp, m, p in zip(comparisons, measured, predicted, strict=True):
+        ax.plot(m, p, "s" if comp.online else "o", color="C1" if comp.online else "C0")
+        ax.annotate(comp.name, (m, p), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    low, high = 0.8 * min(measured.min(), predicted.min()), 1.2 * max(measured.max(), predicted.max())
+    grid = np.array([low, high])
+    ax.plot(grid, grid, "k-", lw=1)
+    ax.fill_between(grid, grid * 0.93, grid * 1.07, color="grey", alpha=0.2, label="±7%")
+    ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel="measured output tok/s",
+           ylabel="predicted output tok/s", title=title or "simulated vs measured")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def plot_timelines(measured: RunLog, predicted: RunLog, path: str | Path, launches: int = 120,
+                   title: str = "") -> Path:
+    """The first launches of both runs on one time axis, one lane per stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = ["prefill", "prelude", "core", "coda", "decode"]
+    fig, ax = plt.subplots(figsize=(11, 3.8))
+    for offset, (log, color, label) in enumerate(((measured, "C0", "measured"), (predicted, "C3", "predicted"))):
+        rows = log.launches.head(launches)
+        for _, row in rows.iterrows():
+            lane = stages.index(row["stage"]) + (0.4 if offset else 0.0)
+            ax.broken_barh([(row["start"] * 1e3, (row["end"] - row["start"]) * 1e3)], (lane, 0.35),
+                           color=color, alpha=0.8)
+        ax.plot([], [], color=color, lw=6, label=label)
+    ax.set_yticks([i + 0.375 for i in range(len(stages))], stages)
+    ax.set(xlabel="time (ms)", title=title or f"first {launches} launches")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path

@@ -1,0 +1,69 @@
+"""``cdbsim validate`` plumbing without a GPU: saved logs in, side-by-side errors and plots out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from calibration.validation import Entry, compare, load_matrix, requests_for
+from cdbsim.latency import LatencyModel, roofline_profile
+from cdbsim.sim import simulate
+from cli import app
+
+
+def latency_for(arch):
+    return LatencyModel(arch, roofline_profile(arch))
+
+
+def test_shipped_matrix_covers_what_validation_needs() -> None:
+    entries = load_matrix("calibration/matrices/validation-h200.json")
+    assert len(entries) >= 16
+    assert {e.arch for e in entries} >= {"ouro-1.4b", "huginn-3.5b"}
+    assert {e.policy for e in entries} == {"cb", "norefill", "refill"}
+    assert {e.workload for e in entries} >= {"alpaca", "sharegpt"}
+    assert sum(e.online for e in entries) >= 2
+    assert any(e.split for e in entries)
+    assert any(e.exits == "none" for e in entries) and any(e.exits == "synthetic" for e in entries)
+    assert len({e.width for e in entries if e.arch == "ouro-1.4b"}) >= 2
+    for e in entries:
+        e.config()  # every configuration is valid
+
+
+def test_matrix_with_unknown_key_is_refused(tmp_path) -> None:
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"configs": [{"name": "a", "widht": 8}]}))
+    with pytest.raises(ValueError, match="unknown key"):
+        load_matrix(path)
+
+
+def test_validate_against_saved_logs(tmp_path) -> None:
+    entries = [Entry(name="refill", requests=40), Entry(name="cb", policy="cb", requests=40),
+               Entry(name="online", requests=40, rate_of_capacity=0.5)]
+    matrix = tmp_path / "matrix.json"
+    matrix.write_text(json.dumps({"configs": [e.__dict__ for e in entries]}))
+    measured = tmp_path / "measured"
+    for entry in entries:  # a "measurement" that is the simulator itself: errors must be zero
+        requests, rate = requests_for(entry, latency_for(entry.spec()))
+        log = simulate(entry.spec(), entry.config(), requests, latency_for(entry.spec()), entry.kv_blocks())
+        log.meta["rate"] = rate
+        log.save(measured / entry.name)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["validate", "--matrix", str(matrix), "--measured", str(measured),
+                                      "--out", str(out), "--profile", "roofline", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)[0]
+    assert all(abs(row["tok/s error %"]) < 1e-6 for row in summary["summary"])
+    assert summary["errors"]["online norm p50 |error| worst %"] < 1e-6
+    for name in ("summary.csv", "summary.json", "scatter.png", "timeline.png"):
+        assert (out / name).stat().st_size > 0
+    comps = compare(load_matrix(matrix), {e.name: __import__("cdbsim.logs", fromlist=["RunLog"]).RunLog.load(
+        measured / e.name) for e in entries}, latency_for)
+    assert comps[2].online and comps[2].rows[0]["metric"] == "output_tps"
+
+
+def test_validate_without_gpu_or_logs_says_so(tmp_path) -> None:
+    result = CliRunner().invoke(app, ["validate", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "needs a CUDA GPU" in result.output or "install the GPU extra" in result.output

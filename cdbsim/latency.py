@@ -1,18 +1,22 @@
 """Stage latencies from component fits: what one launch costs on the device and on the host.
 
-Every stage is a sum of components (see :mod:`cdbsim.profile`), so each stage's time is linear in the
-launch's padded batch ``B``, its attended context ``C`` and, for core launches, its KV copies::
+Every stage is a sum of components (see :mod:`cdbsim.profile`), each linear in the launch's padded batch
+``B`` (tokens for prefill) and the context ``C`` it attends, so a stage's time is linear too::
 
-    prelude  = embed + P layer + stage/prelude
-    core     = C_l layer + adapter + stage/core  (+ kv_copy per last-exited fill copy and core layer)
-    coda     = D layer + head + stage/coda
-    decode   = embed + (P + r_max C_l + D) layer + r_max adapter + head + stage/decode   (CB fused step)
-    prefill  = embed + (P + r_max C_l + D) prefill_layer + r_max adapter + stage/prefill (+ head per
-               finished prompt)
+    prelude  = prelude0 + P layer                  prelude0: embedding + the stage's glue
+    core     = core1 + (C_l - 1) layer             core1: a 1-layer core step (adapter, loop norm, glue)
+               + kv_copy per last-exited fill copy and core layer
+    coda     = coda0 + D layer                     coda0: final norm + LM head + greedy sampling + glue
+    decode   = decode/<arch> if measured for this very model, else
+               prelude0 + (P + D) layer + r_max (core1 + (C_l - 1) layer) + coda0   (CB fused step)
+    prefill  = prefill1 + (P + r_max C_l + D - 1) prefill_layer + (r_max - 1) adapter
+               (+ coda0's per-token slope per extra finished prompt)
 
-The analytic *roofline* profile (:func:`roofline_profile`) fills the components from a device's memory
-bandwidth, matmul rate and per-kernel launch cost, so a user can ask what a GPU with other figures would
-do before any measurement exists.
+``layer``, ``core1``, ``prefill1`` and ``prefill_layer`` are keyed by the layer shape, the rest by hidden
+size (and vocabulary), so a re-split model (Huginn 2-4-2 -> 1-4-1 -> 0-4-0, Ouro with fewer layers and
+more loops) is predicted from the same measurements. The analytic *roofline* profile
+(:func:`roofline_profile`) fills every component from a device's memory bandwidth, matmul rate and
+per-kernel launch cost, so a user can ask what a GPU with other figures would do.
 """
 
 from __future__ import annotations
@@ -31,8 +35,16 @@ def layer_name(shape: LayerShape) -> str:
     return f"layer/{shape.key}"
 
 
+def core1_name(shape: LayerShape) -> str:
+    return f"core1/{shape.key}"
+
+
 def prefill_layer_name(shape: LayerShape) -> str:
     return f"prefill_layer/{shape.key}"
+
+
+def prefill1_name(shape: LayerShape, vocab: int) -> str:
+    return f"prefill1/{shape.key}-v{vocab}"
 
 
 def kv_copy_name(shape: LayerShape) -> str:
@@ -43,26 +55,26 @@ def adapter_name(hidden: int) -> str:
     return f"adapter/h{hidden}"
 
 
-def embed_name(hidden: int) -> str:
-    return f"embed/h{hidden}"
+def prelude0_name(hidden: int) -> str:
+    return f"prelude0/h{hidden}"
 
 
-def head_name(hidden: int, vocab: int) -> str:
-    return f"head/h{hidden}-v{vocab}"
+def coda0_name(hidden: int, vocab: int) -> str:
+    return f"coda0/h{hidden}-v{vocab}"
 
 
-def stage_name(stage: Stage) -> str:
-    return f"stage/{stage.value}"
+def decode_name(arch: ArchSpec) -> str:
+    return f"decode/{arch.name}-{arch.split}-r{arch.r_max}"
 
 
 HOST = "host"
 
 
 def components_for(arch: ArchSpec) -> list[str]:
-    """The component fits a profile needs to predict ``arch``."""
-    h = arch.layer.hidden
-    names = [layer_name(arch.layer), prefill_layer_name(arch.layer), kv_copy_name(arch.layer), embed_name(h),
-             head_name(h, arch.vocab), HOST, *(stage_name(s) for s in STAGES)]
+    """The component fits a profile needs to predict ``arch`` (a measured ``decode/<arch>`` is optional)."""
+    h, shape = arch.layer.hidden, arch.layer
+    names = [layer_name(shape), core1_name(shape), prefill_layer_name(shape), prefill1_name(shape, arch.vocab),
+             kv_copy_name(shape), prelude0_name(h), coda0_name(h, arch.vocab), HOST]
     if arch.has_adapter:
         names.append(adapter_name(h))
     return names
@@ -92,6 +104,7 @@ class DeviceSpec:
 
 H200 = DeviceSpec()
 KERNELS_PER_LAYER = 9
+STAGE_KERNELS = 3  # gather/scatter of the hidden-state bank and the graph launch itself
 
 
 def roofline_components(arch: ArchSpec, device: DeviceSpec) -> dict[str, Fit]:
@@ -101,22 +114,32 @@ def roofline_components(arch: ArchSpec, device: DeviceSpec) -> dict[str, Fit]:
     h, v = shape.hidden, arch.vocab
     act_bytes = (10 * h + 3 * shape.intermediate) * b
     attn_flops_per_pair = 4 * shape.heads * shape.head_dim
+    layer = Fit(delta=shape.params * b / bw + KERNELS_PER_LAYER * launch,
+                gamma=2 * shape.params / flops + act_bytes / bw, alpha=shape.kv_bytes_per_slot / bw)
+    prefill_layer = Fit(delta=layer.delta, gamma=layer.gamma,
+                        alpha=attn_flops_per_pair / (flops * device.attention_efficiency))
+    adapter = Fit(delta=2 * h * h * b / bw + launch, gamma=4 * h * h / flops) if arch.has_adapter else Fit(0.0)
+    glue = Fit(delta=STAGE_KERNELS * launch)
+    embed = Fit(delta=launch, gamma=2 * h * b / bw)
+    head = Fit(delta=v * h * b / bw + 3 * launch, gamma=2 * v * h / flops + 2 * v * 4 / bw)
     comps = {
-        layer_name(shape): Fit(delta=shape.params * b / bw + KERNELS_PER_LAYER * launch,
-                               gamma=2 * shape.params / flops + act_bytes / bw,
-                               alpha=shape.kv_bytes_per_slot / bw),
-        prefill_layer_name(shape): Fit(delta=shape.params * b / bw + KERNELS_PER_LAYER * launch,
-                                       gamma=2 * shape.params / flops + act_bytes / bw,
-                                       alpha=attn_flops_per_pair / (flops * device.attention_efficiency)),
+        layer_name(shape): layer,
+        core1_name(shape): _add(layer, adapter, glue),
+        prefill_layer_name(shape): prefill_layer,
+        prefill1_name(shape, v): _add(prefill_layer, embed, head, glue),
         kv_copy_name(shape): Fit(delta=launch, gamma=2 * shape.kv_bytes_per_slot / bw),
-        adapter_name(h): Fit(delta=2 * h * h * b / bw + launch, gamma=4 * h * h / flops),
-        embed_name(h): Fit(delta=launch, gamma=2 * h * b / bw),
-        head_name(h, v): Fit(delta=v * h * b / bw + 3 * launch, gamma=2 * v * h / flops + 2 * v * 4 / bw),
+        prelude0_name(h): _add(embed, glue),
+        coda0_name(h, v): _add(head, glue),
         HOST: Fit(delta=device.host_launch_s, gamma=device.host_item_s),
     }
-    for stage in STAGES:
-        comps[stage_name(stage)] = Fit(delta=3 * launch)
+    if arch.has_adapter:
+        comps[adapter_name(h)] = adapter
     return comps
+
+
+def _add(*fits: Fit) -> Fit:
+    return Fit(delta=sum(f.delta for f in fits), gamma=sum(f.gamma for f in fits),
+               alpha=sum(f.alpha for f in fits))
 
 
 def roofline_profile(arch: ArchSpec, device: DeviceSpec = H200) -> Profile:
@@ -132,7 +155,7 @@ def constant_profile(stage_seconds: dict[Stage, float] | float, host_s: float = 
                      host_item_s: float = 0.0) -> Profile:
     """Every launch of a stage takes a fixed time, whatever its batch (for hand-checkable runs)."""
     per_stage = stage_seconds if isinstance(stage_seconds, dict) else dict.fromkeys(STAGES, stage_seconds)
-    comps = {stage_name(s): Fit(delta=per_stage.get(s, 0.0)) for s in STAGES}
+    comps = {f"constant/{s.value}": Fit(delta=per_stage.get(s, 0.0)) for s in STAGES}
     comps[HOST] = Fit(delta=host_s, gamma=host_item_s)
     return Profile(name="constant", kind="constant", device={"name": "constant-latency model"},
                    components=comps)
@@ -176,50 +199,51 @@ class LatencyModel:
         self.arch = arch
         self.profile = profile
         comps = dict(profile.components)
-        if profile.kind != "constant":
-            missing = [n for n in components_for(arch) if n not in comps]
-            if missing and not force:
-                raise ConfigError(
-                    f"profile {profile.name} has no measurement of {', '.join(missing[:3])}"
-                    f"{' ...' if len(missing) > 3 else ''} (it was made for another device or shape); "
-                    "calibrate this shape, use --profile roofline, or pass --force to fill the gaps from "
-                    "the roofline")
-            if missing:
-                device = DeviceSpec(**{k: v for k, v in profile.device.items()
-                                       if k in DeviceSpec.__dataclass_fields__})
-                roof = roofline_components(arch, device)
-                comps.update({n: roof[n] for n in missing})
         zero = Fit(delta=0.0)
-
-        def get(name: str) -> Fit:
-            return comps.get(name, zero)
-
-        h, a = arch.layer.hidden, arch
-        layer, pre_layer = get(layer_name(a.layer)), get(prefill_layer_name(a.layer))
-        adapter = get(adapter_name(h)) if a.has_adapter else zero
-        embed, head, copy = get(embed_name(h)), get(head_name(h, a.vocab)), get(kv_copy_name(a.layer))
+        self.host = comps.get(HOST, zero)
+        if profile.kind == "constant":
+            self.costs = {s: StageCost(comps.get(f"constant/{s.value}", zero).delta) for s in STAGES}
+            return
+        missing = [n for n in components_for(arch) if n not in comps]
+        if missing and not force:
+            raise ConfigError(
+                f"profile {profile.name} has no measurement of {', '.join(missing[:3])}"
+                f"{' ...' if len(missing) > 3 else ''} (it was made for another device or shape); "
+                "calibrate this shape, use --profile roofline, or pass --force to fill the gaps from "
+                "the roofline")
+        if missing:
+            device = DeviceSpec(**{k: v for k, v in profile.device.items()
+                                   if k in DeviceSpec.__dataclass_fields__})
+            roof = roofline_components(arch, device)
+            comps.update({n: roof[n] for n in missing})
+            self.host = comps[HOST]
+        a, shape, h = arch, arch.layer, arch.layer.hidden
+        layer, core1 = comps[layer_name(shape)], comps[core1_name(shape)]
+        prelude0, coda0 = comps[prelude0_name(h)], comps[coda0_name(h, a.vocab)]
+        adapter = comps.get(adapter_name(h), zero) if a.has_adapter else zero
+        copy = comps[kv_copy_name(shape)]
         full = a.prelude + a.r_max * a.core + a.coda
+        decode = comps.get(decode_name(a))
         costs = {
-            Stage.PRELUDE: _sum((1, embed), (a.prelude, layer), (1, get(stage_name(Stage.PRELUDE)))),
-            Stage.CORE: _sum((a.core, layer), (1, adapter), (1, get(stage_name(Stage.CORE)))),
-            Stage.CODA: _sum((a.coda, layer), (1, head), (1, get(stage_name(Stage.CODA)))),
-            Stage.DECODE: _sum((1, embed), (full, layer), (a.r_max, adapter), (1, head),
-                               (1, get(stage_name(Stage.DECODE)))),
-            Stage.PREFILL: _sum((1, embed), (full, pre_layer), (a.r_max, adapter),
-                                (1, get(stage_name(Stage.PREFILL)))),
+            Stage.PRELUDE: _sum((1, prelude0), (a.prelude, layer)),
+            Stage.CORE: _sum((1, core1), (a.core - 1, layer)),
+            Stage.CODA: _sum((1, coda0), (a.coda, layer)),
+            Stage.DECODE: (_sum((1, decode)) if decode is not None else
+                           _sum((1, prelude0), (a.prelude + a.coda, layer), (a.r_max, core1),
+                                (a.r_max * (a.core - 1), layer), (1, coda0))),
+            Stage.PREFILL: _sum((1, comps[prefill1_name(shape, a.vocab)]),
+                                (full - 1, comps[prefill_layer_name(shape)]), (a.r_max - 1, adapter)),
         }
         self.costs = {s: StageCost(*costs[s]) for s in STAGES}
-        self.costs[Stage.CORE] = StageCost(*costs[Stage.CORE], copy_delta=copy.delta,
-                                           copy=copy.gamma * a.core)
-        self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], sample_delta=head.delta,
-                                              sample=head.gamma)
-        self.host = get(HOST)
+        self.costs[Stage.CORE] = StageCost(*costs[Stage.CORE], copy_delta=copy.delta, copy=copy.gamma * a.core)
+        self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], sample=coda0.gamma)
+        self.decode_measured = decode is not None
 
     def launch_time(self, launch: Launch) -> float:
         """Device seconds of ``launch``."""
         cost = self.costs[launch.stage]
         if launch.stage is Stage.PREFILL:
-            return cost(launch.padded, launch.context, samples=sum(launch.finishes))
+            return cost(launch.padded, launch.context, samples=max(sum(launch.finishes) - 1, 0))
         return cost(launch.padded, launch.context, launch.kv_copies)
 
     def host_time(self, launch: Launch) -> float:

@@ -535,6 +535,31 @@ def validate(
              caption=" | ".join(f"{k}: {v:.3g}" for k, v in errors.items()) + f" | files in {out}")
 
 
+@app.command()
+@friendly
+def calibrate(
+    arch: Annotated[str, typer.Option("--arch", help="Comma-separated presets or architecture files.")] =
+        "ouro-1.4b,ouro-2.6b,huginn-3.5b",
+    out: Annotated[Path, typer.Option("--out", help="Where the profiles (JSON + PNG) go.")] = Path("profiles"),
+    quick: Annotated[bool, typer.Option("--quick", help="A few points per component (minutes less).")] = False,
+    device: Annotated[str, typer.Option("--device", help="cuda (default) or cpu (for a tiny test model).")] =
+        "cuda",
+) -> None:
+    """Measure this GPU with the executor, fit the latency model, and write a profile per model."""
+    from calibration.fit import quality_rows, saturation_rows
+    from calibration.run import calibrate as run_calibration
+
+    specs = [load_arch(name.strip()) for name in arch.split(",") if name.strip()]
+    from rich.status import Status
+
+    with Status("calibrating", console=Console(stderr=True)) as status:
+        profiles = run_calibration(specs, out, quick=quick, device=device, progress=status.update)
+    for spec, profile in zip(specs, profiles, strict=True):
+        emit(quality_rows(profile), f"{profile.label()}: fits", False, False)
+        emit(saturation_rows(profile, spec), f"{spec.name}: core stage and B*(L)", False, False,
+             caption=f"written to {out / (profile.name + '.json')} and .png")
+
+
 def main() -> None:  # pragma: no cover - console entry point alias
     app()
 

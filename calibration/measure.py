@@ -1,0 +1,312 @@
+"""Measure a GPU with the executor's own stage runners and CUDA graphs, and fit a profile.
+
+For each layer shape two *unit models* are built: the shape's core with one layer and with four
+(prelude and coda empty, r_max 2, depth-indexed KV). Their stages, timed at padded batch sizes and context
+lengths, give the components of :mod:`cdbsim.latency` directly:
+
+* ``core1`` = core step of the 1-layer model; ``layer`` = (4-layer core - 1-layer core) / 3;
+* ``prelude0`` = prelude stage of the unit model (embedding and glue); ``coda0`` = its coda stage
+  (final norm, head, greedy sampling, glue);
+* ``prefill_layer`` = (4-layer prefill - 1-layer prefill) / 6 (r_max 2 loops); ``prefill1`` = the 1-layer
+  prefill less one ``prefill_layer`` and one adapter, i.e. a 1-layer, 1-loop prefill;
+* ``kv_copy`` = (core step with every token exiting - without exits) per (token, slot, layer) copy;
+* ``adapter`` (Huginn) = the adapter matmul alone;
+* ``decode/<model>`` = the CB fused step of the full model, measured for each shipped model;
+* ``host`` = planning + preparing + launching time per launch against items, from a short real run.
+
+Every decode-type stage is replayed as the CUDA graph the executor uses, after warm-up; the time is the
+median of ``repeats`` replays, each bracketed by CUDA events. Prefill runs eagerly, as in the executor.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from cdbsim.arch import ArchSpec
+from cdbsim.config import Policy, ServeConfig, padding_table
+from cdbsim.kvlayout import KVLayout
+from cdbsim.latency import (
+    HOST,
+    adapter_name,
+    coda0_name,
+    core1_name,
+    decode_name,
+    kv_copy_name,
+    layer_name,
+    prefill1_name,
+    prefill_layer_name,
+    prelude0_name,
+)
+from cdbsim.launch import Launch, Stage
+from executor.driver import build_model, execute
+from executor.engine import Engine
+from executor.graphs import StageGraphs
+from traces import ExitModel, Request, build_trace
+
+Points = dict[str, list[list[float]]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to sweep. ``quick`` keeps a few points per component (for a smoke run)."""
+
+    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    contexts: tuple[int, ...] = (128, 512, 2048, 8192)
+    max_positions: int = 131072  # cap on batch x context, so the unit models' KV fits easily
+    prefill_tokens: tuple[int, ...] = (16, 64, 256, 512, 1024, 2048, 4096, 8192)
+    prefill_prefix: tuple[int, ...] = (0, 1024)
+    decode_batches: tuple[int, ...] = (1, 4, 16, 32, 64, 128, 256)
+    decode_contexts: tuple[int, ...] = (128, 1024)
+    repeats: int = 20
+    warmup: int = 3
+
+    @classmethod
+    def quick(cls) -> Plan:
+        return cls(batches=(1, 8, 64, 256), contexts=(128, 2048), prefill_tokens=(64, 1024, 4096),
+                   prefill_prefix=(0,), decode_batches=(1, 16, 64), decode_contexts=(256,), repeats=8)
+
+    def grid(self) -> list[tuple[int, int]]:
+        return [(b, c) for c in self.contexts for b in self.batches if b * c <= self.max_positions]
+
+
+class Timer:
+    """Median wall time of a callable on the GPU (CUDA events) or the CPU (perf counter)."""
+
+    def __init__(self, device: torch.device, repeats: int, warmup: int) -> None:
+        self.cuda = device.type == "cuda"
+        self.repeats, self.warmup = repeats, warmup
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        for _ in range(self.warmup):
+            fn()
+        times = []
+        if self.cuda:
+            torch.cuda.synchronize()
+            for _ in range(self.repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+        else:
+            import time
+
+            for _ in range(self.repeats):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+
+class UnitBench:
+    """A model's engine with synthetic requests, so any stage can be timed at any (batch, context)."""
+
+    def __init__(self, arch: ArchSpec, max_batch: int, max_context: int, max_positions: int,
+                 layout: KVLayout, device: torch.device, timer: Timer, seed: int = 0) -> None:
+        self.arch, self.device, self.timer = arch, device, timer
+        self.bs = 16
+        self.max_context = max_context
+        self.model = build_model(arch, device=device, seed=seed)
+        requests = [Request(i, max_context, 2, 0.0, np.full(1, arch.r_max, dtype=np.int16))
+                    for i in range(max_batch)]
+        self.kv_blocks = max_positions // self.bs + max_batch + 64
+        config = ServeConfig(policy=Policy.REFILL, width=max_batch, prefill_budget=max(8192, max_batch),
+                             layout=layout)
+        self.engine = Engine(self.model, config, requests, self.kv_blocks)
+        self.engine.row_of = {i: i for i in range(max_batch)}
+        self.engine._free_rows = []
+        self.graphs = StageGraphs(self.engine)
+        self.pad = padding_table(config.decode_sizes(), max_batch)
+
+    def _scheduler(self, batch: int, context: int) -> SimpleNamespace:
+        per = -(-(context + 1) // self.bs)
+        assert batch * per <= self.kv_blocks, "calibration point exceeds the bench's KV blocks"
+        blocks = [list(range(i * per, (i + 1) * per)) for i in range(batch)]
+        return SimpleNamespace(blocks=blocks, preemptions=0, status=[3] * batch,
+                               prefill_target=[context + 1] * batch)
+
+    def stage(self, stage: Stage, batch: int, context: int, exiting: bool = False) -> float:
+        """Seconds of one graph replay of a decode-type ``stage`` over ``batch`` tokens attending ``context``."""
+        launch = Launch(0, stage, requests=list(range(batch)), positions=[context - 1] * batch,
+                        size=batch, padded=self.pad[batch])
+        if stage is Stage.CORE:
+            launch.steps, launch.exits = [0] * batch, [exiting] * batch
+        prepared = self.engine.prepare(launch, self._scheduler(batch, context), self.graphs.width)
+        with torch.inference_mode():
+            self.graphs.launch(prepared)
+            captured = self.graphs.get(stage, launch.padded)
+            return self.timer(captured.replay)
+
+    def prefill(self, tokens: int, prefix: int) -> float:
+        """Seconds of one eager prefill launch of one ``tokens``-long chunk after ``prefix`` cached tokens."""
+        fake = self._scheduler(1, prefix + tokens)
+        fake.prefill_target = [self.max_context]  # the engine books chunks per recompute episode: episode 0
+        launch = Launch(0, Stage.PREFILL, requests=[0], positions=[prefix], chunk_lens=[tokens], finishes=[True],
+                        size=tokens, padded=tokens)
+
+        def run() -> None:
+            self.engine.episodes[0] = {0: [prefix]} if prefix else {}
+            self.engine.run_eager(self.engine.prepare(launch, fake))
+
+        with torch.inference_mode():
+            return self.timer(run)
+
+    def close(self) -> None:
+        del self.graphs, self.engine, self.model
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _unit(arch: ArchSpec, core: int) -> ArchSpec:
+    return replace(arch, name=f"{arch.layer.key}-unit{core}", prelude=0, core=core, coda=0, r_max=2, r_min=1)
+
+
+def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
+                  progress: Callable[[str], None] = lambda _: None) -> Points:
+    """Points of every shape-level component of ``arch`` (its layer shape, hidden size and vocabulary)."""
+    timer = Timer(device, plan.repeats, plan.warmup)
+    max_batch = max(plan.batches)
+    max_context = max(max(plan.contexts), max(plan.prefill_tokens) + max(plan.prefill_prefix))
+    shape, h, v = arch.layer, arch.layer.hidden, arch.vocab
+    points: Points = {name: [] for name in (layer_name(shape), core1_name(shape), prelude0_name(h),
+                                            coda0_name(h, v), prefill_layer_name(shape),
+                                            prefill1_name(shape, v), kv_copy_name(shape))}
+    raw: dict[int, dict] = {}
+    for core in (1, 4):
+        bench = UnitBench(_unit(arch, core), max_batch, max_context, plan.max_positions, KVLayout.DEPTH, device,
+                          timer)
+        got: dict = {"core": {}, "prefill": {}, "exit": {}}
+        for b, c in plan.grid():
+            progress(f"{shape.key}: {core}-layer core B={b} L={c}")
+            got["core"][b, c] = bench.stage(Stage.CORE, b, c)
+        for t in plan.prefill_tokens:
+            for p in plan.prefill_prefix:
+                if p == 0 or t <= 1024:
+                    progress(f"{shape.key}: {core}-layer prefill T={t} prefix={p}")
+                    got["prefill"][t, p] = bench.prefill(t, p)
+        if core == 1:
+            for b in plan.batches:
+                progress(f"{shape.key}: prelude and coda B={b}")
+                points[prelude0_name(h)].append([b, 0, bench.stage(Stage.PRELUDE, b, plan.contexts[0])])
+                points[coda0_name(h, v)].append([b, 0, bench.stage(Stage.CODA, b, plan.contexts[0])])
+        else:
+            fill_context = plan.contexts[min(1, len(plan.contexts) - 1)]
+            for b in plan.batches:
+                if b * fill_context <= plan.max_positions:
+                    progress(f"{shape.key}: KV fill B={b}")
+                    got["exit"][b] = (bench.stage(Stage.CORE, b, fill_context, exiting=True),
+                                      bench.stage(Stage.CORE, b, fill_context))
+        raw[core] = got
+        bench.close()
+    for (b, c), t1 in raw[1]["core"].items():
+        points[core1_name(shape)].append([b, b * c, t1])
+        points[layer_name(shape)].append([b, b * c, max((raw[4]["core"][b, c] - t1) / 3, 1e-9)])
+    adapter = measure_adapter(arch, plan, device, timer) if arch.has_adapter else {}
+    points.update(adapter)
+    adapter_fit = _line(adapter.get(adapter_name(h), []))
+    for (t, p), t1 in raw[1]["prefill"].items():
+        pairs = t * p + t * (t + 1) // 2
+        per_layer = max((raw[4]["prefill"][t, p] - t1) / 6, 1e-9)
+        points[prefill_layer_name(shape)].append([t, pairs, per_layer])
+        single = t1 - per_layer - (adapter_fit(t) if adapter_fit else 0.0)
+        points[prefill1_name(shape, v)].append([t, pairs, max(single, 1e-9)])
+    for b, (with_exit, without) in raw[4]["exit"].items():
+        copies = b * 1 * 4  # every token copies slot 0 into slot 1 in each of the 4 core layers
+        points[kv_copy_name(shape)].append([copies, 0, max(with_exit - without, 1e-9)])
+    return points
+
+
+def _line(rows: list[list[float]]) -> Callable[[float], float] | None:
+    if len(rows) < 2:
+        return None
+    x, t = np.array([r[0] for r in rows]), np.array([r[2] for r in rows])
+    slope, intercept = np.polyfit(x, t, 1)
+    return lambda n: float(intercept + slope * n)
+
+
+def measure_adapter(arch: ArchSpec, plan: Plan, device: torch.device, timer: Timer) -> Points:
+    """Huginn's adapter (a [B, 2h] x [2h, h] matmul) on its own, as a CUDA graph where possible."""
+    h = arch.layer.hidden
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    weight = torch.randn(h, 2 * h, device=device, dtype=dtype) * 0.02
+    rows = []
+    for b in plan.batches:
+        s = torch.randn(b, h, device=device, dtype=dtype)
+        e = torch.randn(b, h, device=device, dtype=dtype)
+
+        def op(s: torch.Tensor = s, e: torch.Tensor = e) -> torch.Tensor:
+            return F.linear(torch.cat((s, e), dim=-1), weight)
+
+        if device.type == "cuda":
+            op()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                op()
+            rows.append([b, 0, timer(graph.replay)])
+        else:
+            rows.append([b, 0, timer(op)])
+    return {adapter_name(h): rows}
+
+
+def measure_decode(arch: ArchSpec, plan: Plan, device: torch.device,
+                   progress: Callable[[str], None] = lambda _: None) -> Points:
+    """The CB fused full-depth step of the whole model (shared-slot KV to keep memory small)."""
+    timer = Timer(device, plan.repeats, plan.warmup)
+    max_batch = max(plan.decode_batches)
+    positions = max_batch * max(plan.decode_contexts)
+    bench = UnitBench(arch, max_batch, max(plan.decode_contexts), positions, KVLayout.SHARED, device, timer)
+    rows = []
+    for c in plan.decode_contexts:
+        for b in plan.decode_batches:
+            progress(f"{arch.name}: CB decode B={b} L={c}")
+            rows.append([b, b * c, bench.stage(Stage.DECODE, b, c)])
+    bench.close()
+    return {decode_name(arch): rows}
+
+
+def measure_host(arch: ArchSpec, device: torch.device, requests: int = 48, seed: int = 0,
+                 progress: Callable[[str], None] = lambda _: None) -> Points:
+    """Host seconds per launch (plan + prepare + launch) against items, from a short synchronous run.
+
+    Points are medians per distinct item count, so the fit sees the trend rather than scheduler noise.
+    """
+    progress(f"{arch.name}: host time from a {requests}-request run")
+    trace = build_trace("alpaca", requests, arch.r_max, 2, ExitModel(mean=(arch.r_max + 2) / 2), seed=seed)
+    config = ServeConfig(policy=Policy.REFILL, width=32, timing="sync")
+    kv_blocks = max(-(-(r.prompt_len + r.output_len) // 16) for r in trace) * config.width * 2
+    run = execute(arch, config, trace, kv_blocks, device=device, mode="sync", seed=seed)
+    launches = run.log.launches
+    launches = launches[launches["stage"] != "prefill"]
+    rows = [[float(items), 0.0, float(group["host_s"].median())]
+            for items, group in launches.groupby("items") if len(group) >= 3]
+    return {HOST: rows}
+
+
+def environment(device: torch.device) -> tuple[dict, dict]:
+    """Device facts and software versions recorded in a profile."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info = {"name": props.name, "memory_bytes": float(props.total_memory),
+                "multiprocessors": props.multi_processor_count}
+    else:
+        info = {"name": platform.processor() or "cpu", "memory_bytes": 0.0}
+    versions = {"torch": torch.__version__, "python": platform.python_version(),
+                "cuda": torch.version.cuda or "", "date": dt.date.today().isoformat()}
+    try:
+        import triton
+
+        versions["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return info, versions

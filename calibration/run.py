@@ -1,0 +1,54 @@
+"""``cdbsim calibrate``: measure each layer shape once, each model's fused CB step and the host, then fit
+and write one profile (JSON + PNG) per model."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from calibration.fit import build_profile, plot_profile
+from cdbsim.arch import ArchSpec
+from cdbsim.errors import ConfigError
+from cdbsim.profile import Profile
+
+
+def device_tag(name: str) -> str:
+    """``NVIDIA H200`` -> ``h200``: the prefix of profile names."""
+    words = re.sub(r"^(nvidia|amd)\s+", "", name.strip(), flags=re.I).split()
+    return (words[0] if words else "device").lower()
+
+
+def calibrate(archs: list[ArchSpec], out: Path, quick: bool = False, device: str = "cuda",
+              progress: Callable[[str], None] = lambda _: None, plan: object | None = None) -> list[Profile]:
+    """Measure, fit and save a profile for every architecture in ``archs``; returns the profiles."""
+    import torch
+
+    from calibration.measure import Plan, environment, measure_decode, measure_host, measure_shape
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("cdbsim calibrate needs a CUDA GPU (torch.cuda.is_available() is False); "
+                          "run it on the GPU machine, or use the shipped profiles and --profile roofline here")
+    dev = torch.device(device)
+    plan = plan or (Plan.quick() if quick else Plan())
+    info, versions = environment(dev)
+    out.mkdir(parents=True, exist_ok=True)
+    shape_points: dict[str, dict] = {}
+    host_points: dict[str, dict] = {}
+    profiles = []
+    for arch in archs:
+        started = time.perf_counter()
+        key = f"{arch.layer.key}-v{arch.vocab}"
+        if key not in shape_points:
+            shape_points[key] = measure_shape(arch, plan, dev, progress)
+            host_points[key] = measure_host(arch, dev, progress=progress)
+        points = {**shape_points[key], **host_points[key], **measure_decode(arch, plan, dev, progress)}
+        name = f"{device_tag(info['name'])}-{arch.name}"
+        profile = build_profile(name, info, versions, points,
+                                notes=f"measured with cdbsim calibrate{' --quick' if quick else ''} for {arch.name} "
+                                      f"({arch.split}); wall time {time.perf_counter() - started:.0f} s")
+        profile.save(out / f"{name}.json")
+        plot_profile(profile, arch, out / f"{name}.png")
+        profiles.append(profile)
+    return profiles

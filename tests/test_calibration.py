@@ -1,0 +1,55 @@
+"""Calibration on the CPU with a tiny model: the pipeline runs end to end, and a measured profile
+predicts re-split models from the same components."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from calibration.fit import quality_rows, saturation_rows  # noqa: E402
+from calibration.measure import Plan  # noqa: E402
+from calibration.run import calibrate, device_tag  # noqa: E402
+from cdbsim.arch import ArchSpec, LayerShape  # noqa: E402
+from cdbsim.latency import LatencyModel, components_for, decode_name  # noqa: E402
+from cdbsim.launch import Stage  # noqa: E402
+from cdbsim.profile import load_profile_file  # noqa: E402
+
+TINY_PLAN = Plan(batches=(1, 2, 4), contexts=(16, 48), max_positions=512, prefill_tokens=(16, 32),
+                 prefill_prefix=(0, 16), decode_batches=(1, 2), decode_contexts=(16,), repeats=3, warmup=1)
+
+
+def tiny(style: str) -> ArchSpec:
+    return ArchSpec(name=f"tiny-{style}", layer=LayerShape(64, 128, 4, 4, 16, style), vocab=97,
+                    prelude=2 if style == "huginn" else 0, core=2, coda=2 if style == "huginn" else 0, r_max=3,
+                    tied_head=style == "huginn")
+
+
+@pytest.mark.parametrize("style", ["ouro", "huginn"])
+def test_calibrate_on_cpu_writes_a_usable_profile(tmp_path, style: str) -> None:
+    arch = tiny(style)
+    (profile,) = calibrate([arch], tmp_path, device="cpu", plan=TINY_PLAN)
+    assert (tmp_path / f"{profile.name}.png").stat().st_size > 1000
+    back = load_profile_file(tmp_path / f"{profile.name}.json")
+    assert back.kind == "measured" and back.components.keys() == profile.components.keys()
+    assert set(components_for(arch)) <= set(back.components)
+    assert decode_name(arch) in back.components
+    for row in quality_rows(back):
+        assert row["points"] >= 1
+    model = LatencyModel(arch, back)
+    assert model.decode_measured
+    assert all(model.costs[s](4, 64) > 0 for s in Stage)
+    assert saturation_rows(back, arch)[0]["B*(128)"] > 0
+    # a re-split of the same layer shape needs no new measurement; its CB step is composed
+    resplit = arch.with_split("0-2-0")
+    other = LatencyModel(resplit, back)
+    assert not other.decode_measured
+    layer = back.components["layer/" + arch.layer.key]
+    assert model.costs[Stage.CORE] == other.costs[Stage.CORE]
+    if style == "huginn":
+        assert model.costs[Stage.CODA].delta - other.costs[Stage.CODA].delta == pytest.approx(2 * layer.delta)
+
+
+def test_device_tag() -> None:
+    assert device_tag("NVIDIA H200") == "h200"
+    assert device_tag("NVIDIA H100 80GB HBM3") == "h100"

@@ -1,0 +1,31 @@
+"""The real engine: runs the shared scheduler's launches on a GPU (or, for tests, a CPU) and logs them.
+
+Modules, in the order a launch meets them:
+
+``driver``         :func:`run_executor` / :func:`execute`: scheduler + engine + clock (sync, async,
+                   lookahead) + the simulator's log schema.
+``engine``         runs one Launch: token store, hidden-state bank, per-row metadata, stage runners.
+``graphs``         CUDA graphs per (stage, padded batch size).
+``attention``      paged decode attention (per-row slots) and packed prefill attention.
+``kv_cache``       paged, depth-aware KV cache (depth-indexed + last-exited fill, shared, first-shared).
+``ops``            primitives in torch; ``triton_kernels`` the same primitives fused for the GPU.
+``model``          the looped transformer (Ouro and Huginn block styles, any prelude-core-coda split).
+``reference``      a plain per-request decoder with the same KV semantics (what the tests compare to).
+``loader``         real Ouro / Huginn safetensors checkpoints by their public parameter names.
+``gates``          live exit gates (Ouro cumulative hazard, Huginn latent difference) to record traces.
+``tokens``         deterministic synthetic prompt ids.
+
+Needs torch (``pip install -e ".[gpu]"``); :mod:`cdbsim` and :mod:`traces` never import this package.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ExecutorRun", "build_model", "execute", "run_executor"]
+
+
+def __getattr__(name: str):  # lazy, so ``import executor`` alone does not import torch
+    if name in __all__:
+        from executor import driver
+
+        return getattr(driver, name)
+    raise AttributeError(f"module 'executor' has no attribute {name!r}")

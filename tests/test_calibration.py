@@ -7,13 +7,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from calibration.fit import quality_rows, saturation_rows  # noqa: E402
-from calibration.measure import Plan  # noqa: E402
-from calibration.run import calibrate, device_tag  # noqa: E402
-from cdbsim.arch import ArchSpec, LayerShape  # noqa: E402
-from cdbsim.latency import LatencyModel, components_for, decode_name  # noqa: E402
-from cdbsim.launch import Stage  # noqa: E402
-from cdbsim.profile import load_profile_file  # noqa: E402
+from calibration.fit import quality_rows, saturation_rows
+from calibration.measure import Plan
+from calibration.run import calibrate, device_tag
+from cdbsim.arch import ArchSpec, LayerShape
+from cdbsim.latency import LatencyModel, components_for, decode_name
+from cdbsim.launch import Stage
+from cdbsim.profile import load_profile_file
 
 TINY_PLAN = Plan(batches=(1, 2, 4), contexts=(16, 48), max_positions=512, prefill_tokens=(16, 32),
                  prefill_prefix=(0, 16), decode_batches=(1, 2), decode_contexts=(16,), repeats=3, warmup=1)

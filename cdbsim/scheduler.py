@@ -83,7 +83,8 @@ class Scheduler:
         # queues
         self.waiting: deque[int] = deque()
         self.prefilling: list[int] = []
-        self.prelude_queue: list[tuple[int, bool]] = []   # (request, enters the core queue at the head)
+        self.prelude_queue: list[int] = []
+        self._enter_head: set[int] = set()                # prelude items that join the core queue's head
         self.ready: deque[int] = deque()                  # refill: tokens waiting for their next core step
         self.coda_queue: deque[int] = deque()
         self.pool: deque[int] = deque()                   # cb / norefill: requests with a staged token
@@ -197,12 +198,15 @@ class Scheduler:
 
     # ----- stage launches ------------------------------------------------------------------------
     def _launch_prelude(self) -> Launch:
-        items = self.prelude_queue[: self._width]
+        batch = self.prelude_queue[: self._width]
         del self.prelude_queue[: self._width]
-        batch = [i for i, _ in items]
-        heads = [i for i, head in items if head]
-        self.ready.extendleft(reversed(heads))
-        self.ready.extend(i for i, head in items if not head)
+        heads = self._enter_head
+        if heads:
+            self.ready.extendleft(reversed([i for i in batch if i in heads]))
+            self.ready.extend(i for i in batch if i not in heads)
+            heads.difference_update(batch)
+        else:
+            self.ready.extend(batch)
         return self._new_launch(Stage.PRELUDE, batch, self._positions(batch))
 
     def _launch_core(self) -> Launch:
@@ -311,7 +315,9 @@ class Scheduler:
     def _produce(self, batch: list[int], retire: list[int], head: bool) -> None:
         """Each request in ``batch`` produced a token: finish it, or stage its next token."""
         generated, output, prompt, blocks = self.generated, self.output, self.prompt, self.blocks
+        step, target, depths, loops = self.step, self.target, self.depths, self._loops
         bs = self.config.block_size
+        ready = []
         for i in batch:
             g = generated[i] + 1
             generated[i] = g
@@ -319,34 +325,41 @@ class Scheduler:
                 self.status[i] = FINISHED
                 self.decoding -= 1
                 retire.append(i)
-            elif (prompt[i] + g - 1) // bs < len(blocks[i]):
-                self._ready(i, head)
-            else:
-                self._stage(i, head)
+                continue
+            if (prompt[i] + g - 1) // bs >= len(blocks[i]) and not self._allocate(i):
+                self.stalled.append((i, head))
+                continue
+            step[i] = 0
+            if loops:
+                target[i] = depths[i][g - 1]
+            ready.append(i)
+        self._enqueue(ready, head)
 
-    def _stage(self, i: int, head: bool) -> None:
-        """Give the next decode token of request ``i`` its KV position, or stall it."""
+    def _allocate(self, i: int) -> bool:
+        """A KV block for the next decode token of request ``i``; False if none is free."""
         blocks = self.blocks[i]
         need = (self.prompt[i] + self.generated[i] - 1) // self.config.block_size + 1
-        if len(blocks) < need and not self.kv.take(need - len(blocks), blocks):
-            self.stalled.append((i, head))
-            return
-        self._ready(i, head)
+        return len(blocks) >= need or self.kv.take(need - len(blocks), blocks)
 
-    def _ready(self, i: int, head: bool) -> None:
-        """The next token of request ``i`` can run: queue it for the prelude (refill) or the pool."""
-        self.step[i] = 0
-        if self._loops:
-            self.target[i] = self.depths[i][self.generated[i] - 1]
+    def _enqueue(self, ready: list[int], head: bool) -> None:
+        """Tokens that can run: to the prelude queue (refill) or the pool of staged requests."""
         if self._prelude_first:
-            self.prelude_queue.append((i, head))
+            self.prelude_queue.extend(ready)
+            if head:
+                self._enter_head.update(ready)
         else:
-            self.pool.append(i)
+            self.pool.extend(ready)
 
     def _restage_stalled(self) -> None:
         stalled, self.stalled = self.stalled, []
         for i, head in stalled:
-            self._stage(i, head)
+            if self._allocate(i):
+                self.step[i] = 0
+                if self._loops:
+                    self.target[i] = self.depths[i][self.generated[i] - 1]
+                self._enqueue([i], head)
+            else:
+                self.stalled.append((i, head))
 
     def _preempt(self) -> bool:
         """Nothing can run: recompute the youngest stuck request later, freeing its KV blocks."""

@@ -1,0 +1,429 @@
+"""Benchmark the GPU executor: stage latencies, decode-attention bandwidth, offline serving throughput.
+
+Parts (each bounded; ``--quick`` keeps the whole run to a few minutes):
+
+(a) ``stages``     per-stage latency (prelude, core, coda, CB decode, prefill chunk) at several batch sizes
+                   for each model, replayed as CUDA graphs, against the weight-read roofline (weight bytes
+                   one pass reads / measured copy bandwidth) and the weight+KV roofline.
+(b) ``attention``  the paged decode-attention kernel at B = 64, L = 4096: KV bytes actually read / time,
+                   against the measured copy bandwidth.
+(c) ``throughput`` offline output-token throughput of CB, no-refill and refill on a small Alpaca trace
+                   (``--workload sharegpt`` for ShareGPT lengths) with synthetic exits (mean 2.5 for Ouro,
+                   8 for Huginn) and without exits, in lookahead mode (full runs add sync), with the
+                   device's idle share (gaps between launches / run span).
+
+Methodology: random weights and random KV contents (never zeros), CUDA graphs, CUDA events, warm-up
+replays, median of repeats; the copy bandwidth (bytes read + written by a large device-to-device copy)
+is the ceiling every roofline uses. Results: ``results.json`` (everything), ``stages.csv``,
+``attention.csv``, ``throughput.csv`` in ``--out`` (default ``$OUT``, else ``runs/bench-executor``), and
+a short table printed last.
+
+    python benchmarks/bench_executor.py --quick --out /tmp/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from cdbsim.arch import PRESETS, ArchSpec  # noqa: E402
+from cdbsim.config import Policy, ServeConfig  # noqa: E402
+from cdbsim.kv import need_blocks  # noqa: E402
+from cdbsim.kvlayout import KVLayout  # noqa: E402
+from cdbsim.launch import Launch, Stage  # noqa: E402
+from executor.driver import Executor, build_model  # noqa: E402
+from executor.engine import Engine  # noqa: E402
+from executor.kv_cache import CacheGeometry, PagedKVCache  # noqa: E402
+from traces import ExitModel, build_trace  # noqa: E402
+from traces.request import Request  # noqa: E402
+
+DEVICE = torch.device("cuda")
+DTYPE = torch.bfloat16
+
+
+def sync() -> None:
+    if cuda():
+        torch.cuda.synchronize()
+
+
+def empty_cache() -> None:
+    if cuda():
+        torch.cuda.empty_cache()
+
+
+MODELS = {"ouro-1.4b": {"mean_exit": 2.5, "layout": "depth", "k": lambda w: 1},
+          "huginn-3.5b": {"mean_exit": 8.0, "layout": "shared", "k": lambda w: max(1, w // 4)}}
+
+
+# ----- timing helpers --------------------------------------------------------------------------------
+def cuda() -> bool:
+    return torch.cuda.is_available() and DEVICE.type == "cuda"
+
+
+def time_fn(fn, iters: int, repeats: int, warmup: int = 3) -> float:
+    """Median over ``repeats`` of the mean time (ms) of ``iters`` back-to-back calls, by CUDA events
+    (wall clock in a CPU smoke run)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if not cuda():
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            times.append((time.perf_counter() - t0) * 1e3 / iters)
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    return statistics.median(times)
+
+
+def graphed(fn):
+    """Capture ``fn`` (warmed up on a side stream) as a CUDA graph; returns its replay (``fn`` on CPU)."""
+    if not cuda():
+        return fn
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def copy_bandwidth(gib: float = 4.0) -> dict:
+    """Bytes read + written per second by a large device-to-device copy (random data)."""
+    n = int(gib * 2**30) // 2
+    src = torch.randn(n, device=DEVICE, dtype=DTYPE)
+    dst = torch.empty_like(src)
+    ms = time_fn(lambda: dst.copy_(src), iters=5, repeats=7)
+    return {"bytes_per_copy": 2 * n * 2, "ms": ms, "bandwidth_Bps": 2 * n * 2 / (ms / 1e3)}
+
+
+# ----- (a) stage latency -----------------------------------------------------------------------------
+def stage_latency(arch: ArchSpec, model, sizes: list[int], context: int, prefill_tokens: list[int],
+                  bandwidth: float, iters: int, repeats: int) -> list[dict]:
+    """Latency of each stage's CUDA graph with ``B`` rows attending ``context + 1`` positions each."""
+    from executor.graphs import StageGraphs
+
+    rows = max(sizes)
+    prompt = max(context, *prefill_tokens)
+    per_row = need_blocks(prompt, 2)
+    requests = [Request(i, prompt, 2) for i in range(rows)]
+    config = ServeConfig(policy="refill", width=rows, prefill_budget=max(rows, *prefill_tokens),
+                         layout=KVLayout.SHARED, graph_sizes=tuple(sizes))
+    engine = Engine(model, config, requests, rows * per_row)
+    engine.cache.k.normal_()
+    engine.cache.v.normal_()
+    engine.bank_state.normal_()
+    if engine.bank_inject is not None:
+        engine.bank_inject.normal_()
+    engine.row_of = {i: i for i in range(rows)}
+    fake = SimpleNamespace(blocks=[list(range(i * per_row, (i + 1) * per_row)) for i in range(rows)],
+                           prefill_target=[prompt] * rows, status=[2] * rows, preemptions=0)
+    graphs = StageGraphs(engine) if cuda() else None
+    weights = arch.weight_bytes()
+    stage_bytes = {Stage.PRELUDE: weights["prelude"], Stage.CORE: weights["core"], Stage.CODA: weights["coda"],
+                   Stage.DECODE: weights["prelude"] + arch.r_max * weights["core"] + weights["coda"]}
+    kv_slot = arch.layer.kv_bytes_per_slot
+    layers_read = {Stage.PRELUDE: arch.prelude, Stage.CORE: arch.core, Stage.CODA: arch.coda,
+                   Stage.DECODE: arch.prelude + arch.r_max * arch.core + arch.coda}
+    out = []
+    with torch.inference_mode():
+        for stage in (Stage.PRELUDE, Stage.CORE, Stage.CODA, Stage.DECODE):
+            for b in sizes:
+                launch = Launch(index=0, stage=stage, requests=list(range(b)), positions=[context] * b,
+                                steps=[0] * b, exits=[False] * b, size=b, padded=b)
+                prepared = engine.prepare(launch, fake, engine.max_blocks)
+                if graphs is not None:
+                    captured = graphs.get(stage, b)
+                    captured.meta.copy_(torch.from_numpy(prepared.meta))
+                    ms = time_fn(captured.graph.replay, iters, repeats)
+                else:
+                    ms = time_fn(lambda p=prepared: engine.run_eager(p), iters, repeats)
+                kv = b * (context + 1) * layers_read[stage] * kv_slot
+                out.append(_stage_row(arch, stage.value, b, context, ms, stage_bytes[stage], kv, bandwidth))
+        for tokens in prefill_tokens:
+            launch = Launch(index=0, stage=Stage.PREFILL, requests=[0], positions=[0], chunk_lens=[tokens],
+                            finishes=[True], size=tokens, padded=tokens)
+            prepared = engine.prepare(launch, fake)
+            ms = time_fn(lambda p=prepared: engine.run_eager(p), 1, repeats)
+            full = stage_bytes[Stage.DECODE]
+            kv = tokens * layers_read[Stage.DECODE] * kv_slot
+            out.append(_stage_row(arch, "prefill", tokens, 0, ms, full, kv, bandwidth))
+    return out
+
+
+def _stage_row(arch: ArchSpec, stage: str, b: int, context: int, ms: float, weight_bytes: float,
+               kv_bytes: float, bandwidth: float) -> dict:
+    roof_w = weight_bytes / bandwidth * 1e3
+    roof_wkv = (weight_bytes + kv_bytes) / bandwidth * 1e3
+    return {"model": arch.name, "stage": stage, "batch": b, "context": context, "ms": ms,
+            "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "roofline_weights_ms": roof_w,
+            "roofline_weights_kv_ms": roof_wkv, "x_roofline": ms / roof_w if roof_w > 0 else math.nan}
+
+
+# ----- (b) decode attention --------------------------------------------------------------------------
+def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, batch: int, length: int,
+                        bandwidth: float, iters: int, repeats: int, with_torch: bool) -> list[dict]:
+    from executor import ops as torch_ops
+    from executor import triton_kernels as tk
+
+    blocks = batch * (length // 16)
+    geo = CacheGeometry(0, 1, 0, 1, KVLayout.SHARED, num_blocks=blocks)
+    cache = PagedKVCache(geo, kv_heads, head_dim, device=DEVICE, dtype=DTYPE)
+    cache.k.normal_()
+    cache.v.normal_()
+    table = torch.randperm(blocks, device=DEVICE).view(batch, length // 16).int()
+    seq = torch.full((batch,), length, device=DEVICE, dtype=torch.int32)
+    base = torch.zeros(batch, device=DEVICE, dtype=torch.int32)
+    q = torch.randn(batch, heads, head_dim, device=DEVICE, dtype=DTYPE)
+    scale = head_dim ** -0.5
+    kv_bytes = batch * length * kv_heads * head_dim * 2 * cache.k.element_size()
+    rows = []
+    impls = []
+    if cuda():  # the default split heuristic, then a sweep of fixed KV split counts to tune it
+        impls.append(("triton", lambda: tk.decode_attention(q, cache, table, base, 0, seq, scale)))
+        for splits in (1, 2, 4, 8, 16):
+            impls.append((f"triton-splits{splits}", lambda splits=splits: tk.decode_attention(
+                q, cache, table, base, 0, seq, scale, splits=splits)))
+    if with_torch:
+        impls.append(("torch-gather", lambda: torch_ops.decode_attention(q, cache, table, base, 0, seq, scale)))
+    for impl, fn in impls:
+        ms = time_fn(graphed(fn), iters, repeats)
+        achieved = kv_bytes / (ms / 1e3)
+        rows.append({"shape": name, "impl": impl, "batch": batch, "length": length, "heads": heads,
+                     "auto_splits": tk.num_splits(batch, heads, DEVICE) if cuda() else None,
+                     "kv_heads": kv_heads, "head_dim": head_dim, "ms": ms, "kv_bytes": kv_bytes,
+                     "achieved_Bps": achieved, "fraction_of_copy_bw": achieved / bandwidth})
+    return rows
+
+
+# ----- (c) throughput --------------------------------------------------------------------------------
+def kv_blocks_for(arch: ArchSpec, layout: str, requests: list[Request], fraction: float = 0.5) -> int:
+    """Enough blocks for every request at once, capped at ``fraction`` of free device memory."""
+    need = sum(need_blocks(r.prompt_len, r.output_len) for r in requests)
+    if not cuda():
+        return need
+    free, _ = torch.cuda.mem_get_info()
+    per_block = arch.kv_bytes_per_token(layout) * 16
+    return max(1, min(need, int(free * fraction // per_block)))
+
+
+def throughput_runs(arch: ArchSpec, model, workload: str, n: int, width: int, budget_m: int,
+                    max_len: int | None, policies: list[str], exits: list[str], layout: str, mean_exit: float,
+                    k: int, modes: list[str], seed: int) -> list[dict]:
+    rows = []
+    r_min = max(arch.r_min, 2)  # the lookahead gate's minimum depth; CB ignores depths anyway
+    for exit_kind in exits:
+        mean = min(mean_exit, arch.r_max - 0.5)
+        exit_model = ExitModel("synthetic", mean=mean) if exit_kind == "synthetic" else ExitModel("none")
+        requests = build_trace(workload, n, arch.r_max, r_min, exit_model, seed=seed, max_total_len=max_len)
+        for policy in policies:
+            for mode in modes:
+                config = ServeConfig(policy=policy, width=width, coda_batch=k if policy == "refill" else 1,
+                                     prefill_budget=budget_m, timing="lookahead", layout=layout)
+                blocks = kv_blocks_for(arch, layout, requests)
+                executor = Executor(arch, config, requests, blocks, model=model, mode=mode)
+                executor.warmup()
+                sync()
+                run = executor.run()
+                rows.append(_throughput_row(arch, config, workload, exit_kind, mode, run, requests))
+                del executor, run
+                empty_cache()
+    by_key = {(r["exits"], r["mode"]): r["output_tok_s"] for r in rows if r["policy"] == "cb"}
+    for r in rows:
+        base = by_key.get((r["exits"], r["mode"]))
+        r["speedup_vs_cb"] = r["output_tok_s"] / base if base else math.nan
+    return rows
+
+
+def _throughput_row(arch: ArchSpec, config: ServeConfig, workload: str, exit_kind: str, mode: str, run,
+                    requests) -> dict:
+    launches = run.log.launches
+    span = float(launches["end"].max() - launches["start"].min())
+    busy = float((launches["end"] - launches["start"]).sum())
+    tokens = int(sum(r.output_len for r in requests))
+    core = launches[launches["stage"] == "core"]
+    decoded = sum(max(r.output_len - 1, 0) for r in requests)
+    steps = int(core["items"].sum()) if config.policy is not Policy.CB else decoded * arch.r_max
+    return {"model": arch.name, "workload": workload, "policy": config.policy.value, "K": config.coda_batch,
+            "W": config.width, "layout": config.layout.value, "exits": exit_kind, "mode": mode,
+            "requests": len(requests),
+            "output_tokens": tokens, "span_s": span, "output_tok_s": tokens / span if span > 0 else math.nan,
+            "device_idle_share": 1.0 - busy / span if span > 0 else math.nan,
+            "mean_core_steps_per_decoded_token": steps / decoded if decoded else math.nan,
+            "launches": len(launches), "preemptions": run.scheduler.preemptions,
+            "mean_host_ms": float(launches["host_s"].mean() * 1e3)}
+
+
+# ----- driver ----------------------------------------------------------------------------------------
+def write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT") or "runs/bench-executor")
+    parser.add_argument("--quick", action="store_true", help="small sizes and traces (a few minutes)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--parts", nargs="+", default=["stages", "attention", "throughput"],
+                        choices=["stages", "attention", "throughput"])
+    parser.add_argument("--workload", default="alpaca", choices=["alpaca", "sharegpt", "arxiv"],
+                        help="length distribution of the throughput trace (ShareGPT prompts are long: slow)")
+    parser.add_argument("--requests", type=int, help="requests per throughput run (64 quick, 256 full)")
+    parser.add_argument("--max-len", type=int, help="truncate prompt + output to this many tokens")
+    parser.add_argument("--width", type=int, default=64, help="W for the throughput runs")
+    parser.add_argument("--budget-s", type=float, help="skip parts that would start after this many seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true",
+                        help="check the script itself: tiny same-style models, float32, CPU unless CUDA is there")
+    args = parser.parse_args(argv)
+    global DEVICE, DTYPE
+    if args.smoke:
+        DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        DTYPE = torch.float32
+    elif not torch.cuda.is_available():
+        print("bench_executor needs a CUDA GPU (or --smoke)", file=sys.stderr)
+        return 2
+    quick = args.quick or args.smoke
+    budget = args.budget_s if args.budget_s is not None else (200.0 if quick else math.inf)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    device_name = torch.cuda.get_device_name() if cuda() else "cpu"
+    results: dict = {"meta": {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
+                              "quick": quick, "smoke": args.smoke, "dtype": str(DTYPE).replace("torch.", "")},
+                     "stages": [], "attention": [], "throughput": [], "errors": [], "skipped": []}
+
+    def save() -> None:
+        (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+        write_csv(out / "stages.csv", results["stages"])
+        write_csv(out / "attention.csv", results["attention"])
+        write_csv(out / "throughput.csv", results["throughput"])
+
+    def part(name: str, fn) -> None:
+        elapsed = time.perf_counter() - t_start
+        if elapsed > budget:
+            results["skipped"].append(f"{name} (at {elapsed:.0f} s, over the {budget:.0f} s budget)")
+            return
+        t0 = time.perf_counter()
+        try:
+            fn()
+        except Exception as exc:  # one failing part must not lose the others' results
+            results["errors"].append({"part": name, "error": repr(exc), "trace": traceback.format_exc()[-2000:]})
+            print(f"[{name}] failed: {exc!r}", file=sys.stderr)
+        print(f"[{name}] {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        empty_cache()
+        save()
+
+    bw = copy_bandwidth(0.05 if args.smoke else 2.0 if quick else 8.0)
+    results["meta"]["copy_bandwidth"] = bw
+    bandwidth = bw["bandwidth_Bps"]
+    iters, repeats = (5, 5) if quick else (20, 7)
+
+    if "attention" in args.parts:
+        shapes = [("ouro-mha-16x128", 16, 16, 128), ("huginn-mha-55x96", 55, 55, 96)]
+        batch, length = (4, 256) if args.smoke else (64, 4096)
+        for name, h, kvh, d in shapes:
+            part(f"attention {name}", lambda name=name, h=h, kvh=kvh, d=d: results["attention"].extend(
+                attention_bandwidth(name, h, kvh, d, batch, length, bandwidth, iters, repeats,
+                                    with_torch=args.smoke or not quick)))
+
+    models = {}
+    for name in args.models:  # stage latencies of every model first: the cheapest, most reused numbers
+        arch = tiny_preset(name) if args.smoke else PRESETS[name]
+        models[name] = (arch, build_model(arch, device=DEVICE, dtype=DTYPE, seed=args.seed))
+        if "stages" in args.parts:
+            sizes = [1, 16, 64] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256]
+            prefill = [128 if args.smoke else 512] if quick else [256, 1024, 4096]
+            context = 64 if args.smoke else 512
+            arch, model = models[name]
+            part(f"stages {name}", lambda arch=arch, model=model, sizes=sizes, prefill=prefill, context=context:
+                 results["stages"].extend(stage_latency(arch, model, sizes, context, prefill, bandwidth, iters,
+                                                        repeats)))
+    if "throughput" in args.parts:
+        n = args.requests or (8 if args.smoke else 64 if quick else 256)
+        max_len = args.max_len
+        modes = ["lookahead"] if quick else ["lookahead", "sync"]
+        for name, (arch, model) in models.items():
+            spec = MODELS[name]
+            part(f"throughput {name}", lambda arch=arch, model=model, spec=spec: results["throughput"].extend(
+                throughput_runs(arch, model, args.workload, n, args.width, 2048 if quick else 8192, max_len,
+                                ["cb", "norefill", "refill"], ["synthetic", "none"], spec["layout"],
+                                spec["mean_exit"], spec["k"](args.width), modes, args.seed)))
+    models.clear()
+    empty_cache()
+
+    results["meta"]["wall_s"] = time.perf_counter() - t_start
+    save()
+    print_table(results)
+    return 0
+
+
+def tiny_preset(name: str) -> ArchSpec:
+    """A small model of the preset's style, split and loop count, for ``--smoke``."""
+    from dataclasses import replace
+
+    from cdbsim.arch import LayerShape
+
+    arch = PRESETS[name]
+    layer = LayerShape(hidden=64, intermediate=128, heads=4, kv_heads=4, head_dim=16, style=arch.style)
+    return replace(arch, name=f"{name}-smoke", layer=layer, vocab=128, core=min(arch.core, 2),
+                   r_max=min(arch.r_max, 6))
+
+
+def print_table(results: dict) -> None:
+    bw = results["meta"]["copy_bandwidth"]["bandwidth_Bps"]
+    print(f"\n{results['meta']['device']}  torch {results['meta']['torch']}  copy bandwidth {bw / 1e12:.2f} TB/s")
+    if results["attention"]:
+        print("decode attention: shape impl B L ms TB/s %copy")
+        for r in results["attention"]:
+            print(f"  {r['shape']:18s} {r['impl']:12s} {r['batch']:4d} {r['length']:5d} {r['ms']:8.3f} "
+                  f"{r['achieved_Bps'] / 1e12:6.2f} {100 * r['fraction_of_copy_bw']:5.1f}%")
+    if results["stages"]:
+        print("stage latency: model stage B ms roofline_ms x_roofline")
+        for r in results["stages"]:
+            print(f"  {r['model']:12s} {r['stage']:8s} {r['batch']:5d} {r['ms']:8.3f} "
+                  f"{r['roofline_weights_ms']:8.3f} {r['x_roofline']:6.2f}")
+    if results["throughput"]:
+        print("throughput: model exits policy mode tok/s speedup idle%")
+        for r in results["throughput"]:
+            print(f"  {r['model']:12s} {r['exits']:9s} {r['policy']:8s} {r['mode']:9s} {r['output_tok_s']:9.1f} "
+                  f"{r['speedup_vs_cb']:5.2f} {100 * r['device_idle_share']:5.1f}")
+    for e in results["errors"]:
+        print(f"ERROR in {e['part']}: {e['error']}")
+    for s in results["skipped"]:
+        print(f"skipped: {s}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

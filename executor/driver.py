@@ -1,0 +1,257 @@
+"""Drive the shared scheduler with the real engine and log every launch with device timestamps.
+
+The call protocol is the one :func:`cdbsim.replay.drive` uses, with a clock:
+
+``sync``       plan -> enqueue -> wait -> complete: the device idles while the host plans.
+``async``      like lookahead, except that after a core launch the host waits for it before planning
+               (an exit gate read at the same step has to come back first).
+``lookahead``  plan launch k+1 and enqueue it while launch k runs, then wait on k and ``complete(k)``:
+               the host's planning hides behind the device (the lookahead gate makes that legal).
+
+Launch start and end come from CUDA events on the one compute stream (on CPU, where every launch runs
+synchronously, from the wall clock), relative to an event recorded when the run starts; ``host_s`` is
+the host's time to plan and prepare the launch (plus, on GPU, to enqueue it), measured with
+``perf_counter``. Device idle time is the gaps between consecutive launches in the log.
+The logs go through :class:`cdbsim.logs.RunRecorder`, the same schema the simulator writes.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from cdbsim.arch import ArchSpec
+from cdbsim.config import Policy, ServeConfig, Timing
+from cdbsim.launch import Launch, Stage
+from cdbsim.logs import RunLog, RunRecorder
+from cdbsim.scheduler import Scheduler
+from executor.engine import Engine, Prepared
+from executor.model import LoopedLM, ModelConfig
+from executor.ops import Ops, default_backend
+from executor.reference import Episode
+from traces.request import Request
+
+MODES = ("sync", "async", "lookahead")
+
+
+@dataclass
+class ExecutorRun:
+    """What a run produced: the log, every request's output tokens, and what tests compare."""
+
+    log: RunLog
+    tokens: list[np.ndarray]
+    episodes: list[list[Episode]]
+    scheduler: Scheduler
+    logits: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class _InFlight:
+    prepared: Prepared
+    start: object
+    end: object
+    host_s: float
+    logits: torch.Tensor | None
+
+
+class _CudaClock:
+    def __init__(self) -> None:
+        self.base = self.mark()
+
+    @staticmethod
+    def mark() -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def wait(event: torch.cuda.Event) -> None:
+        event.synchronize()
+
+    def seconds(self, event: torch.cuda.Event) -> float:
+        return self.base.elapsed_time(event) / 1e3
+
+
+class _WallClock:
+    def __init__(self) -> None:
+        self.base = time.perf_counter()
+
+    @staticmethod
+    def mark() -> float:
+        return time.perf_counter()
+
+    @staticmethod
+    def wait(_: float) -> None:
+        return None
+
+    def seconds(self, t: float) -> float:
+        return t - self.base
+
+
+def build_model(arch: ArchSpec, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+                seed: int = 0, backend: str | None = None, **config_overrides: object) -> LoopedLM:
+    """A randomly initialised model of ``arch``'s exact shapes."""
+    ops = Ops(backend or default_backend(device))
+    return LoopedLM.random(ModelConfig.from_arch(arch, **config_overrides), seed=seed, device=device,
+                           dtype=dtype, ops=ops)
+
+
+def decode_stages(policy: Policy) -> tuple[Stage, ...]:
+    """The decode-type stages a policy launches (those that get CUDA graphs)."""
+    return (Stage.DECODE,) if policy is Policy.CB else (Stage.PRELUDE, Stage.CORE, Stage.CODA)
+
+
+class Executor:
+    """One serving run of ``requests`` on a model: scheduler + engine + clock + recorder."""
+
+    def __init__(self, arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
+                 model: LoopedLM, mode: str | None = None, graphs: bool | None = None,
+                 keep_logits: bool = False, prompt_seed: int = 0) -> None:
+        mode = mode or ("sync" if config.timing is Timing.SYNC else
+                        "async" if config.timing is Timing.ASYNC else "lookahead")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if model.config.r_max != arch.r_max:
+            raise ValueError(f"model r_max {model.config.r_max} differs from the architecture's {arch.r_max}")
+        self.arch, self.config, self.requests, self.mode = arch, config, requests, mode
+        self.model = model
+        self.scheduler = Scheduler(arch, config, requests, kv_blocks)
+        self.engine = Engine(model, config, requests, kv_blocks, prompt_seed=prompt_seed)
+        cuda = model.device.type == "cuda"
+        self.cuda = cuda
+        use_graphs = cuda if graphs is None else graphs  # on CPU: static buffers without capture (tests)
+        self.graphs = None
+        if use_graphs:
+            from executor.graphs import StageGraphs
+            self.graphs = StageGraphs(self.engine)
+        self.keep_logits = keep_logits
+        self.engine.track_rows = keep_logits
+
+    def warmup(self) -> None:
+        """Capture every graph this run can use and run one scratch prefill, so neither a capture nor a
+        kernel compilation lands inside the timed run."""
+        with torch.inference_mode():
+            if self.graphs is not None:
+                self.graphs.capture_all(decode_stages(self.config.policy), self.config.decode_sizes())
+            if self.cuda:
+                self.engine.warmup_prefill()
+                torch.cuda.synchronize()
+
+    def _enqueue(self, prepared: Prepared) -> torch.Tensor | None:
+        if prepared.prefill is None and self.graphs is not None:
+            return self.graphs.launch(prepared)
+        return self.engine.run_eager(prepared)
+
+    def run(self) -> ExecutorRun:
+        sched, engine = self.scheduler, self.engine
+        clock = _CudaClock() if self.cuda else _WallClock()
+        recorder = RunRecorder(self.requests)
+        logits_out: dict[tuple[int, int], torch.Tensor] = {}
+        order = sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival)
+        arrivals = deque(order)
+        pending: deque[_InFlight] = deque()
+        host_carry = 0.0
+        width = engine.max_blocks if self.graphs is not None else None
+        run_start = time.perf_counter()
+
+        def finish(item: _InFlight) -> None:
+            clock.wait(item.end)
+            done = sched.complete(item.prepared.launch)
+            engine.release(done)
+            recorder.record(item.prepared.launch, clock.seconds(item.start), clock.seconds(item.end),
+                            item.host_s)
+            if item.logits is not None and item.prepared.rows:
+                for row, key in enumerate(item.prepared.rows):
+                    logits_out[key] = item.logits[row].float().cpu()
+
+        with torch.inference_mode():
+            while not sched.done:
+                now = time.perf_counter() - run_start
+                while arrivals and self.requests[arrivals[0]].arrival <= now:
+                    sched.arrive(arrivals.popleft())
+                t0 = time.perf_counter()
+                launch = sched.plan()
+                if launch is None:
+                    host_carry += time.perf_counter() - t0
+                    if pending:
+                        finish(pending.popleft())
+                    elif arrivals:
+                        time.sleep(max(0.0, self.requests[arrivals[0]].arrival - now))
+                    else:
+                        raise RuntimeError("the scheduler can plan nothing although requests remain")
+                    continue
+                prepared = engine.prepare(launch, sched, width)
+                host_s = time.perf_counter() - t0
+                start = clock.mark()
+                t1 = time.perf_counter()
+                logits = self._enqueue(prepared)
+                if self.keep_logits and logits is not None:
+                    logits = logits.clone()
+                end = clock.mark()
+                if self.cuda:
+                    host_s += time.perf_counter() - t1
+                pending.append(_InFlight(prepared, start, end, host_s + host_carry, logits))
+                host_carry = 0.0
+                depth = self._depth(launch)
+                while len(pending) > depth:
+                    finish(pending.popleft())
+            while pending:
+                finish(pending.popleft())
+        wall = time.perf_counter() - run_start
+        log = recorder.finish(self._meta(wall))
+        return ExecutorRun(log, engine.output_tokens(), [engine.episode_list(i) for i in range(len(self.requests))],
+                           sched, logits_out)
+
+    def _depth(self, launch: Launch) -> int:
+        if self.mode == "sync":
+            return 0
+        if self.mode == "async" and launch.stage is Stage.CORE:
+            return 0
+        return 1
+
+    def _meta(self, wall: float) -> dict:
+        model = self.model
+        device = (torch.cuda.get_device_name(model.device) if self.cuda else platform.processor() or "cpu")
+        return {
+            "backend": "executor", "device": device, "torch": torch.__version__,
+            "dtype": str(model.dtype).replace("torch.", ""), "mode": self.mode, "ops": model.ops.backend,
+            "cuda_graphs": self.graphs is not None and self.graphs.capture,
+            "launch_path": ("eager" if self.graphs is None else
+                            "cuda-graphs" if self.graphs.capture else "static-buffers"),
+            "arch": self.arch.name, "split": self.arch.split,
+            "r_max": self.arch.r_max, "policy": self.config.policy.value, "config": self.config.describe(),
+            "layout": self.config.layout.value, "kv_blocks": self.scheduler.kv.total,
+            "requests": len(self.requests), "launches": self.scheduler.launches,
+            "preemptions": self.scheduler.preemptions, "wall_s": wall,
+        }
+
+
+def execute(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
+            device: torch.device | str = "cpu", dtype: torch.dtype | None = None, mode: str | None = None,
+            seed: int = 0, model: LoopedLM | None = None, graphs: bool | None = None,
+            backend: str | None = None, keep_logits: bool = False, warmup: bool = True) -> ExecutorRun:
+    """Serve ``requests`` on a (random-init unless ``model`` is given) model; everything the run produced."""
+    if model is None:
+        model = build_model(arch, device=device, dtype=dtype, seed=seed, backend=backend)
+    executor = Executor(arch, config, requests, kv_blocks, model=model, mode=mode, graphs=graphs,
+                        keep_logits=keep_logits, prompt_seed=seed)
+    if warmup:
+        executor.warmup()
+    return executor.run()
+
+
+def run_executor(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
+                 device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+                 mode: str | None = "sync", seed: int = 0, **options: object) -> RunLog:
+    """Serve ``requests`` and return the run's log (same schema as the simulator's).
+
+    ``mode``: ``sync``, ``async`` or ``lookahead`` (None: from ``config.timing``). ``options`` go to
+    :func:`execute` (``model``, ``graphs``, ``backend``, ``warmup``).
+    """
+    return execute(arch, config, requests, kv_blocks, device=device, dtype=dtype, mode=mode, seed=seed,
+                   **options).log

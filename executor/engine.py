@@ -1,0 +1,324 @@
+"""Run one :class:`~cdbsim.launch.Launch` of the shared scheduler on the device.
+
+The engine owns everything a launch reads or writes on the device:
+
+* the paged KV cache (:mod:`executor.kv_cache`), addressed with the scheduler's block ids;
+* the token store: one row per request, prompt ids (synthetic, :mod:`executor.tokens`) followed by every
+  generated token at its position. Prelude and CB decode read their input token from it, coda, decode and
+  prefill write the sampled token into it; a recompute after preemption re-reads prompt + generated ids;
+* the hidden-state bank: ``width`` rows (+1 scratch) holding each resident request's loop state between
+  prelude, core and coda launches (Huginn also keeps the prelude output for its adapter). A request gets
+  a row when its first prefill chunk is launched and gives it back when the scheduler reports it finished
+  (or preempted), so ``width`` rows always suffice.
+
+Decode-type stages (prelude, core, coda, decode) read their per-row metadata from one int32 buffer (8
+fields + a block-table row per padded row, :data:`FIELDS`), copied to the device in one transfer; with
+CUDA graphs that buffer is the graph's static input (:mod:`executor.graphs`). Padded rows point at the
+scratch token, the scratch bank row and the trash KV block, so they never touch a real request. Prefill
+packs every chunk of the launch into one token batch and runs eagerly (its shapes vary per launch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from cdbsim.config import ServeConfig
+from cdbsim.launch import Launch, Stage
+from cdbsim.scheduler import WAITING, Scheduler
+from executor.attention import DecodeAttention, PrefillAttention
+from executor.kv_cache import CacheGeometry, PagedKVCache
+from executor.model import LoopedLM
+from executor.ops import RopeTable, to_device
+from executor.reference import Episode
+from executor.tokens import prompt_ids
+from traces.request import Request
+
+FIELDS = ("tok", "pos", "bank", "row0", "layer_base", "fill", "out", "seq_len")
+_F = {name: i for i, name in enumerate(FIELDS)}
+
+
+@dataclass
+class StageMeta:
+    """Device views of one decode-type launch's metadata (one entry per padded row)."""
+
+    tok: torch.Tensor         # flat token-store index of the input token (prelude, decode)
+    pos: torch.Tensor         # position of the input token
+    bank: torch.Tensor        # hidden-state bank row
+    row0: torch.Tensor        # KV row of the position in cache layer 0: block * 16 + pos % 16
+    layer_base: torch.Tensor  # core: slot * core layers (the row's slot); else 0
+    fill: torch.Tensor        # core: deeper slots an exiting token also writes (last-exited fill)
+    out: torch.Tensor         # flat token-store index the sampled token goes to (coda, decode)
+    seq_len: torch.Tensor     # positions attended: pos + 1
+    block_table: torch.Tensor  # [rows, width] block ids (trash block beyond the request's blocks)
+
+
+def meta_views(buffer: torch.Tensor, rows: int, width: int) -> StageMeta:
+    fields = buffer[: len(FIELDS) * rows].view(len(FIELDS), rows)
+    table = buffer[len(FIELDS) * rows:].view(rows, width)
+    return StageMeta(*fields.unbind(0), block_table=table)
+
+
+@dataclass
+class Prepared:
+    """A launch with its host-side inputs, ready to be put on the device."""
+
+    launch: Launch
+    meta: np.ndarray | None = None          # decode-type stages
+    width: int = 0
+    max_fill: int = 0
+    prefill: dict | None = None             # prefill: host arrays of the packed chunks
+    rows: list[tuple[int, int]] | None = None  # (request, output-token index) of each sampled row
+
+
+class Engine:
+    """Stage runners over one model, cache, token store and hidden-state bank."""
+
+    def __init__(self, model: LoopedLM, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
+                 prompt_seed: int = 0) -> None:
+        cfg = model.config
+        self.model = model
+        self.config = config
+        self.requests = requests
+        self.device = model.device
+        self.geo = CacheGeometry(cfg.prelude, cfg.core, cfg.coda, cfg.r_max, config.layout, kv_blocks,
+                                 config.block_size)
+        self.cache = PagedKVCache(self.geo, cfg.kv_heads, cfg.head_dim, device=self.device, dtype=model.dtype)
+        self.scale = cfg.head_dim ** -0.5
+        self.max_len = max(r.prompt_len + r.output_len for r in requests)
+        self.stride = self.max_len + 1
+        self.max_blocks = -(-self.max_len // config.block_size)
+        self.rope = RopeTable.build(cfg.head_dim, cfg.rope_theta, self.max_len + 1,
+                                    interleaved=cfg.style == "huginn", device=self.device)
+        n = len(requests)
+        store = np.zeros((n + 1, self.stride), dtype=np.int64)
+        for i, r in enumerate(requests):
+            store[i, : r.prompt_len] = prompt_ids(r.request_id, r.prompt_len, cfg.vocab, prompt_seed)
+        self.tokens = torch.from_numpy(store.reshape(-1)).to(self.device)
+        self.scratch_token = n * self.stride
+        width = config.width
+        self.bank_state = torch.zeros((width + 1, cfg.hidden), device=self.device, dtype=model.dtype)
+        self.bank_inject = torch.zeros_like(self.bank_state) if cfg.style == "huginn" else None
+        self.scratch_row = width
+        self._free_rows = list(range(width - 1, -1, -1))
+        self.row_of: dict[int, int] = {}
+        # host mirror of every request's block table, so a launch's table is one numpy gather (refreshed
+        # when the scheduler's block list grows, and cleared when it is given back)
+        self._table = np.full((n + 1, self.max_blocks), self.geo.trash_block, dtype=np.int64)
+        self._known = np.zeros(n + 1, dtype=np.int64)
+        geo = self.geo
+        self._slot_base = np.asarray([geo.slot_of_step(s) * geo.core for s in range(geo.r_max)], dtype=np.int64)
+        self._fill_of = np.asarray([geo.fill_count(s) for s in range(geo.r_max)], dtype=np.int64)
+        self._prompt = np.asarray([r.prompt_len for r in requests] + [0], dtype=np.int64)
+        self.episodes: list[dict[int, list[int]]] = [{} for _ in requests]
+        self._preemptions_seen = 0
+        self.track_rows = True  # record (request, token index) of sampled rows (for logits in tests)
+        self._stage_fns = {Stage.PRELUDE: self._prelude, Stage.CORE: self._core, Stage.CODA: self._coda,
+                           Stage.DECODE: self._decode}
+
+    # ----- host side -----------------------------------------------------------------------------
+    def prepare(self, launch: Launch, scheduler: Scheduler, width: int | None = None) -> Prepared:
+        """Build a launch's host inputs (valid right after ``scheduler.plan()`` returned it)."""
+        self._drop_preempted(scheduler)
+        if launch.stage is Stage.PREFILL:
+            return self._prepare_prefill(launch, scheduler)
+        return self._prepare_decode(launch, scheduler, width)
+
+    def scratch_meta(self, rows: int, width: int) -> np.ndarray:
+        """Metadata of ``rows`` padded rows: scratch token and bank row, trash block, one position."""
+        fields = np.zeros((len(FIELDS), rows), dtype=np.int32)
+        fields[_F["tok"]] = self.scratch_token
+        fields[_F["bank"]] = self.scratch_row
+        fields[_F["row0"]] = self.geo.trash_row
+        fields[_F["out"]] = self.scratch_token
+        fields[_F["seq_len"]] = 1
+        table = np.full((rows, width), self.geo.trash_block, dtype=np.int32)
+        return np.concatenate((fields.reshape(-1), table.reshape(-1)))
+
+    def _sync_table(self, requests: list[int], scheduler: Scheduler) -> None:
+        """Copy block ids the scheduler added since the last launch into the host block table."""
+        known, table = self._known, self._table
+        for r in requests:
+            blocks = scheduler.blocks[r]
+            n = len(blocks)
+            if n != known[r] or (n and table[r, n - 1] != blocks[-1]):
+                table[r, :n] = blocks
+                known[r] = n
+
+    def _prepare_decode(self, launch: Launch, scheduler: Scheduler, width: int | None) -> Prepared:
+        bs, stride = self.config.block_size, self.stride
+        n, rows = len(launch.requests), max(launch.padded, len(launch.requests))
+        self._sync_table(launch.requests, scheduler)
+        req = np.asarray(launch.requests, dtype=np.int64)
+        pos = np.asarray(launch.positions, dtype=np.int64)
+        if width is None:  # eager: only as wide as this launch needs
+            width = int(pos.max()) // bs + 1 if n else 1
+        buf = self.scratch_meta(rows, width)
+        fields = buf[: len(FIELDS) * rows].reshape(len(FIELDS), rows)
+        table = buf[len(FIELDS) * rows:].reshape(rows, width)
+        blocks = self._table[req]
+        table[:n] = np.where(np.arange(width)[None, :] <= (pos // bs)[:, None], blocks[:, :width],
+                             self.geo.trash_block)
+        fields[_F["tok"], :n] = req * stride + pos
+        fields[_F["pos"], :n] = pos
+        fields[_F["bank"], :n] = [self.row_of.get(r, self.scratch_row) for r in launch.requests]
+        fields[_F["row0"], :n] = blocks[np.arange(n), pos // bs] * bs + pos % bs
+        fields[_F["out"], :n] = req * stride + pos + 1
+        fields[_F["seq_len"], :n] = pos + 1
+        max_fill = 0
+        if launch.stage is Stage.CORE:
+            steps = np.asarray(launch.steps, dtype=np.int64)
+            fills = self._fill_of[steps] * np.asarray(launch.exits, dtype=np.int64)
+            fields[_F["layer_base"], :n] = self._slot_base[steps]
+            fields[_F["fill"], :n] = fills
+            max_fill = int(fills.max()) if n else 0
+        rows_out = None
+        if self.track_rows and launch.stage in (Stage.CODA, Stage.DECODE):
+            rows_out = list(zip(launch.requests, (pos + 1 - self._prompt[req]).tolist(), strict=True))
+        return Prepared(launch, meta=buf, width=width, max_fill=max_fill, rows=rows_out)
+
+    def _prepare_prefill(self, launch: Launch, scheduler: Scheduler) -> Prepared:
+        bs, stride = self.config.block_size, self.stride
+        tok, pos, row0, pages, last, out, rows_out = [], [], [], [], [], [], []
+        offset = 0
+        for r, start, n, final in zip(launch.requests, launch.positions, launch.chunk_lens, launch.finishes,
+                                      strict=True):
+            if r not in self.row_of:
+                self.row_of[r] = self._free_rows.pop()
+            target = scheduler.prefill_target[r]
+            generated_before = target - self.requests[r].prompt_len
+            chunks = self.episodes[r]
+            if start == 0:
+                chunks[generated_before] = [n]
+            else:
+                chunks[generated_before].append(n)
+            self._sync_table([r], scheduler)
+            blocks = self._table[r]
+            p = np.arange(start, start + n, dtype=np.int64)
+            tok.append(r * stride + p)
+            pos.append(p)
+            row0.append(blocks[p // bs] * bs + p % bs)
+            pages.append(blocks[: -(-(start + n) // bs)].tolist())
+            if final:
+                last.append(offset + n - 1)
+                out.append(r * stride + start + n)
+                rows_out.append((r, generated_before))
+            offset += n
+        host = {"tok": np.concatenate(tok), "pos": np.concatenate(pos), "row0": np.concatenate(row0),
+                "pages": pages, "last": np.asarray(last, dtype=np.int64), "out": np.asarray(out, dtype=np.int64)}
+        return Prepared(launch, prefill=host, rows=rows_out)
+
+    def warmup_prefill(self, tokens: int = 16) -> None:
+        """Run one prefill chunk on the scratch token row into the trash block, touching no request.
+
+        The first prefill of a process compiles kernel variants and initialises libraries; doing it here
+        keeps that out of a timed run.
+        """
+        bs, stride = self.config.block_size, self.stride
+        n = max(1, min(tokens, bs, stride - 1))
+        p = np.arange(n, dtype=np.int64)
+        scratch = len(self.requests)
+        host = {"tok": scratch * stride + p, "pos": p, "row0": self.geo.trash_block * bs + p,
+                "pages": [[self.geo.trash_block]], "last": np.asarray([n - 1]),
+                "out": np.asarray([scratch * stride + n])}
+        launch = Launch(index=-1, stage=Stage.PREFILL, requests=[scratch], positions=[0], chunk_lens=[n],
+                        finishes=[True], size=n, padded=n)
+        self._prefill(Prepared(launch, prefill=host))
+
+    def release(self, finished: list[int]) -> None:
+        """The scheduler finished these requests: give their bank rows back."""
+        for r in finished:
+            self._forget(r)
+
+    def _forget(self, r: int) -> None:
+        """Request ``r`` holds no bank row and no blocks any more (finished or preempted)."""
+        row = self.row_of.pop(r, None)
+        if row is not None:
+            self._free_rows.append(row)
+        self._table[r] = self.geo.trash_block
+        self._known[r] = 0
+
+    def _drop_preempted(self, scheduler: Scheduler) -> None:
+        """A preempted request is waiting again and holds no blocks: free its bank row."""
+        if scheduler.preemptions == self._preemptions_seen:
+            return
+        self._preemptions_seen = scheduler.preemptions
+        for r in [r for r in self.row_of if scheduler.status[r] == WAITING]:
+            self._forget(r)
+
+    def episode_list(self, request: int) -> list[Episode]:
+        return [Episode(g, list(chunks)) for g, chunks in sorted(self.episodes[request].items())]
+
+    def output_tokens(self) -> list[np.ndarray]:
+        store = self.tokens.view(len(self.requests) + 1, self.stride).cpu().numpy()
+        return [store[i, r.prompt_len: r.prompt_len + r.output_len].copy() for i, r in enumerate(self.requests)]
+
+    # ----- device side ---------------------------------------------------------------------------
+    def run_eager(self, prepared: Prepared) -> torch.Tensor | None:
+        """Run a prepared launch without graphs; returns the logits of its sampled rows (or None)."""
+        if prepared.prefill is not None:
+            return self._prefill(prepared)
+        launch = prepared.launch
+        rows = max(launch.padded, len(launch.requests))
+        buffer = to_device(prepared.meta, self.device)
+        return self.stage_fn(launch.stage)(meta_views(buffer, rows, prepared.width), prepared.max_fill)
+
+    def stage_fn(self, stage: Stage):
+        return self._stage_fns[stage]
+
+    def _attention(self, m: StageMeta, max_fill: int) -> DecodeAttention:
+        return DecodeAttention(self.model.ops, self.cache, self.rope, m.pos, m.row0, m.layer_base, m.fill,
+                               m.seq_len, m.block_table, max_fill, self.scale)
+
+    def _prelude(self, m: StageMeta, max_fill: int = 0) -> None:
+        model = self.model
+        e = model.prelude(self.tokens[m.tok.long()], self._attention(m, 0))
+        rows = m.bank.long()
+        self.bank_state.index_copy_(0, rows, model.initial_state(e))
+        if self.bank_inject is not None:
+            self.bank_inject.index_copy_(0, rows, e)
+
+    def _core(self, m: StageMeta, max_fill: int = 0) -> None:
+        rows = m.bank.long()
+        s = self.bank_state[rows]
+        e = self.bank_inject[rows] if self.bank_inject is not None else None
+        s = self.model.core_step(s, e, self._attention(m, max_fill), self.geo.core_layer(0))
+        self.bank_state.index_copy_(0, rows, s)
+
+    def _coda(self, m: StageMeta, max_fill: int = 0) -> torch.Tensor:
+        h = self.model.coda(self.bank_state[m.bank.long()], self._attention(m, 0), self.geo.coda_layer(0))
+        return self._sample(h, m.out)
+
+    def _decode(self, m: StageMeta, max_fill: int = 0) -> torch.Tensor:
+        model, geo = self.model, self.geo
+        attn = self._attention(m, 0)
+        e = model.prelude(self.tokens[m.tok.long()], attn)
+        s = model.initial_state(e)
+        for step in range(geo.r_max):
+            s = model.core_step(s, e, attn, geo.core_layer(geo.slot_of_step(step)))
+        return self._sample(model.coda(s, attn, geo.coda_layer(0)), m.out)
+
+    def _sample(self, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        logits = self.model.logits(h)
+        self.tokens.index_copy_(0, out.long(), logits.argmax(dim=-1))
+        return logits
+
+    def _prefill(self, prepared: Prepared) -> torch.Tensor | None:
+        host, launch, model, geo = prepared.prefill, prepared.launch, self.model, self.geo
+        dev = self.device
+        pos = to_device(host["pos"], dev)
+        attn = PrefillAttention.build(model.ops, self.cache, self.rope, pos, to_device(host["row0"], dev),
+                                      launch.positions, launch.chunk_lens, host["pages"], self.scale)
+        e = model.prelude(self.tokens[to_device(host["tok"], dev)], attn)
+        s = model.initial_state(e)
+        for step in range(geo.r_max):
+            s = model.core_step(s, e, attn, geo.core_layer(geo.slot_of_step(step)))
+        if not len(host["last"]):
+            # coda layers still write their KV for every chunk token
+            if geo.coda:
+                model.coda(s, attn, geo.coda_layer(0))
+            return None
+        h = model.coda(s, attn, geo.coda_layer(0))
+        return self._sample(h[to_device(host["last"], dev)], to_device(host["out"], dev))

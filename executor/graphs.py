@@ -1,0 +1,123 @@
+"""CUDA graphs per (stage, padded batch size) for the decode-type stages.
+
+A captured stage reads all its per-row inputs from one static int32 buffer (the engine's metadata layout,
+:func:`executor.engine.meta_views`), as wide as the longest request's block table, so replaying it for a
+launch is one host-to-device copy plus ``graph.replay()``. Capture happens on first use, or up front with
+:meth:`StageGraphs.capture_all`; the warm-up run and the capture both use scratch metadata (padded rows
+only), so they never change a real request's state. All graphs share one memory pool: they run one at a
+time on one stream and keep nothing alive between replays but their static inputs and logits.
+
+On a CPU device nothing is captured: the same static buffers are filled and the stage re-runs eagerly
+on them, so tests exercise exactly the metadata a graph replay sees (full-width block tables, padded
+rows, the static fill loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from cdbsim.launch import Stage
+from executor.engine import Engine, Prepared, meta_views
+
+
+class PinnedStaging:
+    """Two pinned host buffers used in turn for one graph's metadata copies.
+
+    A buffer is refilled only after the copy that last read it has run (its event), so the host never
+    overwrites metadata a queued copy has yet to read; with one launch in flight that wait is already over.
+    Reusing fixed buffers avoids a pinned allocation per launch.
+    """
+
+    def __init__(self, numel: int) -> None:
+        self.buffers = [torch.empty(numel, dtype=torch.int32).pin_memory() for _ in range(2)]
+        self.arrays = [b.numpy() for b in self.buffers]
+        self.events = [torch.cuda.Event(), torch.cuda.Event()]
+        self.used = [False, False]
+        self.turn = 0
+
+    def copy_to(self, target: torch.Tensor, array: np.ndarray) -> None:
+        i = self.turn
+        self.turn ^= 1
+        if self.used[i]:
+            self.events[i].synchronize()
+        self.arrays[i][:] = array
+        target.copy_(self.buffers[i], non_blocking=True)
+        self.events[i].record()
+        self.used[i] = True
+
+
+@dataclass
+class CapturedStage:
+    graph: torch.cuda.CUDAGraph | None  # None on CPU: ``run`` re-executes the stage
+    meta: torch.Tensor          # static input buffer
+    logits: torch.Tensor | None  # static output (coda, decode)
+    run: Callable[[], torch.Tensor | None]
+    staging: PinnedStaging | None = None
+
+    def replay(self) -> torch.Tensor | None:
+        if self.graph is None:
+            return self.run()
+        self.graph.replay()
+        return self.logits
+
+
+class StageGraphs:
+    """Lazily captured CUDA graphs of one engine's decode-type stages."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.width = engine.max_blocks
+        self.capture = engine.device.type == "cuda"
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.graphs: dict[tuple[Stage, int], CapturedStage] = {}
+
+    def capture_all(self, stages: Iterable[Stage], sizes: Iterable[int]) -> None:
+        for size in sorted(set(sizes), reverse=True):  # largest first: smaller ones reuse its pool memory
+            for stage in stages:
+                self.get(stage, size)
+
+    def get(self, stage: Stage, rows: int) -> CapturedStage:
+        key = (stage, rows)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(stage, rows)
+        return self.graphs[key]
+
+    def _capture(self, stage: Stage, rows: int) -> CapturedStage:
+        engine = self.engine
+        host = engine.scratch_meta(rows, self.width)
+        meta = torch.from_numpy(host).to(engine.device)
+        views = meta_views(meta, rows, self.width)
+        max_fill = engine.geo.max_fill if stage is Stage.CORE else 0
+        fn = engine.stage_fn(stage)
+
+        def run() -> torch.Tensor | None:
+            return fn(views, max_fill)
+
+        if not self.capture:
+            return CapturedStage(None, meta, None, run)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            run()  # compiles kernels, sets up cuBLAS workspaces
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = run()
+        return CapturedStage(graph, meta, logits, run, PinnedStaging(meta.numel()))
+
+    def launch(self, prepared: Prepared) -> torch.Tensor | None:
+        """Copy the launch's metadata into the graph's input buffer and replay it."""
+        launch = prepared.launch
+        captured = self.get(launch.stage, launch.padded)
+        if prepared.width != self.width:
+            raise ValueError("graph launches need metadata as wide as the graph's block table")
+        if captured.staging is not None:  # pinned: the copy neither blocks the host nor waits for the stream
+            captured.staging.copy_to(captured.meta, prepared.meta)
+        else:
+            captured.meta.copy_(torch.from_numpy(prepared.meta))
+        return captured.replay()

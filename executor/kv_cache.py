@@ -1,0 +1,122 @@
+"""Paged, depth-aware KV cache: one page table shared by every layer, loop slot and request.
+
+Storage is ``[cache_layers, blocks + 1, 16, kv_heads, head_dim]`` for K and for V. A *cache layer* is one
+(layer, slot) pair:
+
+    prelude layer l          -> l
+    core layer l, slot s     -> P + s * C + l
+    coda layer l             -> P + S * C + l          (S = layout.slots(r_max))
+
+Block ids are the scheduler's (``Scheduler.blocks[i]``): a block holds 16 token positions of one request
+across every cache layer, so the layout changes bytes per block, never the block count. The extra last
+block is a trash block: padded batch rows of a CUDA graph write there and read only from there.
+
+Row arithmetic (what kernels use): the K/V of position ``p`` of a request whose ``p // 16``-th block is
+``b`` in cache layer ``L`` sits at row ``L * rows_per_layer + b * 16 + p % 16`` of the ``[-1, kv_heads,
+head_dim]`` view. Which slot a loop step uses, and how many deeper slots an exiting token fills
+(last-exited fill), is the layout's rule (:class:`cdbsim.kvlayout.KVLayout`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cdbsim.kvlayout import KVLayout
+
+BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class CacheGeometry:
+    """Layer counts and layout of a cache; pure arithmetic, no tensors."""
+
+    prelude: int
+    core: int
+    coda: int
+    r_max: int
+    layout: KVLayout
+    num_blocks: int
+    block_size: int = BLOCK_SIZE
+
+    @property
+    def slots(self) -> int:
+        return self.layout.slots(self.r_max)
+
+    @property
+    def layers(self) -> int:
+        return self.prelude + self.slots * self.core + self.coda
+
+    @property
+    def pages_per_layer(self) -> int:
+        """Blocks per cache layer, including the trash block."""
+        return self.num_blocks + 1
+
+    @property
+    def trash_block(self) -> int:
+        return self.num_blocks
+
+    @property
+    def rows_per_layer(self) -> int:
+        return self.pages_per_layer * self.block_size
+
+    @property
+    def trash_row(self) -> int:
+        """A row no real token reads: first position of the trash block in cache layer 0."""
+        return self.trash_block * self.block_size
+
+    def prelude_layer(self, layer: int) -> int:
+        return layer
+
+    def core_layer(self, slot: int, layer: int = 0) -> int:
+        return self.prelude + slot * self.core + layer
+
+    def coda_layer(self, layer: int = 0) -> int:
+        return self.prelude + self.slots * self.core + layer
+
+    def slot_of_step(self, step: int) -> int:
+        return self.layout.slot_of_step(step, self.r_max)
+
+    def fill_count(self, step: int) -> int:
+        """Deeper slots a token exiting after 0-based ``step`` writes its KV into (last-exited fill)."""
+        return self.layout.fill_copies(step, self.r_max)
+
+    @property
+    def max_fill(self) -> int:
+        return max((self.fill_count(s) for s in range(self.r_max)), default=0)
+
+
+class PagedKVCache:
+    """K and V pages for every cache layer, plus the geometry to address them."""
+
+    def __init__(self, geometry: CacheGeometry, kv_heads: int, head_dim: int, *,
+                 device: torch.device | str, dtype: torch.dtype) -> None:
+        self.geometry = geometry
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        shape = (geometry.layers, geometry.pages_per_layer, geometry.block_size, kv_heads, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    @property
+    def k_rows(self) -> torch.Tensor:
+        """K as ``[rows, kv_heads, head_dim]``: one row per (cache layer, block, offset)."""
+        return self.k.view(-1, self.kv_heads, self.head_dim)
+
+    @property
+    def v_rows(self) -> torch.Tensor:
+        return self.v.view(-1, self.kv_heads, self.head_dim)
+
+    @property
+    def k_pages(self) -> torch.Tensor:
+        """K as ``[pages, block_size, kv_heads, head_dim]``: one page per (cache layer, block)."""
+        return self.k.view(-1, self.geometry.block_size, self.kv_heads, self.head_dim)
+
+    @property
+    def v_pages(self) -> torch.Tensor:
+        return self.v.view(-1, self.geometry.block_size, self.kv_heads, self.head_dim)
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()

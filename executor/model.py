@@ -1,0 +1,248 @@
+"""A looped (recurrent-depth) transformer built from an :class:`~cdbsim.arch.ArchSpec`.
+
+Two block styles, both with four RMSNorms per layer and a gated-SiLU MLP, no linear biases:
+
+``ouro`` (ByteDance Ouro): sandwich norm, the post-norm on the branch before the residual add::
+
+    x = x + norm2(attn(norm1(x)));  x = x + norm4(mlp(norm3(x)))
+
+  rotate-half RoPE (theta from the arch, 1e6), untied head, and the final RMSNorm applied after EVERY
+  loop; its output is the next loop's input and what the exit gate ``Linear(hidden, 1)`` reads.
+
+``huginn`` (tomg-group-umd Huginn-0125 / "raven"): post-norm on the residual sum::
+
+    x = norm2(attn(norm1(x)) + x);  x = norm4(mlp(norm3(x)) + x)
+
+  a learned bias added to q and k before RoPE, interleaved-pair RoPE (base 50000), embedding scaled by
+  sqrt(hidden), prelude layers, and an adapter ``Linear(2h, h)`` applied at every loop to
+  ``concat(state, prelude_output)``; after the loop ``ln_f``, the coda, ``ln_f`` again, tied head.
+  The original draws the initial loop state from a truncated normal on every call; this model starts
+  from zeros (``state_init="zeros"``, deterministic) or, with ``state_init="random"``, from one fixed
+  seeded draw shared by every token, so batched and per-request runs stay comparable.
+
+Weights are fused for speed (q/k/v into ``wqkv``, gate/up into ``w_gate_up``, gate first as Huginn's ``fc``);
+:mod:`executor.loader` maps the public parameter names onto them. The model knows nothing of pages:
+every layer calls the attention context it is given (:mod:`executor.attention`) with its cache layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from cdbsim.arch import ArchSpec
+from executor.ops import Ops
+
+STATE_INITS = ("zeros", "random")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and constants of one looped LM (derived from an ArchSpec by :meth:`from_arch`)."""
+
+    style: str
+    vocab: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    prelude: int
+    core: int
+    coda: int
+    r_max: int
+    tied_head: bool
+    rope_theta: float
+    norm_eps: float
+    init_std: float = 0.02
+    state_init: str = "zeros"
+
+    def __post_init__(self) -> None:
+        if self.style not in ("ouro", "huginn"):
+            raise ValueError(f"unknown layer style {self.style!r}")
+        if self.state_init not in STATE_INITS:
+            raise ValueError(f"state_init must be one of {STATE_INITS}, got {self.state_init!r}")
+        if self.head_dim % 2:
+            raise ValueError("RoPE needs an even head_dim")
+
+    @classmethod
+    def from_arch(cls, arch: ArchSpec, **overrides: object) -> ModelConfig:
+        layer = arch.layer
+        config = cls(style=layer.style, vocab=arch.vocab, hidden=layer.hidden, intermediate=layer.intermediate,
+                     heads=layer.heads, kv_heads=layer.kv_heads, head_dim=layer.head_dim, prelude=arch.prelude,
+                     core=arch.core, coda=arch.coda, r_max=arch.r_max, tied_head=arch.tied_head,
+                     rope_theta=arch.rope_theta, norm_eps=arch.norm_eps)
+        return replace(config, **overrides) if overrides else config
+
+    @property
+    def sandwich(self) -> bool:
+        return self.style == "ouro"
+
+    @property
+    def embed_scale(self) -> float:
+        return math.sqrt(self.hidden) if self.style == "huginn" else 1.0
+
+    @property
+    def qkv_out(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+
+class Layer(nn.Module):
+    """One transformer layer's weights (fused) and its forward for either style."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h, i, d = config.hidden, config.intermediate, config.head_dim
+        self.wqkv = nn.Parameter(torch.empty(config.qkv_out, h), requires_grad=False)
+        self.wo = nn.Parameter(torch.empty(h, config.heads * d), requires_grad=False)
+        self.w_gate_up = nn.Parameter(torch.empty(2 * i, h), requires_grad=False)
+        self.w_down = nn.Parameter(torch.empty(h, i), requires_grad=False)
+        for name in ("norm1", "norm2", "norm3", "norm4"):
+            setattr(self, name, nn.Parameter(torch.ones(h), requires_grad=False))
+        if config.style == "huginn":
+            self.q_bias = nn.Parameter(torch.zeros(config.heads * d), requires_grad=False)
+            self.k_bias = nn.Parameter(torch.zeros(config.kv_heads * d), requires_grad=False)
+        else:
+            self.q_bias = self.k_bias = None
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, attn, layer: int, next_norm: torch.Tensor | None,
+                ops: Ops, eps: float, sandwich: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``h`` is ``norm1(x)``; returns the new residual and ``next_norm`` of it (None without one)."""
+        o = attn(F.linear(h, self.wqkv), layer, self.q_bias, self.k_bias)
+        x, h = ops.residual_norm(F.linear(o, self.wo), x, self.norm2, self.norm3, eps, sandwich)
+        m = F.linear(ops.silu_mul(F.linear(h, self.w_gate_up)), self.w_down)
+        return ops.residual_norm(m, x, self.norm4, next_norm, eps, sandwich)
+
+
+class LoopedLM(nn.Module):
+    """Embedding, prelude layers, looped core, coda layers and head, as stage functions.
+
+    The stage functions take an attention context and the cache layer of their first layer; the runner
+    (:mod:`executor.engine`) decides pages, slots and batching.
+    """
+
+    def __init__(self, config: ModelConfig, ops: Ops | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.ops = ops or Ops("torch")
+        h = config.hidden
+        self.embed = nn.Parameter(torch.empty(config.vocab, h), requires_grad=False)
+        self.prelude_layers = nn.ModuleList(Layer(config) for _ in range(config.prelude))
+        self.core_layers = nn.ModuleList(Layer(config) for _ in range(config.core))
+        self.coda_layers = nn.ModuleList(Layer(config) for _ in range(config.coda))
+        self.final_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+        self.head = None if config.tied_head else nn.Parameter(torch.empty(config.vocab, h), requires_grad=False)
+        if config.style == "huginn":
+            self.adapter = nn.Parameter(torch.empty(h, 2 * h), requires_grad=False)
+            self.register_buffer("state0", torch.zeros(h))
+            self.gate_w = self.gate_b = None
+        else:
+            self.adapter = None
+            self.gate_w = nn.Parameter(torch.empty(1, h), requires_grad=False)
+            self.gate_b = nn.Parameter(torch.zeros(1), requires_grad=False)
+
+    # ----- construction --------------------------------------------------------------------------
+    @classmethod
+    def random(cls, config: ModelConfig, *, seed: int = 0, device: torch.device | str = "cpu",
+               dtype: torch.dtype | None = None, ops: Ops | None = None) -> LoopedLM:
+        """Random weights (normal, std ``init_std``; norms 1), float32 on CPU and bf16 on GPU by default."""
+        device = torch.device(device)
+        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        with torch.device("meta"):
+            model = cls(config, ops)
+        model = model.to_empty(device=device).to(dtype)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, config.init_std, generator=gen)
+            if config.style == "huginn":
+                model.state0.zero_()
+                if config.state_init == "random":
+                    model.state0.copy_(initial_state(config, seed, device))
+        return model
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.embed if self.head is None else self.head
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    # ----- stages --------------------------------------------------------------------------------
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(ids, self.embed)
+        return x * self.config.embed_scale if self.config.embed_scale != 1.0 else x
+
+    def run_layers(self, layers: nn.ModuleList, x: torch.Tensor, attn, first_layer: int,
+                   tail_norm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Apply ``layers`` (cache layers ``first_layer ..``); also returns ``tail_norm(x)`` if given."""
+        cfg, ops = self.config, self.ops
+        if not len(layers):
+            return x, (ops.rms_norm(x, tail_norm, cfg.norm_eps) if tail_norm is not None else None)
+        h = ops.rms_norm(x, layers[0].norm1, cfg.norm_eps)
+        for i, layer in enumerate(layers):
+            nxt = layers[i + 1].norm1 if i + 1 < len(layers) else tail_norm
+            x, h = layer(x, h, attn, first_layer + i, nxt, ops, cfg.norm_eps, cfg.sandwich)
+        return x, h
+
+    def prelude(self, ids: torch.Tensor, attn) -> torch.Tensor:
+        """Embedding and prelude layers (cache layers 0 .. P-1): the prelude output ``e``."""
+        x, _ = self.run_layers(self.prelude_layers, self.embed_tokens(ids), attn, 0, None)
+        return x
+
+    def initial_state(self, e: torch.Tensor) -> torch.Tensor:
+        """Loop state before step 0: the prelude output (Ouro), a fixed state (Huginn)."""
+        if self.config.style == "ouro":
+            return e
+        return self.state0.to(e.dtype).expand_as(e).contiguous()
+
+    def core_step(self, s: torch.Tensor, e: torch.Tensor | None, attn, first_layer: int) -> torch.Tensor:
+        """One loop of the core: Huginn mixes ``e`` in through the adapter; Ouro ends with the final norm."""
+        if self.adapter is not None:
+            s = F.linear(torch.cat((s, e), dim=-1), self.adapter)
+            s, _ = self.run_layers(self.core_layers, s, attn, first_layer, None)
+            return s
+        _, normed = self.run_layers(self.core_layers, s, attn, first_layer, self.final_norm)
+        return normed
+
+    def coda(self, s: torch.Tensor, attn, first_layer: int) -> torch.Tensor:
+        """From the final loop state to the normed hidden state the head reads."""
+        cfg, ops = self.config, self.ops
+        if cfg.style == "huginn":
+            s = ops.rms_norm(s, self.final_norm, cfg.norm_eps)
+            _, h = self.run_layers(self.coda_layers, s, attn, first_layer, self.final_norm)
+            return h
+        if not len(self.coda_layers):
+            return s  # Ouro's loop already ended with the final norm
+        _, h = self.run_layers(self.coda_layers, s, attn, first_layer, self.final_norm)
+        return h
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.head_weight).float()
+
+    def gate_logit(self, s: torch.Tensor) -> torch.Tensor:
+        """Ouro's exit-gate logit of a (normed) loop state, ``[N]``."""
+        if self.gate_w is None:
+            raise ValueError("only Ouro-style models have an exit gate")
+        return (F.linear(s, self.gate_w, self.gate_b)).float().squeeze(-1)
+
+
+def initial_state(config: ModelConfig, seed: int, device: torch.device | str) -> torch.Tensor:
+    """One seeded truncated-normal draw (std ``init_std`` x embed scale, cut at 3 std), as Huginn's init."""
+    gen = torch.Generator().manual_seed(seed + 7919)
+    std = config.init_std
+    x = torch.empty(config.hidden)
+    torch.nn.init.trunc_normal_(x, 0.0, std, -3 * std, 3 * std, generator=gen)
+    return (x * config.embed_scale).to(device)

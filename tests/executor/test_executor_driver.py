@@ -1,0 +1,76 @@
+"""The driver's logs: the simulator's schema, consistent times and token counts, run metadata."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cdbsim.config import ServeConfig  # noqa: E402
+from cdbsim.logs import LAUNCH_COLUMNS, RunLog  # noqa: E402
+from executor.driver import execute, run_executor  # noqa: E402
+from traces.request import Request  # noqa: E402
+
+from .helpers import tiny_arch, tiny_model, tiny_requests  # noqa: E402
+
+
+@pytest.mark.parametrize("mode", ["sync", "lookahead"])
+def test_run_executor_log_schema_and_times(tmp_path, mode: str) -> None:
+    arch = tiny_arch("ouro")
+    requests = tiny_requests(n=5, seed=2)
+    config = ServeConfig(policy="refill", width=4, coda_batch=1, prefill_budget=32, timing="sync", layout="depth")
+    log = run_executor(arch, config, requests, 64, device="cpu", mode=mode, seed=0,
+                       model=tiny_model(arch))
+    assert isinstance(log, RunLog)
+    assert tuple(log.launches.columns) == LAUNCH_COLUMNS
+    launches = log.launches
+    assert (launches["end"] >= launches["start"]).all()
+    assert (np.diff(launches["start"]) >= 0).all()
+    assert (launches["end"].to_numpy()[:-1] <= launches["start"].to_numpy()[1:] + 1e-9).all()
+    assert (launches["host_s"] >= 0).all()
+    assert launches["tokens"].sum() == sum(r.output_len for r in requests)
+    assert [len(t) for t in log.token_times] == [r.output_len for r in requests]
+    assert log.meta["mode"] == mode and log.meta["backend"] == "executor"
+    assert {"device", "torch", "dtype", "policy", "layout"} <= set(log.meta)
+    back = RunLog.load(log.save(tmp_path / "run"))
+    assert len(back.launches) == len(launches)
+
+
+def test_online_arrivals_are_released_on_time() -> None:
+    arch = tiny_arch("huginn")
+    requests = [Request(0, 5, 3, 0.0, np.array([1, 2], dtype=np.int16)),
+                Request(1, 8, 2, 0.05, np.array([3], dtype=np.int16))]
+    config = ServeConfig(policy="norefill", width=2, prefill_budget=16, timing="sync", layout="shared")
+    run = execute(arch, config, requests, 16, model=tiny_model(arch), mode="sync")
+    scheduled = run.log.requests["scheduled"].to_numpy()
+    assert scheduled[1] >= 0.05
+    assert all(len(t) == r.output_len for t, r in zip(run.tokens, requests, strict=True))
+
+
+def test_model_and_arch_must_agree() -> None:
+    arch = tiny_arch("ouro")
+    config = ServeConfig(policy="cb", width=2, prefill_budget=16)
+    with pytest.raises(ValueError, match="r_max"):
+        execute(arch.with_loops(r_max=3), config, tiny_requests(n=2, r_max=3), 16, model=tiny_model(arch))
+
+
+@pytest.mark.parametrize("style", ["ouro", "huginn"])
+def test_warmup_prefill_touches_no_request(style: str) -> None:
+    """The untimed warm-up prefill writes only the trash block and the scratch token row."""
+    from executor.engine import Engine
+
+    arch = tiny_arch(style)
+    config = ServeConfig(policy="refill", width=4, prefill_budget=32, layout="depth")
+    requests = tiny_requests(n=3)
+    engine = Engine(tiny_model(arch), config, requests, 16)
+    engine.cache.k.normal_()
+    engine.cache.v.normal_()
+    k, v, tokens = engine.cache.k.clone(), engine.cache.v.clone(), engine.tokens.clone()
+    engine.warmup_prefill()
+    trash = engine.geo.trash_block
+    real = [b for b in range(engine.geo.pages_per_layer) if b != trash]
+    assert torch.equal(engine.cache.k[:, real], k[:, real]) and torch.equal(engine.cache.v[:, real], v[:, real])
+    assert not torch.equal(engine.cache.k[:, trash], k[:, trash])
+    scratch = len(requests) * engine.stride
+    assert torch.equal(engine.tokens[:scratch], tokens[:scratch])

@@ -1,0 +1,66 @@
+"""GPU checks: Triton kernels on CUDA, CUDA-graph launches, bf16 runs (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def test_triton_ops_match_torch_on_cuda() -> None:
+    from .kernel_checks import check_ops
+
+    check_ops("cuda", torch.float32, atol=1e-4)
+    check_ops("cuda", torch.bfloat16, atol=1e-1)  # one bf16 rounding apart at magnitudes up to ~8
+
+
+def test_cuda_graph_executor_matches_reference_fp32() -> None:
+    from .kernel_checks import check_end_to_end
+
+    check_end_to_end("cuda", graphs=True, atol=1e-3)
+
+
+@pytest.mark.parametrize("style", ["ouro", "huginn"])
+def test_bf16_lookahead_run_with_captured_graphs(style: str) -> None:
+    from cdbsim.config import ServeConfig
+    from executor.driver import execute
+
+    from .helpers import tiny_arch, tiny_model, tiny_requests
+
+    arch = tiny_arch(style)
+    model = tiny_model(arch, backend="triton", device="cuda", dtype=torch.bfloat16)
+    requests = tiny_requests(n=12, seed=11, max_prompt=60, max_output=20)
+    config = ServeConfig(policy="refill", width=8, coda_batch=2, prefill_budget=64, timing="lookahead",
+                         layout="depth")
+    run = execute(arch, config, requests, 128, model=model, mode="lookahead", keep_logits=True)
+    assert run.log.meta["cuda_graphs"] and run.log.meta["dtype"] == "bfloat16"
+    assert all(torch.isfinite(v).all() for v in run.logits.values())
+    assert [len(t) for t in run.tokens] == [r.output_len for r in requests]
+    starts, ends = run.log.launches["start"].to_numpy(), run.log.launches["end"].to_numpy()
+    assert (ends >= starts).all() and (np.diff(starts) >= 0).all()
+
+
+def test_decode_attention_cuda_long_contexts() -> None:
+    from cdbsim.kvlayout import KVLayout
+    from executor import ops as torch_ops
+    from executor import triton_kernels as tk
+    from executor.kv_cache import CacheGeometry, PagedKVCache
+
+    rows, heads, d = 16, 16, 128
+    geo = CacheGeometry(0, 2, 0, 2, KVLayout.DEPTH, num_blocks=rows * 64)
+    cache = PagedKVCache(geo, heads, d, device="cuda", dtype=torch.bfloat16)
+    cache.k.normal_()
+    cache.v.normal_()
+    lengths = torch.randint(1, 1000, (rows,), device="cuda", dtype=torch.int32)
+    table = torch.randperm(geo.num_blocks, device="cuda").view(rows, 64).int()
+    base = torch.randint(0, 2, (rows,), device="cuda", dtype=torch.int32) * geo.core
+    q = torch.randn(rows, heads, d, device="cuda", dtype=torch.bfloat16)
+    want = torch_ops.decode_attention(q, cache, table, base, 1, lengths, 1 / math.sqrt(d))
+    got = tk.decode_attention(q, cache, table, base, 1, lengths, 1 / math.sqrt(d))
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)

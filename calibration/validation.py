@@ -13,14 +13,13 @@ be redone anywhere from them (``--measured DIR``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from cdbsim.arch import ArchSpec, load_arch
 from cdbsim.config import ServeConfig
-from cdbsim.errors import ConfigError, require
+from cdbsim.errors import read_json, require
 from cdbsim.kv import capacity_blocks
 from cdbsim.latency import LatencyModel
 from cdbsim.logs import RunLog
@@ -83,12 +82,7 @@ class Entry:
 
 def load_matrix(path: str | Path) -> list[Entry]:
     """The entries of a matrix file (defaults applied); unknown keys are refused with the file's name."""
-    path = Path(path)
-    require(path.is_file(), f"validation matrix {path} does not exist")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    data = read_json(path, "validation matrix")
     valid = {f.name for f in fields(Entry)}
     defaults = data.get("defaults", {})
     entries = []

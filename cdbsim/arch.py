@@ -13,11 +13,9 @@ with r_max 16 as in the CDB paper, arXiv 2608.09444).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
-from cdbsim.errors import ConfigError, require, unknown
+from cdbsim.errors import ConfigError, read_json, require, unknown
 from cdbsim.kvlayout import KVLayout
 
 LAYER_STYLES = ("ouro", "huginn")
@@ -237,13 +235,7 @@ def load_arch(name_or_path: str, split: str | None = None, r_max: int | None = N
     if name_or_path in PRESETS:
         arch = PRESETS[name_or_path]
     elif name_or_path.endswith(".json"):
-        path = Path(name_or_path)
-        require(path.is_file(), f"architecture file {path} does not exist")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
-        arch = arch_from_dict(data, str(path))
+        arch = arch_from_dict(read_json(name_or_path, "architecture file"), name_or_path)
     else:
         raise unknown("architecture", name_or_path, [*PRESETS, "<file>.json"])
     if split:

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import lsq_linear
 
-from cdbsim.errors import ConfigError, require
+from cdbsim.errors import ConfigError, read_json, require
 
 FORMAT = "cdbsim-profile/1"
 
@@ -128,10 +128,4 @@ def profile_from_dict(data: dict, source: str = "profile") -> Profile:
 
 
 def load_profile_file(path: str | Path) -> Profile:
-    path = Path(path)
-    require(path.is_file(), f"profile file {path} does not exist")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
-    return profile_from_dict(data, str(path))
+    return profile_from_dict(read_json(path, "profile file"), str(path))

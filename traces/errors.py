@@ -8,7 +8,10 @@ one way (``cdbsim`` -> ``traces``); ``cdbsim.errors`` re-exports it as ``ConfigE
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 
 class InputError(ValueError):
@@ -24,3 +27,13 @@ def require(condition: bool, message: str) -> None:
     """Raise :class:`InputError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise InputError(message)
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """The parsed JSON of ``path``; a missing file or bad JSON is a one-line error naming file and line."""
+    path = Path(path)
+    require(path.is_file(), f"{what} {path} does not exist")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None

@@ -77,6 +77,7 @@ class Scheduler:
         self.prefill_target = list(self.prompt)
         self.prefilled = [0] * n
         self.generated = [0] * n
+        self.position = [p - 1 for p in self.prompt]  # of the latest output token = the next input
         self.step = [0] * n
         self.target = [0] * n
         self.blocks: list[list[int]] = [[] for _ in range(n)]
@@ -213,18 +214,22 @@ class Scheduler:
         ready, step, target, fill = self.ready, self.step, self.target, self._fill
         pop = ready.popleft
         batch = [pop() for _ in range(min(self._width, len(ready)))]
-        steps = [step[i] for i in batch]
-        exits = [s + 1 >= target[i] for i, s in zip(batch, steps, strict=True)]
-        survivors = []
-        to_coda = self.coda_queue.append
+        steps: list[int] = []
+        exits: list[bool] = []
+        survivors: list[int] = []
+        add_step, add_exit, survive, to_coda = steps.append, exits.append, survivors.append, self.coda_queue.append
         copies = 0
-        for i, s, leaves in zip(batch, steps, exits, strict=True):
-            if leaves:
+        for i in batch:
+            s = step[i]
+            add_step(s)
+            if s + 1 >= target[i]:
+                add_exit(True)
                 to_coda(i)
                 copies += fill[s]
             else:
+                add_exit(False)
                 step[i] = s + 1
-                survivors.append(i)
+                survive(i)
         ready.extendleft(reversed(survivors))
         launch = self._new_launch(Stage.CORE, batch, self._positions(batch))
         launch.steps, launch.exits, launch.kv_copies = steps, exits, copies
@@ -315,18 +320,19 @@ class Scheduler:
     def _produce(self, batch: list[int], retire: list[int], head: bool) -> None:
         """Each request in ``batch`` produced a token: finish it, or stage its next token."""
         generated, output, prompt, blocks = self.generated, self.output, self.prompt, self.blocks
-        step, target, depths, loops = self.step, self.target, self.depths, self._loops
+        step, target, depths, loops, position = self.step, self.target, self.depths, self._loops, self.position
         bs = self.config.block_size
         ready = []
         for i in batch:
             g = generated[i] + 1
             generated[i] = g
+            position[i] = prompt[i] + g - 1
             if g >= output[i]:
                 self.status[i] = FINISHED
                 self.decoding -= 1
                 retire.append(i)
                 continue
-            if (prompt[i] + g - 1) // bs >= len(blocks[i]) and not self._allocate(i):
+            if position[i] // bs >= len(blocks[i]) and not self._allocate(i):
                 self.stalled.append((i, head))
                 continue
             step[i] = 0
@@ -386,8 +392,9 @@ class Scheduler:
 
     # ----- helpers -------------------------------------------------------------------------------
     def _positions(self, batch: list[int]) -> list[int]:
-        prompt, generated = self.prompt, self.generated
-        return [prompt[i] + generated[i] - 1 for i in batch]
+        """Position of each request's current input token (its latest output token)."""
+        pos = self.position
+        return [pos[i] for i in batch]
 
     def _new_launch(self, stage: Stage, batch: list[int], positions: list[int]) -> Launch:
         n = len(batch)

@@ -3,10 +3,11 @@
 The call protocol is the one :func:`cdbsim.replay.drive` uses, with a clock:
 
 ``sync``       plan -> enqueue -> wait -> complete: the device idles while the host plans.
-``async``      like lookahead, except that after a core launch the host waits for it before planning
-               (an exit gate read at the same step has to come back first).
-``lookahead``  plan launch k+1 and enqueue it while launch k runs, then wait on k and ``complete(k)``:
-               the host's planning hides behind the device (the lookahead gate makes that legal).
+``async``      plan launch k+1 while launch k runs, except after a core launch, whose exit gate has to
+               come back first.
+``lookahead``  coda, prelude and the next core step are planned and enqueued while a core step runs
+               (the lookahead gate makes that legal); the rule is :func:`cdbsim.pipeline.must_wait`,
+               the same the simulator follows.
 
 Launch start and end come from CUDA events on the one compute stream (on CPU, where every launch runs
 synchronously, from the wall clock), relative to an event recorded when the run starts; ``host_s`` is
@@ -27,8 +28,9 @@ import torch
 
 from cdbsim.arch import ArchSpec
 from cdbsim.config import Policy, ServeConfig, Timing
-from cdbsim.launch import Launch, Stage
+from cdbsim.launch import Stage
 from cdbsim.logs import RunLog, RunRecorder
+from cdbsim.pipeline import must_wait
 from cdbsim.scheduler import Scheduler
 from executor.engine import Engine, Prepared
 from executor.model import LoopedLM, ModelConfig
@@ -169,8 +171,13 @@ class Executor:
                 for row, key in enumerate(item.prepared.rows):
                     logits_out[key] = item.logits[row].float().cpu()
 
+        timing = Timing(self.mode)
         with torch.inference_mode():
             while not sched.done:
+                while pending and must_wait(timing, [item.prepared.launch for item in pending]):
+                    finish(pending.popleft())
+                if sched.done:
+                    break
                 now = time.perf_counter() - run_start
                 while arrivals and self.requests[arrivals[0]].arrival <= now:
                     sched.arrive(arrivals.popleft())
@@ -197,22 +204,12 @@ class Executor:
                     host_s += time.perf_counter() - t1
                 pending.append(_InFlight(prepared, start, end, host_s + host_carry, logits))
                 host_carry = 0.0
-                depth = self._depth(launch)
-                while len(pending) > depth:
-                    finish(pending.popleft())
             while pending:
                 finish(pending.popleft())
         wall = time.perf_counter() - run_start
         log = recorder.finish(self._meta(wall))
         return ExecutorRun(log, engine.output_tokens(), [engine.episode_list(i) for i in range(len(self.requests))],
                            sched, logits_out)
-
-    def _depth(self, launch: Launch) -> int:
-        if self.mode == "sync":
-            return 0
-        if self.mode == "async" and launch.stage is Stage.CORE:
-            return 0
-        return 1
 
     def _meta(self, wall: float) -> dict:
         model = self.model

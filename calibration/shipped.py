@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cdbsim.arch import ArchSpec
 from cdbsim.errors import unknown
-from cdbsim.latency import H200, DeviceSpec, components_for, roofline_profile
+from cdbsim.latency import H200, DeviceSpec, components_for, decode_name, roofline_profile
 from cdbsim.profile import Profile, load_profile_file
 
 
@@ -42,7 +42,8 @@ def resolve_profile(name: str, arch: ArchSpec, device: DeviceSpec = H200) -> Pro
     shipped = shipped_profiles()
     if name == "auto":
         matching = [p for p in shipped.values() if p.kind == "measured" and covers(p, arch)]
-        return matching[0] if matching else roofline_profile(arch, device)
+        exact = [p for p in matching if decode_name(arch) in p.components]  # measured for this very model
+        return (exact or matching or [roofline_profile(arch, device)])[0]
     if name in shipped:
         return shipped[name]
     raise unknown("profile", name, ["auto", "roofline", "<file>.json", *shipped])

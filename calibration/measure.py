@@ -66,6 +66,7 @@ class Plan:
     prefill_prefix: tuple[int, ...] = (0, 1024)
     decode_batches: tuple[int, ...] = (1, 4, 16, 32, 64, 128, 256)
     decode_contexts: tuple[int, ...] = (128, 1024)
+    decode_max_positions: int = 65536  # the whole model's KV (shared slots) for batch x context
     repeats: int = 20
     warmup: int = 3
 
@@ -264,11 +265,13 @@ def measure_decode(arch: ArchSpec, plan: Plan, device: torch.device,
     """The CB fused full-depth step of the whole model (shared-slot KV to keep memory small)."""
     timer = Timer(device, plan.repeats, plan.warmup)
     max_batch = max(plan.decode_batches)
-    positions = max_batch * max(plan.decode_contexts)
-    bench = UnitBench(arch, max_batch, max(plan.decode_contexts), positions, KVLayout.SHARED, device, timer)
+    bench = UnitBench(arch, max_batch, max(plan.decode_contexts), plan.decode_max_positions, KVLayout.SHARED,
+                      device, timer)
     rows = []
     for c in plan.decode_contexts:
         for b in plan.decode_batches:
+            if b * c > plan.decode_max_positions:
+                continue
             progress(f"{arch.name}: CB decode B={b} L={c}")
             rows.append([b, b * c, bench.stage(Stage.DECODE, b, c)])
     bench.close()
@@ -283,8 +286,8 @@ def measure_host(arch: ArchSpec, device: torch.device, requests: int = 48, seed:
     """
     progress(f"{arch.name}: host time from a {requests}-request run")
     trace = build_trace("alpaca", requests, arch.r_max, 2, ExitModel(mean=(arch.r_max + 2) / 2), seed=seed)
-    config = ServeConfig(policy=Policy.REFILL, width=32, timing="sync")
-    kv_blocks = max(-(-(r.prompt_len + r.output_len) // 16) for r in trace) * config.width * 2
+    config = ServeConfig(policy=Policy.REFILL, width=32, timing="sync", layout=KVLayout.SHARED)
+    kv_blocks = max(1024, max(-(-(r.prompt_len + r.output_len) // 16) for r in trace))
     run = execute(arch, config, trace, kv_blocks, device=device, mode="sync", seed=seed)
     launches = run.log.launches
     launches = launches[launches["stage"] != "prefill"]

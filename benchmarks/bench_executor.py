@@ -130,11 +130,12 @@ def stage_latency(arch: ArchSpec, model, sizes: list[int], context: int, prefill
 
     rows = max(sizes)
     prompt = max(context, *prefill_tokens)
-    per_row = need_blocks(prompt, 2)
+    per_row = need_blocks(context + 1, 2)  # decode rows attend context + 1 positions
+    prefill_blocks = need_blocks(max(prefill_tokens), 2)  # the prefill chunk (request 0) gets its own pages
     requests = [Request(i, prompt, 2) for i in range(rows)]
     config = ServeConfig(policy="refill", width=rows, prefill_budget=max(rows, *prefill_tokens),
                          layout=KVLayout.SHARED, graph_sizes=tuple(sizes))
-    engine = Engine(model, config, requests, rows * per_row)
+    engine = Engine(model, config, requests, rows * per_row + prefill_blocks)
     engine.cache.k.normal_()
     engine.cache.v.normal_()
     engine.bank_state.normal_()
@@ -165,6 +166,7 @@ def stage_latency(arch: ArchSpec, model, sizes: list[int], context: int, prefill
                     ms = time_fn(lambda p=prepared: engine.run_eager(p), iters, repeats)
                 kv = b * (context + 1) * layers_read[stage] * kv_slot
                 out.append(_stage_row(arch, stage.value, b, context, ms, stage_bytes[stage], kv, bandwidth))
+        fake.blocks[0] = list(range(rows * per_row, rows * per_row + prefill_blocks))
         for tokens in prefill_tokens:
             launch = Launch(index=0, stage=Stage.PREFILL, requests=[0], positions=[0], chunk_lens=[tokens],
                             finishes=[True], size=tokens, padded=tokens)
@@ -215,7 +217,7 @@ def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, bat
         ms = time_fn(graphed(fn), iters, repeats)
         achieved = kv_bytes / (ms / 1e3)
         rows.append({"shape": name, "impl": impl, "batch": batch, "length": length, "heads": heads,
-                     "auto_splits": tk.num_splits(batch, heads, DEVICE) if cuda() else None,
+                     "auto_splits": tk.num_splits(batch, heads, length, DEVICE) if cuda() else None,
                      "kv_heads": kv_heads, "head_dim": head_dim, "ms": ms, "kv_bytes": kv_bytes,
                      "achieved_Bps": achieved, "fraction_of_copy_bw": achieved / bandwidth})
     return rows

@@ -2,6 +2,8 @@
 # GPU measurements, in the order this project runs them on the H200 (each phase fits one 10-minute call):
 #   bash benchmarks/gpu_session.sh calibrate   GPU tests, calibration of the shipped models, stage/attention bench
 #   bash benchmarks/gpu_session.sh validate    the validation matrix, executor throughput bench
+#   bash benchmarks/gpu_session.sh full        calibration, then the validation matrix against the fresh
+#                                              profiles, then the stage/attention bench
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long.
 set -u
@@ -35,6 +37,13 @@ case $phase in
     run 420 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
       --out "$work/validation"
     run 120 bench-throughput python3 benchmarks/bench_executor.py --parts throughput --out "$work/bench"
+    ;;
+  full)
+    run 150 calibrate python3 cli.py calibrate --arch ouro-1.4b,ouro-2.6b,huginn-3.5b --out "$work/profiles"
+    cp "$work"/profiles/*.json calibration/profiles/
+    run 360 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
+      --out "$work/validation"
+    run 60 bench-stages python3 benchmarks/bench_executor.py --parts stages attention --out "$work/bench"
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

@@ -262,10 +262,16 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def num_splits(rows: int, heads: int, device: torch.device) -> int:
-    """KV splits per (row, head): enough programs to fill the GPU twice over, at most 16."""
+SPLIT_SPAN = 512  # positions per split when contexts are long
+
+
+def num_splits(rows: int, heads: int, max_len: int, device: torch.device) -> int:
+    """KV splits per (row, head), at most 16: enough programs to fill the GPU twice over, and one split per
+    ``SPLIT_SPAN`` positions of the longest context the launch can see, so a long row is read by several
+    programs at once (on the H200, B = 64, L = 4096: one split reads KV at 49% of copy bandwidth, eight
+    at 88%; benchmarks/results/executor). Splits past a row's length exit at once."""
     sms = _sm_count(device.index or 0) if device.type == "cuda" else 8
-    want = -(-2 * sms // max(rows * heads, 1))
+    want = max(-(-2 * sms // max(rows * heads, 1)), -(-max_len // SPLIT_SPAN))
     return min(16, triton.next_power_of_2(want)) if want > 1 else 1
 
 
@@ -275,14 +281,14 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
     """See :func:`executor.ops.decode_attention`."""
     q = q.contiguous()
     n, heads, d = q.shape
-    splits = splits or num_splits(n, heads, q.device)
+    geo = cache.geometry
+    splits = splits or num_splits(n, heads, block_table.shape[1] * geo.block_size, q.device)
     out = torch.empty_like(q)
     if splits > 1:
         mid_o = torch.empty((n, heads, splits, d), device=q.device, dtype=torch.float32)
         mid_l = torch.empty((n, heads, splits), device=q.device, dtype=torch.float32)
     else:
         mid_o = mid_l = out
-    geo = cache.geometry
     block_d = triton.next_power_of_2(d)
     _decode_attn_kernel[(n, heads, splits)](
         q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, out, layer, geo.pages_per_layer,

@@ -13,6 +13,7 @@ be redone anywhere from them (``--measured DIR``).
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -129,6 +130,7 @@ def measure(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], L
         key = (arch.name, arch.split)
         if key not in models:
             models.clear()
+            gc.collect()
             torch.cuda.empty_cache()
             models[key] = build_model(arch, device="cuda", seed=0)
         requests, rate = requests_for(entry, latency_for(arch))
@@ -140,6 +142,7 @@ def measure(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], L
         log(f"{entry.name}: {sum(len(t) for t in run.log.token_times)} tokens in "
             f"{run.log.meta.get('wall_s', float('nan')):.1f} s")
         del run
+        gc.collect()  # the engine's stage table refers back to it: free its KV cache before the next run
         torch.cuda.empty_cache()
     return results
 

@@ -20,8 +20,6 @@ Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests che
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -257,21 +255,18 @@ def _decode_attn_merge(MO, ML, OUT, H: tl.constexpr, D: tl.constexpr, BLOCK_D: t
     tl.store(OUT + (b * H + h) * D + d, (acc / l_sum).to(OUT.dtype.element_ty), mask=dm)
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-SPLIT_SPAN = 512  # positions per split when contexts are long
+TARGET_PROGRAMS = 8192  # (row, head, split) programs per launch that keep HBM busy on an H200
+SPLIT_SPAN = 256  # fewest positions worth a split of their own
 
 
 def num_splits(rows: int, heads: int, max_len: int, device: torch.device) -> int:
-    """KV splits per (row, head), at most 16: enough programs to fill the GPU twice over, and one split per
-    ``SPLIT_SPAN`` positions of the longest context the launch can see, so a long row is read by several
-    programs at once (on the H200, B = 64, L = 4096: one split reads KV at 49% of copy bandwidth, eight
-    at 88%; benchmarks/results/executor). Splits past a row's length exit at once."""
-    sms = _sm_count(device.index or 0) if device.type == "cuda" else 8
-    want = max(-(-2 * sms // max(rows * heads, 1)), -(-max_len // SPLIT_SPAN))
+    """KV splits per (row, head), a power of two up to 16: enough programs in flight to keep memory busy
+    (~8k (row, head, split) programs on the H200: at B = 64, L = 4096 one split reads KV at 49% of copy
+    bandwidth and eight at 88%), but no more than one split per ``SPLIT_SPAN`` positions of the longest
+    context the launch can see, since programs past a row's end still cost a launch slot (with 16 splits
+    at B = 512 a layer took 3.6x longer). See benchmarks/results/executor."""
+    del device  # the target was measured on the H200; other GPUs may want another
+    want = min(-(-TARGET_PROGRAMS // max(rows * heads, 1)), -(-max_len // SPLIT_SPAN))
     return min(16, triton.next_power_of_2(want)) if want > 1 else 1
 
 

@@ -217,7 +217,7 @@ def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, bat
         ms = time_fn(graphed(fn), iters, repeats)
         achieved = kv_bytes / (ms / 1e3)
         rows.append({"shape": name, "impl": impl, "batch": batch, "length": length, "heads": heads,
-                     "auto_splits": tk.num_splits(batch, heads, length, DEVICE) if cuda() else None,
+                     "auto_splits": tk.num_splits(batch, heads) if cuda() else None,
                      "kv_heads": kv_heads, "head_dim": head_dim, "ms": ms, "kv_bytes": kv_bytes,
                      "achieved_Bps": achieved, "fraction_of_copy_bw": achieved / bandwidth})
     return rows

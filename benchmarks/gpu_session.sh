@@ -39,11 +39,10 @@ case $phase in
     run 120 bench-throughput python3 benchmarks/bench_executor.py --parts throughput --out "$work/bench"
     ;;
   full)
-    run 150 calibrate python3 cli.py calibrate --arch ouro-1.4b,ouro-2.6b,huginn-3.5b --out "$work/profiles"
+    run 220 calibrate python3 cli.py calibrate --arch ouro-1.4b,ouro-2.6b,huginn-3.5b --out "$work/profiles"
     mkdir -p calibration/profiles && cp "$work"/profiles/*.json calibration/profiles/
-    run 380 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
+    run 330 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
       --out "$work/validation"
-    run 50 bench-stages python3 benchmarks/bench_executor.py --parts stages attention --out "$work/bench"
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

@@ -39,9 +39,9 @@ from cdbsim.latency import (
     adapter_name,
     coda0_name,
     core1_name,
-    decode_name,
     kv_copy_name,
     layer_name,
+    model_stage_name,
     prefill1_name,
     prefill_layer_name,
     prelude0_name,
@@ -57,26 +57,43 @@ Points = dict[str, list[list[float]]]
 
 @dataclass(frozen=True)
 class Plan:
-    """What to sweep. ``quick`` keeps a few points per component (for a smoke run)."""
+    """What to sweep. ``quick`` keeps a few points per component (for a smoke run).
+
+    ``prefill_points`` are (tokens per chunk, chunks, cached prefix) triples: single chunks of many sizes,
+    a prefix, and several short prompts packed into one launch (each chunk costs attention work of its own).
+    """
 
     batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-    contexts: tuple[int, ...] = (128, 512, 2048, 8192)
+    contexts: tuple[int, ...] = (32, 128, 512, 2048, 8192)
     max_positions: int = 131072  # cap on batch x context, so the unit models' KV fits easily
-    prefill_tokens: tuple[int, ...] = (16, 64, 256, 512, 1024, 2048, 4096, 8192)
-    prefill_prefix: tuple[int, ...] = (0, 1024)
-    decode_batches: tuple[int, ...] = (1, 4, 16, 32, 64, 128, 256)
-    decode_contexts: tuple[int, ...] = (128, 1024)
-    decode_max_positions: int = 65536  # the whole model's KV (shared slots) for batch x context
+    prefill_points: tuple[tuple[int, int, int], ...] = (
+        (16, 1, 0), (64, 1, 0), (256, 1, 0), (512, 1, 0), (1024, 1, 0), (2048, 1, 0), (4096, 1, 0),
+        (8192, 1, 0), (64, 1, 1024), (512, 1, 1024), (16, 8, 0), (16, 32, 0), (16, 64, 0), (64, 16, 0),
+        (256, 8, 0))
+    model_contexts: tuple[int, ...] = (32, 128, 512, 2048)
+    decode_contexts: tuple[int, ...] = (128, 1024, 4096)
+    model_max_positions: int = 65536  # the whole model's KV (shared slots) for batch x context
+    model_prefill_points: tuple[tuple[int, int, int], ...] = (
+        (64, 1, 0), (512, 1, 0), (2048, 1, 0), (8192, 1, 0), (512, 1, 1024), (16, 8, 0), (16, 32, 0),
+        (16, 64, 0), (64, 16, 0), (256, 8, 0))
     repeats: int = 20
     warmup: int = 3
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(batches=(1, 8, 64, 256), contexts=(128, 2048), prefill_tokens=(64, 1024, 4096),
-                   prefill_prefix=(0,), decode_batches=(1, 16, 64), decode_contexts=(256,), repeats=8)
+        return cls(batches=(1, 8, 64, 256), contexts=(128, 2048), model_contexts=(128, 1024),
+                   prefill_points=((64, 1, 0), (1024, 1, 0), (4096, 1, 0), (16, 16, 0)),
+                   model_prefill_points=((512, 1, 0), (16, 16, 0)), decode_contexts=(256,), repeats=8)
 
     def grid(self) -> list[tuple[int, int]]:
         return [(b, c) for c in self.contexts for b in self.batches if b * c <= self.max_positions]
+
+    def model_grid(self, contexts: tuple[int, ...]) -> list[tuple[int, int]]:
+        return [(b, c) for c in contexts for b in self.batches if b * c <= self.model_max_positions]
+
+    @property
+    def longest_prompt(self) -> int:
+        return max(n + p for n, _, p in (*self.prefill_points, *self.model_prefill_points))
 
 
 class Timer:
@@ -115,6 +132,8 @@ class UnitBench:
     def __init__(self, arch: ArchSpec, max_batch: int, max_context: int, max_positions: int,
                  layout: KVLayout, device: torch.device, timer: Timer, seed: int = 0) -> None:
         self.arch, self.device, self.timer = arch, device, timer
+        # eager prefill is slow to repeat and steadier than a graph replay: fewer repeats suffice
+        self.prefill_timer = Timer(device, max(3, timer.repeats // 4), 1)
         self.bs = 16
         self.max_context = max_context
         self.model = build_model(arch, device=device, seed=seed)
@@ -148,19 +167,22 @@ class UnitBench:
             captured = self.graphs.get(stage, launch.padded)
             return self.timer(captured.replay)
 
-    def prefill(self, tokens: int, prefix: int) -> float:
-        """Seconds of one eager prefill launch of one ``tokens``-long chunk after ``prefix`` cached tokens."""
-        fake = self._scheduler(1, prefix + tokens)
-        fake.prefill_target = [self.max_context]  # the engine books chunks per recompute episode: episode 0
-        launch = Launch(0, Stage.PREFILL, requests=[0], positions=[prefix], chunk_lens=[tokens], finishes=[True],
-                        size=tokens, padded=tokens)
+    def prefill(self, tokens: int, chunks: int = 1, prefix: int = 0) -> float:
+        """Seconds of one eager prefill launch of ``chunks`` prompts of ``tokens`` tokens each, every one
+        after ``prefix`` cached tokens (several short prompts are packed into one launch)."""
+        fake = self._scheduler(chunks, prefix + tokens)
+        fake.prefill_target = [self.max_context] * chunks  # the engine books chunks per episode: episode 0
+        launch = Launch(0, Stage.PREFILL, requests=list(range(chunks)), positions=[prefix] * chunks,
+                        chunk_lens=[tokens] * chunks, finishes=[True] * chunks, size=tokens * chunks,
+                        padded=tokens * chunks)
 
         def run() -> None:
-            self.engine.episodes[0] = {0: [prefix]} if prefix else {}
+            for r in range(chunks):
+                self.engine.episodes[r] = {0: [prefix]} if prefix else {}
             self.engine.run_eager(self.engine.prepare(launch, fake))
 
         with torch.inference_mode():
-            return self.timer(run)
+            return self.prefill_timer(run)
 
     def close(self) -> None:
         del self.graphs, self.engine, self.model
@@ -177,7 +199,7 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
     """Points of every shape-level component of ``arch`` (its layer shape, hidden size and vocabulary)."""
     timer = Timer(device, plan.repeats, plan.warmup)
     max_batch = max(plan.batches)
-    max_context = max(max(plan.contexts), max(plan.prefill_tokens) + max(plan.prefill_prefix))
+    max_context = max(max(plan.contexts), plan.longest_prompt)
     shape, h, v = arch.layer, arch.layer.hidden, arch.vocab
     points: Points = {name: [] for name in (layer_name(shape), core1_name(shape), prelude0_name(h),
                                             coda0_name(h, v), prefill_layer_name(shape),
@@ -190,11 +212,9 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
         for b, c in plan.grid():
             progress(f"{shape.key}: {core}-layer core B={b} L={c}")
             got["core"][b, c] = bench.stage(Stage.CORE, b, c)
-        for t in plan.prefill_tokens:
-            for p in plan.prefill_prefix:
-                if p == 0 or t <= 1024:
-                    progress(f"{shape.key}: {core}-layer prefill T={t} prefix={p}")
-                    got["prefill"][t, p] = bench.prefill(t, p)
+        for n, k, p in plan.prefill_points:
+            progress(f"{shape.key}: {core}-layer prefill {k} x {n} tokens, prefix {p}")
+            got["prefill"][n, k, p] = bench.prefill(n, k, p)
         if core == 1:
             for b in plan.batches:
                 progress(f"{shape.key}: prelude and coda B={b}")
@@ -215,12 +235,12 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
     adapter = measure_adapter(arch, plan, device, timer) if arch.has_adapter else {}
     points.update(adapter)
     adapter_fit = _line(adapter.get(adapter_name(h), []))
-    for (t, p), t1 in raw[1]["prefill"].items():
-        pairs = t * p + t * (t + 1) // 2
-        per_layer = max((raw[4]["prefill"][t, p] - t1) / 6, 1e-9)
-        points[prefill_layer_name(shape)].append([t, pairs, per_layer])
-        single = t1 - per_layer - (adapter_fit(t) if adapter_fit else 0.0)
-        points[prefill1_name(shape, v)].append([t, pairs, max(single, 1e-9)])
+    for (n, k, p), t1 in raw[1]["prefill"].items():
+        tokens, pairs = n * k, prefill_pairs(n, k, p)
+        per_layer = max((raw[4]["prefill"][n, k, p] - t1) / 6, 1e-9)
+        points[prefill_layer_name(shape)].append([tokens, pairs, k, per_layer])
+        single = t1 - per_layer - (adapter_fit(tokens) if adapter_fit else 0.0)
+        points[prefill1_name(shape, v)].append([tokens, pairs, k, max(single, 1e-9)])
     for b, (with_exit, without) in raw[4]["exit"].items():
         copies = b * 1 * 4  # every token copies slot 0 into slot 1 in each of the 4 core layers
         points[kv_copy_name(shape)].append([copies, 0, max(with_exit - without, 1e-9)])
@@ -260,22 +280,34 @@ def measure_adapter(arch: ArchSpec, plan: Plan, device: torch.device, timer: Tim
     return {adapter_name(h): rows}
 
 
-def measure_decode(arch: ArchSpec, plan: Plan, device: torch.device,
-                   progress: Callable[[str], None] = lambda _: None) -> Points:
-    """The CB fused full-depth step of the whole model (shared-slot KV to keep memory small)."""
+def prefill_pairs(tokens: int, chunks: int, prefix: int) -> int:
+    """(query, key) pairs a launch of ``chunks`` chunks of ``tokens`` tokens after ``prefix`` attends."""
+    return chunks * (tokens * prefix + tokens * (tokens + 1) // 2)
+
+
+def measure_model(arch: ArchSpec, plan: Plan, device: torch.device,
+                  progress: Callable[[str], None] = lambda _: None) -> Points:
+    """Every stage of the whole model as it is served (shared-slot KV to keep memory small): the shipped
+    models are predicted from these, re-split ones from the shape's components."""
     timer = Timer(device, plan.repeats, plan.warmup)
-    max_batch = max(plan.decode_batches)
-    bench = UnitBench(arch, max_batch, max(plan.decode_contexts), plan.decode_max_positions, KVLayout.SHARED,
-                      device, timer)
-    rows = []
-    for c in plan.decode_contexts:
-        for b in plan.decode_batches:
-            if b * c > plan.decode_max_positions:
-                continue
+    max_batch = max(plan.batches)
+    max_context = max(max(plan.model_contexts), max(plan.decode_contexts), plan.longest_prompt)
+    bench = UnitBench(arch, max_batch, max_context, plan.model_max_positions, KVLayout.SHARED, device, timer)
+    points: Points = {model_stage_name(arch, s): [] for s in Stage}
+    for stage in (Stage.PRELUDE, Stage.CORE, Stage.CODA):
+        for b, c in plan.model_grid(plan.model_contexts):
+            progress(f"{arch.name}: {stage.value} B={b} L={c}")
+            points[model_stage_name(arch, stage)].append([b, b * c, bench.stage(stage, b, c)])
+    for b, c in plan.model_grid(plan.decode_contexts):
+        if b <= 256:
             progress(f"{arch.name}: CB decode B={b} L={c}")
-            rows.append([b, b * c, bench.stage(Stage.DECODE, b, c)])
+            points[model_stage_name(arch, Stage.DECODE)].append([b, b * c, bench.stage(Stage.DECODE, b, c)])
+    for n, k, p in plan.model_prefill_points:
+        progress(f"{arch.name}: prefill {k} x {n} tokens, prefix {p}")
+        points[model_stage_name(arch, Stage.PREFILL)].append([n * k, prefill_pairs(n, k, p), k,
+                                                              bench.prefill(n, k, p)])
     bench.close()
-    return {decode_name(arch): rows}
+    return points
 
 
 def measure_host(arch: ArchSpec, device: torch.device, requests: int = 48, seed: int = 0,

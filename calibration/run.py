@@ -25,7 +25,7 @@ def calibrate(archs: list[ArchSpec], out: Path, quick: bool = False, device: str
     """Measure, fit and save a profile for every architecture in ``archs``; returns the profiles."""
     import torch
 
-    from calibration.measure import Plan, environment, measure_decode, measure_host, measure_shape
+    from calibration.measure import Plan, environment, measure_host, measure_model, measure_shape
 
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("cdbsim calibrate needs a CUDA GPU (torch.cuda.is_available() is False); "
@@ -43,7 +43,7 @@ def calibrate(archs: list[ArchSpec], out: Path, quick: bool = False, device: str
         if key not in shape_points:
             shape_points[key] = measure_shape(arch, plan, dev, progress)
             host_points[key] = measure_host(arch, dev, progress=progress)
-        points = {**shape_points[key], **host_points[key], **measure_decode(arch, plan, dev, progress)}
+        points = {**shape_points[key], **host_points[key], **measure_model(arch, plan, dev, progress)}
         name = f"{device_tag(info['name'])}-{arch.name}"
         profile = build_profile(name, info, versions, points,
                                 notes=f"measured with cdbsim calibrate{' --quick' if quick else ''} for {arch.name} "

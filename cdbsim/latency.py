@@ -7,25 +7,29 @@ Every stage is a sum of components (see :mod:`cdbsim.profile`), each linear in t
     core     = core1 + (C_l - 1) layer             core1: a 1-layer core step (adapter, loop norm, glue)
                + kv_copy per last-exited fill copy and core layer
     coda     = coda0 + D layer                     coda0: final norm + LM head + greedy sampling + glue
-    decode   = decode/<arch> if measured for this very model, else
-               prelude0 + (P + D) layer + r_max (core1 + (C_l - 1) layer) + coda0   (CB fused step)
+    decode   = prelude0 + (P + D) layer + r_max (core1 + (C_l - 1) layer) + coda0   (CB fused step)
     prefill  = prefill1 + (P + r_max C_l + D - 1) prefill_layer + (r_max - 1) adapter
                (+ coda0's per-token slope per extra finished prompt)
 
 ``layer``, ``core1``, ``prefill1`` and ``prefill_layer`` are keyed by the layer shape, the rest by hidden
 size (and vocabulary), so a re-split model (Huginn 2-4-2 -> 1-4-1 -> 0-4-0, Ouro with fewer layers and
-more loops) is predicted from the same measurements. The analytic *roofline* profile
+more loops) is predicted from the same measurements. Where a profile also measured a stage on the very
+model (``<stage>/<model>``: calibration does so for the shipped models), that measurement is used instead
+of the composition. Prefill has one more term, per packed prompt (``kappa``): each chunk is attended on
+its own. The analytic *roofline* profile
 (:func:`roofline_profile`) fills every component from a device's memory bandwidth, matmul rate and
 per-kernel launch cost, so a user can ask what a GPU with other figures would do.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cdbsim.arch import ArchSpec, LayerShape
 from cdbsim.bounds import saturation_batch
 from cdbsim.errors import ConfigError
+from cdbsim.interp import StageTable, Surface
 from cdbsim.launch import STAGES, Launch, Stage
 from cdbsim.profile import Fit, Profile
 
@@ -63,15 +67,17 @@ def coda0_name(hidden: int, vocab: int) -> str:
     return f"coda0/h{hidden}-v{vocab}"
 
 
-def decode_name(arch: ArchSpec) -> str:
-    return f"decode/{arch.name}-{arch.split}-r{arch.r_max}"
+def model_stage_name(arch: ArchSpec, stage: Stage) -> str:
+    """A stage measured on this very model (the shipped models have one per stage)."""
+    return f"{stage.value}/{arch.name}-{arch.split}-r{arch.r_max}"
 
 
 HOST = "host"
 
 
 def components_for(arch: ArchSpec) -> list[str]:
-    """The component fits a profile needs to predict ``arch`` (a measured ``decode/<arch>`` is optional)."""
+    """The component fits a profile needs to predict ``arch`` (stages measured on the very model, see
+    :func:`model_stage_name`, are used when present but are not required)."""
     h, shape = arch.layer.hidden, arch.layer
     names = [layer_name(shape), core1_name(shape), prefill_layer_name(shape), prefill1_name(shape, arch.vocab),
              kv_copy_name(shape), prelude0_name(h), coda0_name(h, arch.vocab), HOST]
@@ -164,18 +170,20 @@ def constant_profile(stage_seconds: dict[Stage, float] | float, host_s: float = 
 # ----- per-stage costs ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StageCost:
-    """``t = delta + gamma B + alpha C + copy_delta [copies > 0] + copy x copies + sample terms``."""
+    """``t = delta + gamma B + alpha C + chunk k + copy_delta [copies > 0] + copy x copies + sample terms``."""
 
     delta: float = 0.0
     gamma: float = 0.0
     alpha: float = 0.0
+    chunk: float = 0.0
     copy_delta: float = 0.0
     copy: float = 0.0
     sample_delta: float = 0.0
     sample: float = 0.0
 
-    def __call__(self, batch: float, context: float = 0.0, copies: int = 0, samples: int = 0) -> float:
-        t = self.delta + self.gamma * batch + self.alpha * context
+    def __call__(self, batch: float, context: float = 0.0, copies: int = 0, samples: int = 0,
+                 chunks: int = 0) -> float:
+        t = self.delta + self.gamma * batch + self.alpha * context + self.chunk * chunks
         if copies:
             t += self.copy_delta + self.copy * copies
         if samples:
@@ -183,9 +191,9 @@ class StageCost:
         return t
 
 
-def _sum(*terms: tuple[float, Fit]) -> tuple[float, float, float]:
+def _sum(*terms: tuple[float, Fit]) -> tuple[float, float, float, float]:
     return (sum(k * f.delta for k, f in terms), sum(k * f.gamma for k, f in terms),
-            sum(k * f.alpha for k, f in terms))
+            sum(k * f.alpha for k, f in terms), sum(k * f.kappa for k, f in terms))
 
 
 class LatencyModel:
@@ -201,6 +209,7 @@ class LatencyModel:
         comps = dict(profile.components)
         zero = Fit(delta=0.0)
         self.host = comps.get(HOST, zero)
+        self.tables: dict[Stage, StageTable] = {}
         if profile.kind == "constant":
             self.costs = {s: StageCost(comps.get(f"constant/{s.value}", zero).delta) for s in STAGES}
             return
@@ -223,28 +232,63 @@ class LatencyModel:
         adapter = comps.get(adapter_name(h), zero) if a.has_adapter else zero
         copy = comps[kv_copy_name(shape)]
         full = a.prelude + a.r_max * a.core + a.coda
-        decode = comps.get(decode_name(a))
         costs = {
             Stage.PRELUDE: _sum((1, prelude0), (a.prelude, layer)),
             Stage.CORE: _sum((1, core1), (a.core - 1, layer)),
             Stage.CODA: _sum((1, coda0), (a.coda, layer)),
-            Stage.DECODE: (_sum((1, decode)) if decode is not None else
-                           _sum((1, prelude0), (a.prelude + a.coda, layer), (a.r_max, core1),
-                                (a.r_max * (a.core - 1), layer), (1, coda0))),
+            Stage.DECODE: _sum((1, prelude0), (a.prelude + a.coda, layer), (a.r_max, core1),
+                               (a.r_max * (a.core - 1), layer), (1, coda0)),
             Stage.PREFILL: _sum((1, comps[prefill1_name(shape, a.vocab)]),
                                 (full - 1, comps[prefill_layer_name(shape)]), (a.r_max - 1, adapter)),
         }
+        self.measured_stages = {s for s in STAGES if len(comps.get(model_stage_name(a, s), zero).points) >= 2}
+        for stage in self.measured_stages:
+            costs[stage] = _sum((1, comps[model_stage_name(a, stage)]))
         self.costs = {s: StageCost(*costs[s]) for s in STAGES}
         self.costs[Stage.CORE] = StageCost(*costs[Stage.CORE], copy_delta=copy.delta, copy=copy.gamma * a.core)
-        self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], sample=coda0.gamma)
-        self.decode_measured = decode is not None
+        if Stage.PREFILL not in self.measured_stages:  # the composed prefill samples one prompt
+            self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], sample=coda0.gamma)
+        if profile.kind == "measured":
+            self._tabulate(comps)
+
+    def _tabulate(self, comps: dict[str, Fit]) -> None:
+        """Decode-type stages of a measured profile: interpolate the measured points (see cdbsim.interp)."""
+        a, shape, h = self.arch, self.arch.layer, self.arch.layer.hidden
+        names = {"layer": layer_name(shape), "core1": core1_name(shape), "prelude0": prelude0_name(h),
+                 "coda0": coda0_name(h, a.vocab)}
+        if any(len(comps[n].points) < 2 for n in names.values()):
+            return  # fits without points (e.g. filled from the roofline): the linear costs stand
+        s = {k: Surface(comps[n]) for k, n in names.items()}
+        layer, core1 = s["layer"], s["core1"]
+        stage_time: dict[Stage, Callable[[float, float], float]] = {
+            Stage.PRELUDE: lambda b, n: s["prelude0"](b) + a.prelude * layer(b, n),
+            Stage.CORE: lambda b, n: core1(b, n) + (a.core - 1) * layer(b, n),
+            Stage.CODA: lambda b, n: s["coda0"](b) + a.coda * layer(b, n),
+            Stage.DECODE: lambda b, n: (s["prelude0"](b) + (a.prelude + a.coda) * layer(b, n)
+                                        + a.r_max * (core1(b, n) + (a.core - 1) * layer(b, n)) + s["coda0"](b)),
+        }
+        lengths = {stage: sorted(set(layer.lengths) | set(core1.lengths)) for stage in stage_time}
+        for stage in self.measured_stages - {Stage.PREFILL}:
+            surface = Surface(comps[model_stage_name(a, stage)])
+            stage_time[stage], lengths[stage] = surface, surface.lengths
+        for stage, fn in stage_time.items():
+            alpha = self.costs[stage].alpha
+            self.tables[stage] = StageTable(fn, lengths[stage], lambda b, alpha=alpha: alpha * b)
 
     def launch_time(self, launch: Launch) -> float:
         """Device seconds of ``launch``."""
-        cost = self.costs[launch.stage]
-        if launch.stage is Stage.PREFILL:
-            return cost(launch.padded, launch.context, samples=max(sum(launch.finishes) - 1, 0))
-        return cost(launch.padded, launch.context, launch.kv_copies)
+        stage = launch.stage
+        cost = self.costs[stage]
+        if stage is Stage.PREFILL:
+            return cost(launch.padded, launch.context, samples=max(sum(launch.finishes) - 1, 0),
+                        chunks=len(launch.chunk_lens))
+        table = self.tables.get(stage)
+        if table is None:
+            return cost(launch.padded, launch.context, launch.kv_copies)
+        t = table(launch.padded, launch.context / launch.size)
+        if launch.kv_copies:
+            t += cost.copy_delta + cost.copy * launch.kv_copies
+        return t
 
     def host_time(self, launch: Launch) -> float:
         """Host seconds to plan, prepare and launch ``launch``."""
@@ -254,12 +298,3 @@ class LatencyModel:
         """B*(L) of a stage: the batch at which the weight-read floor stops dominating."""
         cost = self.costs[stage]
         return saturation_batch(cost.delta, cost.gamma, cost.alpha, context_len)
-
-
-def resolve_profile_for(arch: ArchSpec, profile: Profile | str | None, device: DeviceSpec = H200) -> Profile:
-    """``profile`` itself, or the roofline of ``device`` when it is None or ``"roofline"``."""
-    if profile is None or profile == "roofline":
-        return roofline_profile(arch, device)
-    if isinstance(profile, str):
-        raise ConfigError(f"unknown profile {profile!r}")
-    return profile

@@ -39,7 +39,12 @@ FORMAT = "cdbsim-profile/1"
 
 @dataclass
 class Fit:
-    """``t = delta + gamma x + alpha c`` with its fit quality and the points it came from."""
+    """``t = delta + gamma x + alpha c (+ kappa k)`` with its fit quality and the points it came from.
+
+    Points are rows ``[x, c, t]`` (or ``[x, c, k, t]`` where a per-item count ``k`` matters, as prefill
+    chunks do). Besides the linear fit, a measured component predicts by interpolating its points
+    (:mod:`cdbsim.interp`); the fit serves B*(L), the roofline and extrapolation.
+    """
 
     delta: float
     gamma: float = 0.0
@@ -47,36 +52,46 @@ class Fit:
     r2: float | None = None
     max_rel_residual: float | None = None
     points: list[list[float]] = field(default_factory=list)
+    kappa: float = 0.0
 
-    def __call__(self, x: float, c: float = 0.0) -> float:
-        return self.delta + self.gamma * x + self.alpha * c
+    def __call__(self, x: float, c: float = 0.0, k: float = 0.0) -> float:
+        return self.delta + self.gamma * x + self.alpha * c + self.kappa * k
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def fit_points(points: np.ndarray | list, with_context: bool = True) -> Fit:
-    """Least-squares fit of ``t = delta + gamma x + alpha c`` (all >= 0) to rows ``[x, c, t]``.
+    """Least-squares fit of ``t = delta + gamma x + alpha c (+ kappa k)``, all terms >= 0, to rows
+    ``[x, c, t]`` or ``[x, c, k, t]``.
 
     Residuals are weighted by ``1/t`` so small and large launches count alike (the error that matters
-    for a simulator is relative); R^2 is reported on the unweighted times.
+    for a simulator is relative); R^2 is reported on the unweighted times. A term whose column does not
+    vary is left out (coefficient 0).
     """
     pts = np.asarray(points, dtype=float)
-    require(pts.ndim == 2 and pts.shape[1] == 3 and len(pts) >= 2, "a fit needs at least 2 points [x, c, t]")
-    x, c, t = pts[:, 0], pts[:, 1], pts[:, 2]
+    require(pts.ndim == 2 and pts.shape[1] in (3, 4) and len(pts) >= 2,
+            "a fit needs at least 2 points [x, c, t] or [x, c, k, t]")
+    t = pts[:, -1]
     require(bool(np.all(t > 0)), "measured times must be > 0")
-    columns = [np.ones_like(x), x] + ([c] if with_context and np.ptp(c) > 0 else [])
+    names = ["delta", "gamma"]
+    columns = [np.ones(len(pts)), pts[:, 0]]
+    if with_context and np.ptp(pts[:, 1]) > 0:
+        names.append("alpha")
+        columns.append(pts[:, 1])
+    if pts.shape[1] == 4 and np.ptp(pts[:, 2]) > 0:
+        names.append("kappa")
+        columns.append(pts[:, 2])
     design = np.stack(columns, axis=1)
     weights = 1.0 / t
     result = lsq_linear(design * weights[:, None], t * weights, bounds=(0.0, np.inf))
-    coef = list(result.x) + [0.0] * (3 - len(result.x))
     predicted = design @ result.x
     ss_res = float(np.sum((t - predicted) ** 2))
     ss_tot = float(np.sum((t - t.mean()) ** 2))
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
     worst = float(np.max(np.abs(predicted - t) / t))
-    return Fit(delta=float(coef[0]), gamma=float(coef[1]), alpha=float(coef[2]), r2=r2,
-               max_rel_residual=worst, points=pts.tolist())
+    coef = dict(zip(names, map(float, result.x), strict=True))
+    return Fit(r2=r2, max_rel_residual=worst, points=pts.tolist(), **{"delta": 0.0, **coef})
 
 
 @dataclass

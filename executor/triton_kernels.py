@@ -256,17 +256,14 @@ def _decode_attn_merge(MO, ML, OUT, H: tl.constexpr, D: tl.constexpr, BLOCK_D: t
 
 
 TARGET_PROGRAMS = 8192  # (row, head, split) programs per launch that keep HBM busy on an H200
-SPLIT_SPAN = 256  # fewest positions worth a split of their own
 
 
-def num_splits(rows: int, heads: int, max_len: int, device: torch.device) -> int:
-    """KV splits per (row, head), a power of two up to 16: enough programs in flight to keep memory busy
-    (~8k (row, head, split) programs on the H200: at B = 64, L = 4096 one split reads KV at 49% of copy
-    bandwidth and eight at 88%), but no more than one split per ``SPLIT_SPAN`` positions of the longest
-    context the launch can see, since programs past a row's end still cost a launch slot (with 16 splits
-    at B = 512 a layer took 3.6x longer). See benchmarks/results/executor."""
-    del device  # the target was measured on the H200; other GPUs may want another
-    want = min(-(-TARGET_PROGRAMS // max(rows * heads, 1)), -(-max_len // SPLIT_SPAN))
+def num_splits(rows: int, heads: int) -> int:
+    """KV splits per (row, head), a power of two up to 16, so a launch has ~8k (row, head, split) programs
+    in flight: on the H200 at B = 64, L = 4096 one split reads KV at 49% of copy bandwidth and eight at
+    88% (benchmarks/results/executor). It depends on the launch's shape only, not on its contexts, so a
+    stage's CUDA graph runs the same kernel whatever the requests, and calibration measures what runs."""
+    want = -(-TARGET_PROGRAMS // max(rows * heads, 1))
     return min(16, triton.next_power_of_2(want)) if want > 1 else 1
 
 
@@ -277,7 +274,7 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
     q = q.contiguous()
     n, heads, d = q.shape
     geo = cache.geometry
-    splits = splits or num_splits(n, heads, block_table.shape[1] * geo.block_size, q.device)
+    splits = splits or num_splits(n, heads)
     out = torch.empty_like(q)
     if splits > 1:
         mid_o = torch.empty((n, heads, splits, d), device=q.device, dtype=torch.float32)

@@ -11,12 +11,14 @@ from calibration.fit import quality_rows, saturation_rows
 from calibration.measure import Plan
 from calibration.run import calibrate, device_tag
 from cdbsim.arch import ArchSpec, LayerShape
-from cdbsim.latency import LatencyModel, components_for, decode_name
+from cdbsim.latency import LatencyModel, components_for, model_stage_name
 from cdbsim.launch import Stage
 from cdbsim.profile import load_profile_file
 
-TINY_PLAN = Plan(batches=(1, 2, 4), contexts=(16, 48), max_positions=512, prefill_tokens=(16, 32),
-                 prefill_prefix=(0, 16), decode_batches=(1, 2), decode_contexts=(16,), repeats=3, warmup=1)
+TINY_PLAN = Plan(batches=(1, 2, 4), contexts=(16, 48), max_positions=512,
+                 prefill_points=((16, 1, 0), (32, 1, 0), (16, 1, 16), (8, 3, 0)), model_contexts=(16, 32),
+                 decode_contexts=(16,), model_max_positions=256,
+                 model_prefill_points=((16, 1, 0), (32, 1, 0), (8, 3, 0)), repeats=3, warmup=1)
 
 
 def tiny(style: str) -> ArchSpec:
@@ -33,21 +35,25 @@ def test_calibrate_on_cpu_writes_a_usable_profile(tmp_path, style: str) -> None:
     back = load_profile_file(tmp_path / f"{profile.name}.json")
     assert back.kind == "measured" and back.components.keys() == profile.components.keys()
     assert set(components_for(arch)) <= set(back.components)
-    assert decode_name(arch) in back.components
+    for stage in Stage:
+        assert model_stage_name(arch, stage) in back.components
     for row in quality_rows(back):
         assert row["points"] >= 1
     model = LatencyModel(arch, back)
-    assert model.decode_measured
+    assert model.measured_stages == set(Stage)
     assert all(model.costs[s](4, 64) > 0 for s in Stage)
     assert saturation_rows(back, arch)[0]["B*(128)"] > 0
     # a re-split of the same layer shape needs no new measurement; its CB step is composed
     resplit = arch.with_split("0-2-0")
     other = LatencyModel(resplit, back)
-    assert not other.decode_measured
+    assert not other.measured_stages
     layer = back.components["layer/" + arch.layer.key]
-    assert model.costs[Stage.CORE] == other.costs[Stage.CORE]
+    assert other.costs[Stage.CORE].delta == pytest.approx(back.components["core1/" + arch.layer.key].delta
+                                                          + layer.delta)
     if style == "huginn":
-        assert model.costs[Stage.CODA].delta - other.costs[Stage.CODA].delta == pytest.approx(2 * layer.delta)
+        bigger = LatencyModel(arch.with_split("2-2-2"), back)
+        assert bigger.costs[Stage.CODA].delta - other.costs[Stage.CODA].delta == pytest.approx(2 * layer.delta)
+    assert all(other.tables[s](4, 20) > 0 for s in other.tables)
 
 
 def test_device_tag() -> None:

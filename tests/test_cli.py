@@ -73,7 +73,8 @@ def test_predict_runs_with_no_arguments() -> None:
 
 
 def test_predict_json_has_speedup_and_bound() -> None:
-    result = runner.invoke(app, ["predict", "--workload", "alpaca", "--requests", "100", "--json"])
+    result = runner.invoke(app, ["predict", "--workload", "alpaca", "--requests", "100", "--json",
+                                 "--profile", "roofline"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     refill = data["refill K=1"]

@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu_session.sh calibrate   GPU tests, calibration of the shipped models, stage/attention bench
 #   bash benchmarks/gpu_session.sh validate    the validation matrix, executor throughput bench
 #   bash benchmarks/gpu_session.sh full        calibration, then the validation matrix against the fresh
-#                                              profiles, then the stage/attention bench
+#                                              profiles
+#   bash benchmarks/gpu_session.sh probe       three Ouro validation configs and the Ouro stage/attention bench
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long.
 set -u
@@ -43,6 +44,12 @@ case $phase in
     mkdir -p calibration/profiles && cp "$work"/profiles/*.json calibration/profiles/
     run 330 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
       --out "$work/validation"
+    ;;
+  probe)  # short: three Ouro validation configs against the shipped profiles, Ouro stage/attention bench
+    run 90 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
+      --only ouro-alpaca-cb-W64,ouro-alpaca-refill-W64,ouro-alpaca-refill-W256 --out "$work/validation"
+    run 60 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b --parts stages attention \
+      --out "$work/bench"
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

@@ -14,7 +14,6 @@ Every launch is logged through :class:`~cdbsim.logs.RunRecorder`, the same recor
 
 from __future__ import annotations
 
-import gc
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -26,6 +25,7 @@ from cdbsim.latency import LatencyModel
 from cdbsim.launch import Launch
 from cdbsim.logs import RunLog, RunRecorder
 from cdbsim.pipeline import must_wait
+from cdbsim.quiet_gc import paused_gc
 from cdbsim.scheduler import Scheduler
 from traces.request import Request
 
@@ -53,15 +53,8 @@ class Simulation:
         env.process(self._arrivals())
         env.process(self._device())
         host = env.process(self._host())
-        # The run allocates millions of short-lived, acyclic objects; the cyclic collector's passes over
-        # them cost several percent and free nothing, so it waits until the run is over.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with paused_gc():  # millions of short-lived objects: collector passes cost several percent
             env.run(until=host)
-        finally:
-            if collecting:
-                gc.enable()
         s = self.scheduler
         meta = {"arch": self.arch.name, "split": self.arch.split, "r_max": self.arch.r_max,
                 "r_min": s.r_min, "policy": self.config.policy.value, "width": self.config.width,

@@ -31,6 +31,7 @@ from cdbsim.config import Policy, ServeConfig, Timing
 from cdbsim.launch import Stage
 from cdbsim.logs import RunLog, RunRecorder
 from cdbsim.pipeline import must_wait
+from cdbsim.quiet_gc import paused_gc
 from cdbsim.scheduler import Scheduler
 from executor.engine import Engine, Prepared
 from executor.model import LoopedLM, ModelConfig
@@ -172,7 +173,7 @@ class Executor:
                     logits_out[key] = item.logits[row].float().cpu()
 
         timing = Timing(self.mode)
-        with torch.inference_mode():
+        with torch.inference_mode(), paused_gc():
             while not sched.done:
                 while pending and must_wait(timing, [item.prepared.launch for item in pending]):
                     finish(pending.popleft())

@@ -517,10 +517,13 @@ def validate(
     (out / "summary.json").write_text(json.dumps(
         {"summary": summary, "errors": errors, "profiles": val.profile_names(latency_for, entries),
          "configs": {e.name: e.describe() for e in entries},
-         "details": {c.name: c.rows for c in comparisons}}, indent=2, default=float))
+         "details": {c.name: c.rows for c in comparisons},
+         "stages": {c.name: c.stages for c in comparisons}}, indent=2, default=float))
     import pandas as pd
 
     pd.DataFrame(summary).to_csv(out / "summary.csv", index=False)
+    pd.DataFrame([{"config": c.name, **row} for c in comparisons for row in c.stages]).to_csv(
+        out / "stages.csv", index=False)
     plot_scatter(comparisons, out / "scatter.png")
     first = comparisons[0]
     if first.measured_log is not None and first.predicted_log is not None:

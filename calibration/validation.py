@@ -27,7 +27,7 @@ from cdbsim.logs import RunLog
 from cdbsim.profile import Profile
 from cdbsim.report import summarize
 from cdbsim.sim import simulate
-from cdbsim.validate import Comparison
+from cdbsim.validate import Comparison, stage_errors
 from cdbsim.workload import WorkloadSpec, default_mean_depth
 from traces import ExitModel, Request
 
@@ -165,9 +165,11 @@ def compare(entries: list[Entry], measured: dict[str, RunLog],
         requests = entry.build_requests(rate if entry.online else None)
         predicted = simulate(arch, config, requests, latency_for(arch), entry.kv_blocks())
         r_min = config.r_min(arch)
-        comparisons.append(Comparison.of(entry.name, summarize(real, arch, requests, r_min),
-                                         summarize(predicted, arch, requests, r_min), entry.online,
-                                         measured_log=real, predicted_log=predicted))
+        comparison = Comparison.of(entry.name, summarize(real, arch, requests, r_min),
+                                   summarize(predicted, arch, requests, r_min), entry.online,
+                                   measured_log=real, predicted_log=predicted)
+        comparison.stages = stage_errors(real, latency_for(arch).launch_time)
+        comparisons.append(comparison)
     return comparisons
 
 

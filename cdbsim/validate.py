@@ -7,11 +7,13 @@ be redone later from saved logs on a machine without a GPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from cdbsim.launch import Launch, Stage
 from cdbsim.logs import RunLog
 from cdbsim.report import Report
 
@@ -28,6 +30,29 @@ def _value(report: Report, key: str | tuple[str, str]) -> float:
 
 def _name(key: str | tuple[str, str]) -> str:
     return f"{key[0]} {key[1]}" if isinstance(key, tuple) else key
+
+
+def launch_from_row(row: object) -> Launch:
+    """A launch-log row as a :class:`Launch` with the fields a latency model reads."""
+    items, tokens = int(row.items), int(row.tokens)
+    prefill = row.stage == Stage.PREFILL.value
+    return Launch(index=int(row.index), stage=Stage(row.stage), requests=[0] * items, positions=[0] * items,
+                  chunk_lens=[0] * items if prefill else [],
+                  finishes=[True] * tokens + [False] * (items - tokens) if prefill else [],
+                  size=int(row.size), padded=int(row.padded), context=int(row.context),
+                  kv_copies=int(row.kv_copies))
+
+
+def stage_errors(log: RunLog, launch_time: Callable[[Launch], float]) -> list[dict]:
+    """Per stage: measured device time of the logged launches against the latency model's time for the
+    very same launches. This isolates the latency model from the schedule (which the two runs share)."""
+    rows = []
+    for stage, group in log.launches.groupby("stage", sort=False):
+        measured = float((group["end"] - group["start"]).sum())
+        predicted = float(sum(launch_time(launch_from_row(r)) for r in group.itertuples(index=False)))
+        rows.append({"stage": str(stage), "launches": len(group), "measured s": measured,
+                     "predicted s": predicted, "error": signed_error(predicted, measured)})
+    return rows
 
 
 def signed_error(predicted: float, measured: float) -> float:
@@ -48,6 +73,7 @@ class Comparison:
     rows: list[dict] = field(default_factory=list)
     measured_log: RunLog | None = None
     predicted_log: RunLog | None = None
+    stages: list[dict] = field(default_factory=list)
 
     @classmethod
     def of(cls, name: str, measured: Report, predicted: Report, online: bool,

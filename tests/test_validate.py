@@ -56,8 +56,11 @@ def test_validate_against_saved_logs(tmp_path) -> None:
     summary = json.loads(result.output)[0]
     assert all(abs(row["tok/s error %"]) < 1e-6 for row in summary["summary"])
     assert summary["errors"]["online norm p50 |error| worst %"] < 1e-6
-    for name in ("summary.csv", "summary.json", "scatter.png", "timeline.png"):
+    for name in ("summary.csv", "summary.json", "scatter.png", "timeline.png", "stages.csv"):
         assert (out / name).stat().st_size > 0
+    stages = json.loads((out / "summary.json").read_text())["stages"]["refill"]
+    assert {row["stage"] for row in stages} == {"prefill", "prelude", "core", "coda"}
+    assert all(abs(row["error"]) < 1e-9 for row in stages)
     comps = compare(load_matrix(matrix), {e.name: __import__("cdbsim.logs", fromlist=["RunLog"]).RunLog.load(
         measured / e.name) for e in entries}, latency_for)
     assert comps[2].online and comps[2].rows[0]["metric"] == "output_tps"

@@ -160,17 +160,21 @@ def write_sharded(tensors: dict[str, torch.Tensor], directory) -> None:
     (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
+def save_checkpoint(tensors: dict[str, torch.Tensor], directory, sharded: bool):
+    """Write ``tensors`` as one safetensors file or as shards with an index; returns what to load."""
+    if sharded:
+        write_sharded(tensors, directory)
+        return directory
+    path = directory / "model.safetensors"
+    save_file(tensors, str(path))
+    return path
+
+
 @pytest.mark.parametrize("sharded", [False, True])
 def test_ouro_checkpoint_round_trip(tmp_path, sharded: bool) -> None:
     arch = tiny_arch("ouro", r_max=3)
     tensors = ouro_tensors(arch.layer.kv_heads, arch.core, torch.Generator().manual_seed(0))
-    if sharded:
-        write_sharded(tensors, tmp_path)
-        path = tmp_path
-    else:
-        path = tmp_path / "model.safetensors"
-        save_file(tensors, str(path))
-    model = load_model(arch, path)
+    model = load_model(arch, save_checkpoint(tensors, tmp_path, sharded))
     public = to_public(model)
     assert set(public) == set(tensors)
     for name, tensor in tensors.items():
@@ -183,13 +187,7 @@ def test_ouro_checkpoint_round_trip(tmp_path, sharded: bool) -> None:
 def test_huginn_checkpoint_round_trip(tmp_path, sharded: bool) -> None:
     arch = tiny_arch("huginn", r_max=3, kv_heads=4)
     tensors = huginn_tensors(arch.prelude, arch.core, arch.coda, torch.Generator().manual_seed(1))
-    if sharded:
-        write_sharded(tensors, tmp_path)
-        path = tmp_path
-    else:
-        path = tmp_path / "model.safetensors"
-        save_file(tensors, str(path))
-    model = load_model(arch, path)
+    model = load_model(arch, save_checkpoint(tensors, tmp_path, sharded))
     public = to_public(model)
     assert set(public) == set(tensors) - {"freqs_cis"}
     for name, tensor in public.items():

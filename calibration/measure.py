@@ -8,10 +8,12 @@ lengths, give the components of :mod:`cdbsim.latency` directly:
 * ``prelude0`` = prelude stage of the unit model (embedding and glue); ``coda0`` = its coda stage
   (final norm, head, greedy sampling, glue);
 * ``prefill_layer`` = (4-layer prefill - 1-layer prefill) / 6 (r_max 2 loops); ``prefill1`` = the 1-layer
-  prefill less one ``prefill_layer`` and one adapter, i.e. a 1-layer, 1-loop prefill;
+  prefill less one ``prefill_layer`` and one adapter, i.e. a 1-layer, 1-loop prefill; both over single
+  prompts of many lengths and several short prompts packed in one launch;
 * ``kv_copy`` = (core step with every token exiting - without exits) per (token, slot, layer) copy;
 * ``adapter`` (Huginn) = the adapter matmul alone;
-* ``decode/<model>`` = the CB fused step of the full model, measured for each shipped model;
+* ``<stage>/<model>`` = every stage of the whole model (prelude, core, coda, CB step, prefill), measured
+  for each model calibrated: its own stages predict it, the components predict re-splits;
 * ``host`` = planning + preparing + launching time per launch against items, from a short real run.
 
 Every decode-type stage is replayed as the CUDA graph the executor uses, after warm-up; the time is the

@@ -2,25 +2,28 @@
 
 A profile holds one fit per *component*, named by what it computes and the shape it was measured at, so
 any architecture built from measured pieces is predicted with no new GPU run (Huginn 2-4-2 -> 1-4-1 ->
-0-4-0 reuses the same ``layer`` fit):
+0-4-0 reuses the same ``layer`` fit). How stages are composed from them: :mod:`cdbsim.latency`.
 
-============================  =====================  ==========================================
-component                      x                      c
-============================  =====================  ==========================================
-``layer/<shape>``              tokens in the batch    (query, key) pairs attended (decode)
-``prefill_layer/<shape>``      prompt tokens          (query, key) pairs attended (causal)
-``adapter/h<hidden>``          tokens                 -
-``embed/h<hidden>``            tokens                 -
-``head/h<hidden>-v<vocab>``    tokens sampled         -
-``kv_copy/<shape>``            (token, slot) copies   -
-``stage/<stage>``              items (or tokens)      -   (graph launch and glue of a stage)
-``host``                       items planned          -   (host time to plan and launch)
-============================  =====================  ==========================================
+=====================================  =====================  ===========================================
+component                              x                      c (and k)
+=====================================  =====================  ===========================================
+``layer/<shape>``                      tokens in the batch    (query, key) pairs attended
+``core1/<shape>``                      tokens                 pairs attended (a 1-layer core step)
+``prelude0/h<hidden>``                 tokens                 -   (embedding and stage glue)
+``coda0/h<hidden>-v<vocab>``           tokens                 -   (final norm, head, sampling, glue)
+``prefill_layer/<shape>``              prompt tokens          causal pairs attended; k = packed prompts
+``prefill1/<shape>-v<vocab>``          prompt tokens          causal pairs; k = packed prompts
+``adapter/h<hidden>``                  tokens                 -   (Huginn's adapter)
+``kv_copy/<shape>``                    (token, slot) copies   -   (last-exited fill, per core layer)
+``<stage>/<model>-<split>-r<r_max>``   tokens                 pairs (a stage measured on the whole model)
+``host``                               items planned          -   (host time to plan and launch)
+``constant/<stage>``                   -                      -   (constant-latency profiles only)
+=====================================  =====================  ===========================================
 
 File format (``format: cdbsim-profile/1``): ``name``, ``kind`` (``measured`` | ``roofline`` |
-``constant``), ``device`` (name, memory_bytes, bandwidth, matmul_flops), ``versions``, ``date``,
-``notes``, and ``components``: ``{name: {delta, gamma, alpha, r2, max_rel_residual, points: [[x, c, t],
-...]}}`` with times in seconds.
+``constant``), ``device`` (name, memory_bytes, ...), ``versions``, ``date``, ``notes``, and
+``components``: ``{name: {delta, gamma, alpha, kappa, r2, max_rel_residual, points: [[x, c, t] or
+[x, c, k, t], ...]}}`` with times in seconds.
 """
 
 from __future__ import annotations

@@ -189,6 +189,28 @@ def describe_launch(launch: Any) -> str:
 
 @app.command()
 @friendly
+def trace(
+    out: Annotated[Path, typer.Option("--out", help="Where to write the trace (.csv or .parquet).")],
+    arch: Arch = "ouro-1.4b", split: Split = None, r_max: RMax = None, r_min: RMin = None,
+    timing: TimingOpt = "lookahead", workload: Workload = "sharegpt", requests: Requests = None, rate: Rate = None,
+    exits: Exits = "synthetic", depth: Depth = None, mean_depth: MeanDepth = None, dispersion: Dispersion = 0.3,
+    correlation: Correlation = 0.5, seed: Seed = 0,
+) -> None:
+    """Write a request + exit-depth trace of a workload preset (replay it with --trace)."""
+    from cdbsim.workload import WorkloadSpec
+    from traces import write_trace
+
+    spec = build_arch(arch, split, r_max, r_min)
+    exit_model = build_exits(spec, exits, depth, mean_depth, dispersion, correlation)
+    workload_spec = WorkloadSpec(workload, requests, rate, exit_model, seed)
+    reqs = workload_spec.build(spec, ServeConfig(timing=timing).r_min(spec))
+    write_trace(reqs, out)
+    console.print(f"wrote {len(reqs):,} requests ({workload_spec.describe()}) to {out}", markup=False,
+                  highlight=False)
+
+
+@app.command()
+@friendly
 def bound(
     arch: Arch = "ouro-1.4b", split: Split = None, r_max: RMax = None,
     mean_depth: Annotated[float | None, typer.Option("--mean-depth", help="Mean requested depth d-bar of "

@@ -15,7 +15,7 @@ runner = CliRunner()
 def test_help_lists_every_command() -> None:
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for command in ("schedule", "bound"):
+    for command in ("schedule", "trace", "bound", "predict", "compare", "rate-sweep", "validate", "calibrate"):
         assert command in result.output
 
 
@@ -102,3 +102,15 @@ def test_roofline_overrides_change_the_prediction() -> None:
     slow_tps = json.loads(base.output)["refill K=1"]["output_tps"]
     fast_data = json.loads(fast.output)["refill K=1"]
     assert fast_data["output_tps"] > 1.3 * slow_tps and "custom device" in fast_data["meta"]["profile"]
+
+
+def test_trace_command_writes_a_replayable_trace(tmp_path) -> None:
+    path = tmp_path / "alpaca.parquet"
+    result = runner.invoke(app, ["trace", "--workload", "alpaca", "--requests", "30", "--rate", "5",
+                                 "--out", str(path)])
+    assert result.exit_code == 0, result.output
+    replay = runner.invoke(app, ["predict", "--trace", str(path), "--json", "--profile", "roofline"])
+    assert replay.exit_code == 0, replay.output
+    assert json.loads(replay.output)["refill K=1"]["requests"] == 30
+    bad = runner.invoke(app, ["trace", "--out", str(tmp_path / "t.txt")])
+    assert bad.exit_code == 2 and "must end in .csv or .parquet" in bad.output

@@ -68,10 +68,6 @@ class Launch:
     queue_prelude: int = 0
     active: int = 0
 
-    @property
-    def n_items(self) -> int:
-        return len(self.requests)
-
     def step_mix(self) -> dict[int, int]:
         """How many items sit at each 0-based loop step (core launches)."""
         mix: dict[int, int] = {}

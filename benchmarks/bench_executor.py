@@ -170,8 +170,14 @@ def stage_latency(arch: ArchSpec, model, sizes: list[int], context: int, prefill
         for tokens in prefill_tokens:
             launch = Launch(index=0, stage=Stage.PREFILL, requests=[0], positions=[0], chunk_lens=[tokens],
                             finishes=[True], size=tokens, padded=tokens)
-            prepared = engine.prepare(launch, fake)
-            ms = time_fn(lambda p=prepared: engine.run_eager(p), 1, repeats)
+            if graphs is not None:
+                prepared = engine.prepare(launch, fake, engine.max_blocks)
+                captured = graphs.get(Stage.PREFILL, tokens)
+                captured.meta.copy_(torch.from_numpy(prepared.meta))
+                ms = time_fn(captured.replay, 1, repeats)
+            else:
+                prepared = engine.prepare(launch, fake)
+                ms = time_fn(lambda p=prepared: engine.run_eager(p), 1, repeats)
             full = stage_bytes[Stage.DECODE]
             kv = tokens * layers_read[Stage.DECODE] * kv_slot
             out.append(_stage_row(arch, "prefill", tokens, 0, ms, full, kv, bandwidth))

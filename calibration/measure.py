@@ -16,8 +16,8 @@ lengths, give the components of :mod:`cdbsim.latency` directly:
   for each model calibrated: its own stages predict it, the components predict re-splits;
 * ``host`` = planning + preparing + launching time per launch against items, from a short real run.
 
-Every decode-type stage is replayed as the CUDA graph the executor uses, after warm-up; the time is the
-median of ``repeats`` replays, each bracketed by CUDA events. Prefill runs eagerly, as in the executor.
+Every stage is replayed as the CUDA graph the executor uses (prefill padded to its token bucket), after
+warm-up; the time is the median of ``repeats`` replays, each bracketed by CUDA events.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from cdbsim.arch import ArchSpec
-from cdbsim.config import Policy, ServeConfig, padding_table
+from cdbsim.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
 from cdbsim.kvlayout import KVLayout
 from cdbsim.latency import (
     HOST,
@@ -134,7 +134,7 @@ class UnitBench:
     def __init__(self, arch: ArchSpec, max_batch: int, max_context: int, max_positions: int,
                  layout: KVLayout, device: torch.device, timer: Timer, seed: int = 0) -> None:
         self.arch, self.device, self.timer = arch, device, timer
-        # eager prefill is slow to repeat and steadier than a graph replay: fewer repeats suffice
+        # a long prefill replay is slow to repeat and steady: fewer repeats suffice
         self.prefill_timer = Timer(device, max(3, timer.repeats // 4), 1)
         self.bs = 16
         self.max_context = max_context
@@ -170,21 +170,21 @@ class UnitBench:
             return self.timer(captured.replay)
 
     def prefill(self, tokens: int, chunks: int = 1, prefix: int = 0) -> float:
-        """Seconds of one eager prefill launch of ``chunks`` prompts of ``tokens`` tokens each, every one
-        after ``prefix`` cached tokens (several short prompts are packed into one launch)."""
+        """Seconds of one graph replay of a prefill launch of ``chunks`` prompts of ``tokens`` tokens each,
+        every one after ``prefix`` cached tokens (several short prompts are packed into one launch), padded
+        to the scheduler's prefill size as in a run."""
         fake = self._scheduler(chunks, prefix + tokens)
         fake.prefill_target = [self.max_context] * chunks  # the engine books chunks per episode: episode 0
+        total = tokens * chunks
         launch = Launch(0, Stage.PREFILL, requests=list(range(chunks)), positions=[prefix] * chunks,
-                        chunk_lens=[tokens] * chunks, finishes=[True] * chunks, size=tokens * chunks,
-                        padded=tokens * chunks)
-
-        def run() -> None:
-            for r in range(chunks):
-                self.engine.episodes[r] = {0: [prefix]} if prefix else {}
-            self.engine.run_eager(self.engine.prepare(launch, fake))
-
+                        chunk_lens=[tokens] * chunks, finishes=[True] * chunks, size=total,
+                        padded=padded_prefill(total))
+        for r in range(chunks):
+            self.engine.episodes[r] = {0: [prefix]} if prefix else {}
+        prepared = self.engine.prepare(launch, fake, self.graphs.width)
         with torch.inference_mode():
-            return self.prefill_timer(run)
+            self.graphs.launch(prepared)
+            return self.prefill_timer(self.graphs.get(Stage.PREFILL, launch.padded).replay)
 
     def close(self) -> None:
         del self.graphs, self.engine, self.model
@@ -238,7 +238,7 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
     points.update(adapter)
     adapter_fit = _line(adapter.get(adapter_name(h), []))
     for (n, k, p), t1 in raw[1]["prefill"].items():
-        tokens, pairs = n * k, prefill_pairs(n, k, p)
+        tokens, pairs = padded_prefill(n * k), prefill_pairs(n, k, p)
         per_layer = max((raw[4]["prefill"][n, k, p] - t1) / 6, 1e-9)
         points[prefill_layer_name(shape)].append([tokens, pairs, k, per_layer])
         single = t1 - per_layer - (adapter_fit(tokens) if adapter_fit else 0.0)
@@ -282,6 +282,12 @@ def measure_adapter(arch: ArchSpec, plan: Plan, device: torch.device, timer: Tim
     return {adapter_name(h): rows}
 
 
+def padded_prefill(tokens: int) -> int:
+    """The token count a prefill launch of ``tokens`` runs at (its graph's bucket; the default budget)."""
+    budget = max(8192, tokens)
+    return padding_table(prefill_graph_sizes(budget), budget)[tokens]
+
+
 def prefill_pairs(tokens: int, chunks: int, prefix: int) -> int:
     """(query, key) pairs a launch of ``chunks`` chunks of ``tokens`` tokens after ``prefix`` attends."""
     return chunks * (tokens * prefix + tokens * (tokens + 1) // 2)
@@ -306,7 +312,7 @@ def measure_model(arch: ArchSpec, plan: Plan, device: torch.device,
             points[model_stage_name(arch, Stage.DECODE)].append([b, b * c, bench.stage(Stage.DECODE, b, c)])
     for n, k, p in plan.model_prefill_points:
         progress(f"{arch.name}: prefill {k} x {n} tokens, prefix {p}")
-        points[model_stage_name(arch, Stage.PREFILL)].append([n * k, prefill_pairs(n, k, p), k,
+        points[model_stage_name(arch, Stage.PREFILL)].append([padded_prefill(n * k), prefill_pairs(n, k, p), k,
                                                               bench.prefill(n, k, p)])
     bench.close()
     return points

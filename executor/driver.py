@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from cdbsim.arch import ArchSpec
-from cdbsim.config import Policy, ServeConfig, Timing
+from cdbsim.config import Policy, ServeConfig, Timing, prefill_graph_sizes
 from cdbsim.launch import Stage
 from cdbsim.logs import RunLog, RunRecorder
 from cdbsim.pipeline import must_wait
@@ -141,12 +141,14 @@ class Executor:
         with torch.inference_mode():
             if self.graphs is not None:
                 self.graphs.capture_all(decode_stages(self.config.policy), self.config.decode_sizes())
+                if self.graphs.graph_prefill:
+                    self.graphs.capture_prefill(prefill_graph_sizes(self.config.prefill_budget))
             if self.cuda:
                 self.engine.warmup_prefill()
                 torch.cuda.synchronize()
 
     def _enqueue(self, prepared: Prepared) -> torch.Tensor | None:
-        if prepared.prefill is None and self.graphs is not None:
+        if self.graphs is not None:
             return self.graphs.launch(prepared)
         return self.engine.run_eager(prepared)
 

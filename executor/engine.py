@@ -15,7 +15,8 @@ Decode-type stages (prelude, core, coda, decode) read their per-row metadata fro
 fields + a block-table row per padded row, :data:`FIELDS`), copied to the device in one transfer; with
 CUDA graphs that buffer is the graph's static input (:mod:`executor.graphs`). Padded rows point at the
 scratch token, the scratch bank row and the trash KV block, so they never touch a real request. Prefill
-packs every chunk of the launch into one token batch and runs eagerly (its shapes vary per launch).
+packs every chunk of the launch into one token batch padded to the scheduler's prefill sizes, with its
+own fixed-shape metadata (:mod:`executor.prefill`), so it is captured and replayed like the others.
 """
 
 from __future__ import annotations
@@ -28,10 +29,20 @@ import torch
 from cdbsim.config import ServeConfig
 from cdbsim.launch import Launch, Stage
 from cdbsim.scheduler import WAITING, Scheduler
-from executor.attention import DecodeAttention, PrefillAttention
+from executor.attention import DecodeAttention
 from executor.kv_cache import CacheGeometry, PagedKVCache
 from executor.model import LoopedLM
 from executor.ops import RopeTable, to_device
+from executor.prefill import (
+    Chunk,
+    PagedPrefillAttention,
+    PrefillLayout,
+    PrefillMeta,
+    chunk_capacity,
+    pack,
+    prefill_views,
+    scratch_prefill,
+)
 from executor.reference import Episode
 from executor.tokens import prompt_ids
 from traces.request import Request
@@ -69,7 +80,7 @@ class Prepared:
     meta: np.ndarray | None = None          # decode-type stages
     width: int = 0
     max_fill: int = 0
-    prefill: dict | None = None             # prefill: host arrays of the packed chunks
+    prefill: PrefillLayout | None = None    # prefill: layout of ``meta``
     rows: list[tuple[int, int]] | None = None  # (request, output-token index) of each sampled row
 
 
@@ -116,14 +127,14 @@ class Engine:
         self._preemptions_seen = 0
         self.track_rows = True  # record (request, token index) of sampled rows (for logits in tests)
         self._stage_fns = {Stage.PRELUDE: self._prelude, Stage.CORE: self._core, Stage.CODA: self._coda,
-                           Stage.DECODE: self._decode}
+                           Stage.DECODE: self._decode, Stage.PREFILL: self._prefill}
 
     # ----- host side -----------------------------------------------------------------------------
     def prepare(self, launch: Launch, scheduler: Scheduler, width: int | None = None) -> Prepared:
         """Build a launch's host inputs (valid right after ``scheduler.plan()`` returned it)."""
         self._drop_preempted(scheduler)
         if launch.stage is Stage.PREFILL:
-            return self._prepare_prefill(launch, scheduler)
+            return self._prepare_prefill(launch, scheduler, width)
         return self._prepare_decode(launch, scheduler, width)
 
     def scratch_meta(self, rows: int, width: int) -> np.ndarray:
@@ -179,53 +190,57 @@ class Engine:
             rows_out = list(zip(launch.requests, (pos + 1 - self._prompt[req]).tolist(), strict=True))
         return Prepared(launch, meta=buf, width=width, max_fill=max_fill, rows=rows_out)
 
-    def _prepare_prefill(self, launch: Launch, scheduler: Scheduler) -> Prepared:
+    def _prepare_prefill(self, launch: Launch, scheduler: Scheduler, width: int | None) -> Prepared:
         bs, stride = self.config.block_size, self.stride
-        tok, pos, row0, pages, last, out, rows_out = [], [], [], [], [], [], []
-        offset = 0
+        tokens = max(launch.padded, launch.size)
+        if width is None:  # eager: only as wide as this launch needs
+            width = max(-(-(s + n) // bs) for s, n in zip(launch.positions, launch.chunk_lens, strict=True))
+        layout = self.prefill_layout(tokens, width)
+        chunks, rows_out = [], []
         for r, start, n, final in zip(launch.requests, launch.positions, launch.chunk_lens, launch.finishes,
                                       strict=True):
             if r not in self.row_of:
                 self.row_of[r] = self._free_rows.pop()
-            target = scheduler.prefill_target[r]
-            generated_before = target - self.requests[r].prompt_len
-            chunks = self.episodes[r]
+            generated_before = scheduler.prefill_target[r] - self.requests[r].prompt_len
             if start == 0:
-                chunks[generated_before] = [n]
+                self.episodes[r][generated_before] = [n]
             else:
-                chunks[generated_before].append(n)
+                self.episodes[r][generated_before].append(n)
             self._sync_table([r], scheduler)
-            blocks = self._table[r]
-            p = np.arange(start, start + n, dtype=np.int64)
-            tok.append(r * stride + p)
-            pos.append(p)
-            row0.append(blocks[p // bs] * bs + p % bs)
-            pages.append(blocks[: -(-(start + n) // bs)].tolist())
+            chunks.append(Chunk(start, n, self._table[r], r * stride, final))
             if final:
-                last.append(offset + n - 1)
-                out.append(r * stride + start + n)
                 rows_out.append((r, generated_before))
-            offset += n
-        host = {"tok": np.concatenate(tok), "pos": np.concatenate(pos), "row0": np.concatenate(row0),
-                "pages": pages, "last": np.asarray(last, dtype=np.int64), "out": np.asarray(out, dtype=np.int64)}
-        return Prepared(launch, prefill=host, rows=rows_out)
+        buf = pack(layout, chunks, self.scratch_token, self.geo.trash_block, bs)
+        return Prepared(launch, meta=buf, width=width, rows=rows_out if self.track_rows else None,
+                        prefill=layout)
+
+    def scratch(self, stage: Stage, rows: int, width: int) -> np.ndarray:
+        """Metadata of a launch of ``rows`` padded rows (tokens for prefill) that touches no request."""
+        if stage is Stage.PREFILL:
+            return scratch_prefill(self.prefill_layout(rows, width), self.scratch_token, self.geo.trash_block,
+                                   self.config.block_size)
+        return self.scratch_meta(rows, width)
+
+    def prefill_layout(self, tokens: int, width: int) -> PrefillLayout:
+        return PrefillLayout(tokens, chunk_capacity(tokens, self.config.width), width)
+
+    def views(self, stage: Stage, buffer: torch.Tensor, rows: int, width: int) -> StageMeta | PrefillMeta:
+        """The device views a stage function reads from its metadata ``buffer``."""
+        if stage is Stage.PREFILL:
+            return prefill_views(buffer, self.prefill_layout(rows, width))
+        return meta_views(buffer, rows, width)
 
     def warmup_prefill(self, tokens: int = 16) -> None:
-        """Run one prefill chunk on the scratch token row into the trash block, touching no request.
+        """Run one prefill of ``tokens`` padding tokens (scratch token, trash block), touching no request.
 
         The first prefill of a process compiles kernel variants and initialises libraries; doing it here
         keeps that out of a timed run.
         """
-        bs, stride = self.config.block_size, self.stride
-        n = max(1, min(tokens, bs, stride - 1))
-        p = np.arange(n, dtype=np.int64)
-        scratch = len(self.requests)
-        host = {"tok": scratch * stride + p, "pos": p, "row0": self.geo.trash_block * bs + p,
-                "pages": [[self.geo.trash_block]], "last": np.asarray([n - 1]),
-                "out": np.asarray([scratch * stride + n])}
-        launch = Launch(index=-1, stage=Stage.PREFILL, requests=[scratch], positions=[0], chunk_lens=[n],
-                        finishes=[True], size=n, padded=n)
-        self._prefill(Prepared(launch, prefill=host))
+        bs = self.config.block_size
+        n = max(1, min(tokens, self.stride - 1))
+        width = -(-n // bs)
+        self._prefill(self.views(Stage.PREFILL, torch.from_numpy(self.scratch(Stage.PREFILL, n, width)).to(
+            self.device), n, width))
 
     def release(self, finished: list[int]) -> None:
         """The scheduler finished these requests: give their bank rows back."""
@@ -258,12 +273,11 @@ class Engine:
     # ----- device side ---------------------------------------------------------------------------
     def run_eager(self, prepared: Prepared) -> torch.Tensor | None:
         """Run a prepared launch without graphs; returns the logits of its sampled rows (or None)."""
-        if prepared.prefill is not None:
-            return self._prefill(prepared)
         launch = prepared.launch
-        rows = max(launch.padded, len(launch.requests))
+        rows = max(launch.padded, launch.size if launch.stage is Stage.PREFILL else len(launch.requests))
         buffer = to_device(prepared.meta, self.device)
-        return self.stage_fn(launch.stage)(meta_views(buffer, rows, prepared.width), prepared.max_fill)
+        return self.stage_fn(launch.stage)(self.views(launch.stage, buffer, rows, prepared.width),
+                                           prepared.max_fill)
 
     def stage_fn(self, stage: Stage):
         return self._stage_fns[stage]
@@ -305,20 +319,14 @@ class Engine:
         self.tokens.index_copy_(0, out.long(), logits.argmax(dim=-1))
         return logits
 
-    def _prefill(self, prepared: Prepared) -> torch.Tensor | None:
-        host, launch, model, geo = prepared.prefill, prepared.launch, self.model, self.geo
-        dev = self.device
-        pos = to_device(host["pos"], dev)
-        attn = PrefillAttention.build(model.ops, self.cache, self.rope, pos, to_device(host["row0"], dev),
-                                      launch.positions, launch.chunk_lens, host["pages"], self.scale)
-        e = model.prelude(self.tokens[to_device(host["tok"], dev)], attn)
+    def _prefill(self, m: PrefillMeta, max_fill: int = 0) -> torch.Tensor:
+        """Packed chunks at full depth; samples the last token of every finishing chunk (padded rows write
+        the scratch token). Coda layers run for every token: they write the chunk's coda KV."""
+        model, geo = self.model, self.geo
+        attn = PagedPrefillAttention(model.ops, self.cache, self.rope, m, self.scale)
+        e = model.prelude(self.tokens[m.tok.long()], attn)
         s = model.initial_state(e)
         for step in range(geo.r_max):
             s = model.core_step(s, e, attn, geo.core_layer(geo.slot_of_step(step)))
-        if not len(host["last"]):
-            # coda layers still write their KV for every chunk token
-            if geo.coda:
-                model.coda(s, attn, geo.coda_layer(0))
-            return None
         h = model.coda(s, attn, geo.coda_layer(0))
-        return self._sample(h[to_device(host["last"], dev)], to_device(host["out"], dev))
+        return self._sample(h[m.last.long()], m.out)

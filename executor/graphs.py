@@ -1,7 +1,8 @@
-"""CUDA graphs per (stage, padded batch size) for the decode-type stages.
+"""CUDA graphs per (stage, padded batch size): decode-type stages per padded batch, prefill per padded
+token count.
 
-A captured stage reads all its per-row inputs from one static int32 buffer (the engine's metadata layout,
-:func:`executor.engine.meta_views`), as wide as the longest request's block table, so replaying it for a
+A captured stage reads all its per-row inputs from one static int32 buffer (the engine's metadata layouts,
+:meth:`executor.engine.Engine.views`), as wide as the longest request's block table, so replaying it for a
 launch is one host-to-device copy plus ``graph.replay()``. Capture happens on first use, or up front with
 :meth:`StageGraphs.capture_all`; the warm-up run and the capture both use scratch metadata (padded rows
 only), so they never change a real request's state. All graphs share one memory pool: they run one at a
@@ -9,7 +10,8 @@ time on one stream and keep nothing alive between replays but their static input
 
 On a CPU device nothing is captured: the same static buffers are filled and the stage re-runs eagerly
 on them, so tests exercise exactly the metadata a graph replay sees (full-width block tables, padded
-rows, the static fill loop).
+rows, the static fill loop). The torch backend's prefill attention loops over chunks on the host, so
+with it prefill is never captured (it re-runs on the static buffer, as on CPU).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 
 from cdbsim.launch import Stage
-from executor.engine import Engine, Prepared, meta_views
+from executor.engine import Engine, Prepared
 
 
 class PinnedStaging:
@@ -72,6 +74,7 @@ class StageGraphs:
         self.engine = engine
         self.width = engine.max_blocks
         self.capture = engine.device.type == "cuda"
+        self.graph_prefill = self.capture and engine.model.ops.backend != "torch"
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.graphs: dict[tuple[Stage, int], CapturedStage] = {}
 
@@ -80,29 +83,36 @@ class StageGraphs:
             for stage in stages:
                 self.get(stage, size)
 
-    def get(self, stage: Stage, rows: int) -> CapturedStage:
+    def capture_prefill(self, sizes: Iterable[int]) -> None:
+        """Prefill graphs of every padded token count, largest first. Only the largest runs a warm-up
+        before its capture: kernels and library handles are then set up, and the others are recorded
+        without running (a warm-up each would cost a full-depth prefill per size)."""
+        for i, size in enumerate(sorted(set(sizes), reverse=True)):
+            self.get(Stage.PREFILL, size, warm=i == 0)
+
+    def get(self, stage: Stage, rows: int, warm: bool = True) -> CapturedStage:
         key = (stage, rows)
         if key not in self.graphs:
-            self.graphs[key] = self._capture(stage, rows)
+            self.graphs[key] = self._capture(stage, rows, warm)
         return self.graphs[key]
 
-    def _capture(self, stage: Stage, rows: int) -> CapturedStage:
+    def _capture(self, stage: Stage, rows: int, warm: bool = True) -> CapturedStage:
         engine = self.engine
-        host = engine.scratch_meta(rows, self.width)
-        meta = torch.from_numpy(host).to(engine.device)
-        views = meta_views(meta, rows, self.width)
+        meta = torch.from_numpy(engine.scratch(stage, rows, self.width)).to(engine.device)
+        views = engine.views(stage, meta, rows, self.width)
         max_fill = engine.geo.max_fill if stage is Stage.CORE else 0
         fn = engine.stage_fn(stage)
 
         def run() -> torch.Tensor | None:
             return fn(views, max_fill)
 
-        if not self.capture:
+        if not self.capture or (stage is Stage.PREFILL and not self.graph_prefill):
             return CapturedStage(None, meta, None, run)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            run()  # compiles kernels, sets up cuBLAS workspaces
+        if warm:
+            with torch.cuda.stream(side):
+                run()  # compiles kernels, sets up cuBLAS workspaces
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
@@ -116,6 +126,8 @@ class StageGraphs:
         captured = self.get(launch.stage, launch.padded)
         if prepared.width != self.width:
             raise ValueError("graph launches need metadata as wide as the graph's block table")
+        if captured.staging is None:
+            captured.staging = PinnedStaging(captured.meta.numel()) if self.capture else None
         if captured.staging is not None:  # pinned: the copy neither blocks the host nor waits for the stream
             captured.staging.copy_to(captured.meta, prepared.meta)
         else:

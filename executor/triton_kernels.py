@@ -290,3 +290,72 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
         _decode_attn_merge[(n, heads)](mid_o, mid_l, out, H=heads, D=d, BLOCK_D=block_d, SPLITS=splits,
                                        num_warps=1)
     return out.reshape(n, heads * d)
+
+
+# ----- packed prefill attention ----------------------------------------------------------------------
+@triton.jit(do_not_specialize=["layer"])
+def _prefill_attn_kernel(Q, KC, VC, OUT, BT, START, LEN, QOFF, ICHUNK, IQ0, layer, pages_per_layer, scale,
+                         bt_stride, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                         PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         PRECISION: tl.constexpr):
+    item = tl.program_id(0)
+    h = tl.program_id(1)
+    chunk = tl.load(ICHUNK + item)
+    if chunk >= 0:
+        c = chunk.to(tl.int64)
+        q0 = tl.load(IQ0 + item)
+        start = tl.load(START + c)
+        length = tl.load(LEN + c)
+        qoff = tl.load(QOFF + c).to(tl.int64)
+        kvh = h // (H // KVH)
+        i = q0 + tl.arange(0, BLOCK_M)
+        im = i < length
+        d = tl.arange(0, BLOCK_D)
+        dm = d < D
+        q_rows = (qoff + i).to(tl.int64)
+        q = tl.load(Q + (q_rows[:, None] * H + h) * D + d[None, :], mask=im[:, None] & dm[None, :], other=0.0)
+        q_pos = start + i
+        end = tl.minimum(start + q0 + BLOCK_M, start + length)  # keys this tile can see: 0 .. end - 1
+        page_base = layer.to(tl.int64) * pages_per_layer
+        m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        for j0 in range(0, end, BLOCK_N):
+            j = j0 + tl.arange(0, BLOCK_N)
+            jm = j < end
+            blk = tl.load(BT + c * bt_stride + j // PAGE, mask=jm, other=0).to(tl.int64)
+            row = (page_base + blk) * PAGE + j % PAGE
+            off = row[:, None] * (KVH * D) + kvh * D + d[None, :]
+            kvm = jm[:, None] & dm[None, :]
+            k = tl.load(KC + off, mask=kvm, other=0.0)
+            v = tl.load(VC + off, mask=kvm, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            # every row sees key 0 (its first tile), so the running max is finite after the first tile
+            s = tl.where((j[None, :] <= q_pos[:, None]) & jm[None, :], s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(OUT + (q_rows[:, None] * H + h) * D + d[None, :], out.to(OUT.dtype.element_ty),
+                 mask=im[:, None] & dm[None, :])
+
+
+def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta, layer: int, scale: float) -> torch.Tensor:
+    """See :func:`executor.ops.prefill_attention`; one program per (work item, head), no host sync, so
+    it runs inside a CUDA graph. ``meta`` is an :class:`executor.prefill.PrefillMeta`."""
+    from executor.prefill import BLOCK_M
+
+    q = q.contiguous()
+    tokens, heads, d = q.shape
+    geo = cache.geometry
+    out = torch.zeros_like(q)
+    table = meta.block_table
+    _prefill_attn_kernel[(meta.item_chunk.shape[0], heads)](
+        q, cache.k, cache.v, out, table, meta.start, meta.length, meta.qoff, meta.item_chunk, meta.item_q0,
+        layer, geo.pages_per_layer, scale, table.stride(0), H=heads, KVH=cache.kv_heads, D=d,
+        BLOCK_D=max(16, triton.next_power_of_2(d)), PAGE=geo.block_size, BLOCK_M=BLOCK_M, BLOCK_N=64,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2)
+    return out.reshape(tokens, heads * d)

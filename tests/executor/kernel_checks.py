@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 import torch
@@ -16,6 +17,25 @@ from executor.kv_cache import CacheGeometry, PagedKVCache
 from executor.ops import RopeTable
 
 from .helpers import assert_matches_reference, tiny_arch, tiny_model, tiny_requests
+
+
+def _interpreter_compat() -> None:
+    """Triton 3.6's interpreter turns a loaded scalar (a 1-element array) into a loop bound with ``int()``,
+    which numpy >= 2.4 refuses; convert through ``.item()`` instead. A no-op when not interpreting."""
+    if not os.environ.get("TRITON_INTERPRET"):
+        return
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+_interpreter_compat()
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, atol: float, what: str) -> None:
@@ -89,6 +109,31 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
         _close(got, want, atol * 10, f"decode_attention splits={splits}")
 
 
+def check_prefill_attention(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: float = 1e-5) -> None:
+    """Packed prefill chunks (a cached prefix, a chunk spanning two work items, a one-token chunk, padding)."""
+    import numpy as np
+
+    from executor import triton_kernels as tk
+    from executor.prefill import Chunk, PrefillLayout, pack, prefill_views
+
+    heads, kv_heads, d = 4, 2, 24
+    geo = CacheGeometry(1, 2, 1, 3, KVLayout.DEPTH, num_blocks=16)
+    gen = torch.Generator(device=device).manual_seed(2)
+    cache = PagedKVCache(geo, kv_heads, d, device=device, dtype=dtype)
+    cache.k.copy_(torch.randn(*cache.k.shape, generator=gen, device=device).to(dtype))
+    cache.v.copy_(torch.randn(*cache.v.shape, generator=gen, device=device).to(dtype))
+    blocks = np.random.default_rng(3).permutation(geo.num_blocks)
+    chunks = [Chunk(20, 70, blocks[:6], 0, True), Chunk(0, 9, blocks[6:7], 100, False),
+              Chunk(5, 1, blocks[7:8], 200, True)]
+    layout = PrefillLayout(96, 4, 6)
+    meta = prefill_views(torch.from_numpy(pack(layout, chunks, 999, geo.trash_block, geo.block_size)).to(device),
+                         layout)
+    q = torch.randn(layout.tokens, heads, d, generator=gen, device=device).to(dtype)
+    want = torch_ops.prefill_attention(q, cache, meta, 2, 1 / math.sqrt(d))
+    got = tk.prefill_attention(q, cache, meta, 2, 1 / math.sqrt(d))
+    _close(got, want, atol * 10, "prefill_attention")
+
+
 def check_end_to_end(device: str = "cpu", graphs: bool = True, atol: float = 1e-4) -> None:
     cases = [("ouro", "refill", 2, "depth"), ("huginn", "norefill", 1, "first-shared")]
     for style, policy, k, layout in cases:
@@ -103,5 +148,6 @@ def check_end_to_end(device: str = "cpu", graphs: bool = True, atol: float = 1e-
 
 if __name__ == "__main__":
     check_ops()
+    check_prefill_attention()
     check_end_to_end()
     print("kernel checks passed", file=sys.stderr)

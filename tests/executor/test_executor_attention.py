@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from cdbsim.kvlayout import KVLayout  # noqa: E402
-from executor.attention import PrefillAttention  # noqa: E402
 from executor.kv_cache import CacheGeometry, PagedKVCache  # noqa: E402
 from executor.ops import Ops, RopeTable, decode_attention, rope_write_kv, rotate  # noqa: E402
+from executor.prefill import Chunk, PagedPrefillAttention, PrefillLayout, pack, prefill_views  # noqa: E402
 
 HEADS, KV_HEADS, D = 4, 2, 16
 
@@ -112,25 +113,39 @@ def test_rotate_pairings_are_rotations() -> None:
     assert rotate(x, quarter.cos(), quarter.sin(), True)[0, 0, 1].item() == pytest.approx(1.0)
 
 
-def test_prefill_attention_equals_dense_causal_over_prefix() -> None:
-    """Two chunks of two requests, one with 20 cached positions before it, packed in one call."""
+def packed_prefill(cache, starts: list[int], lens: list[int], pages: list[list[int]]):
+    """Metadata of chunks of requests whose block ids are ``pages`` (as the engine packs them)."""
+    geo = cache.geometry
+    layout = PrefillLayout(sum(lens) + 5, 3, max(len(p) for p in pages))  # 5 padded tokens, 1 padded chunk
+    chunks = [Chunk(s, n, np.asarray(p), 1000 * c, True) for c, (s, n, p) in enumerate(zip(starts, lens, pages,
+                                                                                          strict=True))]
+    buf = pack(layout, chunks, 9999, geo.trash_block, geo.block_size)
+    return prefill_views(torch.from_numpy(buf), layout)
+
+
+def check_prefill_attention(ops: Ops, atol: float) -> None:
+    """Two chunks of two requests, one with 20 cached positions before it (a 70-token chunk: two work
+    items), packed in one call with padding."""
     cache = random_cache(seed=3)
-    rope = RopeTable.build(D, 10000.0, 64, False, "cpu")
+    rope = RopeTable.build(D, 10000.0, 128, False, "cpu")
     gen = torch.Generator().manual_seed(4)
-    starts, lens = [20, 0], [13, 9]
-    pages = [[5, 9, 14], [2]]
-    pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lens, strict=True)]).int()
-    row0 = torch.tensor([pages[c][int(p) // 16] * 16 + int(p) % 16
-                         for c, (s, n) in enumerate(zip(starts, lens, strict=True)) for p in range(s, s + n)],
-                        dtype=torch.int32)
-    attn = PrefillAttention.build(Ops("torch"), cache, rope, pos, row0, starts, lens, pages, 1 / math.sqrt(D))
-    qkv = torch.randn(sum(lens), (HEADS + 2 * KV_HEADS) * D, generator=gen)
+    starts, lens = [20, 0], [70, 9]
+    pages = [[5, 9, 14, 1, 3, 7], [2]]
+    meta = packed_prefill(cache, starts, lens, pages)
+    attn = PagedPrefillAttention(ops, cache, rope, meta, 1 / math.sqrt(D))
+    qkv = torch.randn(meta.tok.shape[0], (HEADS + 2 * KV_HEADS) * D, generator=gen)
     layer = 4
     out = attn(qkv, layer, None, None)
-    qq = rotate(qkv[:, : HEADS * D].view(-1, HEADS, D), rope.cos[pos.long()], rope.sin[pos.long()], False)
+    pos = meta.pos.long()
+    qq = rotate(qkv[:, : HEADS * D].view(-1, HEADS, D), rope.cos[pos], rope.sin[pos], False)
     t = 0
     for c, (s, n) in enumerate(zip(starts, lens, strict=True)):
         for i in range(n):
             k, v = gather_dense(cache, layer, pages[c], s + i + 1)
-            torch.testing.assert_close(out[t], dense_attention(qq[t], k, v), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(out[t], dense_attention(qq[t], k, v), atol=atol, rtol=atol)
             t += 1
+    assert meta.last[:2].tolist() == [69, 78] and meta.out[:2].tolist() == [90, 1009]
+
+
+def test_prefill_attention_equals_dense_causal_over_prefix() -> None:
+    check_prefill_attention(Ops("torch"), 1e-5)

@@ -20,6 +20,13 @@ def test_triton_ops_match_torch_on_cuda() -> None:
     check_ops("cuda", torch.bfloat16, atol=1e-1)  # one bf16 rounding apart at magnitudes up to ~8
 
 
+def test_prefill_attention_matches_torch_on_cuda() -> None:
+    from .kernel_checks import check_prefill_attention
+
+    check_prefill_attention("cuda", torch.float32, atol=1e-3)  # tl.dot in tf32
+    check_prefill_attention("cuda", torch.bfloat16, atol=2e-3)
+
+
 def test_cuda_graph_executor_matches_reference_fp32() -> None:
     from .kernel_checks import check_end_to_end
 

@@ -1,0 +1,172 @@
+"""Prefill launches as fixed-shape metadata, so a packed prefill replays as one CUDA graph per token bucket.
+
+A prefill launch packs chunks of several prompts (``tokens`` padded to one of the scheduler's prefill
+sizes, :func:`cdbsim.config.prefill_graph_sizes`). Everything the stage reads about the launch sits in one
+int32 buffer whose layout depends only on (padded tokens ``T``, chunk capacity ``C``, block-table width):
+
+* per token (``T``): ``tok`` (token-store index of its input id), ``pos`` (position), ``row0`` (its KV
+  row in cache layer 0);
+* per chunk (``C``): ``start`` (tokens of the request already in the cache), ``len``, ``qoff`` (where the
+  chunk's tokens start in the packed batch) and the chunk's block-table row (``C x width``);
+* per sampled row (``C``): ``last`` (packed index of a finishing chunk's last token) and ``out`` (the
+  token-store index its sampled token goes to);
+* per attention work item (``T / BLOCK_M + C``): ``item_chunk`` and ``item_q0``: one item is up to
+  ``BLOCK_M`` queries of one chunk, so the attention grid has a fixed size whatever the chunk lengths.
+
+Padding never touches a request: padded tokens read the scratch token, write the trash KV row and are
+in no work item; padded chunks have length 0; padded sampled rows write the scratch token; padded work
+items have chunk -1 and exit at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from executor.kv_cache import PagedKVCache
+from executor.ops import Ops, RopeTable
+
+BLOCK_M = 64  # queries per attention work item (the prefill attention kernel's tile height)
+
+TOKEN_FIELDS = ("tok", "pos", "row0")
+CHUNK_FIELDS = ("start", "len", "qoff", "last", "out")
+ITEM_FIELDS = ("item_chunk", "item_q0")
+
+
+@dataclass(frozen=True)
+class PrefillLayout:
+    """Sizes and offsets of one prefill metadata buffer."""
+
+    tokens: int
+    chunks: int
+    width: int
+
+    @property
+    def items(self) -> int:
+        return -(-self.tokens // BLOCK_M) + self.chunks
+
+    @property
+    def numel(self) -> int:
+        return (len(TOKEN_FIELDS) * self.tokens + len(CHUNK_FIELDS) * self.chunks
+                + len(ITEM_FIELDS) * self.items + self.chunks * self.width)
+
+    def split(self, buffer):
+        """Views of ``buffer`` (numpy array or tensor) as ``(tokens [3, T], chunks [5, C], items [2, I],
+        table [C, width])``."""
+        t, c, i = self.tokens, self.chunks, self.items
+        a = len(TOKEN_FIELDS) * t
+        b = a + len(CHUNK_FIELDS) * c
+        e = b + len(ITEM_FIELDS) * i
+        return (buffer[:a].reshape(len(TOKEN_FIELDS), t), buffer[a:b].reshape(len(CHUNK_FIELDS), c),
+                buffer[b:e].reshape(len(ITEM_FIELDS), i), buffer[e:].reshape(c, self.width))
+
+
+def chunk_capacity(tokens: int, width: int) -> int:
+    """Chunks a launch of ``tokens`` padded tokens can hold: one per resident request, at most one per token."""
+    return max(1, min(tokens, width))
+
+
+@dataclass
+class PrefillMeta:
+    """Device views of a prefill launch's metadata."""
+
+    tok: torch.Tensor
+    pos: torch.Tensor
+    row0: torch.Tensor
+    start: torch.Tensor
+    length: torch.Tensor
+    qoff: torch.Tensor
+    last: torch.Tensor
+    out: torch.Tensor
+    item_chunk: torch.Tensor
+    item_q0: torch.Tensor
+    block_table: torch.Tensor
+    zeros: torch.Tensor  # one 0 per token: layer base and fill of prefill KV writes
+
+
+def prefill_views(buffer: torch.Tensor, layout: PrefillLayout) -> PrefillMeta:
+    tokens, chunks, items, table = layout.split(buffer)
+    return PrefillMeta(*tokens.unbind(0), *chunks.unbind(0), *items.unbind(0), block_table=table,
+                       zeros=torch.zeros(layout.tokens, dtype=buffer.dtype, device=buffer.device))
+
+
+def scratch_prefill(layout: PrefillLayout, scratch_token: int, trash_block: int, block_size: int) -> np.ndarray:
+    """A buffer of padding only: what a graph is captured with and what a launch's buffer starts from."""
+    buf = np.zeros(layout.numel, dtype=np.int32)
+    tokens, chunks, items, table = layout.split(buf)
+    tokens[0] = scratch_token
+    tokens[2] = trash_block * block_size
+    chunks[4] = scratch_token
+    items[0] = -1
+    table[:] = trash_block
+    return buf
+
+
+def work_items(lens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk, first query) of every attention work item: ``BLOCK_M`` queries of one chunk each."""
+    chunk = np.concatenate([np.full(-(-n // BLOCK_M), c) for c, n in enumerate(lens)] or [np.zeros(0)])
+    q0 = np.concatenate([np.arange(0, n, BLOCK_M) for n in lens] or [np.zeros(0)])
+    return chunk.astype(np.int32), q0.astype(np.int32)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One prompt chunk of a launch: positions ``start .. start + length - 1`` of a request whose block
+    ids are ``blocks`` and whose position 0 sits at token-store index ``token_base``. ``final`` chunks
+    end the prompt: their last token is sampled into the store right after it."""
+
+    start: int
+    length: int
+    blocks: np.ndarray
+    token_base: int
+    final: bool
+
+
+def pack(layout: PrefillLayout, chunks: list[Chunk], scratch_token: int, trash_block: int,
+         block_size: int) -> np.ndarray:
+    """The metadata buffer of a launch of ``chunks`` (padding everywhere else)."""
+    if len(chunks) > layout.chunks or sum(c.length for c in chunks) > layout.tokens:
+        raise ValueError(f"{len(chunks)} chunks of {sum(c.length for c in chunks)} tokens do not fit a "
+                         f"prefill graph of {layout.chunks} chunks and {layout.tokens} tokens")
+    buf = scratch_prefill(layout, scratch_token, trash_block, block_size)
+    tok_f, chunk_f, item_f, table = layout.split(buf)
+    offset = sampled = 0
+    for c, chunk in enumerate(chunks):
+        p = np.arange(chunk.start, chunk.start + chunk.length, dtype=np.int64)
+        end = offset + chunk.length
+        tok_f[:, offset:end] = (chunk.token_base + p, p, chunk.blocks[p // block_size] * block_size + p % block_size)
+        used = -(-(chunk.start + chunk.length) // block_size)
+        table[c, :used] = chunk.blocks[:used]
+        chunk_f[:3, c] = (chunk.start, chunk.length, offset)
+        if chunk.final:
+            chunk_f[3:, sampled] = (end - 1, chunk.token_base + chunk.start + chunk.length)
+            sampled += 1
+        offset = end
+    item_chunk, item_q0 = work_items([c.length for c in chunks])
+    item_f[:, : len(item_chunk)] = (item_chunk, item_q0)
+    return buf
+
+
+@dataclass
+class PagedPrefillAttention:
+    """The attention context of a prefill launch (see :mod:`executor.attention` for the protocol).
+
+    Each chunk attends causally to its request's cached positions and its own tokens, read from the
+    paged cache after this layer's K/V of the chunk were written (so one kernel covers cached prefix and
+    new tokens alike).
+    """
+
+    ops: Ops
+    cache: PagedKVCache
+    rope: RopeTable
+    meta: PrefillMeta
+    scale: float
+
+    def __call__(self, qkv: torch.Tensor, layer: int, q_bias: torch.Tensor | None,
+                 k_bias: torch.Tensor | None) -> torch.Tensor:
+        m = self.meta
+        q = self.ops.rope_write_kv(qkv, q_bias, k_bias, m.pos, self.rope, self.cache, m.row0, m.zeros, layer,
+                                   m.zeros, 0)
+        return self.ops.prefill_attention(q, self.cache, m, layer, self.scale)

@@ -117,6 +117,23 @@ class Layer(nn.Module):
         m = F.linear(ops.silu_mul(F.linear(h, self.w_gate_up)), self.w_down)
         return ops.residual_norm(m, x, self.norm4, next_norm, eps, sandwich)
 
+    def forward_fused(self, x: torch.Tensor, pending: tuple[torch.Tensor, torch.Tensor] | None, attn, layer: int,
+                      ops: Ops, eps: float, sandwich: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The same layer as four skinny matmuls, each with the op before it fused in (small batches).
+
+        ``pending`` is the previous layer's MLP output and post-norm weight, not yet added to ``x`` (None
+        at the start of a stage); this layer's comes back pending in turn, for the next layer's QKV
+        projection (or the stage's closing :meth:`Ops.residual_norm`) to add.
+        """
+        if pending is None:
+            qkv = ops.gemv_rmsnorm(x, self.norm1, eps, self.wqkv)
+        else:
+            qkv, x = ops.gemv_residual(pending[0], x, pending[1], self.norm1, eps, sandwich, self.wqkv)
+        o = attn(qkv, layer, self.q_bias, self.k_bias)
+        gate_up, x = ops.gemv_residual(ops.gemv(o, self.wo), x, self.norm2, self.norm3, eps, sandwich,
+                                       self.w_gate_up)
+        return x, (ops.gemv_silu(gate_up, self.w_down), self.norm4)
+
 
 class LoopedLM(nn.Module):
     """Embedding, prelude layers, looped core, coda layers and head, as stage functions.
@@ -185,12 +202,24 @@ class LoopedLM(nn.Module):
         x = F.embedding(ids, self.embed)
         return x * self.config.embed_scale if self.config.embed_scale != 1.0 else x
 
+    def fused(self, x: torch.Tensor) -> bool:
+        """Whether a batch this small runs the fused skinny-matmul path (:meth:`Layer.forward_fused`)."""
+        return x.shape[0] <= self.ops.fuse_rows
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return self.ops.gemv(x, w) if self.fused(x) else F.linear(x, w)
+
     def run_layers(self, layers: nn.ModuleList, x: torch.Tensor, attn, first_layer: int,
                    tail_norm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Apply ``layers`` (cache layers ``first_layer ..``); also returns ``tail_norm(x)`` if given."""
         cfg, ops = self.config, self.ops
         if not len(layers):
             return x, (ops.rms_norm(x, tail_norm, cfg.norm_eps) if tail_norm is not None else None)
+        if self.fused(x):
+            pending = None
+            for i, layer in enumerate(layers):
+                x, pending = layer.forward_fused(x, pending, attn, first_layer + i, ops, cfg.norm_eps, cfg.sandwich)
+            return ops.residual_norm(pending[0], x, pending[1], tail_norm, cfg.norm_eps, cfg.sandwich)
         h = ops.rms_norm(x, layers[0].norm1, cfg.norm_eps)
         for i, layer in enumerate(layers):
             nxt = layers[i + 1].norm1 if i + 1 < len(layers) else tail_norm
@@ -211,7 +240,7 @@ class LoopedLM(nn.Module):
     def core_step(self, s: torch.Tensor, e: torch.Tensor | None, attn, first_layer: int) -> torch.Tensor:
         """One loop of the core: Huginn mixes ``e`` in through the adapter; Ouro ends with the final norm."""
         if self.adapter is not None:
-            s = F.linear(torch.cat((s, e), dim=-1), self.adapter)
+            s = self.linear(torch.cat((s, e), dim=-1), self.adapter)
             s, _ = self.run_layers(self.core_layers, s, attn, first_layer, None)
             return s
         _, normed = self.run_layers(self.core_layers, s, attn, first_layer, self.final_norm)
@@ -230,7 +259,7 @@ class LoopedLM(nn.Module):
         return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self.head_weight).float()
+        return self.linear(h, self.head_weight).float()
 
     def gate_logit(self, s: torch.Tensor) -> torch.Tensor:
         """Ouro's exit-gate logit of a (normed) loop state, ``[N]``."""

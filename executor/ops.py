@@ -148,23 +148,86 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
     return out.to(q.dtype).reshape(n, heads * d)
 
 
+def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta, layer: int, scale: float) -> torch.Tensor:
+    """Packed prefill attention (see :mod:`executor.prefill`): chunk ``c``'s queries (packed rows ``qoff ..
+    qoff + len``) attend causally to positions ``0 .. start + i`` of its request in cache ``layer``, read
+    through the chunk's block-table row. Rows in no chunk come out zero. Returns ``[T, heads * D]``.
+
+    Loops over chunks on the host: the CPU reference, not capturable in a CUDA graph.
+    """
+    geo = cache.geometry
+    tokens, heads, d = q.shape
+    out = torch.zeros_like(q)
+    for c, (start, n, off) in enumerate(zip(meta.start.tolist(), meta.length.tolist(), meta.qoff.tolist(),
+                                            strict=True)):
+        if n <= 0:
+            continue
+        kv_len = start + n
+        pages = layer * geo.pages_per_layer + meta.block_table[c, : -(-kv_len // geo.block_size)].long()
+        k = cache.k_pages[pages].flatten(0, 1)[:kv_len].float()
+        v = cache.v_pages[pages].flatten(0, 1)[:kv_len].float()
+        if heads != cache.kv_heads:
+            k = k.repeat_interleave(heads // cache.kv_heads, dim=1)
+            v = v.repeat_interleave(heads // cache.kv_heads, dim=1)
+        scores = torch.einsum("nhd,thd->hnt", q[off: off + n].float(), k) * scale
+        visible = torch.arange(kv_len, device=q.device)[None, :] <= start + torch.arange(n, device=q.device)[:, None]
+        scores = scores.masked_fill(~visible[None], float("-inf"))
+        out[off: off + n] = torch.einsum("hnt,thd->nhd", torch.softmax(scores, dim=-1), v).to(q.dtype)
+    return out.reshape(tokens, heads * d)
+
+
+# skinny matmuls with the op feeding them fused in (the triton backend's executor.gemv); here composed
+def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(x, w)
+
+
+def gemv_silu(gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(silu_mul(gate_up), w)
+
+
+def gemv_rmsnorm(x: torch.Tensor, w_norm: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(rms_norm(x, w_norm, eps), w)
+
+
+def gemv_residual(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor, eps: float,
+                  sandwich: bool, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x_new, h = residual_norm(branch, x, w_post, w_next, eps, sandwich)
+    return torch.nn.functional.linear(h, w), x_new
+
+
 # ----- dispatch --------------------------------------------------------------------------------------
 class Ops:
-    """The primitives of one backend: ``Ops("torch")`` or ``Ops("triton")``."""
+    """The primitives of one backend: ``Ops("torch")`` or ``Ops("triton")``.
 
-    def __init__(self, backend: str = "torch") -> None:
+    ``fuse_rows``: batches of at most this many rows run each layer as four skinny matmuls with the
+    norms, residual adds and SwiGLU fused into them (:meth:`executor.model.Layer.forward_fused`). Off (0)
+    by default in both backends: on the H200 the Triton skinny kernels (:mod:`executor.gemv`) gain at
+    most ~15% over cuBLAS per projection and the fused residual prologue loses about as much, so a layer
+    costs the same either way (``benchmarks/results/gemv``). Set it to measure the fused path, or, with
+    the torch backend, to check its composition against the plain one.
+    """
+
+    def __init__(self, backend: str = "torch", fuse_rows: int | None = None) -> None:
         if backend not in ("torch", "triton"):
             raise ValueError(f"unknown ops backend {backend!r}; expected 'torch' or 'triton'")
         self.backend = backend
         if backend == "triton":
+            from executor import gemv as skinny
             from executor import triton_kernels as impl
+
         else:
-            impl = _TorchOps
+            impl = skinny = _TorchOps
+        self.fuse_rows = fuse_rows or 0
+        self.gemv = skinny.gemv
+        self.gemv_silu = skinny.gemv_silu
+        self.gemv_rmsnorm = skinny.gemv_rmsnorm
+        self.gemv_residual = skinny.gemv_residual
         self.rms_norm = impl.rms_norm
         self.residual_norm = impl.residual_norm
         self.silu_mul = impl.silu_mul
         self.rope_write_kv = impl.rope_write_kv
         self.decode_attention = impl.decode_attention
+        self.prefill_attention = impl.prefill_attention
 
 
 class _TorchOps:
@@ -173,6 +236,11 @@ class _TorchOps:
     silu_mul = staticmethod(silu_mul)
     rope_write_kv = staticmethod(rope_write_kv)
     decode_attention = staticmethod(decode_attention)
+    prefill_attention = staticmethod(prefill_attention)
+    gemv = staticmethod(gemv)
+    gemv_silu = staticmethod(gemv_silu)
+    gemv_rmsnorm = staticmethod(gemv_rmsnorm)
+    gemv_residual = staticmethod(gemv_residual)
 
 
 def default_backend(device: torch.device | str) -> str:

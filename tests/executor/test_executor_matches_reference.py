@@ -89,3 +89,26 @@ def test_graph_static_buffers_match_reference(style: str, policy: str, layout: s
     run = execute(arch, config, requests, kv_blocks=64, model=model, keep_logits=True, graphs=True)
     assert run.log.meta["launch_path"] == "static-buffers"
     assert_matches_reference(run, model, arch, config, requests)
+
+
+@pytest.mark.parametrize("style", ["ouro", "huginn"])
+def test_fused_small_batch_layers_equal_the_plain_ones(style: str) -> None:
+    """The fused skinny-matmul composition (norms, residuals and SwiGLU folded into the projections) is
+    the same layer: with it on for every batch, tokens are equal and logits agree to 1e-5."""
+    from executor.ops import Ops
+
+    arch = tiny_arch(style)
+    config = ServeConfig(policy="refill", width=4, coda_batch=2, prefill_budget=32, timing="sync", layout="depth")
+    runs, calls = [], []
+    for fuse_rows in (0, 64):
+        model = tiny_model(arch)
+        model.ops = ops = Ops("torch", fuse_rows=fuse_rows)
+        residual = ops.gemv_residual
+        ops.gemv_residual = lambda *a, residual=residual, tag=fuse_rows: calls.append(tag) or residual(*a)
+        runs.append(execute(arch, config, tiny_requests(), kv_blocks=64, model=model, keep_logits=True))
+    assert calls and set(calls) == {64}  # only the fused model takes the fused path
+    plain, fused = runs
+    assert all((a == b).all() for a, b in zip(plain.tokens, fused.tokens, strict=True))
+    assert plain.logits.keys() == fused.logits.keys()
+    worst = max(float((plain.logits[k] - fused.logits[k]).abs().max()) for k in plain.logits)
+    assert worst < 1e-5

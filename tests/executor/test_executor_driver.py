@@ -74,3 +74,22 @@ def test_warmup_prefill_touches_no_request(style: str) -> None:
     assert not torch.equal(engine.cache.k[:, trash], k[:, trash])
     scratch = len(requests) * engine.stride
     assert torch.equal(engine.tokens[:scratch], tokens[:scratch])
+
+
+def test_run_clock_starts_after_the_collector_pass(monkeypatch) -> None:
+    """Setup before serving (the collector pass of paused_gc) is not logged as run time."""
+    import contextlib
+    import time
+
+    import executor.driver as driver
+
+    @contextlib.contextmanager
+    def slow_pause():
+        time.sleep(1.0)
+        yield
+
+    monkeypatch.setattr(driver, "paused_gc", slow_pause)
+    arch = tiny_arch("ouro")
+    config = ServeConfig(policy="cb", width=2, prefill_budget=16, timing="sync")
+    log = run_executor(arch, config, tiny_requests(n=2, seed=1), 32, model=tiny_model(arch), mode="sync")
+    assert log.launches["start"].iloc[0] < 1.0

@@ -4,7 +4,11 @@
 #   bash benchmarks/gpu_session.sh validate    the validation matrix, executor throughput bench
 #   bash benchmarks/gpu_session.sh full        calibration, then the validation matrix against the fresh
 #                                              profiles
-#   bash benchmarks/gpu_session.sh probe       three Ouro validation configs and the Ouro stage/attention bench
+#   bash benchmarks/gpu_session.sh short       GPU tests, calibration of the shipped models, seven validation
+#                                              configs (Ouro and Huginn, offline and online) against it
+#   bash benchmarks/gpu_session.sh mini        GPU tests, Ouro-1.4B calibration, two Ouro validation configs
+#   bash benchmarks/gpu_session.sh probe       GPU tests, skinny-matmul sweep, stage bench, Ouro-1.4B calibration
+#                                              and three Ouro validation configs against it
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long.
 set -u
@@ -21,12 +25,13 @@ else
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv > "$work/nvidia-smi.csv"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" > "$work/versions.txt"
-run() {  # run LIMIT_S NAME CMD...: time-limited step with its log kept
-  local limit=$1 name=$2; shift 2
+run() {  # run LIMIT_S NAME CMD...: time-limited step with its log kept; the archive is rewritten after
+  local limit=$1 name=$2; shift 2  # every step, so a call cut short still brings back what was done
   local t0=$SECONDS
   timeout "$limit" "$@" > "$work/$name.log" 2>&1
   echo "$name: exit $? after $((SECONDS - t0)) s" | tee -a "$work/steps.txt"
   tail -n 25 "$work/$name.log"
+  tar czf "$OUT/session-$phase.tgz" -C "$work" .
 }
 case $phase in
   calibrate)
@@ -45,11 +50,30 @@ case $phase in
     run 330 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
       --out "$work/validation"
     ;;
-  probe)  # short: three Ouro validation configs against the shipped profiles, Ouro stage/attention bench
+  short)
+    run 90 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 150 calibrate python3 cli.py calibrate --arch ouro-1.4b,ouro-2.6b,huginn-3.5b --out "$work/profiles"
+    mkdir -p calibration/profiles && cp "$work"/profiles/*.json calibration/profiles/
+    run 130 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json --only \
+ouro-alpaca-cb-W64,ouro-alpaca-refill-W64,ouro-alpaca-refill-W256,ouro-sharegpt-refill-W16,ouro-alpaca-refill-online,\
+huginn-alpaca-cb-W64,huginn-alpaca-refill-K16-W64 --out "$work/validation"
+    ;;
+  mini)  # what fits three minutes: GPU tests, Ouro-1.4B calibration, two Ouro validation configs
+    run 75 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 50 calibrate python3 cli.py calibrate --arch ouro-1.4b --out "$work/profiles"
+    mkdir -p calibration/profiles && cp "$work"/profiles/*.json calibration/profiles/
+    run 60 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
+      --only ouro-alpaca-cb-W64,ouro-alpaca-refill-W64 --out "$work/validation"
+    ;;
+  probe)
+    run 120 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 180 bench-gemv python3 benchmarks/bench_gemv.py --measure-copy --out "$work/gemv.json"
+    run 80 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --parts stages \
+      --out "$work/bench"
+    run 60 calibrate python3 cli.py calibrate --arch ouro-1.4b --out "$work/profiles"
+    cp "$work"/profiles/*.json calibration/profiles/
     run 90 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
       --only ouro-alpaca-cb-W64,ouro-alpaca-refill-W64,ouro-alpaca-refill-W256 --out "$work/validation"
-    run 60 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b --parts stages attention \
-      --out "$work/bench"
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

@@ -5,10 +5,12 @@ Modules, in the order a launch meets them:
 ``driver``         :func:`run_executor` / :func:`execute`: scheduler + engine + clock (sync, async,
                    lookahead) + the simulator's log schema.
 ``engine``         runs one Launch: token store, hidden-state bank, per-row metadata, stage runners.
-``graphs``         CUDA graphs per (stage, padded batch size).
-``attention``      paged decode attention (per-row slots) and packed prefill attention.
+``graphs``         CUDA graphs per (stage, padded batch size or padded prefill tokens).
+``prefill``        fixed-shape metadata of packed prefill chunks, and their attention context.
+``attention``      paged decode attention (per-row slots).
 ``kv_cache``       paged, depth-aware KV cache (depth-indexed + last-exited fill, shared, first-shared).
-``ops``            primitives in torch; ``triton_kernels`` the same primitives fused for the GPU.
+``ops``            primitives in torch; ``triton_kernels`` the same primitives fused for the GPU;
+                   ``gemv`` skinny matmuls with fused prologues (an optional small-batch layer path).
 ``model``          the looped transformer (Ouro and Huginn block styles, any prelude-core-coda split).
 ``reference``      a plain per-request decoder with the same KV semantics (what the tests compare to).
 ``loader``         real Ouro / Huginn safetensors checkpoints by their public parameter names.

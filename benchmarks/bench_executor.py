@@ -136,11 +136,7 @@ def stage_latency(arch: ArchSpec, model, sizes: list[int], context: int, prefill
     config = ServeConfig(policy="refill", width=rows, prefill_budget=max(rows, *prefill_tokens),
                          layout=KVLayout.SHARED, graph_sizes=tuple(sizes))
     engine = Engine(model, config, requests, rows * per_row + prefill_blocks)
-    engine.cache.k.normal_()
-    engine.cache.v.normal_()
-    engine.bank_state.normal_()
-    if engine.bank_inject is not None:
-        engine.bank_inject.normal_()
+    engine.fill_random()
     engine.row_of = {i: i for i in range(rows)}
     fake = SimpleNamespace(blocks=[list(range(i * per_row, (i + 1) * per_row)) for i in range(rows)],
                            prefill_target=[prompt] * rows, status=[2] * rows, preemptions=0)

@@ -17,7 +17,8 @@ lengths, give the components of :mod:`cdbsim.latency` directly:
 * ``host`` = planning + preparing + launching time per launch against items, from a short real run.
 
 Every stage is replayed as the CUDA graph the executor uses (prefill padded to its token bucket), after
-warm-up; the time is the median of ``repeats`` replays, each bracketed by CUDA events.
+warm-up, on random KV contents and loop states (:meth:`executor.engine.Engine.fill_random`); the time is
+the median of ``repeats`` replays, each bracketed by CUDA events.
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ class UnitBench:
         config = ServeConfig(policy=Policy.REFILL, width=max_batch, prefill_budget=max(8192, max_batch),
                              layout=layout)
         self.engine = Engine(self.model, config, requests, self.kv_blocks)
+        self.engine.fill_random(seed)
         self.engine.row_of = {i: i for i in range(max_batch)}
         self.engine._free_rows = []
         self.graphs = StageGraphs(self.engine)

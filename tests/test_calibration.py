@@ -59,3 +59,23 @@ def test_calibrate_on_cpu_writes_a_usable_profile(tmp_path, style: str) -> None:
 def test_device_tag() -> None:
     assert device_tag("NVIDIA H200") == "h200"
     assert device_tag("NVIDIA H100 80GB HBM3") == "h100"
+
+
+@pytest.mark.parametrize("style", ["ouro", "huginn"])
+def test_calibration_times_stages_on_random_data(style: str) -> None:
+    """The bench's KV cache and loop states hold random values, not zeros: a stage fed zeros runs on
+    zero activations, which a GPU computes at lower power (and higher clocks) than a serving run."""
+    import torch
+
+    from calibration.measure import Timer, UnitBench
+    from cdbsim.kvlayout import KVLayout
+
+    arch = tiny(style)
+    device = torch.device("cpu")
+    bench = UnitBench(arch, 4, 48, 512, KVLayout.SHARED, device, Timer(device, 1, 0))
+    engine = bench.engine
+    states = [engine.cache.k, engine.cache.v, engine.bank_state]
+    if style == "huginn":
+        states.append(engine.bank_inject)
+    assert all(float(t.float().std()) > 0.5 for t in states)
+    assert bench.stage(Stage.CORE, 2, 16) > 0

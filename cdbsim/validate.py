@@ -43,15 +43,39 @@ def launch_from_row(row: object) -> Launch:
                   kv_copies=int(row.kv_copies))
 
 
+BATCH_BINS = (16, 64, 128, 256)  # upper edges of the padded-batch ranges stage errors are broken into
+
+
+def batch_range(padded: int) -> str:
+    """The range of :data:`BATCH_BINS` a padded batch size falls in, e.g. ``"65-128"``."""
+    low = 1
+    for high in BATCH_BINS:
+        if padded <= high:
+            return f"{low}-{high}"
+        low = high + 1
+    return f"{low}+"
+
+
 def stage_errors(log: RunLog, launch_time: Callable[[Launch], float]) -> list[dict]:
     """Per stage: measured device time of the logged launches against the latency model's time for the
-    very same launches. This isolates the latency model from the schedule (which the two runs share)."""
+    very same launches. This isolates the latency model from the schedule (which the two runs share).
+
+    Each decode-type stage has a row over all its launches (``batch`` "all") and one per padded-batch
+    range, since a model can be right on average and wrong at one end of the batch sizes.
+    """
     rows = []
-    for stage, group in log.launches.groupby("stage", sort=False):
-        measured = float((group["end"] - group["start"]).sum())
-        predicted = float(sum(launch_time(launch_from_row(r)) for r in group.itertuples(index=False)))
-        rows.append({"stage": str(stage), "launches": len(group), "measured s": measured,
-                     "predicted s": predicted, "error": signed_error(predicted, measured)})
+    launches = log.launches.assign(predicted=[launch_time(launch_from_row(r))
+                                              for r in log.launches.itertuples(index=False)])
+    for stage, group in launches.groupby("stage", sort=False):
+        parts = [("all", group)]
+        if stage != "prefill":
+            parts += list(group.groupby(group["padded"].map(batch_range), sort=False))
+            parts[1:] = sorted(parts[1:], key=lambda part: int(part[0].split("-")[0].rstrip("+")))
+        for batch, part in parts:
+            measured = float((part["end"] - part["start"]).sum())
+            predicted = float(part["predicted"].sum())
+            rows.append({"stage": str(stage), "batch": batch, "launches": len(part), "measured s": measured,
+                         "predicted s": predicted, "error": signed_error(predicted, measured)})
     return rows
 
 

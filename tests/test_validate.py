@@ -61,9 +61,32 @@ def test_validate_against_saved_logs(tmp_path) -> None:
     stages = json.loads((out / "summary.json").read_text())["stages"]["refill"]
     assert {row["stage"] for row in stages} == {"prefill", "prelude", "core", "coda"}
     assert all(abs(row["error"]) < 1e-9 for row in stages)
+    for stage in ("prelude", "core", "coda"):  # the batch ranges partition each stage's launches
+        rows = [r for r in stages if r["stage"] == stage]
+        assert rows[0]["batch"] == "all" and len(rows) >= 2
+        assert sum(r["launches"] for r in rows[1:]) == rows[0]["launches"]
     comps = compare(load_matrix(matrix), {e.name: __import__("cdbsim.logs", fromlist=["RunLog"]).RunLog.load(
         measured / e.name) for e in entries}, latency_for)
     assert comps[2].online and comps[2].rows[0]["metric"] == "output_tps"
+
+
+def test_stage_errors_by_batch_range() -> None:
+    """A latency model that is exact for small batches and twice too slow above 16 rows shows it."""
+    from calibration.validation import Entry
+    from cdbsim.validate import batch_range, stage_errors
+
+    assert [batch_range(b) for b in (1, 16, 17, 64, 256, 257)] == ["1-16", "1-16", "17-64", "17-64", "129-256",
+                                                                  "257+"]
+    entry = Entry(name="refill", requests=60, width=64)
+    requests, _ = requests_for(entry, latency_for(entry.spec()))
+    log = simulate(entry.spec(), entry.config(), requests, latency_for(entry.spec()), entry.kv_blocks())
+    launches = log.launches
+    duration = dict(zip(launches["index"], launches["end"] - launches["start"], strict=True))
+    rows = stage_errors(log, lambda launch: duration[launch.index] * (2.0 if launch.padded > 16 else 1.0))
+    core = {r["batch"]: r["error"] for r in rows if r["stage"] == "core"}
+    assert core["1-16"] == pytest.approx(0.0)
+    assert core["17-64"] == pytest.approx(1.0)
+    assert 0.0 < core["all"] < 1.0
 
 
 def test_validate_without_gpu_or_logs_says_so(tmp_path) -> None:

@@ -96,6 +96,14 @@ class Report:
         return row
 
 
+def idle_share(busy: float, span: float) -> float:
+    """Share of ``span`` the device was idle; below a nanosecond per second it is summation noise, 0."""
+    if span <= 0:
+        return 0.0
+    idle = 1.0 - busy / span
+    return idle if idle > 1e-9 else 0.0
+
+
 def summarize(log: RunLog, arch: ArchSpec, requests: list[Request], r_min: int) -> Report:
     """The :class:`Report` of ``log`` (a run of ``requests`` on ``arch``)."""
     launches, reqs = log.launches, log.requests
@@ -124,7 +132,7 @@ def summarize(log: RunLog, arch: ArchSpec, requests: list[Request], r_min: int) 
         e2e_s=Distribution.of(finish - arrival), normalized_s=Distribution.of((finish - arrival) / out_len),
         launches=counts, mean_batch=mean_batch,
         device_busy=min(1.0, busy / span) if span > 0 else 0.0,
-        device_idle=max(0.0, 1.0 - busy / span) if span > 0 else 0.0,
+        device_idle=idle_share(busy, span),
         prefill_share=stage_time.get("prefill", 0.0) / busy if busy > 0 else 0.0,
         mean_depth=dbar, f1=first_token_fraction(requests), s_dec=s_dec(arch, dbar),
         meta=dict(log.meta),

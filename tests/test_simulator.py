@@ -168,3 +168,11 @@ def test_report_on_a_hand_built_log() -> None:
     assert report.launches == {"prefill": 1, "core": 1, "coda": 2}
     assert report.mean_depth == pytest.approx((4 + 2 + 4 + 4 + 3) / 5)
     assert report.f1 == pytest.approx(2 / 5)
+
+
+def test_idle_share_drops_summation_noise() -> None:
+    from cdbsim.report import idle_share
+
+    assert idle_share(3.0 - 1e-14, 3.0) == 0.0
+    assert idle_share(2.0, 4.0) == pytest.approx(0.5)
+    assert idle_share(1.0, 0.0) == 0.0

@@ -87,3 +87,26 @@ def test_record_exit_trace_round_trips_through_trace_files(tmp_path, style: str)
     path = write_trace(recorded, tmp_path / "exits.csv")
     back = read_trace(path, r_max=arch.r_max)
     assert [b.depths.tolist() for b in back] == [r.depths.tolist() for r in recorded]
+
+
+@pytest.mark.parametrize("style", ["ouro", "huginn"])
+def test_batched_recording_equals_per_request_recording(style: str) -> None:
+    """Greedy outputs from one batched executor run give the same gate values and depths as decoding
+    each request on its own."""
+    from executor.gates import greedy_outputs
+
+    arch = tiny_arch(style, r_max=4)
+    model = tiny_model(arch)
+    requests = [Request(0, 7, 5, 0.0), Request(1, 3, 1, 0.5), Request(2, 12, 6, 1.0), Request(3, 30, 9, 0.0)]
+    outputs = greedy_outputs(model, arch, requests, width=2)
+    for r, out in zip(requests, outputs, strict=True):
+        alone, tokens = record_gate_values(model, r)
+        batched, _ = record_gate_values(model, r, outputs=out)
+        assert out.tolist() == tokens
+        np.testing.assert_allclose(batched, alone, atol=1e-5)
+    q = 0.6 if style == "ouro" else 0.9
+    fast = record_exit_trace(model, requests, q, arch=arch)
+    slow = record_exit_trace(model, requests, q)
+    assert [r.depths.tolist() for r in fast] == [r.depths.tolist() for r in slow]
+    with pytest.raises(ValueError, match="output tokens"):
+        record_gate_values(model, requests[0], outputs=[1, 2])

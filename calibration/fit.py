@@ -11,11 +11,15 @@ from pathlib import Path
 import numpy as np
 
 from cdbsim.arch import ArchSpec
+from cdbsim.interp import Surface
 from cdbsim.latency import LatencyModel, layer_name
 from cdbsim.launch import Stage
 from cdbsim.profile import Fit, Profile, fit_points
 
 CONTEXTS = (128, 512, 2048, 8192)
+# components a measured profile predicts by interpolating their points (cdbsim.latency, _tabulate);
+# the others (prefill, host, KV copy, adapter) predict from the linear fit
+INTERPOLATED = {"layer", "core1", "prelude0", "coda0", "prelude", "core", "coda", "decode"}
 
 
 def fit_components(points: dict[str, list[list[float]]]) -> dict[str, Fit]:
@@ -40,14 +44,33 @@ def build_profile(name: str, device: dict, versions: dict, points: dict[str, lis
 
 
 def quality_rows(profile: Profile) -> list[dict]:
-    """R^2 and worst relative residual of every fitted component."""
+    """Per component: the linear fit, its R^2 and worst relative residual, and how well interpolation
+    (what a measured profile predicts decode-type stages with) predicts each point left out of it."""
     rows = []
     for name, fit in sorted(profile.components.items()):
+        held_out = held_out_errors(fit) if name.split("/")[0] in INTERPOLATED else np.zeros(0)
         rows.append({"component": name, "points": len(fit.points), "delta us": fit.delta * 1e6,
                      "gamma us": fit.gamma * 1e6, "alpha ns": fit.alpha * 1e9,
                      "R2": fit.r2 if fit.r2 is not None else float("nan"),
-                     "worst residual %": 100 * (fit.max_rel_residual or 0.0)})
+                     "worst residual %": 100 * (fit.max_rel_residual or 0.0),
+                     "interp. held-out median %": 100 * float(np.median(held_out)) if held_out.size else float("nan"),
+                     "interp. held-out worst %": 100 * float(held_out.max()) if held_out.size else float("nan")})
     return rows
+
+
+def held_out_errors(fit: Fit) -> np.ndarray:
+    """|relative error| of the interpolating surface (:class:`cdbsim.interp.Surface`) at each ``[B, B*L,
+    t]`` point when that point is left out (at the grid's edges that is extrapolation); empty for 4-column
+    points (prefill) or fewer than three points."""
+    pts = fit.points
+    if len(pts) < 3 or len(pts[0]) != 3:
+        return np.zeros(0)
+    errors = []
+    for i, (batch, context, t) in enumerate(pts):
+        rest = Fit(delta=fit.delta, gamma=fit.gamma, alpha=fit.alpha, points=pts[:i] + pts[i + 1:])
+        length = context / batch if batch > 0 else 0.0
+        errors.append(abs(Surface(rest)(batch, length) - t) / t if t > 0 else 0.0)
+    return np.asarray(errors)
 
 
 def saturation_rows(profile: Profile, arch: ArchSpec, contexts: tuple[int, ...] = CONTEXTS) -> list[dict]:

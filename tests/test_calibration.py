@@ -79,3 +79,21 @@ def test_calibration_times_stages_on_random_data(style: str) -> None:
         states.append(engine.bank_inject)
     assert all(float(t.float().std()) > 0.5 for t in states)
     assert bench.stage(Stage.CORE, 2, 16) > 0
+
+
+def test_held_out_error_of_interpolation() -> None:
+    """Points linear in B at each context: interpolation predicts every point it did not see above the
+    smallest batch (below the grid, it holds the smallest measured value)."""
+    import numpy as np
+
+    from calibration.fit import held_out_errors
+    from cdbsim.profile import Fit
+
+    points = [[b, b * length, 1e-3 + 1e-5 * b + 1e-8 * b * length] for length in (128, 512) for b in (1, 2, 4, 8)]
+    errors = held_out_errors(Fit(delta=1e-3, gamma=1e-5, alpha=1e-8, points=points))
+    assert errors.shape == (8,) and np.delete(errors, [0, 4]).max() < 1e-9
+    assert errors[0] > 0
+    bent = [list(p) for p in points]
+    bent[1][2] *= 1.5  # B = 2 at L = 128 off the line: its neighbours cannot predict it
+    assert held_out_errors(Fit(delta=1e-3, points=bent))[1] > 0.2
+    assert held_out_errors(Fit(delta=1e-3, points=[[1, 0, 0, 1.0]] * 3)).size == 0

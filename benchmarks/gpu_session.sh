@@ -6,6 +6,8 @@
 #                                              profiles
 #   bash benchmarks/gpu_session.sh short       GPU tests, calibration of the shipped models, seven validation
 #                                              configs (Ouro and Huginn, offline and online) against it
+#   bash benchmarks/gpu_session.sh bench       GPU tests, which calibration condition hides the large-batch gap
+#                                              (probe_calibration_gap.py), stage/attention and throughput bench
 #   bash benchmarks/gpu_session.sh mini        GPU tests, Ouro-1.4B calibration, two Ouro validation configs
 #   bash benchmarks/gpu_session.sh probe       GPU tests, skinny-matmul sweep, stage bench, Ouro-1.4B calibration
 #                                              and three Ouro validation configs against it
@@ -57,6 +59,14 @@ case $phase in
     run 130 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json --only \
 ouro-alpaca-cb-W64,ouro-alpaca-refill-W64,ouro-alpaca-refill-W256,ouro-sharegpt-refill-W16,ouro-alpaca-refill-online,\
 huginn-alpaca-cb-W64,huginn-alpaca-refill-K16-W64 --out "$work/validation"
+    ;;
+  bench)
+    run 70 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 120 probe-gap python3 benchmarks/probe_calibration_gap.py --out "$work/probe-gap.json"
+    run 80 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b --parts stages attention \
+      --out "$work/bench"
+    run 270 bench-throughput python3 benchmarks/bench_executor.py --parts throughput --quick --requests 160 \
+      --out "$work/bench-throughput"
     ;;
   mini)  # what fits three minutes: GPU tests, Ouro-1.4B calibration, two Ouro validation configs
     run 75 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider

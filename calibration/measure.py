@@ -100,15 +100,27 @@ class Plan:
 
 
 class Timer:
-    """Median wall time of a callable on the GPU (CUDA events) or the CPU (perf counter)."""
+    """Median wall time of a callable on the GPU (CUDA events) or the CPU (perf counter).
 
-    def __init__(self, device: torch.device, repeats: int, warmup: int) -> None:
+    ``busy_s``: keep calling it for this long before timing, so the device is measured under sustained
+    load (clocks and power settle) rather than in a short burst.
+    """
+
+    def __init__(self, device: torch.device, repeats: int, warmup: int, busy_s: float = 0.0) -> None:
         self.cuda = device.type == "cuda"
-        self.repeats, self.warmup = repeats, warmup
+        self.repeats, self.warmup, self.busy_s = repeats, warmup, busy_s
 
     def __call__(self, fn: Callable[[], object]) -> float:
         for _ in range(self.warmup):
             fn()
+        if self.busy_s > 0:
+            import time
+
+            until = time.perf_counter() + self.busy_s
+            while time.perf_counter() < until:
+                fn()
+                if self.cuda:
+                    torch.cuda.synchronize()
         times = []
         if self.cuda:
             torch.cuda.synchronize()
@@ -130,10 +142,17 @@ class Timer:
 
 
 class UnitBench:
-    """A model's engine with synthetic requests, so any stage can be timed at any (batch, context)."""
+    """A model's engine with synthetic requests, so any stage can be timed at any (batch, context).
+
+    The KV cache and loop states hold random values (``zeros`` keeps the fresh engine's zeros), and each
+    request's blocks are consecutive ids (``scatter`` draws them from a seeded permutation of the whole
+    cache, as a long run's free list hands them out); ``kv_blocks`` overrides the cache size. The
+    defaults are what calibration measures with; the options exist to measure what these choices change.
+    """
 
     def __init__(self, arch: ArchSpec, max_batch: int, max_context: int, max_positions: int,
-                 layout: KVLayout, device: torch.device, timer: Timer, seed: int = 0) -> None:
+                 layout: KVLayout, device: torch.device, timer: Timer, seed: int = 0, *, zeros: bool = False,
+                 scatter: bool = False, kv_blocks: int | None = None) -> None:
         self.arch, self.device, self.timer = arch, device, timer
         # a long prefill replay is slow to repeat and steady: fewer repeats suffice
         self.prefill_timer = Timer(device, max(3, timer.repeats // 4), 1)
@@ -142,11 +161,14 @@ class UnitBench:
         self.model = build_model(arch, device=device, seed=seed)
         requests = [Request(i, max_context, 2, 0.0, np.full(1, arch.r_max, dtype=np.int16))
                     for i in range(max_batch)]
-        self.kv_blocks = max_positions // self.bs + max_batch + 64
+        self.kv_blocks = kv_blocks or max_positions // self.bs + max_batch + 64
+        self.block_order = (np.random.default_rng(seed).permutation(self.kv_blocks) if scatter
+                            else np.arange(self.kv_blocks))
         config = ServeConfig(policy=Policy.REFILL, width=max_batch, prefill_budget=max(8192, max_batch),
                              layout=layout)
         self.engine = Engine(self.model, config, requests, self.kv_blocks)
-        self.engine.fill_random(seed)
+        if not zeros:
+            self.engine.fill_random(seed)
         self.engine.row_of = {i: i for i in range(max_batch)}
         self.engine._free_rows = []
         self.graphs = StageGraphs(self.engine)
@@ -155,16 +177,20 @@ class UnitBench:
     def _scheduler(self, batch: int, context: int) -> SimpleNamespace:
         per = -(-(context + 1) // self.bs)
         assert batch * per <= self.kv_blocks, "calibration point exceeds the bench's KV blocks"
-        blocks = [list(range(i * per, (i + 1) * per)) for i in range(batch)]
+        blocks = [self.block_order[i * per:(i + 1) * per].tolist() for i in range(batch)]
         return SimpleNamespace(blocks=blocks, preemptions=0, status=[3] * batch,
                                prefill_target=[context + 1] * batch)
 
-    def stage(self, stage: Stage, batch: int, context: int, exiting: bool = False) -> float:
-        """Seconds of one graph replay of a decode-type ``stage`` over ``batch`` tokens attending ``context``."""
+    def stage(self, stage: Stage, batch: int, context: int, exiting: bool = False,
+              mixed_steps: bool = False) -> float:
+        """Seconds of one graph replay of a decode-type ``stage`` over ``batch`` tokens attending ``context``
+        (core: every token at loop step 0, or with ``mixed_steps`` at steps 0, 1, .., r_max - 1 in turn,
+        so the rows read different slots as in a refill run)."""
         launch = Launch(0, stage, requests=list(range(batch)), positions=[context - 1] * batch,
                         size=batch, padded=self.pad[batch])
         if stage is Stage.CORE:
-            launch.steps, launch.exits = [0] * batch, [exiting] * batch
+            steps = [i % self.arch.r_max for i in range(batch)] if mixed_steps else [0] * batch
+            launch.steps, launch.exits = steps, [exiting] * batch
         prepared = self.engine.prepare(launch, self._scheduler(batch, context), self.graphs.width)
         with torch.inference_mode():
             self.graphs.launch(prepared)

@@ -1,0 +1,99 @@
+"""Which of calibration's conditions makes decode steps time faster than they run in serving?
+
+Validation on the H200 (``benchmarks/results/validation-graphed-prefill/stages.csv``) found Ouro-1.4B
+core and CB steps at B = 129-256 20-32% slower in serving runs than the calibrated profile predicts, and
+long-context core steps (ShareGPT, W = 16) 8% slower, while small batches ran 3-4% faster. Calibration
+and a serving run differ in four ways; this script times the whole model's core stage (and CB step)
+changing them one at a time, then all together:
+
+``zeros``      the engine's KV cache and loop states left at zero (calibration before ``fill_random``)
+``scatter``    each request's blocks drawn from a permutation of the cache, as a run's free list hands
+               them out, instead of consecutive ids
+``depth``      the depth-indexed layout with its four slots (a 3.4x larger cache), rows at mixed loop
+               steps, as a refill run reads them; calibration measures the shared layout at step 0
+``sustained``  2 s of back-to-back replays before timing, instead of a short burst
+``run-like``   random data + scatter + depth + sustained
+
+``base`` is how calibration measures now (random data, consecutive blocks, shared layout, burst). The
+table prints each variant's time and its ratio to ``base``; the JSON keeps everything.
+
+    python benchmarks/probe_calibration_gap.py --out probe.json          # on a CUDA GPU, about a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from calibration.measure import Timer, UnitBench
+from cdbsim.arch import PRESETS, ArchSpec
+from cdbsim.kvlayout import KVLayout
+from cdbsim.launch import Stage
+
+POINTS = ((Stage.CORE, 256, 128), (Stage.CORE, 64, 512), (Stage.CORE, 16, 2048), (Stage.DECODE, 256, 128))
+POSITIONS = 65536  # the whole-model bench's KV positions (calibration's model_max_positions)
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    zeros: bool = False
+    scatter: bool = False
+    depth: bool = False
+    sustained: bool = False
+
+
+VARIANTS = (Variant("base"), Variant("zeros", zeros=True), Variant("scatter", scatter=True),
+            Variant("depth", depth=True), Variant("sustained", sustained=True),
+            Variant("run-like", scatter=True, depth=True, sustained=True))
+
+
+def measure(variant: Variant, arch: ArchSpec, repeats: int, device: torch.device,
+            points: tuple[tuple[Stage, int, int], ...] = POINTS) -> dict[str, float]:
+    timer = Timer(device, repeats, 3, busy_s=2.0 if variant.sustained else 0.0)
+    layout = KVLayout.DEPTH if variant.depth else KVLayout.SHARED
+    max_batch = max(b for _, b, _ in points)
+    max_context = max(c for _, _, c in points) + 1
+    bench = UnitBench(arch, max_batch, max_context, POSITIONS, layout, device, timer, zeros=variant.zeros,
+                      scatter=variant.scatter)
+    out = {}
+    for stage, batch, context in points:
+        mixed = variant.depth and stage is Stage.CORE
+        out[f"{stage.value} B={batch} L={context}"] = bench.stage(stage, batch, context, mixed_steps=mixed)
+    bench.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default="ouro-1.4b", choices=sorted(PRESETS))
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", help="write the times as JSON")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("probe_calibration_gap: needs a CUDA GPU, and none is available", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    results = {}
+    for variant in VARIANTS:
+        results[variant.name] = measure(variant, PRESETS[args.arch], args.repeats, torch.device("cuda"))
+        print(f"{variant.name}: done after {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    base = results["base"]
+    print(f"{'variant':<10}" + "".join(f"{k:>24}" for k in base))
+    for name, times in results.items():
+        print(f"{name:<10}" + "".join(f"{1e3 * t:>13.3f} ms {t / base[k]:>5.2f}x" for k, t in times.items()))
+    if args.out:
+        meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "arch": args.arch,
+                "repeats": args.repeats, "wall_s": time.perf_counter() - t0}
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "seconds": results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-import os
 import sys
 
 import torch
@@ -17,25 +16,9 @@ from executor.kv_cache import CacheGeometry, PagedKVCache
 from executor.ops import RopeTable
 
 from .helpers import assert_matches_reference, tiny_arch, tiny_model, tiny_requests
+from .triton_interpreter import patch_loop_bounds
 
-
-def _interpreter_compat() -> None:
-    """Triton 3.6's interpreter turns a loaded scalar (a 1-element array) into a loop bound with ``int()``,
-    which numpy >= 2.4 refuses; convert through ``.item()`` instead. A no-op when not interpreting."""
-    if not os.environ.get("TRITON_INTERPRET"):
-        return
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope) -> None:
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-
-
-_interpreter_compat()
+patch_loop_bounds()
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, atol: float, what: str) -> None:

@@ -20,6 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from .triton_interpreter import patch_loop_bounds  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 EPS = 1e-6
 
@@ -104,26 +106,12 @@ def checks(device: str = "cpu", dtype=None, atol: float = 1e-4, rtol: float = 1e
     return out
 
 
-def _interpreter_compat() -> None:
-    """Triton 3.6's interpreter passes scalars as 1-element arrays and calls ``int()`` on them for loop
-    bounds, which numpy >= 2.4 refuses; index through the first element instead."""
-    from triton.runtime import interpreter
-
-    patch = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope) -> None:
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-
-
 def _main() -> int:
     """Run every check under the interpreter; one JSON line: check name -> "ok" or the error."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         print("run with TRITON_INTERPRET=1", file=sys.stderr)
         return 2
-    _interpreter_compat()
+    patch_loop_bounds()
     results = {}
     for name, fn in checks().items():
         try:

@@ -24,6 +24,7 @@ the median of ``repeats`` replays, each bracketed by CUDA events.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import platform
 import statistics
 from collections.abc import Callable
@@ -312,8 +313,12 @@ def measure_adapter(arch: ArchSpec, plan: Plan, device: torch.device, timer: Tim
 
 def padded_prefill(tokens: int) -> int:
     """The token count a prefill launch of ``tokens`` runs at (its graph's bucket; the default budget)."""
-    budget = max(8192, tokens)
-    return padding_table(prefill_graph_sizes(budget), budget)[tokens]
+    return _prefill_padding(max(8192, tokens))[tokens]
+
+
+@functools.cache
+def _prefill_padding(budget: int) -> list[int]:
+    return padding_table(prefill_graph_sizes(budget), budget)
 
 
 def prefill_pairs(tokens: int, chunks: int, prefix: int) -> int:

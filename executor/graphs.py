@@ -106,8 +106,11 @@ class StageGraphs:
         def run() -> torch.Tensor | None:
             return fn(views, max_fill)
 
-        if not self.capture or (stage is Stage.PREFILL and not self.graph_prefill):
+        if not self.capture:
             return CapturedStage(None, meta, None, run)
+        staging = PinnedStaging(meta.numel())
+        if stage is Stage.PREFILL and not self.graph_prefill:
+            return CapturedStage(None, meta, None, run, staging)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         if warm:
@@ -118,7 +121,7 @@ class StageGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             logits = run()
-        return CapturedStage(graph, meta, logits, run, PinnedStaging(meta.numel()))
+        return CapturedStage(graph, meta, logits, run, staging)
 
     def launch(self, prepared: Prepared) -> torch.Tensor | None:
         """Copy the launch's metadata into the graph's input buffer and replay it."""
@@ -126,8 +129,6 @@ class StageGraphs:
         captured = self.get(launch.stage, launch.padded)
         if prepared.width != self.width:
             raise ValueError("graph launches need metadata as wide as the graph's block table")
-        if captured.staging is None:
-            captured.staging = PinnedStaging(captured.meta.numel()) if self.capture else None
         if captured.staging is not None:  # pinned: the copy neither blocks the host nor waits for the stream
             captured.staging.copy_to(captured.meta, prepared.meta)
         else:

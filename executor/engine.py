@@ -77,10 +77,9 @@ class Prepared:
     """A launch with its host-side inputs, ready to be put on the device."""
 
     launch: Launch
-    meta: np.ndarray | None = None          # decode-type stages
+    meta: np.ndarray | None = None          # the metadata buffer (engine layouts: FIELDS, executor.prefill)
     width: int = 0
     max_fill: int = 0
-    prefill: PrefillLayout | None = None    # prefill: layout of ``meta``
     rows: list[tuple[int, int]] | None = None  # (request, output-token index) of each sampled row
 
 
@@ -211,8 +210,7 @@ class Engine:
             if final:
                 rows_out.append((r, generated_before))
         buf = pack(layout, chunks, self.scratch_token, self.geo.trash_block, bs)
-        return Prepared(launch, meta=buf, width=width, rows=rows_out if self.track_rows else None,
-                        prefill=layout)
+        return Prepared(launch, meta=buf, width=width, rows=rows_out if self.track_rows else None)
 
     def scratch(self, stage: Stage, rows: int, width: int) -> np.ndarray:
         """Metadata of a launch of ``rows`` padded rows (tokens for prefill) that touches no request."""

@@ -571,7 +571,7 @@ def calibrate(
         "cuda",
 ) -> None:
     """Measure this GPU with the executor, fit the latency model, and write a profile per model."""
-    from calibration.fit import quality_rows, saturation_rows
+    from calibration.fit import attention_rows, quality_rows, saturation_rows
     from calibration.run import calibrate as run_calibration
 
     specs = [load_arch(name.strip()) for name in arch.split(",") if name.strip()]
@@ -581,6 +581,9 @@ def calibrate(
         profiles = run_calibration(specs, out, quick=quick, device=device, progress=status.update)
     for spec, profile in zip(specs, profiles, strict=True):
         emit(quality_rows(profile), f"{profile.label()}: fits", False, False)
+        if profile.attention:
+            emit(attention_rows(profile), f"{spec.name}: core steps with mixed context lengths "
+                 f"(attention width {profile.attention_slots or 'not fitted'})", False, False)
         emit(saturation_rows(profile, spec), f"{spec.name}: core stage and B*(L)", False, False,
              caption=f"written to {out / (profile.name + '.json')} and .png")
 

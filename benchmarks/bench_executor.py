@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from cdbsim.arch import PRESETS, ArchSpec  # noqa: E402
+from cdbsim.attention import decode_splits  # noqa: E402
 from cdbsim.config import Policy, ServeConfig  # noqa: E402
 from cdbsim.kv import need_blocks  # noqa: E402
 from cdbsim.kvlayout import KVLayout  # noqa: E402
@@ -219,7 +220,7 @@ def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, bat
         ms = time_fn(graphed(fn), iters, repeats)
         achieved = kv_bytes / (ms / 1e3)
         rows.append({"shape": name, "impl": impl, "batch": batch, "length": length, "heads": heads,
-                     "auto_splits": tk.num_splits(batch, heads) if cuda() else None,
+                     "auto_splits": decode_splits(batch, heads),
                      "kv_heads": kv_heads, "head_dim": head_dim, "ms": ms, "kv_bytes": kv_bytes,
                      "achieved_Bps": achieved, "fraction_of_copy_bw": achieved / bandwidth})
     return rows
@@ -238,8 +239,8 @@ def kv_blocks_for(arch: ArchSpec, layout: str, requests: list[Request], fraction
 
 def throughput_runs(arch: ArchSpec, model, workload: str, n: int, width: int, budget_m: int,
                     max_len: int | None, policies: list[str], exits: list[str], layout: str, mean_exit: float,
-                    k: int, modes: list[str], seed: int) -> list[dict]:
-    rows = []
+                    k: int, modes: list[str], seed: int, rows: list[dict], on_row=lambda: None) -> list[dict]:
+    """Append one row per (exits, policy, mode) run to ``rows``, calling ``on_row`` after each (to save)."""
     r_min = max(arch.r_min, 2)  # the lookahead gate's minimum depth; CB ignores depths anyway
     for exit_kind in exits:
         mean = min(mean_exit, arch.r_max - 0.5)
@@ -255,13 +256,19 @@ def throughput_runs(arch: ArchSpec, model, workload: str, n: int, width: int, bu
                 sync()
                 run = executor.run()
                 rows.append(_throughput_row(arch, config, workload, exit_kind, mode, run, requests))
+                speedups_vs_cb(rows)
+                on_row()
                 del executor, run
                 empty_cache()
-    by_key = {(r["exits"], r["mode"]): r["output_tok_s"] for r in rows if r["policy"] == "cb"}
-    for r in rows:
-        base = by_key.get((r["exits"], r["mode"]))
-        r["speedup_vs_cb"] = r["output_tok_s"] / base if base else math.nan
     return rows
+
+
+def speedups_vs_cb(rows: list[dict]) -> None:
+    """Each row's throughput over CB's on the same model, requests and mode (NaN until CB has run)."""
+    by_key = {(r["model"], r["exits"], r["mode"]): r["output_tok_s"] for r in rows if r["policy"] == "cb"}
+    for r in rows:
+        base = by_key.get((r["model"], r["exits"], r["mode"]))
+        r["speedup_vs_cb"] = r["output_tok_s"] / base if base else math.nan
 
 
 def _throughput_row(arch: ArchSpec, config: ServeConfig, workload: str, exit_kind: str, mode: str, run,
@@ -306,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, help="requests per throughput run (64 quick, 256 full)")
     parser.add_argument("--max-len", type=int, help="truncate prompt + output to this many tokens")
     parser.add_argument("--width", type=int, default=64, help="W for the throughput runs")
+    parser.add_argument("--exits", nargs="+", default=["synthetic", "none"], choices=["synthetic", "none"],
+                        help="exit models of the throughput runs (none: every token at r_max)")
     parser.add_argument("--budget-s", type=float, help="skip parts that would start after this many seconds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--smoke", action="store_true",
@@ -380,10 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         modes = ["lookahead"] if quick else ["lookahead", "sync"]
         for name, (arch, model) in models.items():
             spec = MODELS[name]
-            part(f"throughput {name}", lambda arch=arch, model=model, spec=spec: results["throughput"].extend(
-                throughput_runs(arch, model, args.workload, n, args.width, 2048 if quick else 8192, max_len,
-                                ["cb", "norefill", "refill"], ["synthetic", "none"], spec["layout"],
-                                spec["mean_exit"], spec["k"](args.width), modes, args.seed)))
+            part(f"throughput {name}", lambda arch=arch, model=model, spec=spec: throughput_runs(
+                arch, model, args.workload, n, args.width, 2048 if quick else 8192, max_len,
+                ["cb", "norefill", "refill"], args.exits, spec["layout"], spec["mean_exit"],
+                spec["k"](args.width), modes, args.seed, results["throughput"], save))
     models.clear()
     empty_cache()
 

@@ -7,7 +7,10 @@
 #   bash benchmarks/gpu_session.sh short       GPU tests, calibration of the shipped models, seven validation
 #                                              configs (Ouro and Huginn, offline and online) against it
 #   bash benchmarks/gpu_session.sh bench       GPU tests, which calibration condition hides the large-batch gap
-#                                              (probe_calibration_gap.py), stage/attention and throughput bench
+#                                              (probe_calibration_gap.py), no-exit throughput of the three
+#                                              policies on the same requests
+#   bash benchmarks/gpu_session.sh recal       GPU tests, quick stage/attention bench, calibration of the shipped
+#                                              models one by one
 #   bash benchmarks/gpu_session.sh mini        GPU tests, Ouro-1.4B calibration, two Ouro validation configs
 #   bash benchmarks/gpu_session.sh probe       GPU tests, skinny-matmul sweep, stage bench, Ouro-1.4B calibration
 #                                              and three Ouro validation configs against it
@@ -42,9 +45,10 @@ case $phase in
     run 100 bench-stages python3 benchmarks/bench_executor.py --parts stages attention --out "$work/bench"
     ;;
   validate)
-    run 420 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
+    run 400 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
       --out "$work/validation"
-    run 120 bench-throughput python3 benchmarks/bench_executor.py --parts throughput --out "$work/bench"
+    run 120 bench-throughput python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \
+      --requests 128 --budget-s 60 --out "$work/bench-throughput"
     ;;
   full)
     run 220 calibrate python3 cli.py calibrate --arch ouro-1.4b,ouro-2.6b,huginn-3.5b --out "$work/profiles"
@@ -63,10 +67,16 @@ huginn-alpaca-cb-W64,huginn-alpaca-refill-K16-W64 --out "$work/validation"
   bench)
     run 70 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
     run 120 probe-gap python3 benchmarks/probe_calibration_gap.py --out "$work/probe-gap.json"
-    run 80 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b --parts stages attention \
-      --out "$work/bench"
-    run 270 bench-throughput python3 benchmarks/bench_executor.py --parts throughput --quick --requests 160 \
-      --out "$work/bench-throughput"
+    run 240 bench-throughput python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \
+      --requests 128 --budget-s 150 --out "$work/bench-throughput"
+    ;;
+  recal)
+    run 70 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 90 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick \
+      --parts stages attention --out "$work/bench"
+    for model in ouro-1.4b ouro-2.6b huginn-3.5b; do
+      run 150 "calibrate-$model" python3 cli.py calibrate --arch "$model" --out "$work/profiles"
+    done
     ;;
   mini)  # what fits three minutes: GPU tests, Ouro-1.4B calibration, two Ouro validation configs
     run 75 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider

@@ -79,20 +79,24 @@ def main(argv: list[str] | None = None) -> int:
         print("probe_calibration_gap: needs a CUDA GPU, and none is available", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    results = {}
-    for variant in VARIANTS:
+    results: dict[str, dict[str, float]] = {}
+    for variant in VARIANTS:  # each variant is printed and saved as it finishes: a cut-short run keeps them
         results[variant.name] = measure(variant, PRESETS[args.arch], args.repeats, torch.device("cuda"))
-        print(f"{variant.name}: done after {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    base = results["base"]
-    print(f"{'variant':<10}" + "".join(f"{k:>24}" for k in base))
-    for name, times in results.items():
-        print(f"{name:<10}" + "".join(f"{1e3 * t:>13.3f} ms {t / base[k]:>5.2f}x" for k, t in times.items()))
-    if args.out:
-        meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "arch": args.arch,
-                "repeats": args.repeats, "wall_s": time.perf_counter() - t0}
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "seconds": results}, f, indent=2)
+        print_row(variant.name, results[variant.name], results["base"], time.perf_counter() - t0)
+        if args.out:
+            meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "arch": args.arch,
+                    "repeats": args.repeats, "wall_s": time.perf_counter() - t0}
+            with open(args.out, "w") as f:
+                json.dump({"meta": meta, "seconds": results}, f, indent=2)
     return 0
+
+
+def print_row(name: str, times: dict[str, float], base: dict[str, float], elapsed_s: float) -> None:
+    """One variant's times and their ratio to ``base`` (the header comes with the first row)."""
+    if name == "base":
+        print(f"{'variant':<10}" + "".join(f"{k:>24}" for k in times))
+    cells = "".join(f"{1e3 * t:>13.3f} ms {t / base[k]:>5.2f}x" for k, t in times.items())
+    print(f"{name:<10}{cells}   ({elapsed_s:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

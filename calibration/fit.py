@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from cdbsim.arch import ArchSpec
+from cdbsim.attention import equivalent_length
 from cdbsim.interp import Surface
-from cdbsim.latency import LatencyModel, layer_name
+from cdbsim.latency import LatencyModel, layer_name, model_stage_name
 from cdbsim.launch import Stage
 from cdbsim.profile import Fit, Profile, fit_points
 
@@ -20,6 +21,57 @@ CONTEXTS = (128, 512, 2048, 8192)
 # components a measured profile predicts by interpolating their points (cdbsim.latency, _tabulate);
 # the others (prefill, host, KV copy, adapter) predict from the linear fit
 INTERPOLATED = {"layer", "core1", "prelude0", "coda0", "prelude", "core", "coda", "decode"}
+
+
+def attention_skew_name(arch: ArchSpec) -> str:
+    """Raw points of core steps with mixed context lengths: ``[padded rows, context of each row..., t]``."""
+    return f"attention_skew/{arch.name}-{arch.split}-r{arch.r_max}"
+
+
+SLOT_GRID = 2.0 ** np.arange(5, 16.01, 0.125)  # 32 .. 65536 programs
+
+
+def fit_attention_slots(arch: ArchSpec, core: Fit, rows: list[list[float]]) -> dict:
+    """The decode-attention width (programs the device runs at once) that best predicts core steps whose
+    rows have different context lengths (``rows`` from ``attention_skew_name``), given the core stage's
+    measured surface at uniform lengths; see :func:`cdbsim.attention.equivalent_length`.
+
+    Returns the profile's ``attention`` record: the slots, the points, and each point's error with the
+    fitted slots and with the plain mean length, so the gain is on record next to the number. Slots stay
+    unset when the mean length predicts the points at least as well.
+    """
+    surface, heads = Surface(core), arch.layer.heads
+    measured = np.array([r[-1] for r in rows])
+
+    def errors(slots: float | None) -> np.ndarray:
+        predicted = []
+        for r in rows:
+            padded, contexts = int(r[0]), [int(c) for c in r[1:-1]]
+            length = (sum(contexts) / len(contexts) if slots is None
+                      else equivalent_length(contexts, padded, heads, slots))
+            predicted.append(surface(padded, length))
+        return np.asarray(predicted) / measured - 1
+
+    def loss(slots: float | None) -> float:
+        return float(np.mean(np.log1p(errors(slots)) ** 2))
+
+    best = min(SLOT_GRID, key=loss)
+    slots = float(best) if loss(best) < loss(None) else None
+    return {"slots": slots, "heads": heads, "points": [list(map(float, r)) for r in rows],
+            "error_with_mean_length_pct": (100 * errors(None)).round(2).tolist(),
+            "error_with_slots_pct": (100 * errors(slots)).round(2).tolist()}
+
+
+def attention_rows(profile: Profile) -> list[dict]:
+    """The mixed-length core steps of a profile's attention fit: contexts, time, errors both ways."""
+    record = profile.attention
+    rows = []
+    for point, plain, fitted in zip(record["points"], record["error_with_mean_length_pct"],
+                                    record["error_with_slots_pct"], strict=True):
+        contexts = point[1:-1]
+        rows.append({"rows": int(point[0]), "mean L": sum(contexts) / len(contexts), "max L": max(contexts),
+                     "measured ms": 1e3 * point[-1], "error at mean L %": plain, "error fitted %": fitted})
+    return rows
 
 
 def fit_components(points: dict[str, list[list[float]]]) -> dict[str, Fit]:

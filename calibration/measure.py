@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from calibration.fit import attention_skew_name
 from cdbsim.arch import ArchSpec
 from cdbsim.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
 from cdbsim.kvlayout import KVLayout
@@ -67,14 +68,20 @@ class Plan:
     a prefix, and several short prompts packed into one launch (each chunk costs attention work of its own).
     """
 
-    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    # powers of two and the sizes halfway between (a kernel can switch its work split between them)
+    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
     contexts: tuple[int, ...] = (32, 128, 512, 2048, 8192)
     max_positions: int = 131072  # cap on batch x context, so the unit models' KV fits easily
     prefill_points: tuple[tuple[int, int, int], ...] = (
         (16, 1, 0), (64, 1, 0), (256, 1, 0), (512, 1, 0), (1024, 1, 0), (2048, 1, 0), (4096, 1, 0),
         (8192, 1, 0), (64, 1, 1024), (512, 1, 1024), (16, 8, 0), (16, 32, 0), (16, 64, 0), (64, 16, 0),
         (256, 8, 0))
-    model_contexts: tuple[int, ...] = (32, 128, 512, 2048)
+    model_contexts: tuple[int, ...] = (32, 128, 512, 2048, 4096)
+    # core steps with a few long rows among short ones: (rows, short context, long context, long rows),
+    # within the model grid, so the attention width can be fitted (calibration.fit.fit_attention_slots)
+    skew_points: tuple[tuple[int, int, int, int], ...] = (
+        (2, 256, 4096, 1), (4, 256, 4096, 1), (8, 128, 4096, 1), (16, 128, 4096, 1), (16, 512, 4096, 4),
+        (32, 128, 2048, 1), (48, 32, 1024, 2), (64, 32, 512, 8))
     decode_contexts: tuple[int, ...] = (128, 1024, 4096)
     model_max_positions: int = 65536  # the whole model's KV (shared slots) for batch x context
     model_prefill_points: tuple[tuple[int, int, int], ...] = (
@@ -86,6 +93,7 @@ class Plan:
     @classmethod
     def quick(cls) -> Plan:
         return cls(batches=(1, 8, 64, 256), contexts=(128, 2048), model_contexts=(128, 1024),
+                   skew_points=((8, 128, 1024, 1),),
                    prefill_points=((64, 1, 0), (1024, 1, 0), (4096, 1, 0), (16, 16, 0)),
                    model_prefill_points=((512, 1, 0), (16, 16, 0)), decode_contexts=(256,), repeats=8)
 
@@ -175,24 +183,27 @@ class UnitBench:
         self.graphs = StageGraphs(self.engine)
         self.pad = padding_table(config.decode_sizes(), max_batch)
 
-    def _scheduler(self, batch: int, context: int) -> SimpleNamespace:
-        per = -(-(context + 1) // self.bs)
-        assert batch * per <= self.kv_blocks, "calibration point exceeds the bench's KV blocks"
-        blocks = [self.block_order[i * per:(i + 1) * per].tolist() for i in range(batch)]
+    def _scheduler(self, batch: int, context: int, contexts: list[int] | None = None) -> SimpleNamespace:
+        lengths = contexts or [context] * batch
+        per = [-(-(n + 1) // self.bs) for n in lengths]
+        assert sum(per) <= self.kv_blocks, "calibration point exceeds the bench's KV blocks"
+        starts = np.concatenate(([0], np.cumsum(per)))
+        blocks = [self.block_order[a:a + n].tolist() for a, n in zip(starts, per)]
         return SimpleNamespace(blocks=blocks, preemptions=0, status=[3] * batch,
-                               prefill_target=[context + 1] * batch)
+                               prefill_target=[n + 1 for n in lengths])
 
     def stage(self, stage: Stage, batch: int, context: int, exiting: bool = False,
-              mixed_steps: bool = False) -> float:
+              mixed_steps: bool = False, contexts: list[int] | None = None) -> float:
         """Seconds of one graph replay of a decode-type ``stage`` over ``batch`` tokens attending ``context``
         (core: every token at loop step 0, or with ``mixed_steps`` at steps 0, 1, .., r_max - 1 in turn,
-        so the rows read different slots as in a refill run)."""
-        launch = Launch(0, stage, requests=list(range(batch)), positions=[context - 1] * batch,
+        so the rows read different slots as in a refill run); ``contexts`` gives each row its own."""
+        lengths = contexts or [context] * batch
+        launch = Launch(0, stage, requests=list(range(batch)), positions=[n - 1 for n in lengths],
                         size=batch, padded=self.pad[batch])
         if stage is Stage.CORE:
             steps = [i % self.arch.r_max for i in range(batch)] if mixed_steps else [0] * batch
             launch.steps, launch.exits = steps, [exiting] * batch
-        prepared = self.engine.prepare(launch, self._scheduler(batch, context), self.graphs.width)
+        prepared = self.engine.prepare(launch, self._scheduler(batch, context, contexts), self.graphs.width)
         with torch.inference_mode():
             self.graphs.launch(prepared)
             captured = self.graphs.get(stage, launch.padded)
@@ -339,6 +350,11 @@ def measure_model(arch: ArchSpec, plan: Plan, device: torch.device,
         for b, c in plan.model_grid(plan.model_contexts):
             progress(f"{arch.name}: {stage.value} B={b} L={c}")
             points[model_stage_name(arch, stage)].append([b, b * c, bench.stage(stage, b, c)])
+    skew = points[attention_skew_name(arch)] = []
+    for b, short, long, n_long in plan.skew_points:
+        progress(f"{arch.name}: core B={b}, {n_long} of {b} rows at L={long}, the rest at {short}")
+        contexts = [long] * n_long + [short] * (b - n_long)
+        skew.append([bench.pad[b], *contexts, bench.stage(Stage.CORE, b, long, contexts=contexts)])
     for b, c in plan.model_grid(plan.decode_contexts):
         if b <= 256:
             progress(f"{arch.name}: CB decode B={b} L={c}")

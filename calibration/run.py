@@ -8,9 +8,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from calibration.fit import build_profile, plot_profile
+from calibration.fit import attention_skew_name, build_profile, fit_attention_slots, plot_profile
 from cdbsim.arch import ArchSpec
 from cdbsim.errors import ConfigError
+from cdbsim.latency import model_stage_name
+from cdbsim.launch import Stage
 from cdbsim.profile import Profile
 
 
@@ -45,9 +47,13 @@ def calibrate(archs: list[ArchSpec], out: Path, quick: bool = False, device: str
             host_points[key] = measure_host(arch, dev, progress=progress)
         points = {**shape_points[key], **host_points[key], **measure_model(arch, plan, dev, progress)}
         name = f"{device_tag(info['name'])}-{arch.name}"
+        skew = points.pop(attention_skew_name(arch), [])
         profile = build_profile(name, info, versions, points,
                                 notes=f"measured with cdbsim calibrate{' --quick' if quick else ''} for {arch.name} "
                                       f"({arch.split}); wall time {time.perf_counter() - started:.0f} s")
+        if skew:
+            core = profile.components[model_stage_name(arch, Stage.CORE)]
+            profile.attention = fit_attention_slots(arch, core, skew)
         profile.save(out / f"{name}.json")
         plot_profile(profile, arch, out / f"{name}.png")
         profiles.append(profile)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cdbsim.arch import ArchSpec, LayerShape
+from cdbsim.attention import equivalent_length
 from cdbsim.bounds import saturation_batch
 from cdbsim.errors import ConfigError
 from cdbsim.interp import StageTable, Surface
@@ -209,6 +210,7 @@ class LatencyModel:
         comps = dict(profile.components)
         zero = Fit(delta=0.0)
         self.host = comps.get(HOST, zero)
+        self.attention_slots = profile.attention_slots
         self.tables: dict[Stage, StageTable] = {}
         if profile.kind == "constant":
             self.costs = {s: StageCost(comps.get(f"constant/{s.value}", zero).delta) for s in STAGES}
@@ -285,10 +287,20 @@ class LatencyModel:
         table = self.tables.get(stage)
         if table is None:
             return cost(launch.padded, launch.context, launch.kv_copies)
-        t = table(launch.padded, launch.context / launch.size)
+        t = table(launch.padded, self.attended_length(launch))
         if launch.kv_copies:
             t += cost.copy_delta + cost.copy * launch.kv_copies
         return t
+
+    def attended_length(self, launch: Launch) -> float:
+        """The per-row context a decode-type launch is looked up at: the mean, or with a calibrated
+        attention width the uniform length its mix of contexts runs like (:func:`cdbsim.attention.
+        equivalent_length`)."""
+        mean = launch.context / launch.size
+        if self.attention_slots is None or not launch.positions:
+            return mean
+        return equivalent_length([p + 1 for p in launch.positions], launch.padded, self.arch.layer.heads,
+                                 self.attention_slots)
 
     def host_time(self, launch: Launch) -> float:
         """Host seconds to plan, prepare and launch ``launch``."""

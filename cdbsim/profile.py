@@ -109,6 +109,13 @@ class Profile:
     date: str = ""
     notes: str = ""
     source: str = ""
+    attention: dict = field(default_factory=dict)  # decode attention's programs per wave ("slots"), its points
+
+    @property
+    def attention_slots(self) -> float | None:
+        """Decode-attention programs the device runs at once, fitted by calibration; None when unmeasured."""
+        slots = self.attention.get("slots")
+        return float(slots) if slots else None
 
     def component(self, name: str) -> Fit | None:
         return self.components.get(name)
@@ -124,6 +131,7 @@ class Profile:
     def to_dict(self) -> dict:
         return {"format": FORMAT, "name": self.name, "kind": self.kind, "device": self.device,
                 "versions": self.versions, "date": self.date, "notes": self.notes,
+                **({"attention": self.attention} if self.attention else {}),
                 "components": {k: v.to_dict() for k, v in sorted(self.components.items())}}
 
     def save(self, path: str | Path) -> Path:
@@ -140,7 +148,8 @@ def profile_from_dict(data: dict, source: str = "profile") -> Profile:
         components = {name: Fit(**fit) for name, fit in data["components"].items()}
         return Profile(name=data["name"], kind=data["kind"], device=dict(data["device"]),
                        components=components, versions=dict(data.get("versions", {})),
-                       date=data.get("date", ""), notes=data.get("notes", ""), source=source)
+                       date=data.get("date", ""), notes=data.get("notes", ""), source=source,
+                       attention=dict(data.get("attention", {})))
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"{source}: malformed profile ({exc})") from None
 

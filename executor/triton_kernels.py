@@ -12,8 +12,9 @@
   ``BLOCK_N`` tokens, translating each through the row's own block-table row and cache layer
   (``layer_base[row] + layer``) - so one launch mixes rows at different loop steps - and keeps an online
   softmax; a second kernel merges the splits by their log-sum-exp. With one split the first kernel writes
-  the output directly. Splits are chosen from rows x heads only (never from lengths), so the launch shape
-  is fixed for a CUDA graph.
+  the output directly. The grid's split count comes from rows x heads only (never from lengths), so the
+  launch shape is fixed for a CUDA graph; how many splits of a row do work depends on its context
+  (:mod:`cdbsim.attention`), so short contexts do not pay for long ones' parallelism.
 
 Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests check the kernels without a GPU).
 """
@@ -24,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from cdbsim.attention import MIN_SPLIT_POSITIONS, PAGE, decode_splits
 from executor.kv_cache import PagedKVCache
 from executor.ops import RopeTable
 
@@ -186,18 +188,25 @@ def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.
 
 
 # ----- paged decode attention ------------------------------------------------------------------------
+@triton.jit
+def _split_positions(seq, SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.constexpr):
+    """Positions per split of a row (cdbsim.attention.split_positions): both kernels agree on it."""
+    per = tl.maximum(tl.cdiv(seq, SPLITS), MIN_PER)
+    return tl.cdiv(per, PAGE) * PAGE
+
+
 @triton.jit(do_not_specialize=["layer"])
 def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_layer, scale, bt_stride,
                         H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                        PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr):
+                        PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, MIN_PER: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     split = tl.program_id(2)
     kvh = h // (H // KVH)
     seq = tl.load(SL + b)
-    per = tl.cdiv(seq, SPLITS)
+    per = _split_positions(seq, SPLITS, MIN_PER, PAGE)
     start = split * per
-    end = tl.minimum(start + per, seq)
+    end = tl.minimum(start + per, seq)  # start >= end: a split past the context, which does nothing
     d = tl.arange(0, BLOCK_D)
     dm = d < D
     q = tl.load(Q + (b * H + h) * D + d, mask=dm, other=0.0).to(tl.float32) * scale
@@ -226,26 +235,30 @@ def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_lay
         tl.store(OUT + (b * H + h) * D + d, (acc / l_i).to(OUT.dtype.element_ty), mask=dm)
     else:
         idx = (b * H + h) * SPLITS + split
+        live = (split == 0) | (start < seq)  # the merge reads split 0 always, the others only when live
         nonempty = l_i > 0.0
         safe = tl.where(nonempty, l_i, 1.0)
-        tl.store(MO + idx * D + d, acc / safe, mask=dm)
-        tl.store(ML + idx, tl.where(nonempty, m_i + tl.log(safe), -float("inf")))
+        tl.store(MO + idx * D + d, acc / safe, mask=dm & live)
+        tl.store(ML + idx, tl.where(nonempty, m_i + tl.log(safe), -float("inf")), mask=live)
 
 
 @triton.jit
-def _decode_attn_merge(MO, ML, OUT, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                       SPLITS: tl.constexpr):
+def _decode_attn_merge(MO, ML, SL, OUT, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                       SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
     dm = d < D
+    seq = tl.load(SL + b)
+    per = _split_positions(seq, SPLITS, MIN_PER, PAGE)
     base = (b * H + h) * SPLITS
     m = tl.load(ML + base)  # split 0 always holds position 0, so it is never empty
     acc = tl.load(MO + base * D + d, mask=dm, other=0.0)
     l_sum = 1.0
     for split in range(1, SPLITS):
-        lse = tl.load(ML + base + split)
-        o = tl.load(MO + (base + split) * D + d, mask=dm, other=0.0)
+        live = split * per < seq
+        lse = tl.load(ML + base + split, mask=live, other=-float("inf"))
+        o = tl.load(MO + (base + split) * D + d, mask=dm & live, other=0.0)
         m_new = tl.maximum(m, lse)
         alpha = tl.exp(m - m_new)
         w = tl.exp(lse - m_new)
@@ -255,26 +268,16 @@ def _decode_attn_merge(MO, ML, OUT, H: tl.constexpr, D: tl.constexpr, BLOCK_D: t
     tl.store(OUT + (b * H + h) * D + d, (acc / l_sum).to(OUT.dtype.element_ty), mask=dm)
 
 
-TARGET_PROGRAMS = 8192  # (row, head, split) programs per launch that keep HBM busy on an H200
-
-
-def num_splits(rows: int, heads: int) -> int:
-    """KV splits per (row, head), a power of two up to 16, so a launch has ~8k (row, head, split) programs
-    in flight: on the H200 at B = 64, L = 4096 one split reads KV at 49% of copy bandwidth and eight at
-    88% (benchmarks/results/executor). It depends on the launch's shape only, not on its contexts, so a
-    stage's CUDA graph runs the same kernel whatever the requests, and calibration measures what runs."""
-    want = -(-TARGET_PROGRAMS // max(rows * heads, 1))
-    return min(16, triton.next_power_of_2(want)) if want > 1 else 1
-
-
 def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Tensor,
                      layer_base: torch.Tensor, layer: int, seq_len: torch.Tensor, scale: float,
-                     splits: int | None = None) -> torch.Tensor:
-    """See :func:`executor.ops.decode_attention`."""
+                     splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS) -> torch.Tensor:
+    """See :func:`executor.ops.decode_attention`. ``splits`` overrides the grid's split count
+    (:func:`cdbsim.attention.decode_splits`), ``min_split`` the fewest positions a split covers."""
     q = q.contiguous()
     n, heads, d = q.shape
     geo = cache.geometry
-    splits = splits or num_splits(n, heads)
+    assert geo.block_size == PAGE, "split boundaries are whole KV pages"
+    splits = splits or decode_splits(n, heads)
     out = torch.empty_like(q)
     if splits > 1:
         mid_o = torch.empty((n, heads, splits, d), device=q.device, dtype=torch.float32)
@@ -285,10 +288,10 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
     _decode_attn_kernel[(n, heads, splits)](
         q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, out, layer, geo.pages_per_layer,
         scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, BLOCK_D=block_d, PAGE=geo.block_size,
-        BLOCK=BLOCK_N, SPLITS=splits, num_warps=4)
+        BLOCK=BLOCK_N, SPLITS=splits, MIN_PER=min_split, num_warps=4)
     if splits > 1:
-        _decode_attn_merge[(n, heads)](mid_o, mid_l, out, H=heads, D=d, BLOCK_D=block_d, SPLITS=splits,
-                                       num_warps=1)
+        _decode_attn_merge[(n, heads)](mid_o, mid_l, seq_len, out, H=heads, D=d, BLOCK_D=block_d,
+                                       SPLITS=splits, MIN_PER=min_split, PAGE=geo.block_size, num_warps=1)
     return out.reshape(n, heads * d)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from calibration.fit import quality_rows, saturation_rows
+from calibration.fit import attention_rows, quality_rows, saturation_rows
 from calibration.measure import Plan
 from calibration.run import calibrate, device_tag
 from cdbsim.arch import ArchSpec, LayerShape
@@ -18,7 +18,8 @@ from cdbsim.profile import load_profile_file
 TINY_PLAN = Plan(batches=(1, 2, 4), contexts=(16, 48), max_positions=512,
                  prefill_points=((16, 1, 0), (32, 1, 0), (16, 1, 16), (8, 3, 0)), model_contexts=(16, 32),
                  decode_contexts=(16,), model_max_positions=256,
-                 model_prefill_points=((16, 1, 0), (32, 1, 0), (8, 3, 0)), repeats=3, warmup=1)
+                 model_prefill_points=((16, 1, 0), (32, 1, 0), (8, 3, 0)), skew_points=((4, 8, 32, 1),),
+                 repeats=3, warmup=1)
 
 
 def tiny(style: str) -> ArchSpec:
@@ -39,6 +40,9 @@ def test_calibrate_on_cpu_writes_a_usable_profile(tmp_path, style: str) -> None:
         assert model_stage_name(arch, stage) in back.components
     for row in quality_rows(back):
         assert row["points"] >= 1
+    assert back.attention["points"][0][1:-1] == [32, 8, 8, 8]  # the skewed core step's row contexts
+    assert len(back.attention["error_with_mean_length_pct"]) == 1
+    assert attention_rows(back)[0]["max L"] == 32
     model = LatencyModel(arch, back)
     assert model.measured_stages == set(Stage)
     assert all(model.costs[s](4, 64) > 0 for s in Stage)

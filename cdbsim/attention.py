@@ -1,0 +1,93 @@
+"""How the executor's paged decode attention divides its work, shared with the latency model.
+
+The decode-attention kernel (``executor.triton_kernels.decode_attention``) runs one program per (row, head,
+split). The number of splits is part of the launch shape, so it may depend on rows x heads only: a stage's
+CUDA graph must run the same kernel whatever contexts its requests have. Two rules follow, kept here in
+plain Python so the simulator can reason about the same kernel without torch:
+
+* ``decode_splits``: the largest split count (at most ``MAX_SPLITS``) that keeps rows x heads x splits
+  within ``TARGET_PROGRAMS``. Rounding the count *down* matters: rounding up to a power of two (the old
+  rule) let a launch of 248 rows start twice the programs of one of 256 rows, and on an H200 Ouro-1.4B's
+  core step took 4.75 ms at B = 248 against 3.50 ms at B = 256 (``benchmarks/results/
+  validation-graphed-prefill``).
+* ``split_positions``: a row's positions per split, at least ``MIN_SPLIT_POSITIONS`` and a whole number of
+  KV pages; splits past the row's context do no work. A 40-token context therefore costs one program per
+  head however many splits the graph has, while a 4,096-token one spreads over all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+TARGET_PROGRAMS = 8192  # (row, head, split) programs per launch that keep HBM busy on an H200
+MAX_SPLITS = 16
+MIN_SPLIT_POSITIONS = 128  # two 64-position tiles: shorter splits cost more in setup than they save
+PAGE = 16
+
+
+def decode_splits(rows: int, heads: int) -> int:
+    """Splits per (row, head) of a decode-attention launch of ``rows`` x ``heads``.
+
+    On the H200 at B = 64, L = 4,096 one split reads KV at 49% of copy bandwidth and eight at 88%
+    (``benchmarks/results/executor``); the rule gives eight there.
+    """
+    return max(1, min(MAX_SPLITS, TARGET_PROGRAMS // max(rows * heads, 1)))
+
+
+def split_positions(context: int, splits: int, min_positions: int = MIN_SPLIT_POSITIONS) -> int:
+    """Positions each split of a row with ``context`` positions covers (the last split may cover fewer)."""
+    per = max(-(-context // splits), min_positions)
+    return -(-per // PAGE) * PAGE
+
+
+def active_splits(context: int, splits: int, min_positions: int = MIN_SPLIT_POSITIONS) -> int:
+    """How many of a row's ``splits`` hold at least one position."""
+    if context <= 0:
+        return 1  # split 0 always runs (and writes the row's output)
+    return -(-context // split_positions(context, splits, min_positions))
+
+
+def critical_positions(context: int, splits: int) -> int:
+    """Positions the longest program of a row with ``context`` positions walks (its first split's share)."""
+    return min(context, split_positions(context, splits))
+
+
+def equivalent_length(contexts: Sequence[int], padded: int, heads: int, slots: float) -> float:
+    """The context length every row would need for the launch's decode attention to take as long as it
+    does with these per-row ``contexts`` (rows of a ``padded``-row graph, ``heads`` heads per row).
+
+    Calibration measures each stage with every row at one length L, where the mean and the longest row
+    agree. A served batch mixes lengths. Its attention takes about the longer of two times: the total
+    work spread over the ``slots`` programs the device runs at once (H x sum(L) / slots, in positions per
+    program), and the critical path, the one program that walks the most positions. With many rows and
+    many waves the first dominates and the mean length is right; with few rows one long context sets the
+    time, which the mean under-predicts (two ShareGPT rows at 571 and 6,400 tokens run like two at
+    6,400, not 3,486). ``slots`` is fitted by calibration on batches with one long row
+    (``calibration.fit.fit_attention_slots``). Returns a length between the mean and the maximum.
+    """
+    if not contexts:
+        return 0.0
+    rows = len(contexts)
+    mean, longest = sum(contexts) / rows, max(contexts)
+    if longest <= mean * 1.0001:
+        return float(mean)
+    splits = decode_splits(padded, heads)
+    per_position = heads * rows / slots  # positions per program of one extra position in every row
+
+    def time_at(length: float) -> float:  # of a batch of ``rows`` rows at one length
+        return max(critical_positions(int(math.ceil(length)), splits), per_position * length)
+
+    target = max(critical_positions(longest, splits), per_position * mean)
+    if time_at(mean) >= target:
+        return float(mean)
+    lo, hi = mean, float(longest)
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        if time_at(mid) >= target:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo < 0.5:
+            break
+    return hi

@@ -1,0 +1,106 @@
+"""The decode-attention work split shared by the executor and the latency model, and the mixed-context
+correction built on it: rules, bounds, and that calibration's fit recovers a known attention width."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from calibration.fit import fit_attention_slots
+from cdbsim.arch import PRESETS
+from cdbsim.attention import (
+    MAX_SPLITS,
+    TARGET_PROGRAMS,
+    active_splits,
+    critical_positions,
+    decode_splits,
+    equivalent_length,
+    split_positions,
+)
+from cdbsim.latency import LatencyModel
+from cdbsim.launch import Launch, Stage
+from cdbsim.profile import Fit
+
+
+@given(st.integers(1, 4096), st.integers(1, 128))
+def test_splits_never_overshoot_the_program_target(rows: int, heads: int) -> None:
+    splits = decode_splits(rows, heads)
+    assert 1 <= splits <= MAX_SPLITS
+    assert splits == 1 or rows * heads * splits <= TARGET_PROGRAMS
+    assert decode_splits(rows + 1, heads) <= splits  # more rows never get more splits
+
+
+def test_no_batch_starts_more_programs_than_a_larger_one_at_the_target() -> None:
+    """The old power-of-two rule gave 248 rows x 16 heads 4 splits (15,872 programs) and 256 rows 2."""
+    assert decode_splits(248, 16) == 2 and decode_splits(256, 16) == 2
+    assert decode_splits(64, 16) == 8  # the B = 64, L = 4096 attention benchmark's eight splits
+
+
+@given(st.integers(1, 20000), st.integers(1, MAX_SPLITS))
+def test_active_splits_cover_the_context_exactly(context: int, splits: int) -> None:
+    per = split_positions(context, splits)
+    active = active_splits(context, splits)
+    assert per % 16 == 0 and per >= 128
+    assert 1 <= active <= splits
+    assert (active - 1) * per < context <= active * per
+    assert critical_positions(context, splits) == min(context, per)
+
+
+def test_equivalent_length_lies_between_mean_and_longest() -> None:
+    assert equivalent_length([300] * 8, 8, 16, 2000.0) == 300
+    few = equivalent_length([571, 6400], 2, 16, 2112.0)  # one wave: the long row sets the time
+    assert 6000 < few <= 6400
+    many = equivalent_length([100] * 128 + [300] * 128, 256, 16, 2112.0)  # many waves: the total sets it
+    assert many == pytest.approx(200)
+    # ... unless one row's program outlasts them all: 4,000 positions over 2 splits walk 2,000 each
+    assert 900 < equivalent_length([100] * 255 + [4000], 256, 16, 2112.0) < 4000
+    wide = equivalent_length([128] * 15 + [4096], 16, 16, 1e9)  # unbounded width: the critical path only
+    assert wide > equivalent_length([128] * 15 + [4096], 16, 16, 512.0)
+
+
+def _synthetic_core(slots: float, heads: int = 16) -> tuple[Fit, list[list[float]]]:
+    """A core stage whose attention costs c x max(critical path, H x sum(L) / slots), on a dense grid."""
+
+    def t(rows: int, contexts: list[int]) -> float:
+        splits = decode_splits(rows, heads)
+        work = max(max(critical_positions(c, splits) for c in contexts), heads * sum(contexts) / slots)
+        return 1e-3 + 2e-6 * rows + 4e-7 * work
+
+    points = [[b, b * c, t(b, [c] * b)] for b in (2, 4, 8, 16, 32, 64) for c in range(64, 4097, 64)]
+    skew = []
+    for b, short, long, n in ((2, 256, 4096, 1), (4, 256, 4096, 1), (8, 128, 4096, 1), (16, 128, 4096, 1),
+                              (16, 512, 4096, 4), (32, 128, 2048, 1), (64, 64, 1024, 8)):
+        contexts = [long] * n + [short] * (b - n)
+        skew.append([b, *contexts, t(b, contexts)])
+    return Fit(delta=1e-3, points=points), skew
+
+
+@pytest.mark.parametrize("slots", [512.0, 2048.0, 8192.0])
+def test_calibration_recovers_the_attention_width(slots: float) -> None:
+    core, skew = _synthetic_core(slots)
+    fitted = fit_attention_slots(PRESETS["ouro-1.4b"], core, skew)
+    if slots < 8192:  # wider than that, every skewed point is bound by its critical path: any width fits
+        assert fitted["slots"] == pytest.approx(slots, rel=0.2)
+    assert np.max(np.abs(fitted["error_with_slots_pct"])) < np.max(np.abs(fitted["error_with_mean_length_pct"]))
+    assert np.max(np.abs(fitted["error_with_slots_pct"])) < 3
+
+
+def test_latency_model_looks_up_mixed_batches_at_their_equivalent_length() -> None:
+    from dataclasses import replace
+    from pathlib import Path
+
+    from cdbsim.profile import load_profile_file
+
+    arch = PRESETS["ouro-1.4b"]
+    shipped = load_profile_file(Path(__file__).parents[1] / "calibration/profiles/h200-ouro-1.4b.json")
+    plain = LatencyModel(arch, replace(shipped, attention={}))
+    fitted = LatencyModel(arch, replace(shipped, attention={"slots": 2048.0}))
+    launch = Launch(0, Stage.CORE, requests=[0, 1], positions=[570, 6399], size=2, padded=2, context=6971)
+    launch.steps, launch.exits = [0, 0], [False, False]
+    assert plain.attended_length(launch) == pytest.approx(6971 / 2)
+    assert fitted.attended_length(launch) > 6000
+    assert fitted.launch_time(launch) > plain.launch_time(launch)
+    uniform = Launch(0, Stage.CORE, requests=[0, 1], positions=[3484, 3484], size=2, padded=2, context=6970)
+    assert fitted.launch_time(uniform) == pytest.approx(plain.launch_time(uniform))

@@ -13,7 +13,7 @@ import numpy as np
 from cdbsim.arch import ArchSpec
 from cdbsim.attention import equivalent_length
 from cdbsim.interp import Surface
-from cdbsim.latency import LatencyModel, layer_name, model_stage_name
+from cdbsim.latency import LatencyModel, layer_name
 from cdbsim.launch import Stage
 from cdbsim.profile import Fit, Profile, fit_points
 

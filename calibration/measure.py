@@ -188,7 +188,7 @@ class UnitBench:
         per = [-(-(n + 1) // self.bs) for n in lengths]
         assert sum(per) <= self.kv_blocks, "calibration point exceeds the bench's KV blocks"
         starts = np.concatenate(([0], np.cumsum(per)))
-        blocks = [self.block_order[a:a + n].tolist() for a, n in zip(starts, per)]
+        blocks = [self.block_order[a:a + n].tolist() for a, n in zip(starts[:-1], per, strict=True)]
         return SimpleNamespace(blocks=blocks, preemptions=0, status=[3] * batch,
                                prefill_target=[n + 1 for n in lengths])
 

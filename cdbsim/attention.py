@@ -76,7 +76,7 @@ def equivalent_length(contexts: Sequence[int], padded: int, heads: int, slots: f
     per_position = heads * rows / slots  # positions per program of one extra position in every row
 
     def time_at(length: float) -> float:  # of a batch of ``rows`` rows at one length
-        return max(critical_positions(int(math.ceil(length)), splits), per_position * length)
+        return max(critical_positions(math.ceil(length), splits), per_position * length)
 
     target = max(critical_positions(longest, splits), per_position * mean)
     if time_at(mean) >= target:

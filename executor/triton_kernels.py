@@ -190,7 +190,7 @@ def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.
 # ----- paged decode attention ------------------------------------------------------------------------
 @triton.jit
 def _split_positions(seq, SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.constexpr):
-    """Positions per split of a row (cdbsim.attention.split_positions): both kernels agree on it."""
+    """Positions per split of a row, as cdbsim.attention.split_positions counts them."""
     per = tl.maximum(tl.cdiv(seq, SPLITS), MIN_PER)
     return tl.cdiv(per, PAGE) * PAGE
 
@@ -235,30 +235,26 @@ def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_lay
         tl.store(OUT + (b * H + h) * D + d, (acc / l_i).to(OUT.dtype.element_ty), mask=dm)
     else:
         idx = (b * H + h) * SPLITS + split
-        live = (split == 0) | (start < seq)  # the merge reads split 0 always, the others only when live
-        nonempty = l_i > 0.0
+        nonempty = l_i > 0.0  # an empty split writes a zero weight (log-sum-exp -inf) for the merge
         safe = tl.where(nonempty, l_i, 1.0)
-        tl.store(MO + idx * D + d, acc / safe, mask=dm & live)
-        tl.store(ML + idx, tl.where(nonempty, m_i + tl.log(safe), -float("inf")), mask=live)
+        tl.store(MO + idx * D + d, acc / safe, mask=dm)
+        tl.store(ML + idx, tl.where(nonempty, m_i + tl.log(safe), -float("inf")))
 
 
 @triton.jit
-def _decode_attn_merge(MO, ML, SL, OUT, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                       SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.constexpr):
+def _decode_attn_merge(MO, ML, OUT, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                       SPLITS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
     dm = d < D
-    seq = tl.load(SL + b)
-    per = _split_positions(seq, SPLITS, MIN_PER, PAGE)
     base = (b * H + h) * SPLITS
     m = tl.load(ML + base)  # split 0 always holds position 0, so it is never empty
     acc = tl.load(MO + base * D + d, mask=dm, other=0.0)
     l_sum = 1.0
     for split in range(1, SPLITS):
-        live = split * per < seq
-        lse = tl.load(ML + base + split, mask=live, other=-float("inf"))
-        o = tl.load(MO + (base + split) * D + d, mask=dm & live, other=0.0)
+        lse = tl.load(ML + base + split)
+        o = tl.load(MO + (base + split) * D + d, mask=dm, other=0.0)
         m_new = tl.maximum(m, lse)
         alpha = tl.exp(m - m_new)
         w = tl.exp(lse - m_new)
@@ -290,8 +286,8 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
         scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, BLOCK_D=block_d, PAGE=geo.block_size,
         BLOCK=BLOCK_N, SPLITS=splits, MIN_PER=min_split, num_warps=4)
     if splits > 1:
-        _decode_attn_merge[(n, heads)](mid_o, mid_l, seq_len, out, H=heads, D=d, BLOCK_D=block_d,
-                                       SPLITS=splits, MIN_PER=min_split, PAGE=geo.block_size, num_warps=1)
+        _decode_attn_merge[(n, heads)](mid_o, mid_l, out, H=heads, D=d, BLOCK_D=block_d, SPLITS=splits,
+                                       num_warps=1)
     return out.reshape(n, heads * d)
 
 

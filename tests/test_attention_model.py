@@ -42,7 +42,7 @@ def test_no_batch_starts_more_programs_than_a_larger_one_at_the_target() -> None
 def test_active_splits_cover_the_context_exactly(context: int, splits: int) -> None:
     per = split_positions(context, splits)
     active = active_splits(context, splits)
-    assert per % 16 == 0 and per >= 128
+    assert per % 16 == 0 and per >= 64
     assert 1 <= active <= splits
     assert (active - 1) * per < context <= active * per
     assert critical_positions(context, splits) == min(context, per)

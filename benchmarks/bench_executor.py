@@ -313,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, help="requests per throughput run (64 quick, 256 full)")
     parser.add_argument("--max-len", type=int, help="truncate prompt + output to this many tokens")
     parser.add_argument("--width", type=int, default=64, help="W for the throughput runs")
+    parser.add_argument("--k", type=int, help="refill's coda batch K (default: 1 for Ouro, W/4 for Huginn)")
     parser.add_argument("--exits", nargs="+", default=["synthetic", "none"], choices=["synthetic", "none"],
                         help="exit models of the throughput runs (none: every token at r_max)")
     parser.add_argument("--budget-s", type=float, help="skip parts that would start after this many seconds")
@@ -392,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             part(f"throughput {name}", lambda arch=arch, model=model, spec=spec: throughput_runs(
                 arch, model, args.workload, n, args.width, 2048 if quick else 8192, max_len,
                 ["cb", "norefill", "refill"], args.exits, spec["layout"], spec["mean_exit"],
-                spec["k"](args.width), modes, args.seed, results["throughput"], save))
+                args.k or spec["k"](args.width), modes, args.seed, results["throughput"], save))
     models.clear()
     empty_cache()
 

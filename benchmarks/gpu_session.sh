@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu_session.sh bench       GPU tests, which calibration condition hides the large-batch gap
 #                                              (probe_calibration_gap.py), no-exit throughput of the three
 #                                              policies on the same requests
+#   bash benchmarks/gpu_session.sh final       the validation matrix, Ouro's no-exit throughput with refill K = 16
 #   bash benchmarks/gpu_session.sh recal       GPU tests, quick stage/attention bench, calibration of the shipped
 #                                              models one by one
 #   bash benchmarks/gpu_session.sh mini        GPU tests, Ouro-1.4B calibration, two Ouro validation configs
@@ -69,6 +70,13 @@ huginn-alpaca-cb-W64,huginn-alpaca-refill-K16-W64 --out "$work/validation"
     run 120 probe-gap python3 benchmarks/probe_calibration_gap.py --out "$work/probe-gap.json"
     run 240 bench-throughput python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \
       --requests 128 --budget-s 150 --out "$work/bench-throughput"
+    ;;
+  final)  # the validation matrix again (its logs now keep each launch's longest item), and Ouro's no-exit
+          # refill at K = 16 beside CB
+    run 340 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
+      --out "$work/validation"
+    run 80 bench-throughput-k16 python3 benchmarks/bench_executor.py --models ouro-1.4b --parts throughput \
+      --quick --exits none --requests 128 --k 16 --out "$work/bench-throughput-k16"
     ;;
   recal)
     run 70 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider

@@ -47,8 +47,9 @@ def fit_attention_slots(arch: ArchSpec, core: Fit, rows: list[list[float]]) -> d
         predicted = []
         for r in rows:
             padded, contexts = int(r[0]), [int(c) for c in r[1:-1]]
-            length = (sum(contexts) / len(contexts) if slots is None
-                      else equivalent_length(contexts, padded, heads, slots))
+            mean = sum(contexts) / len(contexts)
+            length = (mean if slots is None
+                      else equivalent_length(mean, max(contexts), len(contexts), padded, heads, slots))
             predicted.append(surface(padded, length))
         return np.asarray(predicted) / measured - 1
 

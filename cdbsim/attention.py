@@ -20,7 +20,6 @@ plain Python so the simulator can reason about the same kernel without torch:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 TARGET_PROGRAMS = 8192  # (row, head, split) programs per launch that keep HBM busy on an H200
 MAX_SPLITS = 16
@@ -55,24 +54,22 @@ def critical_positions(context: int, splits: int) -> int:
     return min(context, split_positions(context, splits))
 
 
-def equivalent_length(contexts: Sequence[int], padded: int, heads: int, slots: float) -> float:
-    """The context length every row would need for the launch's decode attention to take as long as it
-    does with these per-row ``contexts`` (rows of a ``padded``-row graph, ``heads`` heads per row).
+def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: int, slots: float) -> float:
+    """The context length every row would need for a launch's decode attention to take as long as it
+    does when its ``rows`` rows (in a ``padded``-row graph, ``heads`` heads each) attend ``mean`` tokens on
+    average and ``longest`` at most.
 
     Calibration measures each stage with every row at one length L, where the mean and the longest row
     agree. A served batch mixes lengths. Its attention takes about the longer of two times: the total
-    work spread over the ``slots`` programs the device runs at once (H x sum(L) / slots, in positions per
-    program), and the critical path, the one program that walks the most positions. With many rows and
-    many waves the first dominates and the mean length is right; with few rows one long context sets the
-    time, which the mean under-predicts (two ShareGPT rows at 571 and 6,400 tokens run like two at
-    6,400, not 3,486). ``slots`` is fitted by calibration on batches with one long row
-    (``calibration.fit.fit_attention_slots``). Returns a length between the mean and the maximum.
+    work spread over the ``slots`` programs the device runs at once (H x rows x mean / slots, in positions
+    per program), and the critical path, the one program that walks the most positions (the longest
+    row's first split). With many rows and many waves the first dominates and the mean length is right;
+    with few rows one long context sets the time, which the mean under-predicts (two ShareGPT rows at 571
+    and 6,400 tokens run like two at 6,400, not 3,486). ``slots`` is fitted by calibration on batches with
+    a few long rows (``calibration.fit.fit_attention_slots``). Returns a length between the mean and the
+    longest.
     """
-    if not contexts:
-        return 0.0
-    rows = len(contexts)
-    mean, longest = sum(contexts) / rows, max(contexts)
-    if longest <= mean * 1.0001:
+    if rows <= 0 or longest <= mean * 1.0001:
         return float(mean)
     splits = decode_splits(padded, heads)
     per_position = heads * rows / slots  # positions per program of one extra position in every row
@@ -83,13 +80,11 @@ def equivalent_length(contexts: Sequence[int], padded: int, heads: int, slots: f
     target = max(critical_positions(longest, splits), per_position * mean)
     if time_at(mean) >= target:
         return float(mean)
-    lo, hi = mean, float(longest)
-    for _ in range(40):
+    lo, hi = float(mean), float(longest)
+    while hi - lo >= 0.5:
         mid = 0.5 * (lo + hi)
         if time_at(mid) >= target:
             hi = mid
         else:
             lo = mid
-        if hi - lo < 0.5:
-            break
     return hi

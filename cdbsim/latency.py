@@ -297,9 +297,9 @@ class LatencyModel:
         attention width the uniform length its mix of contexts runs like (:func:`cdbsim.attention.
         equivalent_length`)."""
         mean = launch.context / launch.size
-        if self.attention_slots is None or not launch.positions:
+        if self.attention_slots is None or launch.longest <= 0:
             return mean
-        return equivalent_length([p + 1 for p in launch.positions], launch.padded, self.arch.layer.heads,
+        return equivalent_length(mean, launch.longest, launch.size, launch.padded, self.arch.layer.heads,
                                  self.attention_slots)
 
     def host_time(self, launch: Launch) -> float:

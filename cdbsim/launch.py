@@ -46,7 +46,8 @@ class Launch:
     ``size`` is the real batch size (items, or prompt tokens for prefill); ``padded`` the size the
     executor's CUDA graph for this stage runs at. ``context`` is the number of (query, key) pairs
     attended per layer: sum of ``positions + 1`` for decode-type stages, the causal triangle of each
-    chunk plus its prefix for prefill. ``kv_copies`` counts (token, slot) KV copies per core layer the
+    chunk plus its prefix for prefill; ``longest`` the most tokens one item of a decode-type stage
+    attends (0 when unknown). ``kv_copies`` counts (token, slot) KV copies per core layer the
     depth-indexed layout's last-exited fill makes after this launch.
     """
 
@@ -61,6 +62,7 @@ class Launch:
     size: int = 0
     padded: int = 0
     context: int = 0
+    longest: int = 0
     kv_copies: int = 0
     queue_waiting: int = 0
     queue_core: int = 0

@@ -4,7 +4,7 @@ Both drivers call :meth:`RunRecorder.record` once per launch with its device sta
 from the start of the run) and the host time spent planning it; the recorder derives which tokens each
 launch produced and when. :class:`RunLog` is what the report, the plots and ``cdbsim validate`` read.
 
-Launch log columns: ``index, stage, size, padded, items, context, kv_copies, start, end, host_s,
+Launch log columns: ``index, stage, size, padded, items, context, longest, kv_copies, start, end, host_s,
 step_mix`` (``"0:12 1:30"``, core launches), ``exits``, ``tokens`` (tokens produced),
 ``queue_waiting, queue_core, queue_coda, active``.
 
@@ -24,7 +24,7 @@ import pandas as pd
 from cdbsim.launch import Launch, Stage
 from traces.request import Request
 
-LAUNCH_COLUMNS = ("index", "stage", "size", "padded", "items", "context", "kv_copies", "start", "end",
+LAUNCH_COLUMNS = ("index", "stage", "size", "padded", "items", "context", "longest", "kv_copies", "start", "end",
                   "host_s", "step_mix", "exits", "tokens", "queue_waiting", "queue_core", "queue_coda",
                   "active")
 
@@ -59,7 +59,7 @@ class RunRecorder:
         steps = launch.steps
         self._rows.append((
             launch.index, stage.value, launch.size, launch.padded, len(launch.requests), launch.context,
-            launch.kv_copies, start, end, host_s, _mix(steps) if steps and self.keep_step_mix else "",
+            launch.longest, launch.kv_copies, start, end, host_s, _mix(steps) if steps and self.keep_step_mix else "",
             launch.exits.count(True) if launch.exits else 0, produced, launch.queue_waiting,
             launch.queue_core, launch.queue_coda, launch.active))
 
@@ -109,6 +109,8 @@ class RunLog:
         src = Path(directory)
         launches = pd.read_csv(src / "launches.csv", keep_default_na=False,
                                dtype={"step_mix": str})
+        if "longest" not in launches:  # logs written before the column existed: longest item unknown
+            launches.insert(LAUNCH_COLUMNS.index("longest"), "longest", 0)
         req = pd.read_csv(src / "requests.csv", keep_default_na=False, dtype={"token_times": str})
         times = [np.array(s.split(), dtype=float) for s in req.pop("token_times")]
         for col in ("scheduled", "first_token", "finish"):

@@ -399,7 +399,8 @@ class Scheduler:
     def _new_launch(self, stage: Stage, batch: list[int], positions: list[int]) -> Launch:
         n = len(batch)
         launch = Launch(index=self.launches, stage=stage, requests=batch, positions=positions, size=n,
-                        padded=self._pad[n], context=sum(positions) + n)
+                        padded=self._pad[n], context=sum(positions) + n,
+                        longest=max(positions) + 1 if positions else 0)
         self.launches += 1
         return launch
 

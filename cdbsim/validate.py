@@ -40,7 +40,7 @@ def launch_from_row(row: object) -> Launch:
                   chunk_lens=[0] * items if prefill else [],
                   finishes=[True] * tokens + [False] * (items - tokens) if prefill else [],
                   size=int(row.size), padded=int(row.padded), context=int(row.context),
-                  kv_copies=int(row.kv_copies))
+                  longest=int(getattr(row, "longest", 0)), kv_copies=int(row.kv_copies))
 
 
 BATCH_BINS = (16, 64, 128, 256)  # upper edges of the padded-batch ranges stage errors are broken into

@@ -48,16 +48,27 @@ def test_active_splits_cover_the_context_exactly(context: int, splits: int) -> N
     assert critical_positions(context, splits) == min(context, per)
 
 
+def _equivalent(contexts: list[int], padded: int, heads: int, slots: float) -> float:
+    return equivalent_length(sum(contexts) / len(contexts), max(contexts), len(contexts), padded, heads, slots)
+
+
 def test_equivalent_length_lies_between_mean_and_longest() -> None:
-    assert equivalent_length([300] * 8, 8, 16, 2000.0) == 300
-    few = equivalent_length([571, 6400], 2, 16, 2112.0)  # one wave: the long row sets the time
+    assert _equivalent([300] * 8, 8, 16, 2000.0) == 300
+    few = _equivalent([571, 6400], 2, 16, 2112.0)  # one wave: the long row sets the time
     assert 6000 < few <= 6400
-    many = equivalent_length([100] * 128 + [300] * 128, 256, 16, 2112.0)  # many waves: the total sets it
+    many = _equivalent([100] * 128 + [300] * 128, 256, 16, 2112.0)  # many waves: the total sets it
     assert many == pytest.approx(200)
     # ... unless one row's program outlasts them all: 4,000 positions over 2 splits walk 2,000 each
-    assert 900 < equivalent_length([100] * 255 + [4000], 256, 16, 2112.0) < 4000
-    wide = equivalent_length([128] * 15 + [4096], 16, 16, 1e9)  # unbounded width: the critical path only
-    assert wide > equivalent_length([128] * 15 + [4096], 16, 16, 512.0)
+    assert 900 < _equivalent([100] * 255 + [4000], 256, 16, 2112.0) < 4000
+    wide = _equivalent([128] * 15 + [4096], 16, 16, 1e9)  # unbounded width: the critical path only
+    assert wide > _equivalent([128] * 15 + [4096], 16, 16, 512.0)
+
+
+@given(st.lists(st.integers(1, 20000), min_size=1, max_size=64), st.floats(16, 1e6))
+def test_equivalent_length_is_bounded_by_mean_and_longest(contexts: list[int], slots: float) -> None:
+    mean = sum(contexts) / len(contexts)
+    length = _equivalent(contexts, len(contexts), 16, slots)
+    assert mean - 1e-9 <= length <= max(contexts)
 
 
 def _synthetic_core(slots: float, heads: int = 16) -> tuple[Fit, list[list[float]]]:
@@ -97,10 +108,14 @@ def test_latency_model_looks_up_mixed_batches_at_their_equivalent_length() -> No
     shipped = load_profile_file(Path(__file__).parents[1] / "calibration/profiles/h200-ouro-1.4b.json")
     plain = LatencyModel(arch, replace(shipped, attention={}))
     fitted = LatencyModel(arch, replace(shipped, attention={"slots": 2048.0}))
-    launch = Launch(0, Stage.CORE, requests=[0, 1], positions=[570, 6399], size=2, padded=2, context=6971)
+    launch = Launch(0, Stage.CORE, requests=[0, 1], positions=[570, 6399], size=2, padded=2, context=6971,
+                    longest=6400)
     launch.steps, launch.exits = [0, 0], [False, False]
     assert plain.attended_length(launch) == pytest.approx(6971 / 2)
     assert fitted.attended_length(launch) > 6000
     assert fitted.launch_time(launch) > plain.launch_time(launch)
-    uniform = Launch(0, Stage.CORE, requests=[0, 1], positions=[3484, 3484], size=2, padded=2, context=6970)
+    uniform = Launch(0, Stage.CORE, requests=[0, 1], positions=[3484, 3484], size=2, padded=2, context=6970,
+                     longest=3485)
     assert fitted.launch_time(uniform) == pytest.approx(plain.launch_time(uniform))
+    launch.longest = 0  # a log written before the column existed: the mean is all there is
+    assert fitted.attended_length(launch) == pytest.approx(6971 / 2)

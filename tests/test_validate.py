@@ -93,3 +93,27 @@ def test_validate_without_gpu_or_logs_says_so(tmp_path) -> None:
     result = CliRunner().invoke(app, ["validate", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert "needs a CUDA GPU" in result.output or "install the GPU extra" in result.output
+
+
+def test_stage_errors_see_each_launch_as_the_simulator_did(tmp_path) -> None:
+    """Re-predicting a saved log gives each launch the time the simulator gave it, mixed contexts included
+    (the log keeps each launch's longest item, which the attention-width correction needs)."""
+    from pathlib import Path
+
+    from cdbsim.logs import RunLog
+    from cdbsim.profile import load_profile_file
+    from cdbsim.validate import stage_errors
+
+    entry = Entry(name="sharegpt", arch="ouro-1.4b", workload="sharegpt", width=16, requests=16,
+                  kv_tokens=98304)
+    profile = load_profile_file(Path(__file__).parents[1] / "calibration/profiles/h200-ouro-1.4b.json")
+    assert profile.attention_slots
+    model = LatencyModel(entry.spec(), profile)
+    requests, _ = requests_for(entry, model)
+    simulate(entry.spec(), entry.config(), requests, model, entry.kv_blocks()).save(tmp_path / "run")
+    log = RunLog.load(tmp_path / "run")
+    core = log.launches[log.launches["stage"] == "core"]
+    assert (core["longest"] > 1.5 * core["context"] / core["size"]).any()
+    assert all(abs(row["error"]) < 1e-9 for row in stage_errors(log, model.launch_time))
+    (tmp_path / "run" / "launches.csv").write_text(log.launches.drop(columns="longest").to_csv(index=False))
+    assert (RunLog.load(tmp_path / "run").launches["longest"] == 0).all()  # an older log still loads

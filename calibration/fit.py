@@ -101,29 +101,43 @@ def quality_rows(profile: Profile) -> list[dict]:
     (what a measured profile predicts decode-type stages with) predicts each point left out of it."""
     rows = []
     for name, fit in sorted(profile.components.items()):
-        held_out = held_out_errors(fit) if name.split("/")[0] in INTERPOLATED else np.zeros(0)
+        predicted = held_out_predictions(fit) if name.split("/")[0] in INTERPOLATED else np.zeros(0)
+        t = np.array([p[-1] for p in fit.points]) if predicted.size else np.zeros(0)
+        held_out = np.abs(predicted - t) / t if predicted.size else predicted
         rows.append({"component": name, "points": len(fit.points), "delta us": fit.delta * 1e6,
                      "gamma us": fit.gamma * 1e6, "alpha ns": fit.alpha * 1e9,
                      "R2": fit.r2 if fit.r2 is not None else float("nan"),
                      "worst residual %": 100 * (fit.max_rel_residual or 0.0),
                      "interp. held-out median %": 100 * float(np.median(held_out)) if held_out.size else float("nan"),
-                     "interp. held-out worst %": 100 * float(held_out.max()) if held_out.size else float("nan")})
+                     "interp. held-out worst %": 100 * float(held_out.max()) if held_out.size else float("nan"),
+                     "interp. held-out R2": _r2(t, predicted) if predicted.size else float("nan")})
     return rows
 
 
-def held_out_errors(fit: Fit) -> np.ndarray:
-    """|relative error| of the interpolating surface (:class:`cdbsim.interp.Surface`) at each ``[B, B*L,
-    t]`` point when that point is left out (at the grid's edges that is extrapolation); empty for 4-column
-    points (prefill) or fewer than three points."""
+def held_out_predictions(fit: Fit) -> np.ndarray:
+    """The interpolating surface's (:class:`cdbsim.interp.Surface`) time at each ``[B, B*L, t]`` point when
+    that point is left out (at the grid's edges that is extrapolation); empty for 4-column points
+    (prefill) or fewer than three points."""
     pts = fit.points
     if len(pts) < 3 or len(pts[0]) != 3:
         return np.zeros(0)
-    errors = []
-    for i, (batch, context, t) in enumerate(pts):
+    predicted = []
+    for i, (batch, context, _) in enumerate(pts):
         rest = Fit(delta=fit.delta, gamma=fit.gamma, alpha=fit.alpha, points=pts[:i] + pts[i + 1:])
-        length = context / batch if batch > 0 else 0.0
-        errors.append(abs(Surface(rest)(batch, length) - t) / t if t > 0 else 0.0)
-    return np.asarray(errors)
+        predicted.append(Surface(rest)(batch, context / batch if batch > 0 else 0.0))
+    return np.asarray(predicted)
+
+
+def held_out_errors(fit: Fit) -> np.ndarray:
+    """|relative error| of :func:`held_out_predictions` at each point."""
+    predicted = held_out_predictions(fit)
+    t = np.array([p[-1] for p in fit.points]) if predicted.size else predicted
+    return np.abs(predicted - t) / np.where(t > 0, t, 1.0) if predicted.size else predicted
+
+
+def _r2(measured: np.ndarray, predicted: np.ndarray) -> float:
+    spread = float(np.sum((measured - measured.mean()) ** 2))
+    return 1.0 - float(np.sum((measured - predicted) ** 2)) / spread if spread > 0 else float("nan")
 
 
 def saturation_rows(profile: Profile, arch: ArchSpec, contexts: tuple[int, ...] = CONTEXTS) -> list[dict]:

@@ -14,7 +14,7 @@ plain Python so the simulator can reason about the same kernel without torch:
   whole number of KV pages; splits past the row's context read nothing. A 40-token context therefore
   reads its keys in one program per head however many splits the graph has, while a 4,096-token one
   spreads over all of them. On the H200 this took Ouro-1.4B's core step at B = 64, L = 32 from 2.96 to
-  1.77 ms (``benchmarks/results/attention-split``).
+  1.79 ms (``benchmarks/results/attention-split``).
 """
 
 from __future__ import annotations

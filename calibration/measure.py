@@ -85,8 +85,8 @@ class Plan:
     decode_contexts: tuple[int, ...] = (128, 1024, 4096)
     model_max_positions: int = 65536  # the whole model's KV (shared slots) for batch x context
     model_prefill_points: tuple[tuple[int, int, int], ...] = (
-        (64, 1, 0), (512, 1, 0), (2048, 1, 0), (8192, 1, 0), (512, 1, 1024), (16, 8, 0), (16, 32, 0),
-        (16, 64, 0), (64, 16, 0), (256, 8, 0))
+        (16, 1, 0), (32, 1, 0), (64, 1, 0), (512, 1, 0), (2048, 1, 0), (8192, 1, 0), (512, 1, 1024),
+        (16, 8, 0), (16, 32, 0), (16, 64, 0), (64, 16, 0), (256, 8, 0))
     repeats: int = 20
     warmup: int = 3
 

@@ -171,7 +171,8 @@ def constant_profile(stage_seconds: dict[Stage, float] | float, host_s: float = 
 # ----- per-stage costs ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StageCost:
-    """``t = delta + gamma B + alpha C + chunk k + copy_delta [copies > 0] + copy x copies + sample terms``."""
+    """``t = delta + gamma B + alpha C + chunk k + copy_delta [copies > 0] + copy x copies + sample terms``,
+    and at least ``floor`` (the smallest launch measured, for stages whose line undershoots small launches)."""
 
     delta: float = 0.0
     gamma: float = 0.0
@@ -181,6 +182,7 @@ class StageCost:
     copy: float = 0.0
     sample_delta: float = 0.0
     sample: float = 0.0
+    floor: float = 0.0
 
     def __call__(self, batch: float, context: float = 0.0, copies: int = 0, samples: int = 0,
                  chunks: int = 0) -> float:
@@ -189,7 +191,12 @@ class StageCost:
             t += self.copy_delta + self.copy * copies
         if samples:
             t += self.sample_delta + self.sample * samples
-        return t
+        return max(t, self.floor)
+
+
+def smallest_time(fit: Fit) -> float:
+    """The shortest measured time of a component (0 without points)."""
+    return min((p[-1] for p in fit.points), default=0.0)
 
 
 def _sum(*terms: tuple[float, Fit]) -> tuple[float, float, float, float]:
@@ -248,8 +255,17 @@ class LatencyModel:
             costs[stage] = _sum((1, comps[model_stage_name(a, stage)]))
         self.costs = {s: StageCost(*costs[s]) for s in STAGES}
         self.costs[Stage.CORE] = StageCost(*costs[Stage.CORE], copy_delta=copy.delta, copy=copy.gamma * a.core)
-        if Stage.PREFILL not in self.measured_stages:  # the composed prefill samples one prompt
-            self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], sample=coda0.gamma)
+        # A prefill reads every weight at least once, so its time levels off for short prompts where the
+        # line fitted over 64..8,192 tokens keeps falling (Huginn, 16 tokens: 16.7 ms measured, 11.7 ms on
+        # the line): no prefill is predicted faster than the smallest one calibration measured.
+        if Stage.PREFILL in self.measured_stages:
+            floor = smallest_time(comps[model_stage_name(a, Stage.PREFILL)])
+            self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], floor=floor)
+        else:  # the composed prefill samples one prompt; its floor is made of its components' floors
+            floor = (smallest_time(comps[prefill1_name(shape, a.vocab)])
+                     + (full - 1) * smallest_time(comps[prefill_layer_name(shape)])
+                     + (a.r_max - 1) * smallest_time(adapter))
+            self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], sample=coda0.gamma, floor=floor)
         if profile.kind == "measured":
             self._tabulate(comps)
 

@@ -176,3 +176,32 @@ def test_idle_share_drops_summation_noise() -> None:
     assert idle_share(3.0 - 1e-14, 3.0) == 0.0
     assert idle_share(2.0, 4.0) == pytest.approx(0.5)
     assert idle_share(1.0, 0.0) == 0.0
+
+
+def test_no_prefill_is_predicted_faster_than_the_smallest_one_measured() -> None:
+    """Short prompts read every weight once: the line fitted over 64..8,192 tokens undershoots them."""
+    from pathlib import Path
+
+    from cdbsim.arch import PRESETS
+    from cdbsim.latency import LatencyModel, model_stage_name
+    from cdbsim.launch import Launch, Stage
+    from cdbsim.profile import load_profile_file
+
+    arch = PRESETS["huginn-3.5b"]
+    profile = load_profile_file(Path(__file__).parents[1] / "calibration/profiles/h200-huginn-3.5b.json")
+    model = LatencyModel(arch, profile)
+    smallest = min(p[-1] for p in profile.components[model_stage_name(arch, Stage.PREFILL)].points)
+
+    def prefill(tokens: int, padded: int) -> Launch:
+        return Launch(0, Stage.PREFILL, requests=[0], positions=[0], chunk_lens=[tokens], finishes=[True],
+                      size=tokens, padded=padded, context=tokens * (tokens + 1) // 2)
+
+    cost = model.costs[Stage.PREFILL]
+    short, long = prefill(12, 16), prefill(4000, 4096)
+    assert cost.delta + cost.gamma * 16 < smallest  # the line alone would undershoot
+    assert model.launch_time(short) == pytest.approx(smallest)
+    assert model.launch_time(long) == pytest.approx(cost.delta + cost.gamma * 4096 + cost.alpha * long.context
+                                                    + cost.chunk)
+    resplit = LatencyModel(arch.with_split("1-4-1"), profile)  # composed from the layer components
+    assert resplit.costs[Stage.PREFILL].floor > 0
+    assert resplit.launch_time(short) >= resplit.costs[Stage.PREFILL].floor

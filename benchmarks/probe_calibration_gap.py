@@ -15,7 +15,9 @@ changing them one at a time, then all together:
 ``run-like``   random data + scatter + depth + sustained
 
 ``base`` is how calibration measures now (random data, consecutive blocks, shared layout, burst). The
-table prints each variant's time and its ratio to ``base``; the JSON keeps everything.
+table prints each variant's time and its ratio to ``base``; the JSON keeps everything. On the H200 every
+variant came within 1% of ``base`` (``benchmarks/results/calibration-gap-probe``): the gap was the
+executor's attention split, not a calibration condition (``cdbsim/attention.py``).
 
     python benchmarks/probe_calibration_gap.py --out probe.json          # on a CUDA GPU, about a minute
 """

@@ -313,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, help="requests per throughput run (64 quick, 256 full)")
     parser.add_argument("--max-len", type=int, help="truncate prompt + output to this many tokens")
     parser.add_argument("--width", type=int, default=64, help="W for the throughput runs")
+    parser.add_argument("--fuse-rows", type=int, default=0,
+                        help="run batches of at most this many rows on the fused skinny-matmul path (executor.gemv)")
     parser.add_argument("--k", type=int, help="refill's coda batch K (default: 1 for Ouro, W/4 for Huginn)")
     parser.add_argument("--exits", nargs="+", default=["synthetic", "none"], choices=["synthetic", "none"],
                         help="exit models of the throughput runs (none: every token at r_max)")
@@ -335,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     device_name = torch.cuda.get_device_name() if cuda() else "cpu"
     results: dict = {"meta": {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
-                              "quick": quick, "smoke": args.smoke, "dtype": str(DTYPE).replace("torch.", "")},
+                              "quick": quick, "smoke": args.smoke, "dtype": str(DTYPE).replace("torch.", ""),
+                              "fuse_rows": args.fuse_rows},
                      "stages": [], "attention": [], "throughput": [], "errors": [], "skipped": []}
 
     def save() -> None:
@@ -376,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models:  # stage latencies of every model first: the cheapest, most reused numbers
         arch = tiny_preset(name) if args.smoke else PRESETS[name]
         models[name] = (arch, build_model(arch, device=DEVICE, dtype=DTYPE, seed=args.seed))
+        models[name][1].ops.fuse_rows = args.fuse_rows  # 0: the default (cuBLAS) projections
         if "stages" in args.parts:
             sizes = [1, 16, 64] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256]
             prefill = [128 if args.smoke else 512] if quick else [256, 1024, 4096]

@@ -10,6 +10,7 @@
 #                                              (probe_calibration_gap.py), no-exit throughput of the three
 #                                              policies on the same requests
 #   bash benchmarks/gpu_session.sh final       the validation matrix, Ouro's no-exit throughput with refill K = 16
+#   bash benchmarks/gpu_session.sh fused       Ouro-1.4B's stages with and without the fused skinny-matmul path
 #   bash benchmarks/gpu_session.sh recal       GPU tests, quick stage/attention bench, calibration of the shipped
 #                                              models one by one
 #   bash benchmarks/gpu_session.sh mini        GPU tests, Ouro-1.4B calibration, two Ouro validation configs
@@ -77,6 +78,12 @@ huginn-alpaca-cb-W64,huginn-alpaca-refill-K16-W64 --out "$work/validation"
       --out "$work/validation"
     run 80 bench-throughput-k16 python3 benchmarks/bench_executor.py --models ouro-1.4b --parts throughput \
       --quick --exits none --requests 128 --k 16 --out "$work/bench-throughput-k16"
+    ;;
+  fused)  # the whole core step on the default (cuBLAS) projections and on the fused skinny-matmul path
+    for rows in 0 16; do
+      run 80 "bench-stages-fuse$rows" python3 benchmarks/bench_executor.py --models ouro-1.4b --quick \
+        --parts stages --fuse-rows "$rows" --out "$work/bench-fuse$rows"
+    done
     ;;
   recal)
     run 70 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider

@@ -202,9 +202,10 @@ class Ops:
     ``fuse_rows``: batches of at most this many rows run each layer as four skinny matmuls with the
     norms, residual adds and SwiGLU fused into them (:meth:`executor.model.Layer.forward_fused`). Off (0)
     by default in both backends: on the H200 the Triton skinny kernels (:mod:`executor.gemv`) gain at
-    most ~15% over cuBLAS per projection and the fused residual prologue loses about as much, so by the
-    per-kernel times a layer costs about the same either way (``benchmarks/results/gemv``). Set it to
-    measure the fused path, or, with the torch backend, to check its composition against the plain one.
+    most ~15% over cuBLAS per projection and the fused residual prologue loses about as much
+    (``benchmarks/results/gemv``); a whole Ouro-1.4B core step is 1% slower at B = 1 and 26% slower at
+    B = 16 on this path (``benchmarks/results/fused-path``). Set it to measure the fused path, or, with the
+    torch backend, to check its composition against the plain one.
     """
 
     def __init__(self, backend: str = "torch", fuse_rows: int | None = None) -> None:

@@ -102,8 +102,8 @@ def quality_rows(profile: Profile) -> list[dict]:
     rows = []
     for name, fit in sorted(profile.components.items()):
         predicted = held_out_predictions(fit) if name.split("/")[0] in INTERPOLATED else np.zeros(0)
-        t = np.array([p[-1] for p in fit.points]) if predicted.size else np.zeros(0)
-        held_out = np.abs(predicted - t) / t if predicted.size else predicted
+        t = _times(fit) if predicted.size else predicted
+        held_out = _relative_errors(predicted, t)
         rows.append({"component": name, "points": len(fit.points), "delta us": fit.delta * 1e6,
                      "gamma us": fit.gamma * 1e6, "alpha ns": fit.alpha * 1e9,
                      "R2": fit.r2 if fit.r2 is not None else float("nan"),
@@ -131,8 +131,15 @@ def held_out_predictions(fit: Fit) -> np.ndarray:
 def held_out_errors(fit: Fit) -> np.ndarray:
     """|relative error| of :func:`held_out_predictions` at each point."""
     predicted = held_out_predictions(fit)
-    t = np.array([p[-1] for p in fit.points]) if predicted.size else predicted
-    return np.abs(predicted - t) / np.where(t > 0, t, 1.0) if predicted.size else predicted
+    return _relative_errors(predicted, _times(fit) if predicted.size else predicted)
+
+
+def _times(fit: Fit) -> np.ndarray:
+    return np.array([p[-1] for p in fit.points])
+
+
+def _relative_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    return np.abs(predicted - measured) / np.where(measured > 0, measured, 1.0)
 
 
 def _r2(measured: np.ndarray, predicted: np.ndarray) -> float:

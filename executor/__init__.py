@@ -10,7 +10,7 @@ Modules, in the order a launch meets them:
 ``attention``      paged decode attention (per-row slots).
 ``kv_cache``       paged, depth-aware KV cache (depth-indexed + last-exited fill, shared, first-shared).
 ``ops``            primitives in torch; ``triton_kernels`` the same primitives fused for the GPU;
-                   ``gemv`` skinny matmuls with fused prologues (an optional small-batch layer path).
+                   ``chain`` PDL-chained skinny matmuls for single-row launches (the chained path).
 ``model``          the looped transformer (Ouro and Huginn block styles, any prelude-core-coda split).
 ``reference``      a plain per-request decoder with the same KV semantics (what the tests compare to).
 ``loader``         real Ouro / Huginn safetensors checkpoints by their public parameter names.

@@ -39,6 +39,10 @@ class DecodeAttention:
 
     def __call__(self, qkv: torch.Tensor, layer: int, q_bias: torch.Tensor | None,
                  k_bias: torch.Tensor | None) -> torch.Tensor:
+        if qkv.shape[0] <= self.ops.fuse_rows:  # the chained (latency-bound) path: one kernel
+            return self.ops.rope_decode_attention(qkv, q_bias, k_bias, self.pos, self.rope, self.cache, self.row0,
+                                                  self.layer_base, layer, self.fill, self.max_fill,
+                                                  self.block_table, self.seq_len, self.scale)
         q = self.ops.rope_write_kv(qkv, q_bias, k_bias, self.pos, self.rope, self.cache, self.row0,
                                    self.layer_base, layer, self.fill, self.max_fill)
         return self.ops.decode_attention(q, self.cache, self.block_table, self.layer_base, layer,

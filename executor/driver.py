@@ -34,7 +34,7 @@ from cdbsim.pipeline import must_wait
 from cdbsim.quiet_gc import paused_gc
 from cdbsim.scheduler import Scheduler
 from executor.engine import Engine, Prepared
-from executor.model import LoopedLM, ModelConfig
+from executor.model import LoopedLM, ModelConfig, chained_rows
 from executor.ops import Ops, default_backend
 from executor.reference import Episode
 from traces.request import Request
@@ -99,9 +99,10 @@ class _WallClock:
 def build_model(arch: ArchSpec, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
                 seed: int = 0, backend: str | None = None, **config_overrides: object) -> LoopedLM:
     """A randomly initialised model of ``arch``'s exact shapes."""
-    ops = Ops(backend or default_backend(device))
-    return LoopedLM.random(ModelConfig.from_arch(arch, **config_overrides), seed=seed, device=device,
-                           dtype=dtype, ops=ops)
+    backend = backend or default_backend(device)
+    config = ModelConfig.from_arch(arch, **config_overrides)
+    ops = Ops(backend, fuse_rows=chained_rows(config, backend))
+    return LoopedLM.random(config, seed=seed, device=device, dtype=dtype, ops=ops)
 
 
 def decode_stages(policy: Policy) -> tuple[Stage, ...]:

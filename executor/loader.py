@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from cdbsim.arch import ArchSpec
-from executor.model import Layer, LoopedLM, ModelConfig, initial_state
+from executor.model import Layer, LoopedLM, ModelConfig, chained_rows, initial_state
 from executor.ops import Ops, default_backend
 
 # buffers some checkpoints carry that the model recomputes
@@ -211,7 +211,8 @@ def load_model(arch: ArchSpec, path: str | Path, *, device: torch.device | str =
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     config = ModelConfig.from_arch(arch, **config_overrides)
     with torch.device("meta"):
-        model = LoopedLM(config, Ops(backend or default_backend(device)))
+        backend = backend or default_backend(device)
+        model = LoopedLM(config, Ops(backend, fuse_rows=chained_rows(config, backend)))
     model = model.to_empty(device=device).to(dtype)
     if config.style == "huginn":
         model.state0.zero_()

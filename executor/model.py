@@ -38,6 +38,15 @@ from cdbsim.arch import ArchSpec
 from executor.ops import Ops
 
 STATE_INITS = ("zeros", "random")
+CHAINED_MAX_HIDDEN = 2048
+
+
+def chained_rows(config: ModelConfig, backend: str) -> int:
+    """The batch size up to which the triton backend runs layers on the chained skinny-matmul path
+    (:meth:`Layer.forward_fused`, :mod:`executor.chain`) by default: single rows of models no wider than
+    2048 (Ouro), where it wins; wider models stay on cuBLAS, where it does not (Huginn-3.5B). Measured on
+    the H200 (``benchmarks/results/chain``); the torch backend composes the same path and gains nothing."""
+    return 1 if backend == "triton" and config.hidden <= CHAINED_MAX_HIDDEN else 0
 
 
 @dataclass(frozen=True)
@@ -119,7 +128,8 @@ class Layer(nn.Module):
 
     def forward_fused(self, x: torch.Tensor, pending: tuple[torch.Tensor, torch.Tensor] | None, attn, layer: int,
                       ops: Ops, eps: float, sandwich: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """The same layer as four skinny matmuls, each with the op before it fused in (small batches).
+        """The same layer as four skinny matmuls with the norms, residual adds and SwiGLU fused into them
+        (small batches: :mod:`executor.chain`).
 
         ``pending`` is the previous layer's MLP output and post-norm weight, not yet added to ``x`` (None
         at the start of a stage); this layer's comes back pending in turn, for the next layer's QKV
@@ -130,9 +140,9 @@ class Layer(nn.Module):
         else:
             qkv, x = ops.gemv_residual(pending[0], x, pending[1], self.norm1, eps, sandwich, self.wqkv)
         o = attn(qkv, layer, self.q_bias, self.k_bias)
-        gate_up, x = ops.gemv_residual(ops.gemv(o, self.wo), x, self.norm2, self.norm3, eps, sandwich,
-                                       self.w_gate_up)
-        return x, (ops.gemv_silu(gate_up, self.w_down), self.norm4)
+        act, x = ops.gemv_residual(ops.gemv(o, self.wo), x, self.norm2, self.norm3, eps, sandwich,
+                                   self.w_gate_up, swiglu=True)
+        return x, (ops.gemv(act, self.w_down), self.norm4)
 
 
 class LoopedLM(nn.Module):
@@ -203,7 +213,7 @@ class LoopedLM(nn.Module):
         return x * self.config.embed_scale if self.config.embed_scale != 1.0 else x
 
     def fused(self, x: torch.Tensor) -> bool:
-        """Whether a batch this small runs the fused skinny-matmul path (:meth:`Layer.forward_fused`)."""
+        """Whether a batch this small runs the chained skinny-matmul path (:meth:`Layer.forward_fused`)."""
         return x.shape[0] <= self.ops.fuse_rows
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -148,6 +148,15 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
     return out.to(q.dtype).reshape(n, heads * d)
 
 
+def rope_decode_attention(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.Tensor | None,
+                          pos: torch.Tensor, rope: RopeTable, cache: PagedKVCache, row0: torch.Tensor,
+                          layer_base: torch.Tensor, layer: int, fill: torch.Tensor, max_fill: int,
+                          block_table: torch.Tensor, seq_len: torch.Tensor, scale: float) -> torch.Tensor:
+    """:func:`rope_write_kv` then :func:`decode_attention` (the triton backend does both in one kernel)."""
+    q = rope_write_kv(qkv, q_bias, k_bias, pos, rope, cache, row0, layer_base, layer, fill, max_fill)
+    return decode_attention(q, cache, block_table, layer_base, layer, seq_len, scale)
+
+
 def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta, layer: int, scale: float) -> torch.Tensor:
     """Packed prefill attention (see :mod:`executor.prefill`): chunk ``c``'s queries (packed rows ``qoff ..
     qoff + len``) attend causally to positions ``0 .. start + i`` of its request in cache ``layer``, read
@@ -176,13 +185,9 @@ def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta, layer: int, sc
     return out.reshape(tokens, heads * d)
 
 
-# skinny matmuls with the op feeding them fused in (the triton backend's executor.gemv); here composed
+# skinny matmuls with the op feeding them fused in (the triton backend's executor.chain); here composed
 def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(x, w)
-
-
-def gemv_silu(gate_up: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.linear(silu_mul(gate_up), w)
 
 
 def gemv_rmsnorm(x: torch.Tensor, w_norm: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor:
@@ -190,9 +195,10 @@ def gemv_rmsnorm(x: torch.Tensor, w_norm: torch.Tensor, eps: float, w: torch.Ten
 
 
 def gemv_residual(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor, eps: float,
-                  sandwich: bool, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                  sandwich: bool, w: torch.Tensor, swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     x_new, h = residual_norm(branch, x, w_post, w_next, eps, sandwich)
-    return torch.nn.functional.linear(h, w), x_new
+    out = torch.nn.functional.linear(h, w)
+    return (silu_mul(out) if swiglu else out), x_new
 
 
 # ----- dispatch --------------------------------------------------------------------------------------
@@ -200,12 +206,10 @@ class Ops:
     """The primitives of one backend: ``Ops("torch")`` or ``Ops("triton")``.
 
     ``fuse_rows``: batches of at most this many rows run each layer as four skinny matmuls with the
-    norms, residual adds and SwiGLU fused into them (:meth:`executor.model.Layer.forward_fused`). Off (0)
-    by default in both backends: on the H200 the Triton skinny kernels (:mod:`executor.gemv`) gain at
-    most ~15% over cuBLAS per projection and the fused residual prologue loses about as much
-    (``benchmarks/results/gemv``); a whole Ouro-1.4B core step is 1% slower at B = 1 and 26% slower at
-    B = 16 on this path (``benchmarks/results/fused-path``). Set it to measure the fused path, or, with the
-    torch backend, to check its composition against the plain one.
+    norms, residual adds and SwiGLU fused into them (:meth:`executor.model.Layer.forward_fused`; on the
+    triton backend the PDL-chained kernels of :mod:`executor.chain`, which take one row). 0 (off) unless
+    given; :func:`executor.model.chained_rows` picks the models' default. With the torch backend it checks
+    the fused composition against the plain one.
     """
 
     def __init__(self, backend: str = "torch", fuse_rows: int | None = None) -> None:
@@ -213,14 +217,15 @@ class Ops:
             raise ValueError(f"unknown ops backend {backend!r}; expected 'torch' or 'triton'")
         self.backend = backend
         if backend == "triton":
-            from executor import gemv as skinny
+            from executor import chain as skinny
             from executor import triton_kernels as impl
 
         else:
             impl = skinny = _TorchOps
         self.fuse_rows = fuse_rows or 0
+        if backend == "triton" and not 0 <= self.fuse_rows <= skinny.MAX_ROWS:
+            raise ValueError(f"fuse_rows must be 0..{skinny.MAX_ROWS} on the triton backend, got {self.fuse_rows}")
         self.gemv = skinny.gemv
-        self.gemv_silu = skinny.gemv_silu
         self.gemv_rmsnorm = skinny.gemv_rmsnorm
         self.gemv_residual = skinny.gemv_residual
         self.rms_norm = impl.rms_norm
@@ -228,6 +233,7 @@ class Ops:
         self.silu_mul = impl.silu_mul
         self.rope_write_kv = impl.rope_write_kv
         self.decode_attention = impl.decode_attention
+        self.rope_decode_attention = impl.rope_decode_attention
         self.prefill_attention = impl.prefill_attention
 
 
@@ -237,9 +243,9 @@ class _TorchOps:
     silu_mul = staticmethod(silu_mul)
     rope_write_kv = staticmethod(rope_write_kv)
     decode_attention = staticmethod(decode_attention)
+    rope_decode_attention = staticmethod(rope_decode_attention)
     prefill_attention = staticmethod(prefill_attention)
     gemv = staticmethod(gemv)
-    gemv_silu = staticmethod(gemv_silu)
     gemv_rmsnorm = staticmethod(gemv_rmsnorm)
     gemv_residual = staticmethod(gemv_residual)
 

@@ -7,14 +7,21 @@
 * ``rope_write_kv``: q/k bias, RoPE (rotate-half or interleaved pairs) and the paged K/V write in one
   kernel, one program per (row, head); an exiting token with ``fill = f`` writes its K/V into its slot and
   the ``f`` deeper slots (the last-exited fill) in the same program.
-* ``decode_attention``: split-KV paged decode attention (two stages, after SGLang's decode_attention and
-  vLLM's unified attention). Program (row, head, split) walks its share of the row's positions in tiles of
-  ``BLOCK_N`` tokens, translating each through the row's own block-table row and cache layer
-  (``layer_base[row] + layer``) - so one launch mixes rows at different loop steps - and keeps an online
-  softmax; a second kernel merges the splits by their log-sum-exp. With one split the first kernel writes
-  the output directly. The grid's split count comes from rows x heads only (never from lengths), so the
-  launch shape is fixed for a CUDA graph; how many splits of a row do work depends on its context
-  (:mod:`cdbsim.attention`), so short contexts do not pay for long ones' parallelism.
+* ``decode_attention``: split-KV paged decode attention (after SGLang's decode_attention and vLLM's unified
+  attention). Program (row, head, split) walks its share of the row's positions in tiles of ``BLOCK_N``
+  tokens, translating each through the row's own block-table row and cache layer (``layer_base[row] +
+  layer``) - so one launch mixes rows at different loop steps - and keeps an online softmax; a second small
+  kernel merges the splits by their log-sum-exp. The grid's split count comes from rows x heads only (never
+  from lengths), so the launch shape is fixed for a CUDA graph; how many splits of a row do work depends on
+  its context (:mod:`cdbsim.attention`), so short contexts do not pay for long ones' parallelism.
+* ``rope_decode_attention``: ``rope_write_kv`` and ``decode_attention`` in one kernel, for the latency-bound
+  launches of the chained path (:mod:`executor.chain`): the launch's own k/v come from registers, so the
+  first K/V tile is read from the cache before waiting for the QKV projection (programmatic dependent
+  launch), and the last split of a (row, head) to finish (an acquire-release counter) merges the partials,
+  so there is no second kernel. It needs ~125 registers a thread against ~80 for ``decode_attention`` (fewer
+  programs per SM) and its in-kernel merge costs many-row launches bandwidth (H200, B = 64, L = 4096:
+  ``decode_attention`` with an in-kernel merge reached 72% of copy bandwidth, with the merge kernel 89%), so
+  launches of more rows than the chained path takes keep the two kernels.
 
 Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests check the kernels without a GPU).
 """
@@ -26,6 +33,7 @@ import triton
 import triton.language as tl
 
 from cdbsim.attention import MIN_SPLIT_POSITIONS, PAGE, decode_splits
+from executor.chain import launch_options, pdl_enabled, wait_for_predecessor
 from executor.kv_cache import PagedKVCache
 from executor.ops import RopeTable
 
@@ -119,7 +127,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def _rope_kv_kernel(QKV, QB, KB, POS, COS, SIN, QO, KC, VC, ROW0, LB, FILL,
                     layer, rows_per_layer, slot_stride, qkv_stride,
                     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-                    BLOCK_HALF: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr):
+                    BLOCK_HALF: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr,
+                    PDL: tl.constexpr):
+    wait_for_predecessor(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     i = tl.arange(0, BLOCK_HALF)
@@ -179,11 +189,12 @@ def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.
     geo = cache.geometry
     half = d // 2
     has_bias = q_bias is not None
+    pdl = pdl_enabled(qkv)
     _rope_kv_kernel[(n, heads + kvh)](
         qkv, q_bias if has_bias else qkv, k_bias if has_bias else qkv, pos, rope.cos, rope.sin, q,
         cache.k, cache.v, row0, layer_base, fill, layer, geo.rows_per_layer, geo.core * geo.rows_per_layer,
         qkv.stride(0), H=heads, KVH=kvh, D=d, HALF=half, BLOCK_HALF=triton.next_power_of_2(half),
-        HAS_BIAS=has_bias, INTERLEAVED=rope.interleaved, num_warps=1)
+        HAS_BIAS=has_bias, INTERLEAVED=rope.interleaved, PDL=pdl, num_warps=1, **launch_options(pdl))
     return q
 
 
@@ -195,42 +206,74 @@ def _split_positions(seq, SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.
     return tl.cdiv(per, PAGE) * PAGE
 
 
-@triton.jit(do_not_specialize=["layer"])
-def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_layer, scale, bt_stride,
-                        H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                        PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, MIN_PER: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    split = tl.program_id(2)
-    kvh = h // (H // KVH)
-    seq = tl.load(SL + b)
+@triton.jit
+def _split_range(seq, split, SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.constexpr):
+    """Positions ``start .. end`` of a row's split (``start >= end``: past the context, it does nothing)."""
     per = _split_positions(seq, SPLITS, MIN_PER, PAGE)
     start = split * per
-    end = tl.minimum(start + per, seq)  # start >= end: a split past the context, which does nothing
+    return start, tl.minimum(start + per, seq)
+
+
+@triton.jit
+def _kv_tile(KC, VC, BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH: tl.constexpr, D: tl.constexpr,
+             BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr, SKIP_OWN: tl.constexpr):
+    """K and V of positions ``t0 .. t0 + BLOCK`` (``[BLOCK, BLOCK_D]``, cache dtype; zero past ``end`` and,
+    with ``SKIP_OWN``, at ``pos``: that row is this launch's own token, not read from the cache)."""
+    t = t0 + tl.arange(0, BLOCK)
+    tm = t < end
+    blk = tl.load(BT + b * bt_stride + t // PAGE, mask=tm, other=0).to(tl.int64)
+    row = (page_base + blk) * PAGE + t % PAGE
+    d = tl.arange(0, BLOCK_D)
+    off = row[:, None] * (KVH * D) + kvh * D + d[None, :]
+    if SKIP_OWN:
+        tm = tm & (t != pos)
+    km = tm[:, None] & (d < D)[None, :]
+    return tl.load(KC + off, mask=km, other=0.0), tl.load(VC + off, mask=km, other=0.0)
+
+
+@triton.jit
+def _softmax_step(k, v, t, end, q, s_own, v_new, pos, m_i, l_i, acc, OWN: tl.constexpr):
+    """Fold one K/V tile (positions ``t``) into the online softmax ``(m_i, l_i, acc)``."""
+    s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
+    if OWN:
+        s = tl.where(t == pos, s_own, s)
+    s = tl.where(t < end, s, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=0))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new)
+    acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+    if OWN:
+        acc += tl.sum(tl.where(t == pos, p, 0.0), axis=0) * v_new
+    return m_new, l_i * alpha + tl.sum(p, axis=0), acc
+
+
+@triton.jit
+def _attend(q, k_new, v_new, pos, k, v, start, end, KC, VC, BT, MO, ML, CNT, OUT, b, h, split, kvh, page_base,
+            bt_stride, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+            PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, OWN: tl.constexpr,
+            PEEL: tl.constexpr, MERGE_HERE: tl.constexpr):
+    """One (row, head, split) of split-KV decode attention with the scaled fp32 query ``q``: the online
+    softmax over ``start .. end``, stored as the output (one split) or as a partial, which the last split
+    merges with ``MERGE_HERE`` and :func:`_decode_attn_merge` otherwise. Tiles are loaded in the loop and
+    used at once (one tile live: few registers, many programs per SM); with ``PEEL`` the first one is ``k,
+    v``, loaded early by the caller. ``OWN``: position ``pos`` is the launch's own token,
+    ``k_new``/``v_new`` (fp32, in registers)."""
     d = tl.arange(0, BLOCK_D)
     dm = d < D
-    q = tl.load(Q + (b * H + h) * D + d, mask=dm, other=0.0).to(tl.float32) * scale
-    page_base = (tl.load(LB + b).to(tl.int64) + layer) * pages_per_layer
+    s_own = tl.sum(k_new * q, axis=0)
     m_i = -float("inf")
     l_i = 0.0
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for t0 in range(start, end, BLOCK):
-        t = t0 + tl.arange(0, BLOCK)
-        tm = t < end
-        blk = tl.load(BT + b * bt_stride + t // PAGE, mask=tm, other=0).to(tl.int64)
-        row = (page_base + blk) * PAGE + t % PAGE
-        off = row[:, None] * (KVH * D) + kvh * D + d[None, :]
-        km = tm[:, None] & dm[None, :]
-        k = tl.load(KC + off, mask=km, other=0.0).to(tl.float32)
-        v = tl.load(VC + off, mask=km, other=0.0).to(tl.float32)  # issued with K: both reads in flight
-        s = tl.sum(k * q[None, :], axis=1)
-        s = tl.where(tm, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        m_i = m_new
+    first = start
+    if PEEL:
+        if start < end:
+            m_i, l_i, acc = _softmax_step(k, v, start + tl.arange(0, BLOCK), end, q, s_own, v_new, pos, m_i, l_i,
+                                          acc, OWN)
+        first = start + BLOCK
+    for t0 in range(first, end, BLOCK):
+        kt, vt = _kv_tile(KC, VC, BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH, D, BLOCK_D, PAGE, BLOCK, OWN)
+        m_i, l_i, acc = _softmax_step(kt, vt, t0 + tl.arange(0, BLOCK), end, q, s_own, v_new, pos, m_i, l_i, acc,
+                                      OWN)
     if SPLITS == 1:
         tl.store(OUT + (b * H + h) * D + d, (acc / l_i).to(OUT.dtype.element_ty), mask=dm)
     else:
@@ -239,22 +282,124 @@ def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_lay
         safe = tl.where(nonempty, l_i, 1.0)
         tl.store(MO + idx * D + d, acc / safe, mask=dm)
         tl.store(ML + idx, tl.where(nonempty, m_i + tl.log(safe), -float("inf")))
+        if MERGE_HERE:
+            # the last split of (row, head) to finish merges them all: its partial stores, then a gpu-scope
+            # acquire-release count; the merge reads the partials from L2 (.cg), never a stale L1 line
+            tl.debug_barrier()
+            done = tl.atomic_add(CNT + b * H + h, 1, sem="acq_rel", scope="gpu")
+            if done == SPLITS - 1:
+                _merge_splits(MO, ML, OUT, b, h, H, D, BLOCK_D, SPLITS, ".cg")
+                tl.store(CNT + b * H + h, 0)  # ready for the next launch
+
+
+@triton.jit(do_not_specialize=["layer"])
+def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_layer, scale, bt_stride,
+                        H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                        PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, MIN_PER: tl.constexpr,
+                        PDL: tl.constexpr):
+    wait_for_predecessor(PDL)  # before any cache read: the predecessor (rope_write_kv) writes this launch's k/v
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+    kvh = h // (H // KVH)
+    start, end = _split_range(tl.load(SL + b), split, SPLITS, MIN_PER, PAGE)
+    page_base = (tl.load(LB + b).to(tl.int64) + layer) * pages_per_layer
+    d = tl.arange(0, BLOCK_D)
+    q = tl.load(Q + (b * H + h) * D + d, mask=d < D, other=0.0).to(tl.float32) * scale
+    _attend(q, q, q, 0, q, q, start, end, KC, VC, BT, MO, ML, ML, OUT, b, h, split, kvh, page_base, bt_stride, H,
+            KVH, D, BLOCK_D, PAGE, BLOCK, SPLITS, False, False, False)
 
 
 @triton.jit
-def _decode_attn_merge(MO, ML, OUT, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                       SPLITS: tl.constexpr):
+def _rope_angles(COS, SIN, pos, HALF: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                 INTERLEAVED: tl.constexpr):
+    """RoPE at position ``pos`` in head-dimension order: ``(cos, sin, first, partner)``, element ``d``
+    pairing with ``partner[d]`` (``d ^ 1`` interleaved, ``d +- HALF`` rotate-half), ``first`` the pair's
+    leading element."""
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    if INTERLEAVED:
+        first = d % 2 == 0
+        partner = tl.where(first, d + 1, d - 1)
+        freq = d // 2
+    else:
+        first = d < HALF
+        partner = tl.where(first, d + HALF, d - HALF)
+        freq = tl.where(first, d, d - HALF)
+    c = tl.load(COS + pos * HALF + freq, mask=dm, other=0.0)
+    s = tl.load(SIN + pos * HALF + freq, mask=dm, other=0.0)
+    return c, s, first, partner
+
+
+@triton.jit
+def _rotate(SRC, BIAS, c, s, first, partner, D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """One head of q or k (``D`` values at ``SRC``, plus ``BIAS``) rotated by :func:`_rope_angles`, fp32."""
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    x = tl.load(SRC + d, mask=dm, other=0.0).to(tl.float32)
+    xp = tl.load(SRC + partner, mask=dm, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        x += tl.load(BIAS + d, mask=dm, other=0.0).to(tl.float32)
+        xp += tl.load(BIAS + partner, mask=dm, other=0.0).to(tl.float32)
+    return tl.where(first, x * c - xp * s, x * c + xp * s)
+
+
+@triton.jit(do_not_specialize=["layer"])
+def _rope_decode_attn_kernel(QKV, QB, KB, POS, COS, SIN, ROW0, FILL, KC, VC, BT, LB, SL, MO, ML, CNT, OUT, layer,
+                             rows_per_layer, slot_stride, qkv_stride, pages_per_layer, scale, bt_stride,
+                             H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                             HALF: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr,
+                             PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+                             MIN_PER: tl.constexpr, PDL: tl.constexpr):
+    """RoPE, the KV write and decode attention in one launch. Every program rotates its own head of q and
+    its KV head's new k (a few hundred flops) and takes the new k/v from registers at the row's own
+    position; one program per (row, KV head) - split 0 of the group's first head - writes them (and the
+    fill slots) to the cache for later launches. No program of the launch reads a cache row the launch
+    writes, and the predecessor (the QKV projection) writes none, so the metadata, the RoPE angles and
+    the first K/V tile are all loaded before waiting for it: only q, k and v come after."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
+    split = tl.program_id(2)
+    kvh = h // (H // KVH)
+    pos = tl.load(POS + b).to(tl.int64)
+    start, end = _split_range(tl.load(SL + b), split, SPLITS, MIN_PER, PAGE)
+    cache_layer = tl.load(LB + b).to(tl.int64) + layer
+    page_base = cache_layer * pages_per_layer
+    k, v = _kv_tile(KC, VC, BT, b, bt_stride, page_base, kvh, start, end, pos, KVH, D, BLOCK_D, PAGE, BLOCK, True)
+    c, s, first, partner = _rope_angles(COS, SIN, pos, HALF, D, BLOCK_D, INTERLEAVED)
+    wait_for_predecessor(PDL)
+    src = QKV + b * qkv_stride
+    q = _rotate(src + h * D, QB + h * D, c, s, first, partner, D, BLOCK_D, HAS_BIAS)
+    q = q.to(QKV.dtype.element_ty).to(tl.float32) * scale
+    k_new = _rotate(src + (H + kvh) * D, KB + kvh * D, c, s, first, partner, D, BLOCK_D, HAS_BIAS)
+    k_new = k_new.to(KC.dtype.element_ty)
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    v_new = tl.load(src + (H + KVH + kvh) * D + d, mask=dm, other=0.0).to(VC.dtype.element_ty)
+    if (split == 0) & (h % (H // KVH) == 0):
+        row = cache_layer * rows_per_layer + tl.load(ROW0 + b).to(tl.int64)
+        for j in range(0, tl.load(FILL + b) + 1):
+            dst = (row + j * slot_stride) * (KVH * D) + kvh * D + d
+            tl.store(KC + dst, k_new, mask=dm)
+            tl.store(VC + dst, v_new, mask=dm)
+    _attend(q, k_new.to(tl.float32), v_new.to(tl.float32), pos, k, v, start, end, KC, VC, BT, MO, ML, CNT, OUT, b, h,
+            split, kvh, page_base, bt_stride, H, KVH, D, BLOCK_D, PAGE, BLOCK, SPLITS, True, True, True)
+
+
+@triton.jit
+def _merge_splits(MO, ML, OUT, b, h, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                  SPLITS: tl.constexpr, CACHE: tl.constexpr):
+    """Combine the ``SPLITS`` partials of (row, head) by their log-sum-exp into the output row (partials
+    loaded with cache modifier ``CACHE``)."""
     d = tl.arange(0, BLOCK_D)
     dm = d < D
     base = (b * H + h) * SPLITS
-    m = tl.load(ML + base)  # split 0 always holds position 0, so it is never empty
-    acc = tl.load(MO + base * D + d, mask=dm, other=0.0)
+    m = tl.load(ML + base, cache_modifier=CACHE)  # split 0 always holds position 0, so it is never empty
+    acc = tl.load(MO + base * D + d, mask=dm, other=0.0, cache_modifier=CACHE)
     l_sum = 1.0
     for split in range(1, SPLITS):
-        lse = tl.load(ML + base + split)
-        o = tl.load(MO + (base + split) * D + d, mask=dm, other=0.0)
+        lse = tl.load(ML + base + split, cache_modifier=CACHE)
+        o = tl.load(MO + (base + split) * D + d, mask=dm, other=0.0, cache_modifier=CACHE)
         m_new = tl.maximum(m, lse)
         alpha = tl.exp(m - m_new)
         w = tl.exp(lse - m_new)
@@ -262,6 +407,42 @@ def _decode_attn_merge(MO, ML, OUT, H: tl.constexpr, D: tl.constexpr, BLOCK_D: t
         l_sum = l_sum * alpha + w
         m = m_new
     tl.store(OUT + (b * H + h) * D + d, (acc / l_sum).to(OUT.dtype.element_ty), mask=dm)
+
+
+@triton.jit
+def _decode_attn_merge(MO, ML, OUT, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                       SPLITS: tl.constexpr, PDL: tl.constexpr):
+    """The merge of :func:`decode_attention`'s splits, one program per (row, head): a second small kernel
+    keeps the attention kernel lean (the in-kernel merge of the fused kernel costs the many-row launches
+    ~10-17 points of bandwidth on the H200)."""
+    wait_for_predecessor(PDL)
+    _merge_splits(MO, ML, OUT, tl.program_id(0).to(tl.int64), tl.program_id(1), H, D, BLOCK_D, SPLITS, "")
+
+
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def split_counters(device: torch.device, numel: int) -> torch.Tensor:
+    """Zeroed int32 counters (one per row x head) for the in-kernel merge of KV splits: each launch leaves
+    them zero again, so one buffer per device serves every launch and every CUDA graph. A larger need
+    allocates a larger buffer (outside any capture: the warm-up runs first); older ones stay alive for
+    the graphs that captured them."""
+    held = _COUNTERS.setdefault(device, [])
+    if not held or held[-1].numel() < numel:
+        held.append(torch.zeros(max(numel, 1 << 15), device=device, dtype=torch.int32))
+    return held[-1]
+
+
+def _splits_and_partials(n: int, heads: int, d: int, splits: int | None, out: torch.Tensor, counters: bool
+                         ) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The grid's split count, the merge's fp32 partials and (for an in-kernel merge) its counters;
+    ``out`` stands in for whatever is not needed."""
+    splits = splits or decode_splits(n, heads)
+    if splits == 1:
+        return 1, out, out, out
+    return (splits, torch.empty((n, heads, splits, d), device=out.device, dtype=torch.float32),
+            torch.empty((n, heads, splits), device=out.device, dtype=torch.float32),
+            split_counters(out.device, n * heads) if counters else out)
 
 
 def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Tensor,
@@ -273,21 +454,45 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
     n, heads, d = q.shape
     geo = cache.geometry
     assert geo.block_size == PAGE, "split boundaries are whole KV pages"
-    splits = splits or decode_splits(n, heads)
     out = torch.empty_like(q)
-    if splits > 1:
-        mid_o = torch.empty((n, heads, splits, d), device=q.device, dtype=torch.float32)
-        mid_l = torch.empty((n, heads, splits), device=q.device, dtype=torch.float32)
-    else:
-        mid_o = mid_l = out
-    block_d = triton.next_power_of_2(d)
+    splits, mid_o, mid_l, _ = _splits_and_partials(n, heads, d, splits, out, counters=False)
+    pdl = pdl_enabled(q)
     _decode_attn_kernel[(n, heads, splits)](
         q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, out, layer, geo.pages_per_layer,
-        scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, BLOCK_D=block_d, PAGE=geo.block_size,
-        BLOCK=BLOCK_N, SPLITS=splits, MIN_PER=min_split, num_warps=4)
+        scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, BLOCK_D=triton.next_power_of_2(d),
+        PAGE=geo.block_size, BLOCK=BLOCK_N, SPLITS=splits, MIN_PER=min_split, PDL=pdl, num_warps=4,
+        **launch_options(pdl))
     if splits > 1:
-        _decode_attn_merge[(n, heads)](mid_o, mid_l, out, H=heads, D=d, BLOCK_D=block_d, SPLITS=splits,
-                                       num_warps=1)
+        _decode_attn_merge[(n, heads)](mid_o, mid_l, out, H=heads, D=d, BLOCK_D=triton.next_power_of_2(d),
+                                       SPLITS=splits, PDL=pdl, num_warps=1, **launch_options(pdl))
+    return out.reshape(n, heads * d)
+
+
+def rope_decode_attention(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.Tensor | None,
+                          pos: torch.Tensor, rope: RopeTable, cache: PagedKVCache, row0: torch.Tensor,
+                          layer_base: torch.Tensor, layer: int, fill: torch.Tensor, max_fill: int,
+                          block_table: torch.Tensor, seq_len: torch.Tensor, scale: float,
+                          splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS) -> torch.Tensor:
+    """See :func:`executor.ops.rope_decode_attention`: one launch instead of
+    :func:`rope_write_kv` and :func:`decode_attention`; every row attends its own position ``pos``
+    (``seq_len = pos + 1``). ``splits`` and ``min_split`` as in :func:`decode_attention`."""
+    qkv = qkv.contiguous()
+    kvh, d = cache.kv_heads, cache.head_dim
+    n = qkv.shape[0]
+    heads = qkv.shape[1] // d - 2 * kvh
+    geo = cache.geometry
+    assert geo.block_size == PAGE, "split boundaries are whole KV pages"
+    out = torch.empty((n, heads, d), device=qkv.device, dtype=qkv.dtype)
+    splits, mid_o, mid_l, counters = _splits_and_partials(n, heads, d, splits, out, counters=True)
+    has_bias = q_bias is not None
+    pdl = pdl_enabled(qkv)
+    _rope_decode_attn_kernel[(n, heads, splits)](
+        qkv, q_bias if has_bias else qkv, k_bias if has_bias else qkv, pos, rope.cos, rope.sin, row0, fill,
+        cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, counters, out, layer, geo.rows_per_layer,
+        geo.core * geo.rows_per_layer, qkv.stride(0), geo.pages_per_layer, scale, block_table.stride(0),
+        H=heads, KVH=kvh, D=d, BLOCK_D=triton.next_power_of_2(d), HALF=d // 2, HAS_BIAS=has_bias,
+        INTERLEAVED=rope.interleaved, PAGE=geo.block_size, BLOCK=BLOCK_N, SPLITS=splits,
+        MIN_PER=min_split, PDL=pdl, num_warps=4, **launch_options(pdl))
     return out.reshape(n, heads * d)
 
 

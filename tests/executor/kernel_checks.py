@@ -92,6 +92,45 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
         got = tk.decode_attention(q, caches[0], table, layer_base, 1, seq_len, 1 / math.sqrt(d), splits=splits,
                                   min_split=min_split)
         _close(got, want, atol * 10, f"decode_attention splits={splits} min_split={min_split}")
+        _counters_back_to_zero(tk, device)
+    # RoPE + KV write + attention in one kernel: the new k/v come from registers at each row's position
+    # (the cache there holds noise until the launch writes it), so heads 1 and 3 (no writer of their
+    # group) and splits past the first must still see them
+    start_k, start_v = caches[0].k.clone(), caches[0].v.clone()
+    for interleaved, bias, splits, min_split in ((False, False, None, 64), (True, True, 4, 16), (False, True, 2, 16),
+                                                 (True, False, 1, 16)):
+        rope = RopeTable.build(d, 1e4, 64, interleaved, device)
+        qkv = randn(rows, (heads + 2 * kv_heads) * d)
+        qb, kb = (randn(heads * d), randn(kv_heads * d)) if bias else (None, None)
+        for cache in caches:
+            cache.k.copy_(start_k)
+            cache.v.copy_(start_v)
+        got = tk.rope_decode_attention(qkv, qb, kb, pos, rope, caches[0], row0, layer_base, 1, fill, 2, table,
+                                       seq_len, 1 / math.sqrt(d), splits=splits, min_split=min_split)
+        want = torch_ops.rope_decode_attention(qkv, qb, kb, pos, rope, caches[1], row0, layer_base, 1, fill, 2,
+                                               table, seq_len, 1 / math.sqrt(d))
+        what = f"rope_decode_attention interleaved={interleaved} bias={bias} splits={splits}"
+        _close(got, want, atol * 10, what)
+        keep = torch.ones(caches[0].k_rows.shape[0], dtype=torch.bool, device=device)
+        keep[geo.trash_row] = False
+        _close(caches[0].k_rows[keep], caches[1].k_rows[keep], atol, what + " k cache")
+        _close(caches[0].v_rows[keep], caches[1].v_rows[keep], atol, what + " v cache")
+        # the same launch writing to the trash block instead: the cache keeps its noise at every row's own
+        # position, so the output is right only if the new k/v are taken from registers
+        trash = torch.full_like(row0, geo.trash_row)
+        caches[0].k.copy_(start_k)
+        caches[0].v.copy_(start_v)
+        alone = tk.rope_decode_attention(qkv, qb, kb, pos, rope, caches[0], trash, layer_base, 1, fill * 0, 0,
+                                         table, seq_len, 1 / math.sqrt(d), splits=splits, min_split=min_split)
+        _close(alone, want, atol * 10, what + " (own k/v from registers)")
+        _counters_back_to_zero(tk, device)
+
+
+def _counters_back_to_zero(tk, device: str) -> None:
+    """The in-kernel merge leaves its split counters zero for the next launch (a CUDA graph relies on it)."""
+    counters = tk.split_counters(torch.device(device), 1)
+    if int(counters.abs().sum()):
+        raise AssertionError(f"split counters left non-zero: {int(counters.abs().sum())}")
 
 
 def check_prefill_attention(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: float = 1e-5) -> None:
@@ -120,14 +159,22 @@ def check_prefill_attention(device: str = "cpu", dtype: torch.dtype = torch.floa
 
 
 def check_end_to_end(device: str = "cpu", graphs: bool = True, atol: float = 1e-4) -> None:
-    cases = [("ouro", "refill", 2, "depth"), ("huginn", "norefill", 1, "first-shared")]
-    for style, policy, k, layout in cases:
+    """Whole runs on the Triton backend match the reference decoder; the last two cases (width 1) run
+    every decode-type launch on the chained skinny-matmul path (:mod:`executor.chain`)."""
+    cases = [("ouro", "refill", 2, "depth", 2, 0), ("huginn", "norefill", 1, "first-shared", 2, 0),
+             ("ouro", "refill", 1, "depth", 1, 1), ("huginn", "refill", 1, "depth", 1, 1)]
+    for style, policy, k, layout, width, fuse_rows in cases:
         arch = tiny_arch(style)
         model = tiny_model(arch, backend="triton", device=device)
+        model.ops.fuse_rows = fuse_rows
+        chained = []
+        gemv = model.ops.gemv
+        model.ops.gemv = lambda x, w, gemv=gemv, seen=chained: seen.append(1) or gemv(x, w)
         requests = tiny_requests(n=3, seed=7, max_prompt=20, max_output=5)
-        config = ServeConfig(policy=policy, width=2, coda_batch=k, prefill_budget=16, timing="sync", layout=layout)
+        config = ServeConfig(policy=policy, width=width, coda_batch=k, prefill_budget=16, timing="sync", layout=layout)
         run = execute(arch, config, requests, 32, model=model, keep_logits=True, graphs=graphs, warmup=False)
         assert run.log.meta["ops"] == "triton"
+        assert bool(chained) == bool(fuse_rows), f"{style}: chained path used {len(chained)} times"
         assert_matches_reference(run, model, arch, config, requests, atol=atol)
 
 

@@ -104,7 +104,7 @@ def test_fused_small_batch_layers_equal_the_plain_ones(style: str) -> None:
         model = tiny_model(arch)
         model.ops = ops = Ops("torch", fuse_rows=fuse_rows)
         residual = ops.gemv_residual
-        ops.gemv_residual = lambda *a, residual=residual, tag=fuse_rows: calls.append(tag) or residual(*a)
+        ops.gemv_residual = lambda *a, residual=residual, tag=fuse_rows, **kw: calls.append(tag) or residual(*a, **kw)
         runs.append(execute(arch, config, tiny_requests(), kv_blocks=64, model=model, keep_logits=True))
     assert calls and set(calls) == {64}  # only the fused model takes the fused path
     plain, fused = runs

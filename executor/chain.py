@@ -1,0 +1,332 @@
+"""Skinny matmuls for single-row launches, chained with programmatic dependent launch (PDL).
+
+Why: at batch 1 a decode layer is a chain of small kernels, each streaming a few MB of weights. With
+cuBLAS and separate norm / SwiGLU kernels an Ouro-1.4B layer's projections take ~47 us on the H200 against
+24 us of weight reads: every kernel pays a fixed 2-4 us to start, fill the memory pipe and drain.
+
+Design. Each program owns ``TILES`` consecutive tiles of ``BLOCK_N`` output columns, over the whole of
+``K``: it loads a tile's weights (``BLOCK_N x K``, bf16, ~16 KB, held in registers as two power-of-two
+pieces, so ``K = 5632`` loads ``4096 + 2048`` columns, the last masked) with one wide load, reduces it
+against the activation row, and loads the next tile before reducing the current one, so a program always
+has a load in flight and there is no ``K`` loop and no split-``K`` sum. The first tile is loaded *before*
+the program waits for its predecessor (``griddepcontrol.wait``): weights never depend on it, so under
+PDL, where a kernel is launched while its predecessor still runs, the weight stream of one kernel starts
+under the tail of the last. The activation row is built once per program after the wait, from the
+predecessor's outputs (the prologue): a norm, or a residual add and a norm.
+
+Kernels (``out = a @ w.T`` for one row, fp32 accumulation, intermediates rounded where the torch backend
+rounds):
+
+* ``gemv``           ``a = x``;
+* ``gemv_rmsnorm``   ``a = rms_norm(x, w_norm)``;
+* ``gemv_residual``  ``x_new, a = residual_norm(branch, x, w_post, w_next)``, also returning ``x_new``
+  (program 0 writes it, to a fresh tensor); with ``swiglu=True`` the weight is the fused gate/up
+  projection ``[2I, K]`` and the result is ``silu(gate) * up`` ``[1, I]``: each program owns the same
+  columns of both halves, so the activation never makes a round trip through memory.
+
+Every Triton kernel of a chained layer (these, and ``rope_decode_attention`` in
+:mod:`executor.triton_kernels`) waits before it touches anything its predecessor writes or reads, then lets
+its successor launch (``griddepcontrol.launch_dependents``); a kernel that is not PDL-launched (cuBLAS,
+torch) orders the chain as usual. PDL is used on CUDA devices of compute capability 9 and up unless
+``CDBSIM_PDL=0``; CUDA graphs capture it as programmatic edges.
+
+Measured on the H200 (``benchmarks/bench_chain.py``, ``benchmarks/results/chain/``): an Ouro-1.4B layer's
+four projections take 32 us with PDL (1.33x their weight reads), 36-39 us without, 47 us on cuBLAS with the
+Triton norm and SwiGLU kernels; the whole core step at B = 1, L = 512 takes 0.92 ms against 1.34-1.40 ms
+with cuBLAS projections. The path takes one row: a first version that took up to eight rows (the slab re-
+read from registers per row) lost to cuBLAS from two rows on (a core step at B = 2: 1.57 against 1.39 ms),
+and for Huginn-3.5B (hidden 5280) even one row loses (a core step at B = 1: 1.03-1.04 against 0.98-1.00 ms),
+so :func:`executor.model.chained_rows` turns it on for single rows of models no wider than 2048.
+
+Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (without PDL; how the tests check it).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+TILE_ELEMENTS = 8192  # default weight elements per tile (16 KB of bf16; two tiles live per program)
+PROGRAMS_PER_SM = 3  # default programs per SM: each keeps a tile load in flight
+
+PLAIN, RMSNORM, RESIDUAL = 0, 1, 2
+OPS = {"gemv": PLAIN, "rmsnorm": RMSNORM, "residual": RESIDUAL}
+
+
+class ChainConfig(NamedTuple):
+    """One launch configuration: output columns per tile (per half with SwiGLU), warps, tiles per program."""
+
+    block_n: int
+    num_warps: int
+    tiles: int
+
+
+# (op, N, K) -> config, from benchmarks/bench_chain.py on the H200 (op "swiglu" for the gate/up projection;
+# the plain entry of a shape serves its other ops); shapes not listed use default_config.
+CONFIGS: dict[tuple[str, int, int], ChainConfig] = {
+    ("gemv", 6144, 2048): ChainConfig(4, 8, 3),  # ouro.wqkv (with the residual prologue): 7.7 us
+    ("gemv", 2048, 2048): ChainConfig(4, 4, 1),  # ouro.wo: 3.5 us
+    ("swiglu", 5632, 2048): ChainConfig(2, 8, 11),  # ouro.gate_up (residual prologue, SwiGLU): 14.4 us
+    ("gemv", 2048, 5632): ChainConfig(2, 8, 2),  # ouro.down: 6.2 us
+    ("gemv", 49152, 2048): ChainConfig(8, 8, 12),  # ouro.head: 49.0 us
+}
+
+
+def split_k(k: int) -> tuple[int, int]:
+    """``K`` as two power-of-two register pieces ``(K1, K2)``: the largest power of two at or below ``K``,
+    then the remainder rounded up (0 when there is none)."""
+    k1 = 1 << (k.bit_length() - 1)
+    return k1, (triton.next_power_of_2(k - k1) if k > k1 else 0)
+
+
+def default_config(n: int, k: int, swiglu: bool = False, sms: int = 132, tile_elements: int = TILE_ELEMENTS,
+                   programs_per_sm: int = PROGRAMS_PER_SM, num_warps: int = 4) -> ChainConfig:
+    """About ``tile_elements`` weight elements per tile (a power of two of columns, at most the output
+    width), and as many tiles per program as leave about ``programs_per_sm`` programs per SM."""
+    k1, k2 = split_k(k)
+    block_n = max(1, tile_elements // ((k1 + k2) * (2 if swiglu else 1)))
+    block_n = min(1 << (block_n.bit_length() - 1), triton.next_power_of_2(n))
+    tiles = max(1, round(triton.cdiv(n, block_n) / (programs_per_sm * sms)))
+    return ChainConfig(block_n, num_warps, tiles)
+
+
+def config_for(op: str, n: int, k: int, swiglu: bool = False, sms: int = 132) -> ChainConfig:
+    """The table entry of ``(op, n, k)``, else the plain entry of the shape, else the default."""
+    return (CONFIGS.get(("swiglu" if swiglu else op, n, k)) or CONFIGS.get(("gemv", n, k))
+            or default_config(n, k, swiglu, sms))
+
+
+MAX_ROWS = 1  # rows a launch takes: batches of one (measured: at 2+ rows cuBLAS wins, see the module notes)
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (132 on the H200); 4 elsewhere (the interpreter)."""
+    if device.type != "cuda":
+        return 4
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _pdl_on(device_index: int) -> bool:
+    major, _ = torch.cuda.get_device_capability(device_index)
+    return major >= 9
+
+
+def pdl_enabled(t: torch.Tensor) -> bool:
+    """Whether kernels on ``t``'s device launch with PDL: CUDA, compute capability >= 9, not interpreted,
+    and ``CDBSIM_PDL`` not ``0``."""
+    if t.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if os.environ.get("CDBSIM_PDL", "1") == "0":
+        return False
+    return _pdl_on(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+def launch_options(pdl: bool) -> dict:
+    """The launch keyword that asks for PDL (empty without it: the interpreter takes no such option)."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+@triton.jit
+def wait_for_predecessor(PDL: tl.constexpr):
+    """Under PDL: wait until the previous kernel has finished and its writes are visible, then let the
+    next kernel launch. A no-op otherwise."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+# ----- device functions --------------------------------------------------------------------------------
+@triton.jit
+def _slab(W, rows, row_mask, K: tl.constexpr, OFF: tl.constexpr, BK: tl.constexpr):
+    """Weight rows ``rows`` at columns ``OFF .. OFF + BK`` (masked at ``K``), streamed (evict first)."""
+    cols = OFF + tl.arange(0, BK)
+    ptrs = W + rows.to(tl.int64)[:, None] * K + cols[None, :]
+    return tl.load(ptrs, mask=row_mask[:, None] & (cols < K)[None, :], other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _vec(P, K: tl.constexpr, OFF: tl.constexpr, BK: tl.constexpr):
+    """Columns ``OFF .. OFF + BK`` of a length-``K`` vector in fp32 (zero past ``K``)."""
+    cols = OFF + tl.arange(0, BK)
+    return tl.load(P + cols, mask=cols < K, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _residual(x, br, wp, inv1, SANDWICH: tl.constexpr):
+    """``x_new`` in fp32, not yet rounded: ``x + norm(branch)`` (sandwich) or ``norm(branch + x)``."""
+    if SANDWICH:
+        return x + br * inv1 * wp
+    return (br + x) * inv1 * wp
+
+
+@triton.jit
+def _operand(X, BR, WP, K: tl.constexpr, OFF: tl.constexpr, BK: tl.constexpr, PROLOGUE: tl.constexpr,
+             SANDWICH: tl.constexpr):
+    """One row's prologue inputs over one register piece, in fp32: ``(x, branch, w_post, sum of squares)``
+    (the sum of what the first norm normalises; unused slots repeat ``x``). The norms need whole-row sums,
+    so the caller adds the pieces' sums before scaling."""
+    x = _vec(X, K, OFF, BK)
+    if PROLOGUE == 2:
+        br = _vec(BR, K, OFF, BK)
+        wp = _vec(WP, K, OFF, BK)
+        v = br if SANDWICH else br + x
+        return x, br, wp, tl.sum(v * v, axis=0)
+    return x, x, x, tl.sum(x * x, axis=0)
+
+
+@triton.jit
+def _residual_piece(x, br, wp, inv1, XO, write, K: tl.constexpr, OFF: tl.constexpr, BK: tl.constexpr,
+                    SANDWICH: tl.constexpr, DT: tl.constexpr):
+    """``x_new`` of one piece, rounded to ``DT`` (stored by the writing program) and back in fp32."""
+    cols = OFF + tl.arange(0, BK)
+    x_new = _residual(x, br, wp, inv1, SANDWICH).to(DT)
+    tl.store(XO + cols, x_new, mask=(cols < K) & write)
+    return x_new.to(tl.float32)
+
+
+@triton.jit
+def _load_tile(W, rows, valid, N: tl.constexpr, K: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr,
+               SWIGLU: tl.constexpr):
+    """One tile's weights: rows ``rows`` in two pieces ``(w1, w2)``, and with ``SWIGLU`` the up rows
+    ``N + rows`` ``(u1, u2)``; absent pieces repeat ``w1`` (no load). ``valid`` false loads nothing."""
+    mask = (rows < N) & valid
+    w1 = _slab(W, rows, mask, K, 0, K1)
+    w2 = w1
+    u1 = w1
+    u2 = w1
+    if K2 > 0:
+        w2 = _slab(W, rows, mask, K, K1, K2)
+    if SWIGLU:
+        u1 = _slab(W, rows + N, mask, K, 0, K1)
+        if K2 > 0:
+            u2 = _slab(W, rows + N, mask, K, K1, K2)
+    return w1, w2, u1, u2
+
+
+@triton.jit
+def _tile_out(w1, w2, u1, u2, a1, a2, K2: tl.constexpr, SWIGLU: tl.constexpr, DT: tl.constexpr):
+    """One tile's outputs in fp32: ``w . a`` per row, or ``silu(gate) * up`` (each rounded to ``DT`` first)."""
+    acc = tl.sum(w1.to(tl.float32) * a1[None, :], axis=1)
+    if K2 > 0:
+        acc += tl.sum(w2.to(tl.float32) * a2[None, :], axis=1)
+    if SWIGLU:
+        up = tl.sum(u1.to(tl.float32) * a1[None, :], axis=1)
+        if K2 > 0:
+            up += tl.sum(u2.to(tl.float32) * a2[None, :], axis=1)
+        gate = acc.to(DT).to(tl.float32)
+        acc = gate / (1.0 + tl.exp(-gate)) * up.to(DT).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _chain_gemv_kernel(X, BR, WP, WN, W, OUT, XO, eps, N: tl.constexpr, K: tl.constexpr, K1: tl.constexpr,
+                       K2: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr, PROLOGUE: tl.constexpr,
+                       SANDWICH: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr):
+    """``OUT[n] = sum_k a[k] * W[n, k]`` for this program's ``TILES`` tiles of ``BLOCK_N`` columns; with
+    ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[n] = silu(gate) * up`` of rows ``n`` and ``N + n``.
+
+    The next tile's weights are loaded before the current one is reduced (two tiles in registers), so a
+    program always has a load in flight; the first is loaded before the wait for the predecessor."""
+    pid = tl.program_id(0)
+    dt = OUT.dtype.element_ty
+    rows = pid * (TILES * BLOCK_N) + tl.arange(0, BLOCK_N)
+    w1, w2, u1, u2 = _load_tile(W, rows, True, N, K, K1, K2, SWIGLU)
+    wait_for_predecessor(PDL)
+    write = pid == 0
+    x1, b1, p1, ss = _operand(X, BR, WP, K, 0, K1, PROLOGUE, SANDWICH)
+    x2 = x1
+    if K2 > 0:
+        x2, b2, p2, ss2 = _operand(X, BR, WP, K, K1, K2, PROLOGUE, SANDWICH)
+        ss += ss2
+    if PROLOGUE == 2:  # x_new, then the next norm of it
+        inv1 = tl.rsqrt(ss / K + eps)
+        x1 = _residual_piece(x1, b1, p1, inv1, XO, write, K, 0, K1, SANDWICH, dt)
+        ss = tl.sum(x1 * x1, axis=0)
+        if K2 > 0:
+            x2 = _residual_piece(x2, b2, p2, inv1, XO, write, K, K1, K2, SANDWICH, dt)
+            ss += tl.sum(x2 * x2, axis=0)
+    if PROLOGUE != 0:
+        inv = tl.rsqrt(ss / K + eps)
+        x1 = (x1 * inv * _vec(WN, K, 0, K1)).to(dt).to(tl.float32)
+        if K2 > 0:
+            x2 = (x2 * inv * _vec(WN, K, K1, K2)).to(dt).to(tl.float32)
+    for t in range(1, TILES + 1):
+        following = rows + BLOCK_N
+        n1, n2, v1, v2 = _load_tile(W, following, t < TILES, N, K, K1, K2, SWIGLU)
+        acc = _tile_out(w1, w2, u1, u2, x1, x2, K2, SWIGLU, dt)
+        tl.store(OUT + rows, acc.to(dt), mask=rows < N)
+        w1, w2, u1, u2 = n1, n2, v1, v2
+        rows = following
+
+
+# ----- host side ---------------------------------------------------------------------------------------
+def _check(x: torch.Tensor, w: torch.Tensor, *vectors: torch.Tensor) -> None:
+    """Shapes, dtypes and contiguity (metadata only: no device work, no sync)."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.dtype != w.dtype:
+        raise ValueError(f"chain gemv: activation {tuple(x.shape)} {x.dtype} does not fit weight "
+                         f"{tuple(w.shape)} {w.dtype}")
+    if x.shape[0] != MAX_ROWS:
+        raise ValueError(f"chain gemv: takes a single row, got {x.shape[0]}")
+    if any(v.shape != (w.shape[1],) for v in vectors):
+        raise ValueError(f"chain gemv: norm weights must have shape ({w.shape[1]},)")
+    if not all(t.is_contiguous() for t in (x, w, *vectors)):
+        raise ValueError("chain gemv: inputs must be contiguous")
+
+
+def _launch(op: str, x: torch.Tensor, w: torch.Tensor, *, branch: torch.Tensor | None = None,
+            w_post: torch.Tensor | None = None, w_norm: torch.Tensor | None = None,
+            x_out: torch.Tensor | None = None, eps: float = 0.0, sandwich: bool = False, swiglu: bool = False,
+            config: ChainConfig | None = None) -> torch.Tensor:
+    k = x.shape[1]
+    n = w.shape[0] // 2 if swiglu else w.shape[0]
+    cfg = config or config_for(op, n, k, swiglu, sm_count(x.device))
+    k1, k2 = split_k(k)
+    out = torch.empty((1, n), device=x.device, dtype=x.dtype)
+    pdl = pdl_enabled(x)
+    _chain_gemv_kernel[(triton.cdiv(n, cfg.block_n * cfg.tiles),)](
+        x, x if branch is None else branch, x if w_post is None else w_post, x if w_norm is None else w_norm, w, out,
+        x if x_out is None else x_out, eps, N=n, K=k, K1=k1, K2=k2, BLOCK_N=cfg.block_n, TILES=cfg.tiles,
+        PROLOGUE=OPS[op], SANDWICH=sandwich, SWIGLU=swiglu, PDL=pdl, num_warps=cfg.num_warps, num_stages=1,
+        **launch_options(pdl))
+    return out
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, config: ChainConfig | None = None) -> torch.Tensor:
+    """``x @ w.T`` (``F.linear(x, w)``) for ``x`` ``[M, K]``, ``w`` ``[N, K]``."""
+    _check(x, w)
+    return _launch("gemv", x, w, config=config)
+
+
+def gemv_rmsnorm(x: torch.Tensor, w_norm: torch.Tensor, eps: float, w: torch.Tensor,
+                 config: ChainConfig | None = None) -> torch.Tensor:
+    """``rms_norm(x, w_norm) @ w.T`` (the norm rounded to ``x.dtype`` first)."""
+    _check(x, w, w_norm)
+    return _launch("rmsnorm", x, w, w_norm=w_norm, eps=eps, config=config)
+
+
+def gemv_residual(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor,
+                  eps: float, sandwich: bool, w: torch.Tensor, swiglu: bool = False,
+                  config: ChainConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``residual_norm(branch, x, w_post, w_next, eps, sandwich)`` then its ``h @ w.T`` (``silu_mul`` of it
+    with ``swiglu``): returns ``(that, x_new)``; ``x_new`` is a new tensor (the inputs are left as they are)."""
+    _check(x, w, w_post, w_next)
+    if branch.shape != x.shape or branch.dtype != x.dtype or not branch.is_contiguous():
+        raise ValueError(f"chain gemv_residual: branch {tuple(branch.shape)} does not match x {tuple(x.shape)}")
+    if swiglu and w.shape[0] % 2:
+        raise ValueError(f"chain gemv_residual: a fused gate/up weight has an even row count, got {w.shape[0]}")
+    x_new = torch.empty_like(x)
+    out = _launch("residual", x, w, branch=branch, w_post=w_post, w_norm=w_next, x_out=x_new, eps=eps,
+                  sandwich=sandwich, swiglu=swiglu, config=config)
+    return out, x_new

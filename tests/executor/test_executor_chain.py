@@ -1,0 +1,210 @@
+"""The chained skinny-matmul kernels of :mod:`executor.chain` agree with the torch composition.
+
+The checks run under Triton's CPU interpreter, on small float32 shapes that are not multiples of the
+block sizes. ``TRITON_INTERPRET`` must be set before Triton is imported (and setting it here would leak
+into the GPU tests of the same session), so they run in a fresh interpreter: this file, run as a module,
+reports each check as a JSON line, and the tests read it. On a GPU the same checks run in bfloat16, with
+programmatic dependent launch, eagerly and replayed from a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from .triton_interpreter import patch_loop_bounds  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+EPS = 1e-6
+OPS = ("gemv", "rmsnorm", "residual-sandwich", "residual-plain", "swiglu-sandwich", "swiglu-plain")
+
+
+# ----- the checks (run in the subprocess, or in-process on a GPU) ---------------------------------------------
+def _close(got, want, atol: float, rtol: float, what: str) -> None:
+    diff = (got.float() - want.float()).abs()
+    bound = atol + rtol * want.float().abs()
+    if not bool((diff <= bound).all()):
+        raise AssertionError(f"{what}: max difference {float(diff.max()):.3e}")
+
+
+def _inputs(m: int, n: int, k: int, device: str, dtype):
+    gen = torch.Generator(device=device).manual_seed(m * 1000 + n + k)
+
+    def randn(*shape: int, scale: float = 1.0):
+        return (torch.randn(*shape, generator=gen, device=device) * scale).to(dtype)
+
+    return {"x": randn(m, k), "w": randn(n, k, scale=k**-0.5), "w2": randn(2 * n, k, scale=k**-0.5),
+            "branch": randn(m, k, scale=3), "w_post": 1 + randn(k, scale=0.1), "w_next": 1 + randn(k, scale=0.1)}
+
+
+def _calls(op: str, t: dict, config) -> tuple[Callable, Callable]:
+    """``(kernel call, torch reference call)`` of one op on the inputs ``t``; both return a tuple."""
+    import torch.nn.functional as F
+
+    from executor import chain as c
+    from executor import ops
+
+    if op == "gemv":
+        return (lambda: (c.gemv(t["x"], t["w"], config),), lambda: (F.linear(t["x"], t["w"]),))
+    if op == "rmsnorm":
+        return (lambda: (c.gemv_rmsnorm(t["x"], t["w_post"], EPS, t["w"], config),),
+                lambda: (F.linear(ops.rms_norm(t["x"], t["w_post"], EPS), t["w"]),))
+    kind, style = op.split("-")
+    sandwich, swiglu = style == "sandwich", kind == "swiglu"
+    w = t["w2"] if swiglu else t["w"]
+
+    def reference():
+        out, x_new = ops.gemv_residual(t["branch"], t["x"], t["w_post"], t["w_next"], EPS, sandwich, w, swiglu)
+        return out, x_new
+
+    return (lambda: c.gemv_residual(t["branch"], t["x"], t["w_post"], t["w_next"], EPS, sandwich, w, swiglu,
+                                    config), reference)
+
+
+def check_op(op: str, m: int, n: int, k: int, config, device: str, dtype, atol: float, rtol: float,
+             graph: bool = False) -> None:
+    """One op at one shape and config (``None``: the table/default) against the torch path; with
+    ``graph``, the kernel's result replayed from a CUDA graph (the inputs changed after capture)."""
+    t = _inputs(m, n, k, device, dtype)
+    what = f"{op} M={m} N={n} K={k} {config}"
+    before = {name: v.clone() for name, v in t.items()}
+    kernel, reference = _calls(op, t, config)
+    got = kernel()
+    if graph:
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            got = kernel()
+        for name in ("x", "branch"):
+            t[name].mul_(-0.5)
+        before = {name: v.clone() for name, v in t.items()}
+        g.replay()
+        torch.cuda.synchronize()
+    for name, a, b in zip(("out", "x_new"), got, reference(), strict=False):
+        _close(a, b, atol, rtol, f"{what} {name}")
+    changed = [name for name, v in t.items() if not torch.equal(v, before[name])]
+    if changed or (len(got) > 1 and got[1].data_ptr() == t["x"].data_ptr()):
+        raise AssertionError(f"{what}: modified its inputs {changed} or returned x itself")
+
+
+def checks(device: str = "cpu", dtype=None, atol: float = 1e-4, rtol: float = 1e-5,
+           graph: bool = False) -> dict[str, Callable]:
+    """Named checks per op on a ragged shape (K split into two register pieces, N not a multiple of the
+    columns per tile), with one, two and three tiles per program (the last program's tiles partly or
+    wholly past N); K a power of two (one piece); the table/default config."""
+    from executor import chain as c
+
+    dtype = dtype or torch.float32
+    C = c.ChainConfig  # (block_n, num_warps, tiles)
+
+    def run(op: str, cases: list) -> Callable[[], None]:
+        return lambda: [check_op(op, m, n, k, cfg, device, dtype, atol, rtol, graph) for m, n, k, cfg in cases]
+
+    out = {}
+    for op in OPS:
+        out[f"{op}-tiles"] = run(op, [(1, 40, 72, C(16, 4, tiles)) for tiles in (1, 2, 3)])
+        out[f"{op}-one-piece-default"] = run(op, [(1, 48, 64, C(8, 4, 2)), (1, 48, 40, None)])
+    return out
+
+
+def _main() -> int:
+    """Run every check under the interpreter; one JSON line: check name -> "ok" or the error."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        print("run with TRITON_INTERPRET=1", file=sys.stderr)
+        return 2
+    patch_loop_bounds()
+    results = {}
+    for name, fn in checks().items():
+        try:
+            fn()
+            results[name] = "ok"
+        except Exception as exc:  # reported per check by the tests
+            results[name] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(results))
+    return 0
+
+
+# ----- the tests -------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def interpreted() -> dict[str, str]:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-m", "tests.executor.test_executor_chain"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+CHECK_NAMES = [f"{op}-{kind}" for op in OPS for kind in ("tiles", "one-piece-default")]
+
+
+@pytest.mark.parametrize("name", CHECK_NAMES)
+def test_kernel_under_the_interpreter(interpreted: dict[str, str], name: str) -> None:
+    assert interpreted.get(name) == "ok", interpreted.get(name, "not run")
+
+
+def test_every_check_is_collected() -> None:
+    assert sorted(checks()) == sorted(CHECK_NAMES)
+
+
+def test_register_pieces_and_configs() -> None:
+    from executor import chain as c
+
+    assert [c.split_k(k) for k in (32, 40, 2048, 5632, 5280, 17920)] == [
+        (32, 0), (32, 8), (2048, 0), (4096, 2048), (4096, 2048), (16384, 2048)]
+    for k in (40, 2048, 5632, 10560):
+        k1, k2 = c.split_k(k)
+        assert k1 <= k <= k1 + k2 or (k2 == 0 and k1 == k)
+    cfg = c.default_config(6144, 2048, sms=132)
+    assert cfg.block_n * 2048 <= c.TILE_ELEMENTS and cfg.num_warps in (4, 8)
+    programs = -(-6144 // (cfg.block_n * cfg.tiles))
+    assert c.PROGRAMS_PER_SM * 132 / 2 <= programs <= 2 * c.PROGRAMS_PER_SM * 132  # about the target
+    swiglu = c.default_config(5632, 2048, swiglu=True)
+    assert swiglu.block_n * 2 * 2048 <= c.TILE_ELEMENTS  # both halves' tiles fit the same budget
+    assert c.default_config(4, 64).block_n == 4 and c.default_config(4, 64).tiles == 1  # never wider than N
+    for (op, n, k), entry in c.CONFIGS.items():
+        assert op in (*c.OPS, "swiglu") and c.config_for(op, n, k, op == "swiglu") == entry
+
+
+def test_bad_inputs_are_refused_before_any_launch() -> None:
+    from executor import chain as c
+
+    x, w = torch.zeros(1, 8), torch.zeros(4, 8)
+    with pytest.raises(ValueError, match="does not fit"):
+        c.gemv(x, torch.zeros(4, 6))
+    with pytest.raises(ValueError, match="single row"):
+        c.gemv(torch.zeros(2, 8), w)
+    with pytest.raises(ValueError, match="norm weights"):
+        c.gemv_rmsnorm(x, torch.zeros(7), 1e-6, w)
+    with pytest.raises(ValueError, match="even row count"):
+        c.gemv_residual(x, x, torch.ones(8), torch.ones(8), 1e-6, True, torch.zeros(5, 8), swiglu=True)
+
+
+def test_pdl_is_off_without_a_gpu_or_when_disabled(monkeypatch) -> None:
+    from executor import chain as c
+
+    assert not c.pdl_enabled(torch.zeros(1))
+    assert c.launch_options(False) == {} and c.launch_options(True) == {"launch_pdl": True}
+    if torch.cuda.is_available():
+        monkeypatch.setenv("CDBSIM_PDL", "0")
+        assert not c.pdl_enabled(torch.zeros(1, device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_kernels_on_the_gpu_in_bfloat16(graph: bool) -> None:
+    for fn in checks("cuda", torch.bfloat16, atol=2e-2, rtol=2e-2, graph=graph).values():
+        fn()
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -214,6 +214,18 @@ def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, bat
         for splits in (1, 2, 4, 8, 16):
             impls.append((f"triton-splits{splits}", lambda splits=splits: tk.decode_attention(
                 q, cache, table, base, 0, seq, scale, splits=splits)))
+        # with the new token's RoPE and KV write: the fused kernel against the two-kernel composition
+        from executor.ops import RopeTable
+
+        qkv = torch.randn(batch, (heads + 2 * kv_heads) * head_dim, device=DEVICE, dtype=DTYPE)
+        rope = RopeTable.build(head_dim, 1e6, length, False, DEVICE)
+        pos = seq - 1
+        row0 = (table.long()[:, -1] * 16 + (length - 1) % 16).int()
+        fill = torch.zeros_like(seq)
+        impls.append(("triton-rope-fused", lambda: tk.rope_decode_attention(
+            qkv, None, None, pos, rope, cache, row0, base, 0, fill, 0, table, seq, scale)))
+        impls.append(("triton-rope+attn", lambda: tk.decode_attention(tk.rope_write_kv(
+            qkv, None, None, pos, rope, cache, row0, base, 0, fill, 0), cache, table, base, 0, seq, scale)))
     if with_torch:
         impls.append(("torch-gather", lambda: torch_ops.decode_attention(q, cache, table, base, 0, seq, scale)))
     for impl, fn in impls:
@@ -313,8 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, help="requests per throughput run (64 quick, 256 full)")
     parser.add_argument("--max-len", type=int, help="truncate prompt + output to this many tokens")
     parser.add_argument("--width", type=int, default=64, help="W for the throughput runs")
-    parser.add_argument("--fuse-rows", type=int, default=0,
-                        help="run batches of at most this many rows on the fused skinny-matmul path (executor.gemv)")
+    parser.add_argument("--fuse-rows", type=int,
+                        help="run batches of at most this many rows on the chained skinny-matmul path "
+                             "(executor.chain; default: the engine's own cut, 0: never)")
+    parser.add_argument("--sizes", type=int, nargs="+", help="batch sizes of the decode-type stages")
     parser.add_argument("--k", type=int, help="refill's coda batch K (default: 1 for Ouro, W/4 for Huginn)")
     parser.add_argument("--exits", nargs="+", default=["synthetic", "none"], choices=["synthetic", "none"],
                         help="exit models of the throughput runs (none: every token at r_max)")
@@ -369,19 +383,23 @@ def main(argv: list[str] | None = None) -> int:
 
     if "attention" in args.parts:
         shapes = [("ouro-mha-16x128", 16, 16, 128), ("huginn-mha-55x96", 55, 55, 96)]
-        batch, length = (4, 256) if args.smoke else (64, 4096)
+        sizes = [(4, 256)] if args.smoke else [(64, 4096), (1, 512)]  # the bandwidth target; a B = 1 step's
         for name, h, kvh, d in shapes:
-            part(f"attention {name}", lambda name=name, h=h, kvh=kvh, d=d: results["attention"].extend(
-                attention_bandwidth(name, h, kvh, d, batch, length, bandwidth, iters, repeats,
-                                    with_torch=args.smoke or not quick)))
+            for batch, length in sizes:
+                part(f"attention {name} B={batch} L={length}",
+                     lambda name=name, h=h, kvh=kvh, d=d, batch=batch, length=length: results["attention"].extend(
+                         attention_bandwidth(name, h, kvh, d, batch, length, bandwidth, iters, repeats,
+                                             with_torch=args.smoke or not quick)))
 
     models = {}
     for name in args.models:  # stage latencies of every model first: the cheapest, most reused numbers
         arch = tiny_preset(name) if args.smoke else PRESETS[name]
         models[name] = (arch, build_model(arch, device=DEVICE, dtype=DTYPE, seed=args.seed))
-        models[name][1].ops.fuse_rows = args.fuse_rows  # 0: the default (cuBLAS) projections
+        if args.fuse_rows is not None:
+            models[name][1].ops.fuse_rows = args.fuse_rows  # 0: cuBLAS projections at every size
+        results["meta"]["fuse_rows"] = models[name][1].ops.fuse_rows
         if "stages" in args.parts:
-            sizes = [1, 16, 64] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256]
+            sizes = args.sizes or ([1, 16, 64] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256])
             prefill = [128 if args.smoke else 512] if quick else [256, 1024, 4096]
             context = 64 if args.smoke else 512
             arch, model = models[name]

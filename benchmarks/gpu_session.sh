@@ -9,13 +9,14 @@
 #   bash benchmarks/gpu_session.sh bench       GPU tests, which calibration condition hides the large-batch gap
 #                                              (probe_calibration_gap.py), no-exit throughput of the three
 #                                              policies on the same requests
-#   bash benchmarks/gpu_session.sh final       the validation matrix, Ouro's no-exit throughput with refill K = 16
-#   bash benchmarks/gpu_session.sh fused       Ouro-1.4B's stages with and without the fused skinny-matmul path
-#   bash benchmarks/gpu_session.sh recal       GPU tests, quick stage/attention bench, calibration of the shipped
-#                                              models one by one
+#   bash benchmarks/gpu_session.sh final       the validation matrix, no-exit throughput of the three policies
+#   bash benchmarks/gpu_session.sh chain       GPU tests, the chained (PDL) skinny-matmul sweep and layer chain,
+#                                              small-batch stages on the chained path (PDL on, off) and off it
+#   bash benchmarks/gpu_session.sh last        GPU tests, stage/attention bench, no-exit throughput (K = 16),
+#                                              Ouro-1.4B calibration
+#   bash benchmarks/gpu_session.sh recal       GPU tests, quick stage/attention bench (B = 1 also off the chained
+#                                              path), calibration of the shipped models one by one
 #   bash benchmarks/gpu_session.sh mini        GPU tests, Ouro-1.4B calibration, two Ouro validation configs
-#   bash benchmarks/gpu_session.sh probe       GPU tests, skinny-matmul sweep, stage bench, Ouro-1.4B calibration
-#                                              and three Ouro validation configs against it
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long.
 set -u
@@ -72,23 +73,36 @@ huginn-alpaca-cb-W64,huginn-alpaca-refill-K16-W64 --out "$work/validation"
     run 240 bench-throughput python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \
       --requests 128 --budget-s 150 --out "$work/bench-throughput"
     ;;
-  final)  # the validation matrix again (its logs now keep each launch's longest item), and Ouro's no-exit
-          # refill at K = 16 beside CB
+  final)  # the validation matrix against the shipped profiles, and no-exit throughput of the three policies
     run 340 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
       --out "$work/validation"
-    run 80 bench-throughput-k16 python3 benchmarks/bench_executor.py --models ouro-1.4b --parts throughput \
-      --quick --exits none --requests 128 --k 16 --out "$work/bench-throughput-k16"
+    run 150 bench-throughput python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \
+      --requests 128 --k 16 --budget-s 140 --out "$work/bench-throughput"
     ;;
-  fused)  # the whole core step on the default (cuBLAS) projections and on the fused skinny-matmul path
-    for rows in 0 16; do
-      run 80 "bench-stages-fuse$rows" python3 benchmarks/bench_executor.py --models ouro-1.4b --quick \
-        --parts stages --fuse-rows "$rows" --out "$work/bench-fuse$rows"
+  chain)  # the chained skinny-matmul path (executor.chain): configs, and whole small-batch stages
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 60 bench-chain-layers python3 benchmarks/bench_chain.py --parts layers --out "$work/chain-layers.json"
+    for rows in 0 1; do
+      run 80 "stages-fuse$rows" python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick \
+        --parts stages attention --fuse-rows "$rows" --sizes 1 2 16 64 --out "$work/stages-fuse$rows"
     done
+    CDBSIM_PDL=0 run 60 stages-fuse1-nopdl python3 benchmarks/bench_executor.py --models ouro-1.4b --quick \
+      --parts stages --fuse-rows 1 --sizes 1 16 --out "$work/stages-fuse1-nopdl"
+    ;;
+  last)  # what fits the last few minutes: GPU tests, stages and attention, no-exit throughput, Ouro-1.4B
+    run 90 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 45 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick \
+      --parts stages attention --sizes 1 16 64 --out "$work/bench"
+    run 110 bench-throughput python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \
+      --requests 128 --k 16 --budget-s 90 --out "$work/bench-throughput"
+    run 60 calibrate-ouro-1.4b python3 cli.py calibrate --arch ouro-1.4b --out "$work/profiles"
     ;;
   recal)
-    run 70 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 90 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
     run 90 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick \
-      --parts stages attention --out "$work/bench"
+      --parts stages attention --sizes 1 2 16 64 --out "$work/bench"
+    run 40 bench-stages-cublas python3 benchmarks/bench_executor.py --models ouro-1.4b --quick --parts stages \
+      --fuse-rows 0 --sizes 1 --out "$work/bench-cublas"
     for model in ouro-1.4b ouro-2.6b huginn-3.5b; do
       run 150 "calibrate-$model" python3 cli.py calibrate --arch "$model" --out "$work/profiles"
     done
@@ -99,16 +113,6 @@ huginn-alpaca-cb-W64,huginn-alpaca-refill-K16-W64 --out "$work/validation"
     mkdir -p calibration/profiles && cp "$work"/profiles/*.json calibration/profiles/
     run 60 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
       --only ouro-alpaca-cb-W64,ouro-alpaca-refill-W64 --out "$work/validation"
-    ;;
-  probe)
-    run 120 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
-    run 180 bench-gemv python3 benchmarks/bench_gemv.py --measure-copy --out "$work/gemv.json"
-    run 80 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --parts stages \
-      --out "$work/bench"
-    run 60 calibrate python3 cli.py calibrate --arch ouro-1.4b --out "$work/profiles"
-    cp "$work"/profiles/*.json calibration/profiles/
-    run 90 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
-      --only ouro-alpaca-cb-W64,ouro-alpaca-refill-W64,ouro-alpaca-refill-W256 --out "$work/validation"
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

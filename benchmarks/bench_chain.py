@@ -1,0 +1,313 @@
+"""Benchmark the chained skinny-matmul kernels of :mod:`executor.chain` and pick their configs.
+
+Two parts (``--parts``):
+
+``sweep``  per decode shape (Ouro-1.4B and Huginn-3.5B projections, the op that feeds each in a fused
+           layer): the candidate ``(BLOCK_N, warps, tiles)`` configs for one row with PDL, each checked
+           against the torch reference; the best again without PDL, and cuBLAS ``F.linear`` beside it.
+           Timing: a CUDA graph of 20 back-to-back calls, each on its own copy of the weight (the
+           copies exceed 200 MB, four times the L2, so every call streams from HBM), median of replays,
+           per call. Under PDL consecutive calls overlap, as the kernels of a layer do.
+``layers`` Ouro-1.4B's four projections per layer, 24 layers of distinct weights in one graph, as the
+           fused path runs them (residual + QKV, O, residual + gate/up + SwiGLU, down) with and without
+           PDL, against the default path's cuBLAS projections and Triton norm / SiLU kernels (attention
+           left out of both): microseconds per layer against the weight-read roofline.
+
+    python benchmarks/bench_chain.py --out chain.json [--parts sweep layers] [--quick]
+
+The JSON holds every point and ``config_table``, the entries of ``executor.chain.CONFIGS`` in its source
+format (also printed), to paste where they differ from the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+DTYPE = torch.bfloat16
+CALLS = 20
+REPLAYS = 7
+WORKING_SET = 256 * 2**20
+EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    n: int  # output columns (per half for swiglu)
+    k: int
+    op: str  # gemv, rmsnorm, residual, swiglu
+
+    @property
+    def sandwich(self) -> bool:
+        return self.name.startswith("ouro")
+
+    @property
+    def weight_rows(self) -> int:
+        return 2 * self.n if self.op == "swiglu" else self.n
+
+
+SHAPES = (
+    Shape("ouro.wqkv", 6144, 2048, "residual"),
+    Shape("ouro.wo", 2048, 2048, "gemv"),
+    Shape("ouro.gate_up", 5632, 2048, "swiglu"),
+    Shape("ouro.down", 2048, 5632, "gemv"),
+    Shape("ouro.head", 49152, 2048, "gemv"),
+    Shape("huginn.wqkv", 15840, 5280, "residual"),
+    Shape("huginn.wo", 5280, 5280, "gemv"),
+    Shape("huginn.gate_up", 17920, 5280, "swiglu"),
+    Shape("huginn.down", 5280, 17920, "gemv"),
+    Shape("huginn.adapter", 5280, 10560, "gemv"),
+)
+
+
+def candidates(shape: Shape, quick: bool) -> list:
+    """Tiles of 4K, 8K or 16K weight elements, about 2 or 4 programs per SM, 4 or 8 warps (quick: the
+    default rule's config only)."""
+    from executor.chain import default_config
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    swiglu = shape.op == "swiglu"
+    if quick:
+        return [default_config(shape.n, shape.k, swiglu, sms)]
+    out = []
+    for elements in (4096, 8192, 16384):
+        for per_sm in (2, 4):
+            for warps in (4, 8):
+                cfg = default_config(shape.n, shape.k, swiglu, sms, elements, per_sm, warps)
+                if cfg not in out:
+                    out.append(cfg)
+    return out
+
+
+class Point:
+    """Inputs for one (shape, M): rotating weight copies, activations, the calls to time."""
+
+    def __init__(self, shape: Shape, m: int = 1) -> None:
+        self.shape, self.m = shape, m
+        rows, k = shape.weight_rows, shape.k
+        self.copies = max(4, math.ceil(WORKING_SET / (rows * k * 2)))
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        w0 = torch.randn(rows, k, device="cuda", dtype=DTYPE, generator=gen) * k**-0.5
+        self.w = [w0] + [w0.clone() for _ in range(self.copies - 1)]
+        self.x = torch.randn(m, k, device="cuda", dtype=DTYPE, generator=gen)
+        self.branch = torch.randn(m, k, device="cuda", dtype=DTYPE, generator=gen) * 3
+        self.w_post = 1 + 0.1 * torch.randn(k, device="cuda", dtype=DTYPE, generator=gen)
+        self.w_next = 1 + 0.1 * torch.randn(k, device="cuda", dtype=DTYPE, generator=gen)
+
+    def bytes(self) -> int:
+        s, m = self.shape, self.m
+        act = {"gemv": m * s.k, "rmsnorm": m * s.k + s.k, "residual": 3 * m * s.k + 2 * s.k,
+               "swiglu": 3 * m * s.k + 2 * s.k}[s.op]
+        return 2 * (s.weight_rows * s.k + act + m * s.n)
+
+    def chain_call(self, cfg, i: int) -> Callable[[], torch.Tensor]:
+        from executor import chain as c
+
+        w, s = self.w[i % self.copies], self.shape
+        if s.op == "gemv":
+            return lambda: c.gemv(self.x, w, cfg)
+        if s.op == "rmsnorm":
+            return lambda: c.gemv_rmsnorm(self.x, self.w_post, EPS, w, cfg)
+        return lambda: c.gemv_residual(self.branch, self.x, self.w_post, self.w_next, EPS, s.sandwich, w,
+                                       s.op == "swiglu", cfg)[0]
+
+    def cublas_call(self, i: int) -> Callable[[], torch.Tensor]:
+        w = self.w[i % self.copies]
+        return lambda: F.linear(self.x, w)
+
+    def reference(self) -> torch.Tensor:
+        from executor import ops
+
+        s = self.shape
+        if s.op == "gemv":
+            return F.linear(self.x, self.w[0])
+        if s.op == "rmsnorm":
+            return F.linear(ops.rms_norm(self.x, self.w_post, EPS), self.w[0])
+        return ops.gemv_residual(self.branch, self.x, self.w_post, self.w_next, EPS, s.sandwich, self.w[0],
+                                 s.op == "swiglu")[0]
+
+
+def set_pdl(on: bool) -> None:
+    os.environ["CDBSIM_PDL"] = "1" if on else "0"
+
+
+def time_graph(calls: list[Callable[[], object]], per: int) -> float:
+    """Microseconds per unit (``len(calls) / per`` units): one graph of all calls, replayed, median."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        for call in calls[:2]:
+            call()
+        graph.capture_begin()
+        for call in calls:
+            call()
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(side)
+    for _ in range(2):
+        graph.replay()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / per)
+    del graph
+    return statistics.median(times)
+
+
+def copy_bandwidth(gib: float = 4.0) -> float:
+    """Bytes read + written per second by a large device-to-device copy."""
+    n = int(gib * 2**30) // 2
+    src = torch.randn(n, device="cuda", dtype=DTYPE)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 4 * n / statistics.median(times)
+
+
+def measure(point: Point, cfg, pdl: bool) -> dict:
+    set_pdl(pdl)
+    got = point.chain_call(cfg, 0)()
+    want = point.reference()
+    diff = (got.float() - want.float()).abs()
+    ok = bool((diff <= 1e-2 + 2e-2 * want.float().abs()).all())
+    us = time_graph([point.chain_call(cfg, i) for i in range(CALLS)], CALLS) if ok else float("nan")
+    return {"shape": point.shape.name, "op": point.shape.op, "m": point.m, "config": list(cfg), "pdl": pdl,
+            "us": us, "tbps": point.bytes() / us / 1e6 if ok else float("nan"), "ok": ok,
+            "max_error": float(diff.max())}
+
+
+def sweep(shapes: list[Shape], quick: bool) -> tuple[list, list]:
+    points, table = [], []
+    for shape in shapes:
+        point = Point(shape, 1)
+        rows = [measure(point, cfg, True) for cfg in candidates(shape, quick)]
+        good = [r for r in rows if r["ok"]]
+        if not good:
+            points += rows
+            print(f"{shape.name}: no candidate matched the reference", flush=True)
+            continue
+        best = min(good, key=lambda r: r["us"])
+        cfg = type(candidates(shape, quick)[0])(*best["config"])
+        rows.append(measure(point, cfg, False))
+        cublas = time_graph([point.cublas_call(i) for i in range(CALLS)], CALLS) if shape.op == "gemv" else None
+        print(f"{shape.name:16s} M=1 best {tuple(cfg)} {best['us']:.2f} us ({best['tbps']:.2f} TB/s) with PDL, "
+              f"{rows[-1]['us']:.2f} us without" + (f"; cuBLAS {cublas:.2f} us" if cublas else ""), flush=True)
+        for r in rows:
+            r["cublas_us"] = cublas
+        del point
+        points += rows
+        key = "swiglu" if shape.op == "swiglu" else "gemv"
+        table.append(f"    ({key!r}, {shape.n}, {shape.k}): ChainConfig{tuple(cfg)},  # {shape.name}: "
+                     f"{best['us']:.1f} us with PDL")
+        torch.cuda.empty_cache()
+    return points, table
+
+
+def layer_chain(layers: int = 24) -> list[dict]:
+    """Ouro-1.4B's projections, per layer, on the chained path (PDL on, off) and on the default path."""
+    from executor import chain as c
+    from executor import triton_kernels as tk
+
+    h, i = 2048, 5632
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=DTYPE, generator=gen) * scale
+
+    weights = [dict(qkv=randn(3 * h, h, scale=h**-0.5), o=randn(h, h, scale=h**-0.5),
+                    gu=randn(2 * i, h, scale=h**-0.5), down=randn(h, i, scale=i**-0.5)) for _ in range(layers)]
+    norm = 1 + randn(h, scale=0.1)
+    weight_bytes = sum(w.numel() * 2 for w in weights[0].values())
+    bw = copy_bandwidth()
+    out = []
+    for m in (1,):  # the chained path takes one row
+        x, branch, o, act = randn(m, h), randn(m, h), randn(m, h), randn(m, i)
+
+        def chained(x=x, branch=branch, o=o, act=act) -> list[Callable[[], object]]:
+            calls = []
+            for w in weights:
+                calls += [lambda w=w: c.gemv_residual(branch, x, norm, norm, EPS, True, w["qkv"]),
+                          lambda w=w: c.gemv(o, w["o"]),
+                          lambda w=w: c.gemv_residual(branch, x, norm, norm, EPS, True, w["gu"], True),
+                          lambda w=w: c.gemv(act, w["down"])]
+            return calls
+
+        def default(x=x, branch=branch, o=o, act=act) -> list[Callable[[], object]]:
+            calls = []
+            for w in weights:
+                calls += [lambda w=w: F.linear(tk.residual_norm(branch, x, norm, norm, EPS, True)[1], w["qkv"]),
+                          lambda w=w: F.linear(o, w["o"]),
+                          lambda w=w: tk.silu_mul(F.linear(tk.residual_norm(branch, x, norm, norm, EPS, True)[1],
+                                                           w["gu"])),
+                          lambda w=w: F.linear(act, w["down"])]
+            return calls
+
+        for name, make, pdl in (("chained+pdl", chained, True), ("chained", chained, False),
+                                ("default", default, False)):
+            set_pdl(pdl)
+            us = time_graph(make(), layers)
+            row = {"path": name, "m": m, "us_per_layer": us, "roofline_us": weight_bytes / bw * 1e6,
+                   "x_roofline": us / (weight_bytes / bw * 1e6)}
+            out.append(row)
+            print(f"layers M={m} {name:12s} {us:.2f} us/layer = {row['x_roofline']:.2f}x the weight-read roofline "
+                  f"({row['roofline_us']:.2f} us)", flush=True)
+    set_pdl(True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--parts", nargs="+", choices=("sweep", "layers"), default=["sweep", "layers"])
+    parser.add_argument("--shapes", nargs="+", choices=[s.name for s in SHAPES], help="limit the sweep")
+    parser.add_argument("--quick", action="store_true", help="one config per shape (the default rule's size)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: bench_chain.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    result: dict = {"meta": {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                             "calls_per_graph": CALLS, "replays": REPLAYS, "working_set_bytes": WORKING_SET}}
+    if "sweep" in args.parts:
+        shapes = [s for s in SHAPES if not args.shapes or s.name in args.shapes]
+        result["points"], result["config_table"] = sweep(shapes, args.quick)
+        print("\n".join(result["config_table"]))
+    if "layers" in args.parts:
+        result["layers"] = layer_chain()
+    result["meta"]["wall_s"] = time.perf_counter() - t0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -67,8 +67,9 @@ class ChainConfig(NamedTuple):
     tiles: int
 
 
-# (op, N, K) -> config, from benchmarks/bench_chain.py on the H200 (op "swiglu" for the gate/up projection;
-# the plain entry of a shape serves its other ops); shapes not listed use default_config.
+# (op, N, K) -> config, from benchmarks/bench_chain.py on the H200 (benchmarks/results/chain/run-2-tiles; op
+# "swiglu" for the gate/up projection, the plain entry of a shape serves its other ops); shapes not listed
+# use default_config.
 CONFIGS: dict[tuple[str, int, int], ChainConfig] = {
     ("gemv", 6144, 2048): ChainConfig(4, 8, 3),  # ouro.wqkv (with the residual prologue): 7.7 us
     ("gemv", 2048, 2048): ChainConfig(4, 4, 1),  # ouro.wo: 3.5 us
@@ -110,17 +111,19 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (132 on the H200); 4 elsewhere (the interpreter)."""
-    if device.type != "cuda":
-        return 4
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
 @functools.cache
 def _pdl_on(device_index: int) -> bool:
     major, _ = torch.cuda.get_device_capability(device_index)
     return major >= 9
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (132 on the H200); 4 elsewhere (the interpreter)."""
+    return _sm_count(_index(device)) if device.type == "cuda" else 4
 
 
 def pdl_enabled(t: torch.Tensor) -> bool:
@@ -130,7 +133,7 @@ def pdl_enabled(t: torch.Tensor) -> bool:
         return False
     if os.environ.get("CDBSIM_PDL", "1") == "0":
         return False
-    return _pdl_on(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return _pdl_on(_index(t.device))
 
 
 def launch_options(pdl: bool) -> dict:

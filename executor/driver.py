@@ -226,6 +226,7 @@ class Executor:
         return {
             "backend": "executor", "device": device, "torch": torch.__version__,
             "dtype": str(model.dtype).replace("torch.", ""), "mode": self.mode, "ops": model.ops.backend,
+            "chained_rows": model.ops.fuse_rows,  # launches of at most this many rows take executor.chain
             "cuda_graphs": self.graphs is not None and self.graphs.capture,
             "launch_path": ("eager" if self.graphs is None else
                             "cuda-graphs" if self.graphs.capture else "static-buffers"),

@@ -33,6 +33,7 @@ def test_run_executor_log_schema_and_times(tmp_path, mode: str) -> None:
     assert [len(t) for t in log.token_times] == [r.output_len for r in requests]
     assert log.meta["mode"] == mode and log.meta["backend"] == "executor"
     assert {"device", "torch", "dtype", "policy", "layout"} <= set(log.meta)
+    assert log.meta["chained_rows"] == 0  # a torch-backend model: the chained path is a triton one
     back = RunLog.load(log.save(tmp_path / "run"))
     assert len(back.launches) == len(launches)
 

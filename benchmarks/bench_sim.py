@@ -1,11 +1,12 @@
 """How fast the simulator runs on this machine (one core): simulated token loop steps per second of wall
 time, and wall time for 10,000 Alpaca requests of ouro-1.4b under refill, W = 64.
 
-    python benchmarks/bench_sim.py [--out results.json]
+    python benchmarks/bench_sim.py [--profile roofline|shipped] [--cases SUBSTRING] [--out results.json]
 
 A "token loop step" is one token going through one application of the looped core (the items of core
 launches; CB's fused steps count r_max each). Times are the median of --repeat runs of ``simulate`` alone
-(trace building and the report excluded).
+(trace building and the report excluded). ``--profile shipped`` uses the H200 profiles of
+``calibration/profiles`` (interpolated tables and the mixed-context lookup) instead of the roofline.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import platform
 import statistics
 import time
 
+from calibration.shipped import resolve_profile
 from cdbsim.arch import PRESETS
 from cdbsim.config import ServeConfig
 from cdbsim.latency import LatencyModel, roofline_profile
@@ -35,13 +37,18 @@ CASES = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--profile", choices=("roofline", "shipped"), default="roofline")
+    parser.add_argument("--cases", default="", help="only the cases whose name contains this")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     results = []
     for name, arch_name, workload, n, mean, policy, k in CASES:
+        if args.cases not in name:
+            continue
         arch = PRESETS[arch_name]
         requests = build_trace(workload, n, arch.r_max, 2, ExitModel(mean=mean), seed=0)
-        latency = LatencyModel(arch, roofline_profile(arch))
+        profile = roofline_profile(arch) if args.profile == "roofline" else resolve_profile("auto", arch)
+        latency = LatencyModel(arch, profile)
         config = ServeConfig(policy=policy, width=64, coda_batch=k)
         times = []
         for _ in range(args.repeat):
@@ -55,14 +62,14 @@ def main() -> None:
         results.append({"case": name, "requests": n, "launches": len(launches), "loop_steps": steps,
                         "wall_s": wall, "loop_steps_per_s": steps / wall})
     machine = f"{platform.processor() or platform.machine()}, Python {platform.python_version()}"
-    print(f"simulator speed on {machine} (median of {args.repeat})")
+    print(f"simulator speed on {machine} (median of {args.repeat}, {args.profile} profile)")
     print(f"{'case':42s} {'launches':>9s} {'loop steps':>11s} {'wall s':>7s} {'steps/s':>11s}")
     for r in results:
         print(f"{r['case']:42s} {r['launches']:9,d} {r['loop_steps']:11,d} {r['wall_s']:7.2f} "
               f"{r['loop_steps_per_s']:11,.0f}")
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"machine": machine, "results": results}, fh, indent=2)
+            json.dump({"machine": machine, "profile": args.profile, "results": results}, fh, indent=2)
 
 
 if __name__ == "__main__":

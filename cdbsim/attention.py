@@ -73,18 +73,22 @@ def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: 
         return float(mean)
     splits = decode_splits(padded, heads)
     per_position = heads * rows / slots  # positions per program of one extra position in every row
-
-    def time_at(length: float) -> float:  # of a batch of ``rows`` rows at one length
-        return max(critical_positions(math.ceil(length), splits), per_position * length)
-
     target = max(critical_positions(longest, splits), per_position * mean)
-    if time_at(mean) >= target:
+    if max(critical_positions(math.ceil(mean), splits), per_position * mean) >= target:
         return float(mean)
-    lo, hi = float(mean), float(longest)
-    while hi - lo >= 0.5:
-        mid = 0.5 * (lo + hi)
-        if time_at(mid) >= target:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    # the uniform length's time, max(critical path, per_position x L), first reaches the target where
+    # either term does: closed forms of both (this runs once per mixed launch in the simulator)
+    length = min(target / per_position, float(first_context_reaching(target, splits)))
+    return min(max(length, float(mean)), float(longest))
+
+
+def first_context_reaching(positions: float, splits: int) -> int:
+    """The shortest context whose critical path (:func:`critical_positions`) walks at least ``positions``.
+
+    Up to one tile a row's whole context is one program's walk. Beyond it the walk is the first split's
+    share rounded up to whole pages, ``page * ceil(ceil(n / splits) / page)``, which reaches ``positions``
+    once ``ceil(n / splits)`` passes the last page boundary below it."""
+    if positions <= MIN_SPLIT_POSITIONS:
+        return max(1, math.ceil(positions))
+    pages_below = math.ceil(positions / PAGE) - 1
+    return max(math.ceil(positions), splits * PAGE * pages_below + 1)

@@ -3,6 +3,8 @@ correction built on it: rules, bounds, and that calibration's fit recovers a kno
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -17,6 +19,7 @@ from cdbsim.attention import (
     critical_positions,
     decode_splits,
     equivalent_length,
+    first_context_reaching,
     split_positions,
 )
 from cdbsim.latency import LatencyModel
@@ -69,6 +72,33 @@ def test_equivalent_length_is_bounded_by_mean_and_longest(contexts: list[int], s
     mean = sum(contexts) / len(contexts)
     length = _equivalent(contexts, len(contexts), 16, slots)
     assert mean - 1e-9 <= length <= max(contexts)
+
+
+@given(st.floats(0.5, 20000), st.integers(1, MAX_SPLITS))
+def test_first_context_reaching_is_the_shortest(positions: float, splits: int) -> None:
+    n = first_context_reaching(positions, splits)
+    assert critical_positions(n, splits) >= positions
+    assert n == 1 or critical_positions(n - 1, splits) < positions
+
+
+@given(st.lists(st.integers(1, 20000), min_size=2, max_size=64), st.floats(16, 1e6))
+def test_equivalent_length_is_where_the_uniform_batch_first_takes_as_long(contexts: list[int], slots: float) -> None:
+    """The closed form against its definition: at the returned length a uniform batch's attention (the
+    longer of the critical path and the spread work) reaches the mixed batch's, and a token shorter it
+    does not (unless that is below the mean)."""
+    rows, heads = len(contexts), 16
+    mean, longest = sum(contexts) / rows, max(contexts)
+    splits = decode_splits(rows, heads)
+    per_position = heads * rows / slots
+
+    def time_at(length: float) -> float:
+        return max(critical_positions(math.ceil(length), splits), per_position * length)
+
+    target = max(critical_positions(longest, splits), per_position * mean)
+    length = _equivalent(contexts, rows, heads, slots)
+    if length > mean:
+        assert time_at(length) >= target * (1 - 1e-9)
+        assert length - 1 < mean or time_at(length - 1) < target
 
 
 def _synthetic_core(slots: float, heads: int = 16) -> tuple[Fit, list[list[float]]]:

@@ -174,6 +174,19 @@ def test_register_pieces_and_configs() -> None:
         assert op in (*c.OPS, "swiglu") and c.config_for(op, n, k, op == "swiglu") == entry
 
 
+def test_the_chained_path_is_on_for_single_rows_of_narrow_models_only() -> None:
+    from cdbsim.arch import PRESETS
+    from executor.model import ModelConfig, chained_rows
+    from executor.ops import Ops
+
+    configs = {name: ModelConfig.from_arch(PRESETS[name]) for name in ("ouro-1.4b", "ouro-2.6b", "huginn-3.5b")}
+    assert [chained_rows(c, "triton") for c in configs.values()] == [1, 1, 0]
+    assert all(chained_rows(c, "torch") == 0 for c in configs.values())
+    assert Ops("torch").fuse_rows == 0
+    with pytest.raises(ValueError, match="fuse_rows"):
+        Ops("triton", fuse_rows=2)
+
+
 def test_bad_inputs_are_refused_before_any_launch() -> None:
     from executor import chain as c
 

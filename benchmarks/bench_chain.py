@@ -38,6 +38,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from bench_executor import copy_bandwidth  # noqa: E402  (the same copy-bandwidth reference)
 
 DTYPE = torch.bfloat16
 CALLS = 20
@@ -174,25 +175,6 @@ def time_graph(calls: list[Callable[[], object]], per: int) -> float:
     return statistics.median(times)
 
 
-def copy_bandwidth(gib: float = 4.0) -> float:
-    """Bytes read + written per second by a large device-to-device copy."""
-    n = int(gib * 2**30) // 2
-    src = torch.randn(n, device="cuda", dtype=DTYPE)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 4 * n / statistics.median(times)
-
-
 def measure(point: Point, cfg, pdl: bool) -> dict:
     set_pdl(pdl)
     got = point.chain_call(cfg, 0)()
@@ -247,7 +229,7 @@ def layer_chain(layers: int = 24) -> list[dict]:
                     gu=randn(2 * i, h, scale=h**-0.5), down=randn(h, i, scale=i**-0.5)) for _ in range(layers)]
     norm = 1 + randn(h, scale=0.1)
     weight_bytes = sum(w.numel() * 2 for w in weights[0].values())
-    bw = copy_bandwidth()
+    bw = copy_bandwidth()["bandwidth_Bps"]
     out = []
     for m in (1,):  # the chained path takes one row
         x, branch, o, act = randn(m, h), randn(m, h), randn(m, h), randn(m, i)

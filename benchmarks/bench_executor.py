@@ -337,6 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="check the script itself: tiny same-style models, float32, CPU unless CUDA is there")
     args = parser.parse_args(argv)
+    if args.fuse_rows is not None:
+        from executor.chain import MAX_ROWS
+
+        if not 0 <= args.fuse_rows <= MAX_ROWS:
+            parser.error(f"--fuse-rows must be 0..{MAX_ROWS}: the chained path takes single-row launches")
     global DEVICE, DTYPE
     if args.smoke:
         DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -14,9 +14,9 @@
 #                                              small-batch stages on the chained path (PDL on, off) and off it
 #   bash benchmarks/gpu_session.sh last        GPU tests, stage/attention bench, no-exit throughput (K = 16),
 #                                              Ouro-1.4B calibration
-#   bash benchmarks/gpu_session.sh next        (not yet run) Ouro-2.6B calibration on the chained build, then the
-#                                              validation matrix against the shipped profiles: what the
-#                                              chained build still lacks
+#   bash benchmarks/gpu_session.sh spin        the timer's GPU test, the timer bench (bench_timer.py), calibration
+#                                              of the three shipped models with the spin-queued timer
+#   bash benchmarks/gpu_session.sh matrix      the validation matrix against the shipped profiles
 #   bash benchmarks/gpu_session.sh recal       GPU tests, quick stage/attention bench (B = 1 also off the chained
 #                                              path), calibration of the shipped models one by one
 #   bash benchmarks/gpu_session.sh mini        GPU tests, Ouro-1.4B calibration, two Ouro validation configs
@@ -100,10 +100,16 @@ huginn-alpaca-cb-W64,huginn-alpaca-refill-K16-W64 --out "$work/validation"
       --requests 128 --k 16 --budget-s 90 --out "$work/bench-throughput"
     run 60 calibrate-ouro-1.4b python3 cli.py calibrate --arch ouro-1.4b --out "$work/profiles"
     ;;
-  next)  # the chained build's missing evidence: Ouro-2.6B's profile, then the matrix against all three
-    run 70 calibrate-ouro-2.6b python3 cli.py calibrate --arch ouro-2.6b --out "$work/profiles"
-    cp "$work"/profiles/*.json calibration/profiles/
-    run 400 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
+  spin)  # the calibration timer with its spin kernel: its test, its effect on a few stages, three profiles
+    run 60 gpu-test-timer python3 -m pytest tests/executor/test_executor_gpu.py -m gpu -q -x -p no:cacheprovider \
+      -k timer
+    run 60 bench-timer python3 benchmarks/bench_timer.py --out "$work/timer.json"
+    for model in ouro-1.4b ouro-2.6b huginn-3.5b; do
+      run 150 "calibrate-$model" python3 cli.py calibrate --arch "$model" --out "$work/profiles"
+    done
+    ;;
+  matrix)
+    run 560 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
       --out "$work/validation"
     ;;
   recal)

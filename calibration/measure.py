@@ -10,7 +10,8 @@ lengths, give the components of :mod:`cdbsim.latency` directly:
 * ``prefill_layer`` = (4-layer prefill - 1-layer prefill) / 6 (r_max 2 loops); ``prefill1`` = the 1-layer
   prefill less one ``prefill_layer`` and one adapter, i.e. a 1-layer, 1-loop prefill; both over single
   prompts of many lengths and several short prompts packed in one launch;
-* ``kv_copy`` = (core step with every token exiting - without exits) per (token, slot, layer) copy;
+* ``kv_copy`` = (core step with every token exiting - without exits) per (token, slot, layer) copy, on a
+  4-layer unit with r_max 8 so each exit copies into seven slots (:func:`measure_kv_fill`);
 * ``adapter`` (Huginn) = the adapter matmul alone;
 * ``<stage>/<model>`` = every stage of the whole model (prelude, core, coda, CB step, prefill), measured
   for each model calibrated: its own stages predict it, the components predict re-splits;
@@ -18,7 +19,8 @@ lengths, give the components of :mod:`cdbsim.latency` directly:
 
 Every stage is replayed as the CUDA graph the executor uses (prefill padded to its token bucket), after
 warm-up, on random KV contents and loop states (:meth:`executor.engine.Engine.fill_random`); the time is
-the median of ``repeats`` replays, each bracketed by CUDA events.
+the median of ``repeats`` replays, each bracketed by CUDA events and queued behind a spin kernel so the
+host's launch latency stays out of it (:class:`Timer`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import datetime as dt
 import functools
 import platform
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
@@ -109,45 +112,56 @@ class Plan:
 
 
 class Timer:
-    """Median wall time of a callable on the GPU (CUDA events) or the CPU (perf counter).
+    """Median time of a callable on the GPU (CUDA events) or the CPU (perf counter).
+
+    On a GPU every timed call is queued behind a spin kernel of ``spin_s`` (``torch.cuda._sleep``), so
+    the start event fires only once the host has queued the call's work: the time is the device's alone,
+    as in a serving run where the next launch is queued while one runs. Without it (``spin_s=0``) a short
+    graph's time also holds the host's launch latency and its jitter.
 
     ``busy_s``: keep calling it for this long before timing, so the device is measured under sustained
     load (clocks and power settle) rather than in a short burst.
     """
 
-    def __init__(self, device: torch.device, repeats: int, warmup: int, busy_s: float = 0.0) -> None:
+    CLOCK_HZ = 2.0e9  # spin cycles per second: an H200's top SM clock (a slower clock only spins longer)
+
+    def __init__(self, device: torch.device, repeats: int, warmup: int, busy_s: float = 0.0,
+                 spin_s: float = 2e-4) -> None:
         self.cuda = device.type == "cuda"
-        self.repeats, self.warmup, self.busy_s = repeats, warmup, busy_s
+        self.repeats, self.warmup, self.busy_s, self.spin_s = repeats, warmup, busy_s, spin_s
 
     def __call__(self, fn: Callable[[], object]) -> float:
+        return statistics.median(self.samples(fn))
+
+    def samples(self, fn: Callable[[], object]) -> list[float]:
+        """Seconds of each of ``repeats`` timed calls, after warm-up."""
         for _ in range(self.warmup):
             fn()
         if self.busy_s > 0:
-            import time
-
             until = time.perf_counter() + self.busy_s
             while time.perf_counter() < until:
                 fn()
                 if self.cuda:
                     torch.cuda.synchronize()
-        times = []
-        if self.cuda:
-            torch.cuda.synchronize()
-            for _ in range(self.repeats):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-        else:
-            import time
-
+        if not self.cuda:
+            times = []
             for _ in range(self.repeats):
                 t0 = time.perf_counter()
                 fn()
                 times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+            return times
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(self.repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if self.spin_s > 0:
+                torch.cuda._sleep(int(self.spin_s * self.CLOCK_HZ))
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return times
 
 
 class UnitBench:
@@ -197,6 +211,11 @@ class UnitBench:
         """Seconds of one graph replay of a decode-type ``stage`` over ``batch`` tokens attending ``context``
         (core: every token at loop step 0, or with ``mixed_steps`` at steps 0, 1, .., r_max - 1 in turn,
         so the rows read different slots as in a refill run); ``contexts`` gives each row its own."""
+        return self.timer(self.graph(stage, batch, context, exiting, mixed_steps, contexts))
+
+    def graph(self, stage: Stage, batch: int, context: int, exiting: bool = False,
+              mixed_steps: bool = False, contexts: list[int] | None = None) -> Callable[[], None]:
+        """The replay of :meth:`stage`'s launch, its inputs in place (the graph is captured on first use)."""
         lengths = contexts or [context] * batch
         launch = Launch(0, stage, requests=list(range(batch)), positions=[n - 1 for n in lengths],
                         size=batch, padded=self.pad[batch])
@@ -206,8 +225,7 @@ class UnitBench:
         prepared = self.engine.prepare(launch, self._scheduler(batch, context, contexts), self.graphs.width)
         with torch.inference_mode():
             self.graphs.launch(prepared)
-            captured = self.graphs.get(stage, launch.padded)
-            return self.timer(captured.replay)
+            return self.graphs.get(stage, launch.padded).replay
 
     def prefill(self, tokens: int, chunks: int = 1, prefix: int = 0) -> float:
         """Seconds of one graph replay of a prefill launch of ``chunks`` prompts of ``tokens`` tokens each,
@@ -250,7 +268,7 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
     for core in (1, 4):
         bench = UnitBench(_unit(arch, core), max_batch, max_context, plan.max_positions, KVLayout.DEPTH, device,
                           timer)
-        got: dict = {"core": {}, "prefill": {}, "exit": {}}
+        got: dict = {"core": {}, "prefill": {}}
         for b, c in plan.grid():
             progress(f"{shape.key}: {core}-layer core B={b} L={c}")
             got["core"][b, c] = bench.stage(Stage.CORE, b, c)
@@ -262,13 +280,6 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
                 progress(f"{shape.key}: prelude and coda B={b}")
                 points[prelude0_name(h)].append([b, 0, bench.stage(Stage.PRELUDE, b, plan.contexts[0])])
                 points[coda0_name(h, v)].append([b, 0, bench.stage(Stage.CODA, b, plan.contexts[0])])
-        else:
-            fill_context = plan.contexts[min(1, len(plan.contexts) - 1)]
-            for b in plan.batches:
-                if b * fill_context <= plan.max_positions:
-                    progress(f"{shape.key}: KV fill B={b}")
-                    got["exit"][b] = (bench.stage(Stage.CORE, b, fill_context, exiting=True),
-                                      bench.stage(Stage.CORE, b, fill_context))
         raw[core] = got
         bench.close()
     for (b, c), t1 in raw[1]["core"].items():
@@ -283,10 +294,33 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
         points[prefill_layer_name(shape)].append([tokens, pairs, k, per_layer])
         single = t1 - per_layer - (adapter_fit(tokens) if adapter_fit else 0.0)
         points[prefill1_name(shape, v)].append([tokens, pairs, k, max(single, 1e-9)])
-    for b, (with_exit, without) in raw[4]["exit"].items():
-        copies = b * 1 * 4  # every token copies slot 0 into slot 1 in each of the 4 core layers
-        points[kv_copy_name(shape)].append([copies, 0, max(with_exit - without, 1e-9)])
+    points[kv_copy_name(shape)] = measure_kv_fill(arch, plan, device, timer, progress)
     return points
+
+
+FILL_LOOPS = 8  # r_max of the KV-fill bench: a token exiting at step 0 copies its K/V into 7 deeper slots
+
+
+def measure_kv_fill(arch: ArchSpec, plan: Plan, device: torch.device, timer: Timer,
+                    progress: Callable[[str], None] = lambda _: None) -> list[list[float]]:
+    """``[copies, 0, t]``: what the last-exited fill adds to a 4-layer core step, per (token, slot, layer)
+    copy. Every token exits at loop step 0 of ``FILL_LOOPS``, so each copies its K/V into the
+    ``FILL_LOOPS - 1`` deeper slots in each layer; the time is that step less the same step without
+    exits. The copies are tiny next to the step, so they are made many (deep fills) and the step short
+    (the shortest context)."""
+    context = min(plan.contexts)
+    batches = [b for b in plan.batches if b * context <= plan.max_positions]
+    unit = replace(_unit(arch, 4), r_max=FILL_LOOPS)
+    bench = UnitBench(unit, max(batches), context + 1, max(batches) * (context + 1), KVLayout.DEPTH, device,
+                      timer)
+    rows = []
+    for b in batches:
+        progress(f"{arch.layer.key}: KV fill B={b}")
+        with_fill, without = bench.stage(Stage.CORE, b, context, exiting=True), bench.stage(Stage.CORE, b, context)
+        copies = b * (FILL_LOOPS - 1) * unit.core
+        rows.append([copies, 0, max(with_fill - without, 1e-9)])
+    bench.close()
+    return rows
 
 
 def _line(rows: list[list[float]]) -> Callable[[float], float] | None:

@@ -73,3 +73,21 @@ def test_decode_attention_cuda_long_contexts() -> None:
     want = torch_ops.decode_attention(q, cache, table, base, 1, lengths, 1 / math.sqrt(d))
     got = tk.decode_attention(q, cache, table, base, 1, lengths, 1 / math.sqrt(d))
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_calibration_timer_keeps_the_host_out_of_a_replay() -> None:
+    """A call that spends 2 ms on the host before queuing 1 µs of device work: bracketed on an idle device
+    the events count the host's 2 ms; queued behind the timer's spin kernel they count the device work."""
+    import time
+
+    from calibration.measure import Timer
+
+    device = torch.device("cuda")
+    x = torch.zeros(16, device=device)
+
+    def slow_launch() -> None:
+        time.sleep(2e-3)
+        x.add_(1)
+
+    assert Timer(device, 5, 1, spin_s=0.0)(slow_launch) > 1.5e-3
+    assert Timer(device, 5, 1, spin_s=5e-3)(slow_launch) < 0.5e-3

@@ -4,9 +4,11 @@ A CUDA event recorded on an idle device fires at once, so a single graph replay 
 also measures the host's time to launch the graph, and its jitter. Calibration queues each replay
 behind a spin kernel (``calibration.measure.Timer``, ``spin_s``) so the events bracket device work only,
 as in a serving run whose next launch is queued while one runs. This script times a few stages of a
-whole model (the bench calibration measures models with) without the spin and with two spin lengths;
-equal medians for the two spins show the shorter one already covers the launch. Per variant it prints
-the median and the spread (p25-p75) of ``--repeats`` replays.
+whole model (the bench calibration measures models with): the graph replay alone without the spin and
+with two spin lengths (equal medians for the two show the shorter one already covers the launch), and
+the launch as the executor makes it and calibration times it (the copy of the launch's metadata into the
+graph's input buffer, then the replay). Per variant it prints the median and the spread (p25-p75) of
+``--repeats`` calls.
 
     python benchmarks/bench_timer.py --out timer.json            # on a CUDA GPU, about 20 s
 """
@@ -45,13 +47,15 @@ def main() -> int:
                       Timer(device, args.repeats, 3))
     rows = []
     for stage, batch, context in POINTS:
-        replay = bench.graph(stage, batch, context)
+        replay = bench.graph(stage, batch, context, replay_only=True)
+        launch = bench.graph(stage, batch, context)
         row = {"stage": stage.value, "B": batch, "L": context}
-        for spin in SPINS_S:
-            t = np.asarray(Timer(device, args.repeats, 3, spin_s=spin).samples(replay)) * 1e6
+        for name, fn, spin in [*((f"replay, spin {s * 1e3:g} ms", replay, s) for s in SPINS_S),
+                               ("launch, spin 0.2 ms", launch, 2e-4)]:
+            t = np.asarray(Timer(device, args.repeats, 3, spin_s=spin).samples(fn)) * 1e6
             p25, p50, p75 = np.percentile(t, [25, 50, 75])
-            row[f"spin {spin * 1e3:g} ms: median us"] = round(float(p50), 2)
-            row[f"spin {spin * 1e3:g} ms: p25-p75 us"] = round(float(p75 - p25), 2)
+            row[f"{name}: median us"] = round(float(p50), 2)
+            row[f"{name}: p25-p75 us"] = round(float(p75 - p25), 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out:

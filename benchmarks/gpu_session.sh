@@ -15,7 +15,8 @@
 #   bash benchmarks/gpu_session.sh last        GPU tests, stage/attention bench, no-exit throughput (K = 16),
 #                                              Ouro-1.4B calibration
 #   bash benchmarks/gpu_session.sh spin        the timer's GPU test, the timer bench (bench_timer.py), calibration
-#                                              of the three shipped models with the spin-queued timer
+#                                              of the three shipped models (spin-queued timer, each launch timed
+#                                              with its metadata copy, as the executor launches it)
 #   bash benchmarks/gpu_session.sh matrix      the validation matrix against the shipped profiles
 #   bash benchmarks/gpu_session.sh recal       GPU tests, quick stage/attention bench (B = 1 also off the chained
 #                                              path), calibration of the shipped models one by one

@@ -18,9 +18,10 @@ lengths, give the components of :mod:`cdbsim.latency` directly:
 * ``host`` = planning + preparing + launching time per launch against items, from a short real run.
 
 Every stage is replayed as the CUDA graph the executor uses (prefill padded to its token bucket), after
-warm-up, on random KV contents and loop states (:meth:`executor.engine.Engine.fill_random`); the time is
-the median of ``repeats`` replays, each bracketed by CUDA events and queued behind a spin kernel so the
-host's launch latency stays out of it (:class:`Timer`).
+warm-up, on random KV contents and loop states (:meth:`executor.engine.Engine.fill_random`), launched as
+the executor launches it (the copy of the launch's metadata into the graph's input buffer, then the
+replay); the time is the median of ``repeats`` launches, each bracketed by CUDA events and queued behind a
+spin kernel so the host's launch latency stays out of it (:class:`Timer`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from cdbsim.latency import (
 )
 from cdbsim.launch import Launch, Stage
 from executor.driver import build_model, execute
-from executor.engine import Engine
+from executor.engine import Engine, Prepared
 from executor.graphs import StageGraphs
 from traces import ExitModel, Request, build_trace
 
@@ -208,14 +209,17 @@ class UnitBench:
 
     def stage(self, stage: Stage, batch: int, context: int, exiting: bool = False,
               mixed_steps: bool = False, contexts: list[int] | None = None) -> float:
-        """Seconds of one graph replay of a decode-type ``stage`` over ``batch`` tokens attending ``context``
-        (core: every token at loop step 0, or with ``mixed_steps`` at steps 0, 1, .., r_max - 1 in turn,
-        so the rows read different slots as in a refill run); ``contexts`` gives each row its own."""
+        """Seconds of one launch (metadata copy and graph replay) of a decode-type ``stage`` over ``batch``
+        tokens attending ``context`` (core: every token at loop step 0, or with ``mixed_steps`` at steps 0, 1,
+        .., r_max - 1 in turn, so the rows read different slots as in a refill run); ``contexts`` gives each
+        row its own."""
         return self.timer(self.graph(stage, batch, context, exiting, mixed_steps, contexts))
 
     def graph(self, stage: Stage, batch: int, context: int, exiting: bool = False,
-              mixed_steps: bool = False, contexts: list[int] | None = None) -> Callable[[], None]:
-        """The replay of :meth:`stage`'s launch, its inputs in place (the graph is captured on first use)."""
+              mixed_steps: bool = False, contexts: list[int] | None = None,
+              replay_only: bool = False) -> Callable[[], object]:
+        """:meth:`stage`'s launch as the executor runs it: the copy of its metadata into the graph's input
+        buffer, then the replay (the graph is captured on first use); ``replay_only``: the replay alone."""
         lengths = contexts or [context] * batch
         launch = Launch(0, stage, requests=list(range(batch)), positions=[n - 1 for n in lengths],
                         size=batch, padded=self.pad[batch])
@@ -223,14 +227,24 @@ class UnitBench:
             steps = [i % self.arch.r_max for i in range(batch)] if mixed_steps else [0] * batch
             launch.steps, launch.exits = steps, [exiting] * batch
         prepared = self.engine.prepare(launch, self._scheduler(batch, context, contexts), self.graphs.width)
+        return self._launcher(prepared, replay_only)
+
+    def _launcher(self, prepared: Prepared, replay_only: bool = False) -> Callable[[], object]:
         with torch.inference_mode():
-            self.graphs.launch(prepared)
-            return self.graphs.get(stage, launch.padded).replay
+            self.graphs.launch(prepared)  # captures the graph on first use
+        if replay_only:
+            return self.graphs.get(prepared.launch.stage, prepared.launch.padded).replay
+
+        def launch() -> None:
+            with torch.inference_mode():
+                self.graphs.launch(prepared)
+
+        return launch
 
     def prefill(self, tokens: int, chunks: int = 1, prefix: int = 0) -> float:
-        """Seconds of one graph replay of a prefill launch of ``chunks`` prompts of ``tokens`` tokens each,
-        every one after ``prefix`` cached tokens (several short prompts are packed into one launch), padded
-        to the scheduler's prefill size as in a run."""
+        """Seconds of one launch (metadata copy and graph replay) of a prefill of ``chunks`` prompts of
+        ``tokens`` tokens each, every one after ``prefix`` cached tokens (several short prompts are packed
+        into one launch), padded to the scheduler's prefill size as in a run."""
         fake = self._scheduler(chunks, prefix + tokens)
         fake.prefill_target = [self.max_context] * chunks  # the engine books chunks per episode: episode 0
         total = tokens * chunks
@@ -239,10 +253,7 @@ class UnitBench:
                         padded=padded_prefill(total))
         for r in range(chunks):
             self.engine.episodes[r] = {0: [prefix]} if prefix else {}
-        prepared = self.engine.prepare(launch, fake, self.graphs.width)
-        with torch.inference_mode():
-            self.graphs.launch(prepared)
-            return self.prefill_timer(self.graphs.get(Stage.PREFILL, launch.padded).replay)
+        return self.prefill_timer(self._launcher(self.engine.prepare(launch, fake, self.graphs.width)))
 
     def close(self) -> None:
         del self.graphs, self.engine, self.model

@@ -28,6 +28,7 @@ from cdbsim.config import Timing
 from cdbsim.latency import LatencyModel
 from cdbsim.launch import Launch, Stage
 from cdbsim.logs import RunLog
+from cdbsim.metadata import table_width
 from cdbsim.pipeline import must_wait
 from cdbsim.profile import load_profile_file
 from cdbsim.scheduler import Scheduler
@@ -65,13 +66,13 @@ def spread_table(config: str, logs: Path, matrix: Path, profile: Path) -> pd.Dat
         for a, s, n, c in zip(launches, measured["stage"], measured["size"], measured["context"], strict=True))
     if not same:
         raise SystemExit(f"error: the replayed schedule of {config} differs from its measured log")
-    rows = []
+    rows, width = [], table_width(requests, entry.config().block_size)
     for launch, end, start in zip(launches, measured["end"], measured["start"], strict=True):
         if launch.stage is not Stage.CORE:
             continue
         attended = np.asarray(launch.positions) + 1
         rows.append({"padded": launch.padded, "mean_context": attended.mean(), "max_context": attended.max(),
-                     "measured_s": end - start, "predicted_s": model.launch_time(launch)})
+                     "measured_s": end - start, "predicted_s": model.launch_time(launch, width)})
     core = pd.DataFrame(rows)
     core["spread"] = core["max_context"] / core["mean_context"]
     core["quintile"] = pd.qcut(core["spread"], 5)

@@ -6,9 +6,9 @@ behind a spin kernel (``calibration.measure.Timer``, ``spin_s``) so the events b
 as in a serving run whose next launch is queued while one runs. This script times a few stages of a
 whole model (the bench calibration measures models with): the graph replay alone without the spin and
 with two spin lengths (equal medians for the two show the shorter one already covers the launch), and
-the launch as the executor makes it and calibration times it (the copy of the launch's metadata into the
-graph's input buffer, then the replay). Per variant it prints the median and the spread (p25-p75) of
-``--repeats`` calls.
+the launch as the executor makes it (the copy of the launch's metadata into the graph's input buffer,
+then the replay; calibration times that copy on its own, per byte, since its size depends on the run).
+Per variant it prints the median and the spread (p25-p75) of ``--repeats`` calls.
 
     python benchmarks/bench_timer.py --out timer.json            # on a CUDA GPU, about 20 s
 """
@@ -47,8 +47,8 @@ def main() -> int:
                       Timer(device, args.repeats, 3))
     rows = []
     for stage, batch, context in POINTS:
-        replay = bench.graph(stage, batch, context, replay_only=True)
-        launch = bench.graph(stage, batch, context)
+        replay = bench.graph(stage, batch, context)
+        launch = bench.graph(stage, batch, context, with_copy=True)
         row = {"stage": stage.value, "B": batch, "L": context}
         for name, fn, spin in [*((f"replay, spin {s * 1e3:g} ms", replay, s) for s in SPINS_S),
                                ("launch, spin 0.2 ms", launch, 2e-4)]:

@@ -14,9 +14,8 @@
 #                                              small-batch stages on the chained path (PDL on, off) and off it
 #   bash benchmarks/gpu_session.sh last        GPU tests, stage/attention bench, no-exit throughput (K = 16),
 #                                              Ouro-1.4B calibration
-#   bash benchmarks/gpu_session.sh spin        the timer's GPU test, the timer bench (bench_timer.py), calibration
-#                                              of the three shipped models (spin-queued timer, each launch timed
-#                                              with its metadata copy, as the executor launches it)
+#   bash benchmarks/gpu_session.sh spin        GPU tests, the timer bench (bench_timer.py), calibration of the
+#                                              three shipped models (spin-queued timer, metadata copy per byte)
 #   bash benchmarks/gpu_session.sh matrix      the validation matrix against the shipped profiles
 #   bash benchmarks/gpu_session.sh recal       GPU tests, quick stage/attention bench (B = 1 also off the chained
 #                                              path), calibration of the shipped models one by one
@@ -101,9 +100,8 @@ huginn-alpaca-cb-W64,huginn-alpaca-refill-K16-W64 --out "$work/validation"
       --requests 128 --k 16 --budget-s 90 --out "$work/bench-throughput"
     run 60 calibrate-ouro-1.4b python3 cli.py calibrate --arch ouro-1.4b --out "$work/profiles"
     ;;
-  spin)  # the calibration timer with its spin kernel: its test, its effect on a few stages, three profiles
-    run 60 gpu-test-timer python3 -m pytest tests/executor/test_executor_gpu.py -m gpu -q -x -p no:cacheprovider \
-      -k timer
+  spin)  # the calibration timer with its spin kernel: GPU tests, its effect on a few stages, three profiles
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
     run 60 bench-timer python3 benchmarks/bench_timer.py --out "$work/timer.json"
     for model in ouro-1.4b ouro-2.6b huginn-3.5b; do
       run 150 "calibrate-$model" python3 cli.py calibrate --arch "$model" --out "$work/profiles"

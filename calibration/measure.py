@@ -15,13 +15,15 @@ lengths, give the components of :mod:`cdbsim.latency` directly:
 * ``adapter`` (Huginn) = the adapter matmul alone;
 * ``<stage>/<model>`` = every stage of the whole model (prelude, core, coda, CB step, prefill), measured
   for each model calibrated: its own stages predict it, the components predict re-splits;
-* ``host`` = planning + preparing + launching time per launch against items, from a short real run.
+* ``host`` = planning + preparing + launching time per launch against items, from a short real run;
+* ``meta_copy`` = the host-to-device copy of a launch's metadata against its bytes (:mod:`cdbsim.metadata`).
 
 Every stage is replayed as the CUDA graph the executor uses (prefill padded to its token bucket), after
-warm-up, on random KV contents and loop states (:meth:`executor.engine.Engine.fill_random`), launched as
-the executor launches it (the copy of the launch's metadata into the graph's input buffer, then the
-replay); the time is the median of ``repeats`` launches, each bracketed by CUDA events and queued behind a
-spin kernel so the host's launch latency stays out of it (:class:`Timer`).
+warm-up, on random KV contents and loop states (:meth:`executor.engine.Engine.fill_random`); the time is
+the median of ``repeats`` replays, each bracketed by CUDA events and queued behind a spin kernel so the
+host's launch latency stays out of it (:class:`Timer`). The copy of a launch's metadata that precedes
+each replay in a run is timed on its own, per byte (``meta_copy``, :func:`measure_meta_copy`): its size
+depends on the run's longest request, not the bench's.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from cdbsim.config import Policy, ServeConfig, padding_table, prefill_graph_size
 from cdbsim.kvlayout import KVLayout
 from cdbsim.latency import (
     HOST,
+    META_COPY,
     adapter_name,
     coda0_name,
     core1_name,
@@ -209,7 +212,7 @@ class UnitBench:
 
     def stage(self, stage: Stage, batch: int, context: int, exiting: bool = False,
               mixed_steps: bool = False, contexts: list[int] | None = None) -> float:
-        """Seconds of one launch (metadata copy and graph replay) of a decode-type ``stage`` over ``batch``
+        """Seconds of one graph replay of a decode-type ``stage`` over ``batch``
         tokens attending ``context`` (core: every token at loop step 0, or with ``mixed_steps`` at steps 0, 1,
         .., r_max - 1 in turn, so the rows read different slots as in a refill run); ``contexts`` gives each
         row its own."""
@@ -217,9 +220,9 @@ class UnitBench:
 
     def graph(self, stage: Stage, batch: int, context: int, exiting: bool = False,
               mixed_steps: bool = False, contexts: list[int] | None = None,
-              replay_only: bool = False) -> Callable[[], object]:
-        """:meth:`stage`'s launch as the executor runs it: the copy of its metadata into the graph's input
-        buffer, then the replay (the graph is captured on first use); ``replay_only``: the replay alone."""
+              with_copy: bool = False) -> Callable[[], object]:
+        """The graph replay of :meth:`stage`'s launch, its metadata in place (the graph is captured on first
+        use); ``with_copy``: the launch as the executor makes it, the metadata copy first."""
         lengths = contexts or [context] * batch
         launch = Launch(0, stage, requests=list(range(batch)), positions=[n - 1 for n in lengths],
                         size=batch, padded=self.pad[batch])
@@ -227,12 +230,12 @@ class UnitBench:
             steps = [i % self.arch.r_max for i in range(batch)] if mixed_steps else [0] * batch
             launch.steps, launch.exits = steps, [exiting] * batch
         prepared = self.engine.prepare(launch, self._scheduler(batch, context, contexts), self.graphs.width)
-        return self._launcher(prepared, replay_only)
+        return self._launcher(prepared, with_copy)
 
-    def _launcher(self, prepared: Prepared, replay_only: bool = False) -> Callable[[], object]:
+    def _launcher(self, prepared: Prepared, with_copy: bool = False) -> Callable[[], object]:
         with torch.inference_mode():
             self.graphs.launch(prepared)  # captures the graph on first use
-        if replay_only:
+        if not with_copy:
             return self.graphs.get(prepared.launch.stage, prepared.launch.padded).replay
 
         def launch() -> None:
@@ -242,7 +245,7 @@ class UnitBench:
         return launch
 
     def prefill(self, tokens: int, chunks: int = 1, prefix: int = 0) -> float:
-        """Seconds of one launch (metadata copy and graph replay) of a prefill of ``chunks`` prompts of
+        """Seconds of one graph replay of a prefill of ``chunks`` prompts of
         ``tokens`` tokens each, every one after ``prefix`` cached tokens (several short prompts are packed
         into one launch), padded to the scheduler's prefill size as in a run."""
         fake = self._scheduler(chunks, prefix + tokens)
@@ -259,6 +262,30 @@ class UnitBench:
         del self.graphs, self.engine, self.model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+META_COPY_BYTES = tuple(int(4 * 2 ** k) for k in range(10, 21))  # 4 KB .. 4 MB
+META_SPIN_S = 2e-3  # the host fills the pinned buffer before it queues the copy: up to ~1 ms at 4 MB
+
+
+def measure_meta_copy(device: torch.device, timer: Timer,
+                      sizes: tuple[int, ...] = META_COPY_BYTES) -> Points:
+    """``[bytes, 0, t]``: a launch's metadata copy (pinned host buffer to the graph's input buffer, as
+    :class:`executor.graphs.PinnedStaging` makes it; a plain copy on a CPU) at several sizes."""
+    from executor.graphs import PinnedStaging
+
+    rows = []
+    for size in sizes:
+        numel = size // 4
+        array = np.arange(numel, dtype=np.int32)
+        target = torch.empty(numel, dtype=torch.int32, device=device)
+        if device.type == "cuda":
+            staging = PinnedStaging(numel)
+            rows.append([size, 0, timer(lambda s=staging, t=target, a=array: s.copy_to(t, a))])
+        else:
+            source = torch.from_numpy(array)
+            rows.append([size, 0, timer(lambda t=target, s=source: t.copy_(s))])
+    return {META_COPY: rows}
 
 
 def _unit(arch: ArchSpec, core: int) -> ArchSpec:

@@ -27,7 +27,16 @@ def calibrate(archs: list[ArchSpec], out: Path, quick: bool = False, device: str
     """Measure, fit and save a profile for every architecture in ``archs``; returns the profiles."""
     import torch
 
-    from calibration.measure import Plan, environment, measure_host, measure_model, measure_shape
+    from calibration.measure import (
+        META_SPIN_S,
+        Plan,
+        Timer,
+        environment,
+        measure_host,
+        measure_meta_copy,
+        measure_model,
+        measure_shape,
+    )
 
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("cdbsim calibrate needs a CUDA GPU (torch.cuda.is_available() is False); "
@@ -44,7 +53,8 @@ def calibrate(archs: list[ArchSpec], out: Path, quick: bool = False, device: str
         key = f"{arch.layer.key}-v{arch.vocab}"
         if key not in shape_points:
             shape_points[key] = measure_shape(arch, plan, dev, progress)
-            host_points[key] = measure_host(arch, dev, progress=progress)
+            host_points[key] = {**measure_host(arch, dev, progress=progress),
+                                **measure_meta_copy(dev, Timer(dev, plan.repeats, plan.warmup, spin_s=META_SPIN_S))}
         points = {**shape_points[key], **host_points[key], **measure_model(arch, plan, dev, progress)}
         name = f"{device_tag(info['name'])}-{arch.name}"
         skew = points.pop(attention_skew_name(arch), [])

@@ -13,6 +13,7 @@ be redone anywhere from them (``--measured DIR``).
 
 from __future__ import annotations
 
+import functools
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -24,6 +25,7 @@ from cdbsim.errors import read_json, require
 from cdbsim.kv import capacity_blocks
 from cdbsim.latency import LatencyModel
 from cdbsim.logs import RunLog
+from cdbsim.metadata import table_width
 from cdbsim.profile import Profile
 from cdbsim.report import summarize
 from cdbsim.sim import simulate
@@ -168,7 +170,8 @@ def compare(entries: list[Entry], measured: dict[str, RunLog],
         comparison = Comparison.of(entry.name, summarize(real, arch, requests, r_min),
                                    summarize(predicted, arch, requests, r_min), entry.online,
                                    measured_log=real, predicted_log=predicted)
-        comparison.stages = stage_errors(real, latency_for(arch).launch_time)
+        width = table_width(requests, config.block_size)
+        comparison.stages = stage_errors(real, functools.partial(latency_for(arch).launch_time, table_width=width))
         comparisons.append(comparison)
     return comparisons
 

@@ -11,6 +11,10 @@ Every stage is a sum of components (see :mod:`cdbsim.profile`), each linear in t
     prefill  = prefill1 + (P + r_max C_l + D - 1) prefill_layer + (r_max - 1) adapter
                (+ coda0's per-token slope per extra finished prompt)
 
+Every decode-type launch also copies its metadata to the device first (:mod:`cdbsim.metadata`): a
+measured profile's ``meta_copy`` fit prices it per byte, given the run's block-table width; stage fits
+are timed without it, and a profile without that fit (the roofline, older profiles) leaves it out.
+
 ``layer``, ``core1``, ``prefill1`` and ``prefill_layer`` are keyed by the layer shape, the rest by hidden
 size (and vocabulary), so a re-split model (Huginn 2-4-2 -> 1-4-1 -> 0-4-0, Ouro with fewer layers and
 more loops) is predicted from the same measurements. Where a profile also measured a stage on the very
@@ -32,6 +36,7 @@ from cdbsim.bounds import saturation_batch
 from cdbsim.errors import ConfigError
 from cdbsim.interp import StageTable, Surface
 from cdbsim.launch import STAGES, Launch, Stage
+from cdbsim.metadata import metadata_bytes
 from cdbsim.profile import Fit, Profile
 
 
@@ -74,6 +79,7 @@ def model_stage_name(arch: ArchSpec, stage: Stage) -> str:
 
 
 HOST = "host"
+META_COPY = "meta_copy"  # the launch metadata copy, per byte (cdbsim.metadata); optional in a profile
 
 
 def components_for(arch: ArchSpec) -> list[str]:
@@ -217,6 +223,7 @@ class LatencyModel:
         comps = dict(profile.components)
         zero = Fit(delta=0.0)
         self.host = comps.get(HOST, zero)
+        self.meta_copy = comps.get(META_COPY)
         self.attention_slots = profile.attention_slots
         self.tables: dict[Stage, StageTable] = {}
         if profile.kind == "constant":
@@ -293,8 +300,9 @@ class LatencyModel:
             alpha = self.costs[stage].alpha
             self.tables[stage] = StageTable(fn, lengths[stage], lambda b, alpha=alpha: alpha * b)
 
-    def launch_time(self, launch: Launch) -> float:
-        """Device seconds of ``launch``."""
+    def launch_time(self, launch: Launch, table_width: int = 0) -> float:
+        """Device seconds of ``launch``; with the run's block-table width (:func:`cdbsim.metadata.
+        table_width`) a decode-type launch also pays its metadata copy, where the profile measured it."""
         stage = launch.stage
         cost = self.costs[stage]
         if stage is Stage.PREFILL:
@@ -302,10 +310,13 @@ class LatencyModel:
                         chunks=len(launch.chunk_lens))
         table = self.tables.get(stage)
         if table is None:
-            return cost(launch.padded, launch.context, launch.kv_copies)
-        t = table(launch.padded, self.attended_length(launch))
-        if launch.kv_copies:
-            t += cost.copy_delta + cost.copy * launch.kv_copies
+            t = cost(launch.padded, launch.context, launch.kv_copies)
+        else:
+            t = table(launch.padded, self.attended_length(launch))
+            if launch.kv_copies:
+                t += cost.copy_delta + cost.copy * launch.kv_copies
+        if table_width and self.meta_copy is not None:
+            t += self.meta_copy(metadata_bytes(launch.padded, table_width))
         return t
 
     def attended_length(self, launch: Launch) -> float:

@@ -24,6 +24,7 @@ from cdbsim.config import ServeConfig
 from cdbsim.latency import LatencyModel
 from cdbsim.launch import Launch
 from cdbsim.logs import RunLog, RunRecorder
+from cdbsim.metadata import table_width
 from cdbsim.pipeline import must_wait
 from cdbsim.quiet_gc import paused_gc
 from cdbsim.scheduler import Scheduler
@@ -40,6 +41,7 @@ class Simulation:
         self.config = config
         self.requests = list(requests)
         self.latency = latency
+        self.table_width = table_width(self.requests, config.block_size)  # as the executor sizes its graphs
         self.scheduler = Scheduler(arch, config, self.requests, kv_blocks)
         self.recorder = RunRecorder(self.requests)
         self.progress = progress
@@ -134,7 +136,7 @@ class Simulation:
                 continue
             launch, ready_at, host_s, finished = queue.popleft()
             start = max(env.now, ready_at)
-            yield env.timeout(start - env.now + latency.launch_time(launch))
+            yield env.timeout(start - env.now + latency.launch_time(launch, self.table_width))
             record(launch, start, env.now, host_s)
             finished.succeed()
 

@@ -28,6 +28,7 @@ import torch
 
 from cdbsim.config import ServeConfig
 from cdbsim.launch import Launch, Stage
+from cdbsim.metadata import FIELDS, table_width
 from cdbsim.scheduler import WAITING, Scheduler
 from executor.attention import DecodeAttention
 from executor.kv_cache import CacheGeometry, PagedKVCache
@@ -47,7 +48,6 @@ from executor.reference import Episode
 from executor.tokens import prompt_ids
 from traces.request import Request
 
-FIELDS = ("tok", "pos", "bank", "row0", "layer_base", "fill", "out", "seq_len")
 _F = {name: i for i, name in enumerate(FIELDS)}
 
 
@@ -99,7 +99,7 @@ class Engine:
         self.scale = cfg.head_dim ** -0.5
         self.max_len = max(r.prompt_len + r.output_len for r in requests)
         self.stride = self.max_len + 1
-        self.max_blocks = -(-self.max_len // config.block_size)
+        self.max_blocks = table_width(requests, config.block_size)
         self.rope = RopeTable.build(cfg.head_dim, cfg.rope_theta, self.max_len + 1,
                                     interleaved=cfg.style == "huginn", device=self.device)
         n = len(requests)

@@ -40,10 +40,11 @@ def test_calibrate_on_cpu_writes_a_usable_profile(tmp_path, style: str) -> None:
         assert model_stage_name(arch, stage) in back.components
     for row in quality_rows(back):
         assert row["points"] >= 1
-    from calibration.measure import FILL_LOOPS
+    from calibration.measure import FILL_LOOPS, META_COPY_BYTES
 
     copies = [p[0] for p in back.components["kv_copy/" + arch.layer.key].points]
     assert copies == [b * (FILL_LOOPS - 1) * 4 for b in TINY_PLAN.batches]  # every exit fills the deeper slots
+    assert [p[0] for p in back.components["meta_copy"].points] == list(META_COPY_BYTES)
     assert back.attention["points"][0][1:-1] == [32, 8, 8, 8]  # the skewed core step's row contexts
     assert len(back.attention["error_with_mean_length_pct"]) == 1
     assert attention_rows(back)[0]["max L"] == 32

@@ -205,3 +205,35 @@ def test_no_prefill_is_predicted_faster_than_the_smallest_one_measured() -> None
     resplit = LatencyModel(arch.with_split("1-4-1"), profile)  # composed from the layer components
     assert resplit.costs[Stage.PREFILL].floor > 0
     assert resplit.launch_time(short) >= resplit.costs[Stage.PREFILL].floor
+
+
+def test_decode_launches_pay_their_metadata_copy_where_the_profile_measured_it() -> None:
+    """The copy grows with the padded rows and the run's block-table width; prefill and profiles without
+    a ``meta_copy`` fit pay none; the simulator charges it at the width of the run's longest request."""
+    from cdbsim.latency import META_COPY
+    from cdbsim.launch import Launch
+    from cdbsim.metadata import FIELDS, metadata_bytes, table_width
+    from cdbsim.profile import Fit
+
+    arch = tiny_arch(r_max=3)
+    profile = constant_profile(MS)
+    plain = LatencyModel(arch, profile)
+    profile.components[META_COPY] = Fit(delta=2e-6, gamma=1e-10)
+    copying = LatencyModel(arch, profile)
+    core = Launch(0, Stage.CORE, requests=[0, 1], positions=[5, 9], size=2, padded=4, steps=[0, 0],
+                  exits=[False, False])
+    prefill = Launch(0, Stage.PREFILL, requests=[0], positions=[0], chunk_lens=[8], finishes=[True], size=8,
+                     padded=8)
+    assert metadata_bytes(4, 10) == 4 * 4 * (len(FIELDS) + 10)
+    assert copying.launch_time(core, table_width=10) == pytest.approx(MS + 2e-6 + 1e-10 * metadata_bytes(4, 10))
+    assert copying.launch_time(core) == plain.launch_time(core, table_width=10) == MS
+    assert copying.launch_time(prefill, table_width=10) == MS
+    requests = make_requests([(20, 13), (4, 2)], depths=[[1] * 12, [3]])
+    assert table_width(requests, 16) == 3  # 33 tokens
+    config = ServeConfig(policy="refill", width=4, timing="sync")
+    with_copy = simulate(arch, config, requests, copying, kv_blocks=64).launches
+    without = simulate(arch, config, requests, plain, kv_blocks=64).launches
+    took = (with_copy["end"] - with_copy["start"]).to_numpy() - (without["end"] - without["start"]).to_numpy()
+    decode_type = (with_copy["stage"] != "prefill").to_numpy()
+    want = [2e-6 + 1e-10 * metadata_bytes(p, 3) for p in with_copy["padded"][decode_type]]
+    assert took[decode_type] == pytest.approx(want) and np.allclose(took[~decode_type], 0.0)

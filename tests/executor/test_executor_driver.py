@@ -94,3 +94,21 @@ def test_run_clock_starts_after_the_collector_pass(monkeypatch) -> None:
     config = ServeConfig(policy="cb", width=2, prefill_budget=16, timing="sync")
     log = run_executor(arch, config, tiny_requests(n=2, seed=1), 32, model=tiny_model(arch), mode="sync")
     assert log.launches["start"].iloc[0] < 1.0
+
+
+def test_launch_metadata_is_the_size_the_latency_model_charges() -> None:
+    """cdbsim.metadata prices a decode-type launch's copy from the padded rows and the run's block-table
+    width; the engine's graphs copy exactly that buffer."""
+    from cdbsim.launch import Stage
+    from cdbsim.metadata import metadata_bytes, table_width
+    from executor.engine import Engine
+
+    arch = tiny_arch("ouro")
+    requests = tiny_requests(n=5, seed=2)
+    config = ServeConfig(policy="refill", width=4, layout="depth")
+    engine = Engine(tiny_model(arch), config, requests, 64)
+    assert engine.max_blocks == table_width(requests, config.block_size) == -(-max(
+        r.prompt_len + r.output_len for r in requests) // config.block_size)
+    for stage in (Stage.PRELUDE, Stage.CORE, Stage.CODA, Stage.DECODE):
+        for rows in (1, 4):
+            assert engine.scratch(stage, rows, engine.max_blocks).nbytes == metadata_bytes(rows, engine.max_blocks)

@@ -569,11 +569,22 @@ def calibrate(
     quick: Annotated[bool, typer.Option("--quick", help="A few points per component (minutes less).")] = False,
     device: Annotated[str, typer.Option("--device", help="cuda (default) or cpu (for a tiny test model).")] =
         "cuda",
+    refit: Annotated[list[Path] | None, typer.Option(
+        "--refit", help="Refit this profile JSON from its raw points, in place, and measure nothing "
+                        "(no GPU needed; repeat for several).")] = None,
 ) -> None:
     """Measure this GPU with the executor, fit the latency model, and write a profile per model."""
-    from calibration.fit import attention_rows, quality_rows, saturation_rows
+    from calibration.fit import attention_rows, quality_rows, refit_profile, saturation_rows
     from calibration.run import calibrate as run_calibration
+    from cdbsim.profile import load_profile_file
 
+    for path in refit or []:
+        profile = refit_profile(load_profile_file(path))
+        profile.save(path)
+        emit(quality_rows(profile), f"{profile.label()}: refitted fits", False, False,
+             caption=f"written to {path}")
+    if refit:
+        return
     specs = [load_arch(name.strip()) for name in arch.split(",") if name.strip()]
     from rich.status import Status
 

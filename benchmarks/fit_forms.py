@@ -1,7 +1,8 @@
 """Where the latency model's straight lines miss the shipped profiles' measurements, and why.
 
 For every component of the shipped H200 profiles this prints the R^2 of three line fits to the same
-points, all weighted by 1/t as calibration fits them (``cdbsim.profile.fit_points``):
+points, weighted as calibration fits them (``cdbsim.profile.fit_points``: by 1/t, except differences
+that can come out at zero, ``calibration.fit.DIFFERENCES``):
 
 ``plane``         t = delta + gamma B + alpha C over every point: what the profile ships
 ``lines per L``   t = floor + slope B at each context length on its own (the CDB paper's procedure)
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.fit import held_out_predictions
+from calibration.fit import DIFFERENCES, held_out_predictions
 from cdbsim.profile import Fit, fit_points, load_profile_file
 
 PROFILES = Path(__file__).resolve().parent.parent / "calibration" / "profiles"
@@ -37,14 +38,14 @@ def r2(measured: np.ndarray, predicted: np.ndarray) -> float:
     return 1.0 - float(np.sum((measured - predicted) ** 2)) / spread if spread > 0 else float("nan")
 
 
-def lines_per_length(pts: np.ndarray) -> np.ndarray:
+def lines_per_length(pts: np.ndarray, relative: bool = True) -> np.ndarray:
     """Each point's time on the line fitted to the points of its own context length."""
     lengths = np.round(pts[:, 1] / np.maximum(pts[:, 0], 1))
     predicted = np.full(len(pts), np.nan)
     for length in np.unique(lengths):
         sel = lengths == length
         if sel.sum() >= 2:
-            fit = fit_points(np.column_stack([pts[sel, 0], np.zeros(sel.sum()), pts[sel, 2]]))
+            fit = fit_points(np.column_stack([pts[sel, 0], np.zeros(sel.sum()), pts[sel, 2]]), relative=relative)
             predicted[sel] = fit.delta + fit.gamma * pts[sel, 0]
     return predicted
 
@@ -56,15 +57,17 @@ def component_rows(model: str, fits: dict[str, Fit]) -> list[dict]:
         if pts.ndim != 2 or pts.shape[1] != 3 or len(pts) < 4:
             continue
         t = pts[:, 2]
-        per_length = lines_per_length(pts)
+        relative = name.split("/")[0] not in DIFFERENCES
+        per_length = lines_per_length(pts, relative)
         many = pts[:, 0] >= 2
+        many_fit = fit_points(pts[many], relative=relative).r2 if many.sum() >= 4 and not many.all() else float("nan")
         held = held_out_predictions(fit) if name.split("/")[0] in {"layer", "core1", "prelude0", "coda0", "prelude",
                                                                     "core", "coda", "decode"} else np.zeros(0)
         rows.append({
             "model": model, "component": name, "points": len(pts),
             "plane": fit.r2,
             "lines per L": r2(t[~np.isnan(per_length)], per_length[~np.isnan(per_length)]),
-            "plane, B >= 2": fit_points(pts[many]).r2 if many.sum() >= 4 and not many.all() else float("nan"),
+            "plane, B >= 2": many_fit,
             "interpolation, held out": r2(t, held) if held.size else float("nan"),
             "spread of t %": 100 * float(t.std() / t.mean()),
         })

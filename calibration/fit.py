@@ -6,12 +6,14 @@ Pure Python (no torch), so profiles can be refitted and plotted on any machine f
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from cdbsim.arch import ArchSpec
 from cdbsim.attention import equivalent_length
+from cdbsim.errors import require
 from cdbsim.interp import Surface
 from cdbsim.latency import LatencyModel, layer_name
 from cdbsim.launch import Stage
@@ -20,6 +22,8 @@ from cdbsim.profile import Fit, Profile, fit_points
 CONTEXTS = (128, 512, 2048, 8192)
 # components a measured profile predicts by interpolating their points (cdbsim.latency, _tabulate);
 # the others (prefill, host, KV copy, adapter) predict from the linear fit
+# components measured as the difference of two steps, which can come out at zero: fitted on plain residuals
+DIFFERENCES = {"kv_copy"}
 INTERPOLATED = {"layer", "core1", "prelude0", "coda0", "prelude", "core", "coda", "decode"}
 
 
@@ -83,7 +87,8 @@ def fit_components(points: dict[str, list[list[float]]]) -> dict[str, Fit]:
         if len(pts) == 1:  # a constant (e.g. a launch term measured once)
             fits[name] = Fit(delta=float(pts[0, 2]), r2=None, max_rel_residual=0.0, points=pts.tolist())
             continue
-        fits[name] = fit_points(pts, with_context=bool(np.ptp(pts[:, 1]) > 0))
+        fits[name] = fit_points(pts, with_context=bool(np.ptp(pts[:, 1]) > 0),
+                                relative=name.split("/")[0] not in DIFFERENCES)
     return fits
 
 
@@ -94,6 +99,15 @@ def build_profile(name: str, device: dict, versions: dict, points: dict[str, lis
     components.update(extra or {})
     return Profile(name=name, kind="measured", device=device, components=components, versions=versions,
                    date=dt.date.today().isoformat(), notes=notes)
+
+
+def refit_profile(profile: Profile) -> Profile:
+    """The same measured profile with every component fitted afresh from its raw points (after a change
+    to the fitting, no GPU needed); the attention record, device, versions and date are kept."""
+    require(profile.kind == "measured", f"profile {profile.name} is {profile.kind}: only measured profiles "
+                                        "have raw points to refit")
+    components = fit_components({name: fit.points for name, fit in profile.components.items()})
+    return replace(profile, components=components)
 
 
 def quality_rows(profile: Profile) -> list[dict]:

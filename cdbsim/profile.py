@@ -17,6 +17,7 @@ component                              x                      c (and k)
 ``kv_copy/<shape>``                    (token, slot) copies   -   (last-exited fill, per core layer)
 ``<stage>/<model>-<split>-r<r_max>``   tokens                 pairs (a stage measured on the whole model)
 ``host``                               items planned          -   (host time to plan and launch)
+``meta_copy``                          bytes                  -   (a launch's metadata copy, cdbsim.metadata)
 ``constant/<stage>``                   -                      -   (constant-latency profiles only)
 =====================================  =====================  ===========================================
 
@@ -64,19 +65,21 @@ class Fit:
         return asdict(self)
 
 
-def fit_points(points: np.ndarray | list, with_context: bool = True) -> Fit:
+def fit_points(points: np.ndarray | list, with_context: bool = True, relative: bool = True) -> Fit:
     """Least-squares fit of ``t = delta + gamma x + alpha c (+ kappa k)``, all terms >= 0, to rows
     ``[x, c, t]`` or ``[x, c, k, t]``.
 
     Residuals are weighted by ``1/t`` so small and large launches count alike (the error that matters
-    for a simulator is relative); R^2 is reported on the unweighted times. A term whose column does not
-    vary is left out (coefficient 0).
+    for a simulator is relative); ``relative=False`` fits plain residuals, for a cost measured as a
+    difference that can come out at zero (a relative weight would pin the line to those points; its worst
+    residual is then relative to the largest time). R^2 is reported on the unweighted times. A term whose
+    column does not vary is left out (coefficient 0).
     """
     pts = np.asarray(points, dtype=float)
     require(pts.ndim == 2 and pts.shape[1] in (3, 4) and len(pts) >= 2,
             "a fit needs at least 2 points [x, c, t] or [x, c, k, t]")
     t = pts[:, -1]
-    require(bool(np.all(t > 0)), "measured times must be > 0")
+    require(bool(np.all(t > 0)) or not relative, "measured times must be > 0")
     names = ["delta", "gamma"]
     columns = [np.ones(len(pts)), pts[:, 0]]
     if with_context and np.ptp(pts[:, 1]) > 0:
@@ -86,13 +89,14 @@ def fit_points(points: np.ndarray | list, with_context: bool = True) -> Fit:
         names.append("kappa")
         columns.append(pts[:, 2])
     design = np.stack(columns, axis=1)
-    weights = 1.0 / t
+    weights = 1.0 / t if relative else np.ones(len(t))
     result = lsq_linear(design * weights[:, None], t * weights, bounds=(0.0, np.inf))
     predicted = design @ result.x
     ss_res = float(np.sum((t - predicted) ** 2))
     ss_tot = float(np.sum((t - t.mean()) ** 2))
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
-    worst = float(np.max(np.abs(predicted - t) / t))
+    scale = t if relative else np.full(len(t), np.abs(t).max())  # unweighted: against the largest time
+    worst = float(np.max(np.abs(predicted - t) / np.maximum(scale, 1e-12)))
     coef = dict(zip(names, map(float, result.x), strict=True))
     return Fit(r2=r2, max_rel_residual=worst, points=pts.tolist(), **{"delta": 0.0, **coef})
 

@@ -114,3 +114,27 @@ def test_trace_command_writes_a_replayable_trace(tmp_path) -> None:
     assert json.loads(replay.output)["refill K=1"]["requests"] == 30
     bad = runner.invoke(app, ["trace", "--out", str(tmp_path / "t.txt")])
     assert bad.exit_code == 2 and "must end in .csv or .parquet" in bad.output
+
+
+def test_calibrate_refit_rewrites_a_profile_from_its_raw_points(tmp_path) -> None:
+    """--refit needs no GPU: the fits come back from the raw points, the points stay as they were."""
+    import shutil
+    from pathlib import Path
+
+    from cdbsim.profile import load_profile_file
+
+    shipped = Path(__file__).parents[1] / "calibration/profiles/h200-ouro-1.4b.json"
+    path = tmp_path / "p.json"
+    shutil.copy(shipped, path)
+    raw = json.loads(path.read_text())
+    raw["components"]["layer/ouro-h2048-i5632-a16x128-kv16"]["delta"] = 1.0  # a stale fit
+    path.write_text(json.dumps(raw))
+    result = runner.invoke(app, ["calibrate", "--refit", str(path)])
+    assert result.exit_code == 0, result.output
+    before, after = load_profile_file(shipped), load_profile_file(path)
+    layer = "layer/ouro-h2048-i5632-a16x128-kv16"
+    assert after.components[layer].delta == pytest.approx(before.components[layer].delta)
+    assert all(after.components[n].points == before.components[n].points for n in before.components)
+    assert after.attention == before.attention
+    missing = runner.invoke(app, ["calibrate", "--refit", str(tmp_path / "none.json")])
+    assert missing.exit_code == 2 and "does not exist" in missing.output

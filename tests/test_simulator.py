@@ -237,3 +237,19 @@ def test_decode_launches_pay_their_metadata_copy_where_the_profile_measured_it()
     decode_type = (with_copy["stage"] != "prefill").to_numpy()
     want = [2e-6 + 1e-10 * metadata_bytes(p, 3) for p in with_copy["padded"][decode_type]]
     assert took[decode_type] == pytest.approx(want) and np.allclose(took[~decode_type], 0.0)
+
+
+def test_a_difference_fitted_unweighted_is_not_pinned_to_its_zeros() -> None:
+    """A cost measured as the difference of two steps comes out at ~0 where it is below the noise; a
+    relative weight would hold the line there, plain residuals follow the points that carry it."""
+    copies = np.array([28, 224, 1792, 7168, 14336], dtype=float)
+    t = np.array([1e-9, 0.5e-6, 1e-9, 40e-6, 86e-6])
+    points = np.column_stack([copies, np.zeros(5), t])
+    plain = fit_points(points, relative=False)
+    assert 5e-9 < plain.gamma < 7e-9  # ~6 ns a copy, as the two large points say
+    assert fit_points(points).gamma < 0.2 * plain.gamma
+    negative = points.copy()
+    negative[0, 2] = -1e-6  # noise below zero: kept for a plain fit, refused for a relative one
+    assert fit_points(negative, relative=False).gamma > 0
+    with pytest.raises(ConfigError):
+        fit_points(negative)

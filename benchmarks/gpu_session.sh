@@ -17,6 +17,7 @@
 #   bash benchmarks/gpu_session.sh spin        GPU tests, the timer bench (bench_timer.py), calibration of the
 #                                              three shipped models (spin-queued timer, metadata copy per byte)
 #   bash benchmarks/gpu_session.sh matrix      the validation matrix against the shipped profiles
+#   bash benchmarks/gpu_session.sh k1          no-exit throughput of the three policies, refill at K = 1
 #   bash benchmarks/gpu_session.sh recal       GPU tests, quick stage/attention bench (B = 1 also off the chained
 #                                              path), calibration of the shipped models one by one
 #   bash benchmarks/gpu_session.sh mini        GPU tests, Ouro-1.4B calibration, two Ouro validation configs
@@ -106,6 +107,10 @@ huginn-alpaca-cb-W64,huginn-alpaca-refill-K16-W64 --out "$work/validation"
     for model in ouro-1.4b ouro-2.6b huginn-3.5b; do
       run 150 "calibrate-$model" python3 cli.py calibrate --arch "$model" --out "$work/profiles"
     done
+    ;;
+  k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
+    run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \
+      --requests 128 --k 1 --budget-s 130 --out "$work/bench-throughput-k1"
     ;;
   matrix)
     run 560 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \

@@ -224,6 +224,7 @@ class LatencyModel:
         zero = Fit(delta=0.0)
         self.host = comps.get(HOST, zero)
         self.meta_copy = comps.get(META_COPY)
+        self._copy_times: dict[tuple[int, int], float] = {}
         self.attention_slots = profile.attention_slots
         self.tables: dict[Stage, StageTable] = {}
         if profile.kind == "constant":
@@ -316,7 +317,15 @@ class LatencyModel:
             if launch.kv_copies:
                 t += cost.copy_delta + cost.copy * launch.kv_copies
         if table_width and self.meta_copy is not None:
-            t += self.meta_copy(metadata_bytes(launch.padded, table_width))
+            t += self._copy_time(launch.padded, table_width)
+        return t
+
+    def _copy_time(self, padded: int, width: int) -> float:
+        """The metadata copy of a launch, memoised: a run has a handful of padded sizes and one width."""
+        key = (padded, width)
+        t = self._copy_times.get(key)
+        if t is None:
+            t = self._copy_times[key] = self.meta_copy(metadata_bytes(padded, width))
         return t
 
     def attended_length(self, launch: Launch) -> float:

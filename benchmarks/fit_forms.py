@@ -26,16 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.fit import DIFFERENCES, held_out_predictions
+from calibration.fit import DIFFERENCES, INTERPOLATED, held_out_predictions, r2
 from cdbsim.profile import Fit, fit_points, load_profile_file
 
 PROFILES = Path(__file__).resolve().parent.parent / "calibration" / "profiles"
 MODELS = ("ouro-1.4b", "ouro-2.6b", "huginn-3.5b")
-
-
-def r2(measured: np.ndarray, predicted: np.ndarray) -> float:
-    spread = float(np.sum((measured - measured.mean()) ** 2))
-    return 1.0 - float(np.sum((measured - predicted) ** 2)) / spread if spread > 0 else float("nan")
 
 
 def lines_per_length(pts: np.ndarray, relative: bool = True) -> np.ndarray:
@@ -61,8 +56,7 @@ def component_rows(model: str, fits: dict[str, Fit]) -> list[dict]:
         per_length = lines_per_length(pts, relative)
         many = pts[:, 0] >= 2
         many_fit = fit_points(pts[many], relative=relative).r2 if many.sum() >= 4 and not many.all() else float("nan")
-        held = held_out_predictions(fit) if name.split("/")[0] in {"layer", "core1", "prelude0", "coda0", "prelude",
-                                                                    "core", "coda", "decode"} else np.zeros(0)
+        held = held_out_predictions(fit) if name.split("/")[0] in INTERPOLATED else np.zeros(0)
         rows.append({
             "model": model, "component": name, "points": len(pts),
             "plane": fit.r2,

@@ -20,10 +20,10 @@ from cdbsim.launch import Stage
 from cdbsim.profile import Fit, Profile, fit_points
 
 CONTEXTS = (128, 512, 2048, 8192)
-# components a measured profile predicts by interpolating their points (cdbsim.latency, _tabulate);
-# the others (prefill, host, KV copy, adapter) predict from the linear fit
 # components measured as the difference of two steps, which can come out at zero: fitted on plain residuals
 DIFFERENCES = {"kv_copy"}
+# components a measured profile predicts by interpolating their points (cdbsim.latency, _tabulate);
+# the others (prefill, host, KV copy, metadata copy, adapter) predict from the linear fit
 INTERPOLATED = {"layer", "core1", "prelude0", "coda0", "prelude", "core", "coda", "decode"}
 
 
@@ -124,7 +124,7 @@ def quality_rows(profile: Profile) -> list[dict]:
                      "worst residual %": 100 * (fit.max_rel_residual or 0.0),
                      "interp. held-out median %": 100 * float(np.median(held_out)) if held_out.size else float("nan"),
                      "interp. held-out worst %": 100 * float(held_out.max()) if held_out.size else float("nan"),
-                     "interp. held-out R2": _r2(t, predicted) if predicted.size else float("nan")})
+                     "interp. held-out R2": r2(t, predicted) if predicted.size else float("nan")})
     return rows
 
 
@@ -156,7 +156,8 @@ def _relative_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
     return np.abs(predicted - measured) / np.where(measured > 0, measured, 1.0)
 
 
-def _r2(measured: np.ndarray, predicted: np.ndarray) -> float:
+def r2(measured: np.ndarray, predicted: np.ndarray) -> float:
+    """Coefficient of determination of ``predicted`` against ``measured`` (NaN when the times do not vary)."""
     spread = float(np.sum((measured - measured.mean()) ** 2))
     return 1.0 - float(np.sum((measured - predicted) ** 2)) / spread if spread > 0 else float("nan")
 

@@ -212,10 +212,9 @@ class UnitBench:
 
     def stage(self, stage: Stage, batch: int, context: int, exiting: bool = False,
               mixed_steps: bool = False, contexts: list[int] | None = None) -> float:
-        """Seconds of one graph replay of a decode-type ``stage`` over ``batch``
-        tokens attending ``context`` (core: every token at loop step 0, or with ``mixed_steps`` at steps 0, 1,
-        .., r_max - 1 in turn, so the rows read different slots as in a refill run); ``contexts`` gives each
-        row its own."""
+        """Seconds of one graph replay of a decode-type ``stage`` over ``batch`` tokens attending ``context``
+        (core: every token at loop step 0, or with ``mixed_steps`` at steps 0, 1, .., r_max - 1 in turn,
+        so the rows read different slots as in a refill run); ``contexts`` gives each row its own."""
         return self.timer(self.graph(stage, batch, context, exiting, mixed_steps, contexts))
 
     def graph(self, stage: Stage, batch: int, context: int, exiting: bool = False,
@@ -245,9 +244,9 @@ class UnitBench:
         return launch
 
     def prefill(self, tokens: int, chunks: int = 1, prefix: int = 0) -> float:
-        """Seconds of one graph replay of a prefill of ``chunks`` prompts of
-        ``tokens`` tokens each, every one after ``prefix`` cached tokens (several short prompts are packed
-        into one launch), padded to the scheduler's prefill size as in a run."""
+        """Seconds of one graph replay of a prefill launch of ``chunks`` prompts of ``tokens`` tokens each,
+        every one after ``prefix`` cached tokens (several short prompts are packed into one launch), padded
+        to the scheduler's prefill size as in a run."""
         fake = self._scheduler(chunks, prefix + tokens)
         fake.prefill_target = [self.max_context] * chunks  # the engine books chunks per episode: episode 0
         total = tokens * chunks

@@ -17,41 +17,19 @@ import argparse
 import sys
 import tarfile
 import tempfile
-from collections import deque
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from calibration.validation import load_matrix, requests_for
-from cdbsim.config import Timing
 from cdbsim.latency import LatencyModel
-from cdbsim.launch import Launch, Stage
+from cdbsim.launch import Stage
 from cdbsim.logs import RunLog
 from cdbsim.metadata import table_width
-from cdbsim.pipeline import must_wait
 from cdbsim.profile import load_profile_file
+from cdbsim.replay import drive
 from cdbsim.scheduler import Scheduler
-
-
-def replay_launches(scheduler: Scheduler) -> list[Launch]:
-    """Every launch of an offline run, planned and completed in the order the lookahead drivers use."""
-    for i in range(len(scheduler.requests)):
-        scheduler.arrive(i)
-    pending: deque[Launch] = deque()
-    out = []
-    while not scheduler.done:
-        while pending and must_wait(Timing.LOOKAHEAD, list(pending)):
-            scheduler.complete(pending.popleft())
-        if scheduler.done:
-            break
-        launch = scheduler.plan()
-        if launch is None:
-            scheduler.complete(pending.popleft())
-            continue
-        out.append(launch)
-        pending.append(launch)
-    return out
 
 
 def spread_table(config: str, logs: Path, matrix: Path, profile: Path) -> pd.DataFrame:
@@ -59,7 +37,7 @@ def spread_table(config: str, logs: Path, matrix: Path, profile: Path) -> pd.Dat
     arch = entry.spec()
     model = LatencyModel(arch, load_profile_file(profile))
     requests, _ = requests_for(entry, model)
-    launches = replay_launches(Scheduler(arch, entry.config(), requests, entry.kv_blocks()))
+    launches = list(drive(Scheduler(arch, entry.config(), requests, entry.kv_blocks())))
     measured = RunLog.load(logs / config).launches
     same = len(launches) == len(measured) and all(
         a.stage.value == s and a.size == n and a.context == c

@@ -33,7 +33,6 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -46,7 +45,7 @@ from cdbsim.attention import decode_splits  # noqa: E402
 from cdbsim.config import Policy, ServeConfig  # noqa: E402
 from cdbsim.kv import need_blocks  # noqa: E402
 from cdbsim.kvlayout import KVLayout  # noqa: E402
-from cdbsim.launch import Launch, Stage  # noqa: E402
+from cdbsim.launch import Stage, decode_launch, prefill_launch  # noqa: E402
 from executor.driver import Executor, build_model  # noqa: E402
 from executor.engine import Engine  # noqa: E402
 from executor.kv_cache import CacheGeometry, PagedKVCache  # noqa: E402
@@ -138,9 +137,8 @@ def stage_latency(arch: ArchSpec, model, sizes: list[int], context: int, prefill
                          layout=KVLayout.SHARED, graph_sizes=tuple(sizes))
     engine = Engine(model, config, requests, rows * per_row + prefill_blocks)
     engine.fill_random()
-    engine.row_of = {i: i for i in range(rows)}
-    fake = SimpleNamespace(blocks=[list(range(i * per_row, (i + 1) * per_row)) for i in range(rows)],
-                           prefill_target=[prompt] * rows, status=[2] * rows, preemptions=0)
+    engine.admit(range(rows))
+    blocks = [list(range(i * per_row, (i + 1) * per_row)) for i in range(rows)]
     graphs = StageGraphs(engine) if cuda() else None
     weights = arch.weight_bytes()
     stage_bytes = {Stage.PRELUDE: weights["prelude"], Stage.CORE: weights["core"], Stage.CODA: weights["coda"],
@@ -152,9 +150,8 @@ def stage_latency(arch: ArchSpec, model, sizes: list[int], context: int, prefill
     with torch.inference_mode():
         for stage in (Stage.PRELUDE, Stage.CORE, Stage.CODA, Stage.DECODE):
             for b in sizes:
-                launch = Launch(index=0, stage=stage, requests=list(range(b)), positions=[context] * b,
-                                steps=[0] * b, exits=[False] * b, size=b, padded=b)
-                prepared = engine.prepare(launch, fake, engine.max_blocks)
+                launch = decode_launch(stage, list(range(b)), [context] * b, blocks[:b], b)
+                prepared = engine.prepare(launch, engine.max_blocks)
                 if graphs is not None:
                     captured = graphs.get(stage, b)
                     captured.meta.copy_(torch.from_numpy(prepared.meta))
@@ -163,17 +160,16 @@ def stage_latency(arch: ArchSpec, model, sizes: list[int], context: int, prefill
                     ms = time_fn(lambda p=prepared: engine.run_eager(p), iters, repeats)
                 kv = b * (context + 1) * layers_read[stage] * kv_slot
                 out.append(_stage_row(arch, stage.value, b, context, ms, stage_bytes[stage], kv, bandwidth))
-        fake.blocks[0] = list(range(rows * per_row, rows * per_row + prefill_blocks))
+        chunk_blocks = [list(range(rows * per_row, rows * per_row + prefill_blocks))]
         for tokens in prefill_tokens:
-            launch = Launch(index=0, stage=Stage.PREFILL, requests=[0], positions=[0], chunk_lens=[tokens],
-                            finishes=[True], size=tokens, padded=tokens)
+            launch = prefill_launch([0], [0], [tokens], chunk_blocks, tokens)
             if graphs is not None:
-                prepared = engine.prepare(launch, fake, engine.max_blocks)
+                prepared = engine.prepare(launch, engine.max_blocks)
                 captured = graphs.get(Stage.PREFILL, tokens)
                 captured.meta.copy_(torch.from_numpy(prepared.meta))
                 ms = time_fn(captured.replay, 1, repeats)
             else:
-                prepared = engine.prepare(launch, fake)
+                prepared = engine.prepare(launch)
                 ms = time_fn(lambda p=prepared: engine.run_eager(p), 1, repeats)
             full = stage_bytes[Stage.DECODE]
             kv = tokens * layers_read[Stage.DECODE] * kv_slot

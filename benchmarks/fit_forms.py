@@ -2,7 +2,7 @@
 
 For every component of the shipped H200 profiles this prints the R^2 of three line fits to the same
 points, weighted as calibration fits them (``cdbsim.profile.fit_points``: by 1/t, except differences
-that can come out at zero, ``calibration.fit.DIFFERENCES``):
+that can come out at zero, ``cdbsim.recipes.Component.fitted_on_differences``):
 
 ``plane``         t = delta + gamma B + alpha C over every point: what the profile ships
 ``lines per L``   t = floor + slope B at each context length on its own (the CDB paper's procedure)
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.fit import DIFFERENCES, INTERPOLATED, held_out_predictions, r2
+from calibration.fit import held_out_predictions, r2
 from cdbsim.profile import Fit, fit_points, load_profile_file
+from cdbsim.recipes import fitted_on_differences, interpolated
 
 PROFILES = Path(__file__).resolve().parent.parent / "calibration" / "profiles"
 MODELS = ("ouro-1.4b", "ouro-2.6b", "huginn-3.5b")
@@ -52,11 +53,11 @@ def component_rows(model: str, fits: dict[str, Fit]) -> list[dict]:
         if pts.ndim != 2 or pts.shape[1] != 3 or len(pts) < 4:
             continue
         t = pts[:, 2]
-        relative = name.split("/")[0] not in DIFFERENCES
+        relative = not fitted_on_differences(name)
         per_length = lines_per_length(pts, relative)
         many = pts[:, 0] >= 2
         many_fit = fit_points(pts[many], relative=relative).r2 if many.sum() >= 4 and not many.all() else float("nan")
-        held = held_out_predictions(fit) if name.split("/")[0] in INTERPOLATED else np.zeros(0)
+        held = held_out_predictions(fit) if interpolated(name) else np.zeros(0)
         rows.append({
             "model": model, "component": name, "points": len(pts),
             "plane": fit.r2,

@@ -15,16 +15,12 @@ from cdbsim.arch import ArchSpec
 from cdbsim.attention import equivalent_length
 from cdbsim.errors import require
 from cdbsim.interp import Surface
-from cdbsim.latency import LatencyModel, layer_name
+from cdbsim.latency import LatencyModel
 from cdbsim.launch import Stage
-from cdbsim.profile import Fit, Profile, fit_points
+from cdbsim.profile import Fit, Profile, ProfileKind, fit_points
+from cdbsim.recipes import Component, fitted_on_differences, interpolated
 
 CONTEXTS = (128, 512, 2048, 8192)
-# components measured as the difference of two steps, which can come out at zero: fitted on plain residuals
-DIFFERENCES = {"kv_copy"}
-# components a measured profile predicts by interpolating their points (cdbsim.latency, _tabulate);
-# the others (prefill, host, KV copy, metadata copy, adapter) predict from the linear fit
-INTERPOLATED = {"layer", "core1", "prelude0", "coda0", "prelude", "core", "coda", "decode"}
 
 
 def attention_skew_name(arch: ArchSpec) -> str:
@@ -88,7 +84,7 @@ def fit_components(points: dict[str, list[list[float]]]) -> dict[str, Fit]:
             fits[name] = Fit(delta=float(pts[0, 2]), r2=None, max_rel_residual=0.0, points=pts.tolist())
             continue
         fits[name] = fit_points(pts, with_context=bool(np.ptp(pts[:, 1]) > 0),
-                                relative=name.split("/")[0] not in DIFFERENCES)
+                                relative=not fitted_on_differences(name))
     return fits
 
 
@@ -97,14 +93,14 @@ def build_profile(name: str, device: dict, versions: dict, points: dict[str, lis
     """A measured profile from raw points (plus any fits made elsewhere, e.g. stage residuals)."""
     components = fit_components(points)
     components.update(extra or {})
-    return Profile(name=name, kind="measured", device=device, components=components, versions=versions,
+    return Profile(name=name, kind=ProfileKind.MEASURED, device=device, components=components, versions=versions,
                    date=dt.date.today().isoformat(), notes=notes)
 
 
 def refit_profile(profile: Profile) -> Profile:
     """The same measured profile with every component fitted afresh from its raw points (after a change
     to the fitting, no GPU needed); the attention record, device, versions and date are kept."""
-    require(profile.kind == "measured", f"profile {profile.name} is {profile.kind}: only measured profiles "
+    require(profile.kind is ProfileKind.MEASURED, f"profile {profile.name} is {profile.kind}: only measured profiles "
                                         "have raw points to refit")
     components = fit_components({name: fit.points for name, fit in profile.components.items()})
     return replace(profile, components=components)
@@ -115,7 +111,7 @@ def quality_rows(profile: Profile) -> list[dict]:
     (what a measured profile predicts decode-type stages with) predicts each point left out of it."""
     rows = []
     for name, fit in sorted(profile.components.items()):
-        predicted = held_out_predictions(fit) if name.split("/")[0] in INTERPOLATED else np.zeros(0)
+        predicted = held_out_predictions(fit) if interpolated(name) else np.zeros(0)
         t = _times(fit) if predicted.size else predicted
         held_out = _relative_errors(predicted, t)
         rows.append({"component": name, "points": len(fit.points), "delta us": fit.delta * 1e6,
@@ -180,7 +176,8 @@ def plot_profile(profile: Profile, arch: ArchSpec, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fit = profile.components[layer_name(arch.layer)]
+    layer_key = Component.LAYER.key(arch)
+    fit = profile.components[layer_key]
     pts = np.asarray(fit.points)
     fig, (ax, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))
     lengths = sorted({round(c / x) for x, c, _ in pts if x > 0})
@@ -192,7 +189,7 @@ def plot_profile(profile: Profile, arch: ArchSpec, path: str | Path) -> Path:
         grid = np.geomspace(max(batch.min(), 1), batch.max(), 50)
         ax.plot(grid, [fit(b, b * length) * 1e6 for b in grid], "-", color=line.get_color(), lw=1)
     ax.set(xscale="log", yscale="log", xlabel="batch size B", ylabel="one layer (us)",
-           title=f"{layer_name(arch.layer)}: points and fit (R² {fit.r2:.4f})")
+           title=f"{layer_key}: points and fit (R² {fit.r2:.4f})")
     ax.legend(fontsize=8)
     model = LatencyModel(arch, profile)
     contexts = np.geomspace(64, 16384, 60)

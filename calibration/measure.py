@@ -35,7 +35,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -45,20 +44,8 @@ from calibration.fit import attention_skew_name
 from cdbsim.arch import ArchSpec
 from cdbsim.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
 from cdbsim.kvlayout import KVLayout
-from cdbsim.latency import (
-    HOST,
-    META_COPY,
-    adapter_name,
-    coda0_name,
-    core1_name,
-    kv_copy_name,
-    layer_name,
-    model_stage_name,
-    prefill1_name,
-    prefill_layer_name,
-    prelude0_name,
-)
-from cdbsim.launch import Launch, Stage
+from cdbsim.launch import Stage, decode_launch, prefill_launch
+from cdbsim.recipes import Component, model_stage_name
 from executor.driver import build_model, execute
 from executor.engine import Engine, Prepared
 from executor.graphs import StageGraphs
@@ -196,19 +183,18 @@ class UnitBench:
         self.engine = Engine(self.model, config, requests, self.kv_blocks)
         if not zeros:
             self.engine.fill_random(seed)
-        self.engine.row_of = {i: i for i in range(max_batch)}
-        self.engine._free_rows = []
+        self.engine.admit(range(max_batch))  # every synthetic request holds a bank row, as if prefilled
         self.graphs = StageGraphs(self.engine)
         self.pad = padding_table(config.decode_sizes(), max_batch)
 
-    def _scheduler(self, batch: int, context: int, contexts: list[int] | None = None) -> SimpleNamespace:
-        lengths = contexts or [context] * batch
+    def blocks_for(self, lengths: list[int]) -> list[list[int]]:
+        """Block ids for requests holding ``lengths[i] + 1`` positions each, laid out as the bench's block
+        order says."""
         per = [-(-(n + 1) // self.bs) for n in lengths]
-        assert sum(per) <= self.kv_blocks, "calibration point exceeds the bench's KV blocks"
+        if sum(per) > self.kv_blocks:
+            raise ValueError(f"calibration point needs {sum(per)} KV blocks, the bench has {self.kv_blocks}")
         starts = np.concatenate(([0], np.cumsum(per)))
-        blocks = [self.block_order[a:a + n].tolist() for a, n in zip(starts[:-1], per, strict=True)]
-        return SimpleNamespace(blocks=blocks, preemptions=0, status=[3] * batch,
-                               prefill_target=[n + 1 for n in lengths])
+        return [self.block_order[a:a + n].tolist() for a, n in zip(starts[:-1], per, strict=True)]
 
     def stage(self, stage: Stage, batch: int, context: int, exiting: bool = False,
               mixed_steps: bool = False, contexts: list[int] | None = None) -> float:
@@ -223,13 +209,10 @@ class UnitBench:
         """The graph replay of :meth:`stage`'s launch, its metadata in place (the graph is captured on first
         use); ``with_copy``: the launch as the executor makes it, the metadata copy first."""
         lengths = contexts or [context] * batch
-        launch = Launch(0, stage, requests=list(range(batch)), positions=[n - 1 for n in lengths],
-                        size=batch, padded=self.pad[batch])
-        if stage is Stage.CORE:
-            steps = [i % self.arch.r_max for i in range(batch)] if mixed_steps else [0] * batch
-            launch.steps, launch.exits = steps, [exiting] * batch
-        prepared = self.engine.prepare(launch, self._scheduler(batch, context, contexts), self.graphs.width)
-        return self._launcher(prepared, with_copy)
+        steps = [i % self.arch.r_max for i in range(batch)] if mixed_steps else [0] * batch
+        launch = decode_launch(stage, list(range(batch)), [n - 1 for n in lengths], self.blocks_for(lengths),
+                               self.pad[batch], steps=steps, exits=[exiting] * batch)
+        return self._launcher(self.engine.prepare(launch, self.graphs.width), with_copy)
 
     def _launcher(self, prepared: Prepared, with_copy: bool = False) -> Callable[[], object]:
         with torch.inference_mode():
@@ -247,15 +230,9 @@ class UnitBench:
         """Seconds of one graph replay of a prefill launch of ``chunks`` prompts of ``tokens`` tokens each,
         every one after ``prefix`` cached tokens (several short prompts are packed into one launch), padded
         to the scheduler's prefill size as in a run."""
-        fake = self._scheduler(chunks, prefix + tokens)
-        fake.prefill_target = [self.max_context] * chunks  # the engine books chunks per episode: episode 0
-        total = tokens * chunks
-        launch = Launch(0, Stage.PREFILL, requests=list(range(chunks)), positions=[prefix] * chunks,
-                        chunk_lens=[tokens] * chunks, finishes=[True] * chunks, size=total,
-                        padded=padded_prefill(total))
-        for r in range(chunks):
-            self.engine.episodes[r] = {0: [prefix]} if prefix else {}
-        return self.prefill_timer(self._launcher(self.engine.prepare(launch, fake, self.graphs.width)))
+        launch = prefill_launch(list(range(chunks)), [prefix] * chunks, [tokens] * chunks,
+                                self.blocks_for([prefix + tokens] * chunks), padded_prefill(tokens * chunks))
+        return self.prefill_timer(self._launcher(self.engine.prepare(launch, self.graphs.width)))
 
     def close(self) -> None:
         del self.graphs, self.engine, self.model
@@ -284,7 +261,7 @@ def measure_meta_copy(device: torch.device, timer: Timer,
         else:
             source = torch.from_numpy(array)
             rows.append([size, 0, timer(lambda t=target, s=source: t.copy_(s))])
-    return {META_COPY: rows}
+    return {Component.META_COPY.value: rows}
 
 
 def _unit(arch: ArchSpec, core: int) -> ArchSpec:
@@ -297,10 +274,11 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
     timer = Timer(device, plan.repeats, plan.warmup)
     max_batch = max(plan.batches)
     max_context = max(max(plan.contexts), plan.longest_prompt)
-    shape, h, v = arch.layer, arch.layer.hidden, arch.vocab
-    points: Points = {name: [] for name in (layer_name(shape), core1_name(shape), prelude0_name(h),
-                                            coda0_name(h, v), prefill_layer_name(shape),
-                                            prefill1_name(shape, v), kv_copy_name(shape))}
+    shape = arch.layer
+    layer, core1, prelude0, coda0, prefill_layer, prefill1 = (
+        c.key(arch) for c in (Component.LAYER, Component.CORE1, Component.PRELUDE0, Component.CODA0,
+                              Component.PREFILL_LAYER, Component.PREFILL1))
+    points: Points = {name: [] for name in (layer, core1, prelude0, coda0, prefill_layer, prefill1)}
     raw: dict[int, dict] = {}
     for core in (1, 4):
         bench = UnitBench(_unit(arch, core), max_batch, max_context, plan.max_positions, KVLayout.DEPTH, device,
@@ -315,23 +293,23 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
         if core == 1:
             for b in plan.batches:
                 progress(f"{shape.key}: prelude and coda B={b}")
-                points[prelude0_name(h)].append([b, 0, bench.stage(Stage.PRELUDE, b, plan.contexts[0])])
-                points[coda0_name(h, v)].append([b, 0, bench.stage(Stage.CODA, b, plan.contexts[0])])
+                points[prelude0].append([b, 0, bench.stage(Stage.PRELUDE, b, plan.contexts[0])])
+                points[coda0].append([b, 0, bench.stage(Stage.CODA, b, plan.contexts[0])])
         raw[core] = got
         bench.close()
     for (b, c), t1 in raw[1]["core"].items():
-        points[core1_name(shape)].append([b, b * c, t1])
-        points[layer_name(shape)].append([b, b * c, max((raw[4]["core"][b, c] - t1) / 3, 1e-9)])
+        points[core1].append([b, b * c, t1])
+        points[layer].append([b, b * c, max((raw[4]["core"][b, c] - t1) / 3, 1e-9)])
     adapter = measure_adapter(arch, plan, device, timer) if arch.has_adapter else {}
     points.update(adapter)
-    adapter_fit = _line(adapter.get(adapter_name(h), []))
+    adapter_fit = _line(adapter.get(Component.ADAPTER.key(arch), []))
     for (n, k, p), t1 in raw[1]["prefill"].items():
         tokens, pairs = padded_prefill(n * k), prefill_pairs(n, k, p)
         per_layer = max((raw[4]["prefill"][n, k, p] - t1) / 6, 1e-9)
-        points[prefill_layer_name(shape)].append([tokens, pairs, k, per_layer])
+        points[prefill_layer].append([tokens, pairs, k, per_layer])
         single = t1 - per_layer - (adapter_fit(tokens) if adapter_fit else 0.0)
-        points[prefill1_name(shape, v)].append([tokens, pairs, k, max(single, 1e-9)])
-    points[kv_copy_name(shape)] = measure_kv_fill(arch, plan, device, timer, progress)
+        points[prefill1].append([tokens, pairs, k, max(single, 1e-9)])
+    points[Component.KV_COPY.key(arch)] = measure_kv_fill(arch, plan, device, timer, progress)
     return points
 
 
@@ -390,7 +368,7 @@ def measure_adapter(arch: ArchSpec, plan: Plan, device: torch.device, timer: Tim
             rows.append([b, 0, timer(graph.replay)])
         else:
             rows.append([b, 0, timer(op)])
-    return {adapter_name(h): rows}
+    return {Component.ADAPTER.key(arch): rows}
 
 
 def padded_prefill(tokens: int) -> int:
@@ -450,10 +428,10 @@ def measure_host(arch: ArchSpec, device: torch.device, requests: int = 48, seed:
     kv_blocks = max(1024, max(-(-(r.prompt_len + r.output_len) // 16) for r in trace))
     run = execute(arch, config, trace, kv_blocks, device=device, mode="sync", seed=seed)
     launches = run.log.launches
-    launches = launches[launches["stage"] != "prefill"]
+    launches = launches[launches["stage"] != Stage.PREFILL]
     rows = [[float(items), 0.0, float(group["host_s"].median())]
             for items, group in launches.groupby("items") if len(group) >= 3]
-    return {HOST: rows}
+    return {Component.HOST.key(arch): rows}
 
 
 def environment(device: torch.device) -> tuple[dict, dict]:

@@ -11,9 +11,9 @@ from pathlib import Path
 from calibration.fit import attention_skew_name, build_profile, fit_attention_slots, plot_profile
 from cdbsim.arch import ArchSpec
 from cdbsim.errors import ConfigError
-from cdbsim.latency import model_stage_name
 from cdbsim.launch import Stage
 from cdbsim.profile import Profile
+from cdbsim.recipes import model_stage_name
 
 
 def device_tag(name: str) -> str:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from cdbsim.arch import ArchSpec
 from cdbsim.errors import unknown
-from cdbsim.latency import H200, DeviceSpec, components_for, model_stage_name, roofline_profile
+from cdbsim.latency import H200, DeviceSpec, roofline_profile
 from cdbsim.launch import Stage
-from cdbsim.profile import Profile, load_profile_file
+from cdbsim.profile import Profile, ProfileKind, load_profile_file
+from cdbsim.recipes import components_for, model_stage_name
 
 
 def profile_dir() -> Path:
@@ -42,7 +43,7 @@ def resolve_profile(name: str, arch: ArchSpec, device: DeviceSpec = H200) -> Pro
         return load_profile_file(name)
     shipped = shipped_profiles()
     if name == "auto":
-        matching = [p for p in shipped.values() if p.kind == "measured" and covers(p, arch)]
+        matching = [p for p in shipped.values() if p.kind is ProfileKind.MEASURED and covers(p, arch)]
         exact = [p for p in matching if model_stage_name(arch, Stage.CORE) in p.components]  # this very model
         return (exact or matching or [roofline_profile(arch, device)])[0]
     if name in shipped:

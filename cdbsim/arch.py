@@ -17,8 +17,21 @@ from dataclasses import asdict, dataclass, field, replace
 
 from cdbsim.errors import ConfigError, read_json, require, unknown
 from cdbsim.kvlayout import KVLayout
+from traces.choice import Choice
 
-LAYER_STYLES = ("ouro", "huginn")
+
+class LayerStyle(Choice):
+    """The block a layer is built as (see :class:`LayerShape`)."""
+
+    OURO = "ouro"
+    HUGINN = "huginn"
+
+    @classmethod
+    def what(cls) -> str:
+        return "layer style"
+
+
+LAYER_STYLES = tuple(LayerStyle)
 
 
 @dataclass(frozen=True)
@@ -35,15 +48,14 @@ class LayerShape:
     heads: int
     kv_heads: int
     head_dim: int
-    style: str = "ouro"
+    style: LayerStyle = LayerStyle.OURO
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "style", LayerStyle.parse(self.style))
         for name in ("hidden", "intermediate", "heads", "kv_heads", "head_dim"):
             require(getattr(self, name) >= 1, f"layer {name} must be >= 1, got {getattr(self, name)}")
         require(self.heads % self.kv_heads == 0,
                 f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
-        if self.style not in LAYER_STYLES:
-            raise unknown("layer style", self.style, LAYER_STYLES)
 
     @property
     def key(self) -> str:
@@ -59,7 +71,7 @@ class LayerShape:
         attention = self.hidden * (q_out + 2 * kv_out) + q_out * self.hidden
         mlp = 3 * self.hidden * self.intermediate
         norms = 4 * self.hidden
-        qk_bias = (q_out + kv_out) if self.style == "huginn" else 0
+        qk_bias = (q_out + kv_out) if self.style is LayerStyle.HUGINN else 0
         return attention + mlp + norms + qk_bias
 
     @property
@@ -96,13 +108,13 @@ class ArchSpec:
 
     # ----- structure -----------------------------------------------------------------------------
     @property
-    def style(self) -> str:
+    def style(self) -> LayerStyle:
         return self.layer.style
 
     @property
     def has_adapter(self) -> bool:
         """Huginn-style cores mix the prelude output back in each loop through a 2h -> h adapter."""
-        return self.style == "huginn"
+        return self.style is LayerStyle.HUGINN
 
     @property
     def split(self) -> str:
@@ -200,7 +212,7 @@ def _ouro(name: str, layers: int) -> ArchSpec:
     return ArchSpec(
         name=name,
         layer=LayerShape(hidden=2048, intermediate=5632, heads=16, kv_heads=16, head_dim=128,
-                         style="ouro"),
+                         style=LayerStyle.OURO),
         vocab=49152, prelude=0, core=layers, coda=0, r_max=4, tied_head=False, rope_theta=1e6,
         norm_eps=1e-6,
     )
@@ -212,7 +224,7 @@ PRESETS: dict[str, ArchSpec] = {
     "huginn-3.5b": ArchSpec(
         name="huginn-3.5b",
         layer=LayerShape(hidden=5280, intermediate=17920, heads=55, kv_heads=55, head_dim=96,
-                         style="huginn"),
+                         style=LayerStyle.HUGINN),
         vocab=65536, prelude=2, core=4, coda=2, r_max=16, tied_head=True, rope_theta=50000.0,
         norm_eps=1e-6,
     ),

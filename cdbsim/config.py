@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 
 from cdbsim.arch import ArchSpec
-from cdbsim.errors import require, unknown
+from cdbsim.errors import require
 from cdbsim.kvlayout import KVLayout
+from traces.choice import Choice
 
 
-class Policy(str, Enum):
+class Policy(Choice):
     """CB: token-level continuous batching (every token at full depth, fused step).
     NOREFILL: CDB with lock-step decode waves (freed slots wait for the wave's coda).
     REFILL: CDB that refills loop slots every launch (coda >= K > prefill > core)."""
@@ -20,17 +20,11 @@ class Policy(str, Enum):
     REFILL = "refill"
 
     @classmethod
-    def parse(cls, name: str | Policy) -> Policy:
-        if isinstance(name, Policy):
-            return name
-        aliases = {"no-refill": "norefill", "continuous": "cb", "cdb": "refill"}
-        try:
-            return cls(aliases.get(name, name))
-        except ValueError:
-            raise unknown("policy", name, [m.value for m in cls]) from None
+    def aliases(cls) -> dict[str, str]:
+        return {"no-refill": "norefill", "continuous": "cb", "cdb": "refill"}
 
 
-class Timing(str, Enum):
+class Timing(Choice):
     """When the host learns exit decisions and plans the next launch.
 
     SYNC: the host plans only after the device finished (device idles while the host plans).
@@ -44,13 +38,8 @@ class Timing(str, Enum):
     LOOKAHEAD = "lookahead"
 
     @classmethod
-    def parse(cls, name: str | Timing) -> Timing:
-        if isinstance(name, Timing):
-            return name
-        try:
-            return cls(name)
-        except ValueError:
-            raise unknown("exit timing", name, [m.value for m in cls]) from None
+    def what(cls) -> str:
+        return "exit timing"
 
     @property
     def min_depth(self) -> int:

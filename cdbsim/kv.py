@@ -1,10 +1,5 @@
-"""KV block accounting: a pool of fixed-size blocks handed out by id.
-
-A block holds ``block_size`` token positions across every layer and slot of the model, so a request
-holds ``ceil(positions / block_size)`` blocks whatever the layout; the layout only changes how many
-bytes a block is (see :meth:`cdbsim.arch.ArchSpec.kv_bytes_per_token`). The ids are real: the GPU
-executor indexes its paged cache with them.
-"""
+"""KV capacity: how many blocks of ``block_size`` token positions a run's cache holds, and how many
+one request needs (block accounting itself is :mod:`cdbsim.blocks`)."""
 
 from __future__ import annotations
 
@@ -13,35 +8,6 @@ from cdbsim.errors import require
 from cdbsim.kvlayout import KVLayout
 
 BLOCK_SIZE = 16
-
-
-class BlockPool:
-    """A free list of block ids ``0 .. total - 1``."""
-
-    def __init__(self, total: int) -> None:
-        require(total >= 1, f"the KV cache needs at least one block, got {total}")
-        self.total = total
-        self._free = list(range(total - 1, -1, -1))  # pop() hands out low ids first
-
-    @property
-    def free(self) -> int:
-        return len(self._free)
-
-    @property
-    def used(self) -> int:
-        return self.total - len(self._free)
-
-    def take(self, n: int, into: list[int]) -> bool:
-        """Append ``n`` free block ids to ``into``; False (and nothing taken) if fewer are free."""
-        if n > len(self._free):
-            return False
-        for _ in range(n):
-            into.append(self._free.pop())
-        return True
-
-    def give_back(self, blocks: list[int]) -> None:
-        self._free.extend(reversed(blocks))
-        blocks.clear()
 
 
 def capacity_blocks(arch: ArchSpec, layout: KVLayout | str, *, tokens: int | None = None,

@@ -12,12 +12,10 @@ tokens that loop deeper find an entry at that position (see ``reference/cdb-engi
 
 from __future__ import annotations
 
-from enum import Enum
-
-from cdbsim.errors import unknown
+from traces.choice import Choice
 
 
-class KVLayout(str, Enum):
+class KVLayout(Choice):
     """Which KV slot each loop step of a core layer reads and writes."""
 
     DEPTH = "depth"
@@ -25,15 +23,12 @@ class KVLayout(str, Enum):
     FIRST_SHARED = "first-shared"
 
     @classmethod
-    def parse(cls, name: str | KVLayout) -> KVLayout:
-        """The layout called ``name`` (``depth``, ``shared``, ``first-shared``), or a one-line error."""
-        if isinstance(name, KVLayout):
-            return name
-        aliases = {"depth-indexed": "depth", "first-then-shared": "first-shared", "single": "shared"}
-        try:
-            return cls(aliases.get(name, name))
-        except ValueError:
-            raise unknown("KV layout", name, [m.value for m in cls]) from None
+    def aliases(cls) -> dict[str, str]:
+        return {"depth-indexed": "depth", "first-then-shared": "first-shared", "single": "shared"}
+
+    @classmethod
+    def what(cls) -> str:
+        return "KV layout"
 
     def slots(self, r_max: int) -> int:
         """KV slots per core layer for a core looped up to ``r_max`` times."""

@@ -1,28 +1,21 @@
 """Stage latencies from component fits: what one launch costs on the device and on the host.
 
-Every stage is a sum of components (see :mod:`cdbsim.profile`), each linear in the launch's padded batch
-``B`` (tokens for prefill) and the context ``C`` it attends, so a stage's time is linear too::
-
-    prelude  = prelude0 + P layer                  prelude0: embedding + the stage's glue
-    core     = core1 + (C_l - 1) layer             core1: a 1-layer core step (adapter, loop norm, glue)
-               + kv_copy per last-exited fill copy and core layer
-    coda     = coda0 + D layer                     coda0: final norm + LM head + greedy sampling + glue
-    decode   = prelude0 + (P + D) layer + r_max (core1 + (C_l - 1) layer) + coda0   (CB fused step)
-    prefill  = prefill1 + (P + r_max C_l + D - 1) prefill_layer + (r_max - 1) adapter
-               (+ coda0's per-token slope per extra finished prompt)
+Every stage is a sum of components, each linear in the launch's padded batch ``B`` (tokens for prefill)
+and the context ``C`` it attends; which components and how many of each is the one recipe table,
+:data:`cdbsim.recipes.RECIPES`. A core launch adds ``kv_copy`` per last-exited fill copy and core layer,
+and prefill one more term per packed prompt (``kappa``: each chunk is attended on its own).
 
 Every decode-type launch also copies its metadata to the device first (:mod:`cdbsim.metadata`): a
 measured profile's ``meta_copy`` fit prices it per byte, given the run's block-table width; stage fits
 are timed without it, and a profile without that fit (the roofline, older profiles) leaves it out.
 
-``layer``, ``core1``, ``prefill1`` and ``prefill_layer`` are keyed by the layer shape, the rest by hidden
-size (and vocabulary), so a re-split model (Huginn 2-4-2 -> 1-4-1 -> 0-4-0, Ouro with fewer layers and
-more loops) is predicted from the same measurements. Where a profile also measured a stage on the very
-model (``<stage>/<model>``: calibration does so for the shipped models), that measurement is used instead
-of the composition. Prefill has one more term, per packed prompt (``kappa``): each chunk is attended on
-its own. The analytic *roofline* profile
-(:func:`roofline_profile`) fills every component from a device's memory bandwidth, matmul rate and
-per-kernel launch cost, so a user can ask what a GPU with other figures would do.
+Components are keyed by the layer shape (or hidden size and vocabulary), so a re-split model (Huginn
+2-4-2 -> 1-4-1 -> 0-4-0, Ouro with fewer layers and more loops) is predicted from the same measurements.
+Where a profile also measured a stage on the very model (:func:`cdbsim.recipes.model_stage_name`:
+calibration does so for the shipped models), that measurement is used instead of the recipe. Measured
+profiles predict decode-type stages by interpolating their points (:mod:`cdbsim.interp`). The analytic
+*roofline* profile (:func:`roofline_profile`) fills every component from a device's memory bandwidth,
+matmul rate and per-kernel launch cost, so a user can ask what a GPU with other figures would do.
 """
 
 from __future__ import annotations
@@ -30,67 +23,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cdbsim.arch import ArchSpec, LayerShape
+from cdbsim.arch import ArchSpec
 from cdbsim.attention import equivalent_length
 from cdbsim.bounds import saturation_batch
 from cdbsim.errors import ConfigError
 from cdbsim.interp import StageTable, Surface
 from cdbsim.launch import STAGES, Launch, Stage
 from cdbsim.metadata import metadata_bytes
-from cdbsim.profile import Fit, Profile
+from cdbsim.profile import Fit, Profile, ProfileKind
+from cdbsim.recipes import Component, components_for, model_stage_name, recipe
 
+HOST = Component.HOST.value
+META_COPY = Component.META_COPY.value  # the launch metadata copy, per byte (cdbsim.metadata); optional
 
-# ----- component names ---------------------------------------------------------------------------
-def layer_name(shape: LayerShape) -> str:
-    return f"layer/{shape.key}"
-
-
-def core1_name(shape: LayerShape) -> str:
-    return f"core1/{shape.key}"
-
-
-def prefill_layer_name(shape: LayerShape) -> str:
-    return f"prefill_layer/{shape.key}"
-
-
-def prefill1_name(shape: LayerShape, vocab: int) -> str:
-    return f"prefill1/{shape.key}-v{vocab}"
-
-
-def kv_copy_name(shape: LayerShape) -> str:
-    return f"kv_copy/{shape.key}"
-
-
-def adapter_name(hidden: int) -> str:
-    return f"adapter/h{hidden}"
-
-
-def prelude0_name(hidden: int) -> str:
-    return f"prelude0/h{hidden}"
-
-
-def coda0_name(hidden: int, vocab: int) -> str:
-    return f"coda0/h{hidden}-v{vocab}"
-
-
-def model_stage_name(arch: ArchSpec, stage: Stage) -> str:
-    """A stage measured on this very model (the shipped models have one per stage)."""
-    return f"{stage.value}/{arch.name}-{arch.split}-r{arch.r_max}"
-
-
-HOST = "host"
-META_COPY = "meta_copy"  # the launch metadata copy, per byte (cdbsim.metadata); optional in a profile
-
-
-def components_for(arch: ArchSpec) -> list[str]:
-    """The component fits a profile needs to predict ``arch`` (stages measured on the very model, see
-    :func:`model_stage_name`, are used when present but are not required)."""
-    h, shape = arch.layer.hidden, arch.layer
-    names = [layer_name(shape), core1_name(shape), prefill_layer_name(shape), prefill1_name(shape, arch.vocab),
-             kv_copy_name(shape), prelude0_name(h), coda0_name(h, arch.vocab), HOST]
-    if arch.has_adapter:
-        names.append(adapter_name(h))
-    return names
+__all__ = ["HOST", "META_COPY", "DeviceSpec", "LatencyModel", "components_for", "model_stage_name",
+           "roofline_profile"]
 
 
 # ----- the analytic roofline ---------------------------------------------------------------------
@@ -135,19 +82,19 @@ def roofline_components(arch: ArchSpec, device: DeviceSpec) -> dict[str, Fit]:
     glue = Fit(delta=STAGE_KERNELS * launch)
     embed = Fit(delta=launch, gamma=2 * h * b / bw)
     head = Fit(delta=v * h * b / bw + 3 * launch, gamma=2 * v * h / flops + 2 * v * 4 / bw)
-    comps = {
-        layer_name(shape): layer,
-        core1_name(shape): _add(layer, adapter, glue),
-        prefill_layer_name(shape): prefill_layer,
-        prefill1_name(shape, v): _add(prefill_layer, embed, head, glue),
-        kv_copy_name(shape): Fit(delta=launch, gamma=2 * shape.kv_bytes_per_slot / bw),
-        prelude0_name(h): _add(embed, glue),
-        coda0_name(h, v): _add(head, glue),
-        HOST: Fit(delta=device.host_launch_s, gamma=device.host_item_s),
+    fits = {
+        Component.LAYER: layer,
+        Component.CORE1: _add(layer, adapter, glue),
+        Component.PREFILL_LAYER: prefill_layer,
+        Component.PREFILL1: _add(prefill_layer, embed, head, glue),
+        Component.KV_COPY: Fit(delta=launch, gamma=2 * shape.kv_bytes_per_slot / bw),
+        Component.PRELUDE0: _add(embed, glue),
+        Component.CODA0: _add(head, glue),
+        Component.HOST: Fit(delta=device.host_launch_s, gamma=device.host_item_s),
     }
     if arch.has_adapter:
-        comps[adapter_name(h)] = adapter
-    return comps
+        fits[Component.ADAPTER] = adapter
+    return {component.key(arch): fit for component, fit in fits.items()}
 
 
 def _add(*fits: Fit) -> Fit:
@@ -158,7 +105,7 @@ def _add(*fits: Fit) -> Fit:
 def roofline_profile(arch: ArchSpec, device: DeviceSpec = H200) -> Profile:
     """An analytic profile of ``arch`` on ``device`` (no measurement)."""
     name = "h200-roofline" if device == H200 else f"roofline-{device.bandwidth / 1e12:g}TBps"
-    return Profile(name=name, kind="roofline", device=device.as_dict(),
+    return Profile(name=name, kind=ProfileKind.ROOFLINE, device=device.as_dict(),
                    components=roofline_components(arch, device),
                    notes="analytic: weight bytes / bandwidth + kernels x launch cost; matmul FLOPs / rate "
                          "per token; KV bytes / bandwidth per attended token")
@@ -170,7 +117,7 @@ def constant_profile(stage_seconds: dict[Stage, float] | float, host_s: float = 
     per_stage = stage_seconds if isinstance(stage_seconds, dict) else dict.fromkeys(STAGES, stage_seconds)
     comps = {f"constant/{s.value}": Fit(delta=per_stage.get(s, 0.0)) for s in STAGES}
     comps[HOST] = Fit(delta=host_s, gamma=host_item_s)
-    return Profile(name="constant", kind="constant", device={"name": "constant-latency model"},
+    return Profile(name="constant", kind=ProfileKind.CONSTANT, device={"name": "constant-latency model"},
                    components=comps)
 
 
@@ -227,7 +174,7 @@ class LatencyModel:
         self._copy_times: dict[tuple[int, int], float] = {}
         self.attention_slots = profile.attention_slots
         self.tables: dict[Stage, StageTable] = {}
-        if profile.kind == "constant":
+        if profile.kind is ProfileKind.CONSTANT:
             self.costs = {s: StageCost(comps.get(f"constant/{s.value}", zero).delta) for s in STAGES}
             return
         missing = [n for n in components_for(arch) if n not in comps]
@@ -243,21 +190,9 @@ class LatencyModel:
             roof = roofline_components(arch, device)
             comps.update({n: roof[n] for n in missing})
             self.host = comps[HOST]
-        a, shape, h = arch, arch.layer, arch.layer.hidden
-        layer, core1 = comps[layer_name(shape)], comps[core1_name(shape)]
-        prelude0, coda0 = comps[prelude0_name(h)], comps[coda0_name(h, a.vocab)]
-        adapter = comps.get(adapter_name(h), zero) if a.has_adapter else zero
-        copy = comps[kv_copy_name(shape)]
-        full = a.prelude + a.r_max * a.core + a.coda
-        costs = {
-            Stage.PRELUDE: _sum((1, prelude0), (a.prelude, layer)),
-            Stage.CORE: _sum((1, core1), (a.core - 1, layer)),
-            Stage.CODA: _sum((1, coda0), (a.coda, layer)),
-            Stage.DECODE: _sum((1, prelude0), (a.prelude + a.coda, layer), (a.r_max, core1),
-                               (a.r_max * (a.core - 1), layer), (1, coda0)),
-            Stage.PREFILL: _sum((1, comps[prefill1_name(shape, a.vocab)]),
-                                (full - 1, comps[prefill_layer_name(shape)]), (a.r_max - 1, adapter)),
-        }
+        a = arch
+        copy = comps[Component.KV_COPY.key(a)]
+        costs = {stage: _sum(*((count, comps[c.key(a)]) for c, count in recipe(stage, a))) for stage in STAGES}
         self.measured_stages = {s for s in STAGES if len(comps.get(model_stage_name(a, s), zero).points) >= 2}
         for stage in self.measured_stages:
             costs[stage] = _sum((1, comps[model_stage_name(a, stage)]))
@@ -270,30 +205,28 @@ class LatencyModel:
             floor = smallest_time(comps[model_stage_name(a, Stage.PREFILL)])
             self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], floor=floor)
         else:  # the composed prefill samples one prompt; its floor is made of its components' floors
-            floor = (smallest_time(comps[prefill1_name(shape, a.vocab)])
-                     + (full - 1) * smallest_time(comps[prefill_layer_name(shape)])
-                     + (a.r_max - 1) * smallest_time(adapter))
-            self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], sample=coda0.gamma, floor=floor)
-        if profile.kind == "measured":
+            floor = sum(count * smallest_time(comps[c.key(a)]) for c, count in recipe(Stage.PREFILL, a))
+            self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], sample=comps[Component.CODA0.key(a)].gamma,
+                                                  floor=floor)
+        if profile.kind is ProfileKind.MEASURED:
             self._tabulate(comps)
 
     def _tabulate(self, comps: dict[str, Fit]) -> None:
         """Decode-type stages of a measured profile: interpolate the measured points (see cdbsim.interp)."""
-        a, shape, h = self.arch, self.arch.layer, self.arch.layer.hidden
-        names = {"layer": layer_name(shape), "core1": core1_name(shape), "prelude0": prelude0_name(h),
-                 "coda0": coda0_name(h, a.vocab)}
-        if any(len(comps[n].points) < 2 for n in names.values()):
+        a = self.arch
+        decode_types = (Stage.PRELUDE, Stage.CORE, Stage.CODA, Stage.DECODE)
+        used = {c for stage in decode_types for c, _ in recipe(stage, a)}
+        if any(len(comps[c.key(a)].points) < 2 for c in used):
             return  # fits without points (e.g. filled from the roofline): the linear costs stand
-        s = {k: Surface(comps[n]) for k, n in names.items()}
-        layer, core1 = s["layer"], s["core1"]
-        stage_time: dict[Stage, Callable[[float, float], float]] = {
-            Stage.PRELUDE: lambda b, n: s["prelude0"](b) + a.prelude * layer(b, n),
-            Stage.CORE: lambda b, n: core1(b, n) + (a.core - 1) * layer(b, n),
-            Stage.CODA: lambda b, n: s["coda0"](b) + a.coda * layer(b, n),
-            Stage.DECODE: lambda b, n: (s["prelude0"](b) + (a.prelude + a.coda) * layer(b, n)
-                                        + a.r_max * (core1(b, n) + (a.core - 1) * layer(b, n)) + s["coda0"](b)),
-        }
-        lengths = {stage: sorted(set(layer.lengths) | set(core1.lengths)) for stage in stage_time}
+        surfaces = {c: Surface(comps[c.key(a)]) for c in used}
+        # tabulated at the context lengths the decode layers were measured at
+        measured_lengths = sorted(set(surfaces[Component.LAYER].lengths) | set(surfaces[Component.CORE1].lengths))
+        stage_time: dict[Stage, Callable[[float, float], float]] = {}
+        lengths: dict[Stage, list[float]] = {}
+        for stage in decode_types:
+            terms = [(surfaces[c], count) for c, count in recipe(stage, a) if count]
+            stage_time[stage] = lambda b, n, terms=terms: sum(count * s(b, n) for s, count in terms)
+            lengths[stage] = measured_lengths
         for stage in self.measured_stages - {Stage.PREFILL}:
             surface = Surface(comps[model_stage_name(a, stage)])
             stage_time[stage], lengths[stage] = surface, surface.lengths

@@ -16,10 +16,11 @@ Stages:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+
+from traces.choice import Choice
 
 
-class Stage(str, Enum):
+class Stage(Choice):
     PREFILL = "prefill"
     PRELUDE = "prelude"
     CORE = "core"
@@ -64,6 +65,9 @@ class Launch:
     context: int = 0
     longest: int = 0
     kv_copies: int = 0
+    blocks: list[list[int]] | None = None
+    recomputed: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
     queue_waiting: int = 0
     queue_core: int = 0
     queue_coda: int = 0
@@ -76,3 +80,31 @@ class Launch:
         for s in self.steps:
             mix[s] = mix.get(s, 0) + 1
         return dict(sorted(mix.items()))
+
+
+def decode_launch(stage: Stage, requests: list[int], positions: list[int], blocks: list[list[int]],
+                  padded: int, steps: list[int] | None = None, exits: list[bool] | None = None,
+                  index: int = 0) -> Launch:
+    """A decode-type launch (prelude, core, coda or CB decode) built outside a scheduler, e.g. to time one
+    stage at a chosen batch and context on a backend: ``positions[i]`` is item i's input position,
+    ``blocks[i]`` its request's block ids; core launches take each item's loop step and exit flag."""
+    n = len(requests)
+    launch = Launch(index=index, stage=stage, requests=list(requests), positions=list(positions), size=n,
+                    padded=padded, context=sum(positions) + n, longest=max(positions) + 1 if n else 0,
+                    blocks=list(blocks))
+    if stage is Stage.CORE:
+        launch.steps = list(steps) if steps is not None else [0] * n
+        launch.exits = list(exits) if exits is not None else [False] * n
+    return launch
+
+
+def prefill_launch(requests: list[int], starts: list[int], chunk_lens: list[int], blocks: list[list[int]],
+                   padded: int, recomputed: list[int] | None = None, index: int = 0) -> Launch:
+    """A prefill launch of one chunk per request, each finishing its prompt, built outside a scheduler:
+    chunk i covers positions ``starts[i] .. starts[i] + chunk_lens[i] - 1`` of its request."""
+    tokens = sum(chunk_lens)
+    pairs = sum(c * s + c * (c + 1) // 2 for s, c in zip(starts, chunk_lens, strict=True))
+    return Launch(index=index, stage=Stage.PREFILL, requests=list(requests), positions=list(starts),
+                  chunk_lens=list(chunk_lens), finishes=[True] * len(requests), size=tokens, padded=padded,
+                  context=pairs, blocks=list(blocks),
+                  recomputed=list(recomputed) if recomputed is not None else [0] * len(requests))

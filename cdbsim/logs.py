@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -24,9 +25,24 @@ import pandas as pd
 from cdbsim.launch import Launch, Stage
 from traces.request import Request
 
+if TYPE_CHECKING:
+    from cdbsim.scheduler import Scheduler
+
 LAUNCH_COLUMNS = ("index", "stage", "size", "padded", "items", "context", "longest", "kv_copies", "start", "end",
                   "host_s", "step_mix", "exits", "tokens", "queue_waiting", "queue_core", "queue_coda",
                   "active")
+
+
+def run_meta(scheduler: Scheduler, **extra: object) -> dict:
+    """What produced a run, as its log records it: the architecture, the serving configuration and what the
+    scheduler did, plus the backend's own facts (``extra``: the profile, the device, ...)."""
+    arch, config = scheduler.arch, scheduler.config
+    return {"arch": arch.name, "split": arch.split, "r_max": arch.r_max, "r_min": scheduler.r_min,
+            "policy": config.policy.value, "width": config.width, "coda_batch": config.coda_batch,
+            "prefill_budget": config.prefill_budget, "timing": config.timing.value,
+            "layout": config.layout.value, "config": config.describe(), "kv_blocks": scheduler.kv.total,
+            "requests": len(scheduler.requests), "launches": scheduler.launches,
+            "preemptions": scheduler.preemptions, **extra}
 
 
 class RunRecorder:

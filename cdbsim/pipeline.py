@@ -16,25 +16,69 @@ decisions a core launch needs:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from typing import Generic, TypeVar
 
 from cdbsim.config import Timing
 from cdbsim.launch import Launch, Stage
 
 MAX_AHEAD = 4
+Handle = TypeVar("Handle")
 
 
-def must_wait(timing: Timing, in_flight: Sequence[Launch], max_ahead: int = MAX_AHEAD) -> bool:
-    """True if the host has to wait for the oldest launch in flight before planning the next one."""
-    if not in_flight:
-        return False
-    if timing is Timing.SYNC:
-        return True
-    if timing is Timing.ASYNC:
-        return len(in_flight) >= 2 or in_flight[-1].stage is Stage.CORE
-    if len(in_flight) >= max_ahead:
-        return True
-    for launch in reversed(in_flight):
+class HostPipeline(Generic[Handle]):
+    """The launches a host has handed to the device and not yet completed, oldest first, each with the
+    backend's handle to wait on (a SimPy event, a CUDA event, nothing); the rule for when the host must
+    wait (:meth:`must_wait`); and completion, which hands the oldest launch back to the scheduler.
+
+    The SimPy simulator, the GPU executor's driver and the clock-less replay all drive the scheduler
+    through this one class, so they follow one rule.
+    """
+
+    def __init__(self, scheduler, timing: Timing, max_ahead: int = MAX_AHEAD) -> None:
+        self.scheduler = scheduler
+        self.timing = timing
+        self.max_ahead = max_ahead
+        self._launches: deque[Launch] = deque()
+        self._handles: deque[Handle] = deque()
+        self._added = 0          # launches added so far; the oldest in flight is number ``_completed``
+        self._completed = 0
+        self._newest_core = -1   # number of the newest core launch added
+
+    def __len__(self) -> int:
+        return len(self._launches)
+
+    def add(self, launch: Launch, handle: Handle) -> None:
+        """``launch`` was handed to the device; ``handle`` tells the backend when it is done."""
         if launch.stage is Stage.CORE:
-            return launch is not in_flight[0]
-    return False
+            self._newest_core = self._added
+        self._added += 1
+        self._launches.append(launch)
+        self._handles.append(handle)
+
+    @property
+    def oldest(self) -> Handle:
+        """The handle of the oldest launch in flight."""
+        return self._handles[0]
+
+    def must_wait(self) -> bool:
+        """True if the host has to wait for the oldest launch in flight before planning the next one."""
+        n = len(self._launches)
+        if n == 0:
+            return False
+        timing = self.timing
+        if timing is Timing.SYNC:
+            return True
+        if timing is Timing.ASYNC:
+            return n >= 2 or self._newest_core == self._added - 1
+        # lookahead: wait while the newest core launch in flight is not the oldest one
+        return n >= self.max_ahead or self._newest_core > self._completed
+
+    def complete_oldest(self) -> tuple[Launch, Handle, list[int]]:
+        """The oldest launch finished: the scheduler learns it; returns it, its handle and the requests it
+        finished."""
+        launch = self._launches.popleft()
+        handle = self._handles.popleft()
+        self._completed += 1
+        return launch, handle, self.scheduler.complete(launch)
+

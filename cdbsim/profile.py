@@ -37,8 +37,22 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from cdbsim.errors import ConfigError, read_json, require
+from traces.choice import Choice
 
 FORMAT = "cdbsim-profile/1"
+
+
+class ProfileKind(Choice):
+    """Where a profile's numbers come from: measured on a GPU, derived from a device's figures, or a
+    constant time per stage (for hand-checkable runs)."""
+
+    MEASURED = "measured"
+    ROOFLINE = "roofline"
+    CONSTANT = "constant"
+
+    @classmethod
+    def what(cls) -> str:
+        return "profile kind"
 
 
 @dataclass
@@ -106,7 +120,7 @@ class Profile:
     """Component fits of one device, plus the device facts used for KV sizing and the roofline."""
 
     name: str
-    kind: str
+    kind: ProfileKind
     device: dict
     components: dict[str, Fit]
     versions: dict = field(default_factory=dict)
@@ -114,6 +128,9 @@ class Profile:
     notes: str = ""
     source: str = ""
     attention: dict = field(default_factory=dict)  # decode attention's programs per wave ("slots"), its points
+
+    def __post_init__(self) -> None:
+        self.kind = ProfileKind.parse(self.kind)
 
     @property
     def attention_slots(self) -> float | None:
@@ -133,7 +150,7 @@ class Profile:
         return f"{self.name} ({self.kind}, {device}{', ' + self.date if self.date else ''})"
 
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "name": self.name, "kind": self.kind, "device": self.device,
+        return {"format": FORMAT, "name": self.name, "kind": self.kind.value, "device": self.device,
                 "versions": self.versions, "date": self.date, "notes": self.notes,
                 **({"attention": self.attention} if self.attention else {}),
                 "components": {k: v.to_dict() for k, v in sorted(self.components.items())}}
@@ -154,7 +171,7 @@ def profile_from_dict(data: dict, source: str = "profile") -> Profile:
                        components=components, versions=dict(data.get("versions", {})),
                        date=data.get("date", ""), notes=data.get("notes", ""), source=source,
                        attention=dict(data.get("attention", {})))
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ConfigError) as exc:
         raise ConfigError(f"{source}: malformed profile ({exc})") from None
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from cdbsim.arch import ArchSpec
 from cdbsim.bounds import first_token_fraction, mean_depth, s_dec, s_e2e
+from cdbsim.config import Policy
 from cdbsim.logs import RunLog
 from traces.request import Request
 
@@ -124,7 +125,8 @@ def summarize(log: RunLog, arch: ArchSpec, requests: list[Request], r_min: int) 
     span = float(launches["end"].max() - launches["start"].min()) if len(launches) else 0.0
     itl = np.concatenate([np.diff(t) for t in log.token_times if len(t) > 1] or [np.zeros(0)])
     tpot = np.where(out_len > 1, (finish - first) / np.maximum(out_len - 1, 1), np.nan)
-    dbar = mean_depth(requests, arch.r_max, r_min) if log.meta.get("policy") != "cb" else float(arch.r_max)
+    cb = log.meta.get("policy") == Policy.CB  # CB runs every token at full depth
+    dbar = float(arch.r_max) if cb else mean_depth(requests, arch.r_max, r_min)
     return Report(
         requests=len(reqs), output_tokens=tokens, makespan_s=makespan, output_tps=tokens / makespan,
         request_rate=len(reqs) / makespan,

@@ -32,27 +32,30 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-import numpy as np
-
 from cdbsim.arch import ArchSpec
+from cdbsim.blocks import BlockManager
 from cdbsim.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
 from cdbsim.errors import ConfigError
-from cdbsim.kv import BlockPool, need_blocks
+from cdbsim.kv import need_blocks
 from cdbsim.launch import Launch, Stage
+from cdbsim.requests import RequestTable, Status
 from traces.request import Request
 
-NEW, WAITING, PREFILLING, DECODING, FINISHED = range(5)
+WAITING, PREFILLING, DECODING, FINISHED = Status.WAITING, Status.PREFILLING, Status.DECODING, Status.FINISHED
 
 
 class Scheduler:
-    """Plans launches for ``requests`` (indexed by their position in the list) on ``kv_blocks`` blocks."""
+    """Plans launches for ``requests`` (indexed by their position in the list) on ``kv_blocks`` blocks.
+
+    ``share_blocks``: attach each item's KV block ids to its launch (:attr:`Launch.blocks`), for a backend
+    that addresses a real cache; the simulator leaves it off.
+    """
 
     def __init__(self, arch: ArchSpec, config: ServeConfig, requests: Sequence[Request],
-                 kv_blocks: int) -> None:
+                 kv_blocks: int, share_blocks: bool = False) -> None:
         self.arch = arch
         self.config = config
         self.requests = requests
-        self.kv = BlockPool(kv_blocks)
         bs = config.block_size
         for r in requests:
             need = need_blocks(r.prompt_len, r.output_len, bs)
@@ -60,27 +63,16 @@ class Scheduler:
                 raise ConfigError(
                     f"KV capacity of {kv_blocks} blocks ({kv_blocks * bs} tokens) is smaller than request "
                     f"{r.request_id}'s need of {need} blocks ({r.kv_positions} tokens)")
-        n = len(requests)
+        self.kv = BlockManager(kv_blocks, bs, len(requests))
         self.r_min = config.r_min(arch)
         self.r_max = arch.r_max
+        self.table = RequestTable(requests, self.r_min, self.r_max)
+        self.share_blocks = share_blocks
         self._width = config.width
         self._pad = padding_table(config.decode_sizes(), config.width)
         self._pad_prefill = padding_table(prefill_graph_sizes(config.prefill_budget), config.prefill_budget)
         self._fill = [config.layout.fill_copies(s, arch.r_max) for s in range(arch.r_max)]
         self._margin_blocks = config.kv_margin * kv_blocks
-        # per-request state, as flat lists for speed
-        self.prompt = [r.prompt_len for r in requests]
-        self.output = [r.output_len for r in requests]
-        low, high = self.r_min, self.r_max
-        self.depths = [np.clip(r.depths, low, high).tolist() for r in requests]  # executed depths
-        self.status = [NEW] * n
-        self.prefill_target = list(self.prompt)
-        self.prefilled = [0] * n
-        self.generated = [0] * n
-        self.position = [p - 1 for p in self.prompt]  # of the latest output token = the next input
-        self.step = [0] * n
-        self.target = [0] * n
-        self.blocks: list[list[int]] = [[] for _ in range(n)]
         # queues
         self.waiting: deque[int] = deque()
         self.prefilling: list[int] = []
@@ -89,7 +81,7 @@ class Scheduler:
         self.ready: deque[int] = deque()                  # refill: tokens waiting for their next core step
         self.coda_queue: deque[int] = deque()
         self.pool: deque[int] = deque()                   # cb / norefill: requests with a staged token
-        self.stalled: list[tuple[int, bool]] = []
+        self.stalled: list[tuple[int, bool]] = []         # (request, joins the head) without a KV block
         self._wave: tuple[list[int], list[int]] | None = None  # norefill: (survivors, exited)
         # counters
         self.active = 0
@@ -108,12 +100,18 @@ class Scheduler:
         self._plan_policy = {Policy.CB: self._plan_cb, Policy.NOREFILL: self._plan_norefill,
                              Policy.REFILL: self._plan_refill}[config.policy]
 
+    @property
+    def blocks(self) -> list[list[int]]:
+        """Each request's KV block ids (read-only outside the block manager)."""
+        return self.kv.blocks
+
     # ----- driver interface ----------------------------------------------------------------------
     def arrive(self, i: int) -> None:
         """Request ``i`` has arrived: it joins the tail of the waiting queue."""
-        if self.status[i] != NEW:
+        status = self.table.status
+        if status[i] is not Status.NEW:
             raise ValueError(f"request index {i} arrived twice")
-        self.status[i] = WAITING
+        status[i] = WAITING
         self.waiting.append(i)
         self.arrived += 1
 
@@ -148,7 +146,7 @@ class Scheduler:
             self.coda_in_flight -= 1
         done = self._retire.pop(launch.index, [])
         for i in done:
-            self.kv.give_back(self.blocks[i])
+            self.kv.free(i)
             self.active -= 1
             self.finished += 1
             self.block_new = False
@@ -184,17 +182,15 @@ class Scheduler:
             return launch
         cohort = [self.pool.popleft() for _ in range(min(self._width, len(self.pool)))]
         self._wave = (list(cohort), [])
-        return self._new_launch(Stage.PRELUDE, cohort, self._positions(cohort))
+        return self._new_launch(Stage.PRELUDE, cohort)
 
     def _plan_cb(self) -> Launch | None:
         launch = self._try_prefill()
         if launch is not None or not self.pool:
             return launch
         batch = [self.pool.popleft() for _ in range(min(self._width, len(self.pool)))]
-        positions = self._positions(batch)
-        launch = self._new_launch(Stage.DECODE, batch, positions)
-        retire = self._retire.setdefault(launch.index, [])
-        self._produce(batch, retire, head=False)
+        launch = self._new_launch(Stage.DECODE, batch)
+        self._produce(batch, self._retire.setdefault(launch.index, []), head=False)
         return launch
 
     # ----- stage launches ------------------------------------------------------------------------
@@ -208,67 +204,60 @@ class Scheduler:
             heads.difference_update(batch)
         else:
             self.ready.extend(batch)
-        return self._new_launch(Stage.PRELUDE, batch, self._positions(batch))
+        return self._new_launch(Stage.PRELUDE, batch)
 
-    def _launch_core(self) -> Launch:
-        ready, step, target, fill = self.ready, self.step, self.target, self._fill
-        pop = ready.popleft
-        batch = [pop() for _ in range(min(self._width, len(ready)))]
+    def _loop_step(self, batch: list[int], exited: list[int]) -> tuple[Launch, list[int]]:
+        """One core step over ``batch``: tokens at their last step go to ``exited``; returns the launch and
+        the tokens that loop again."""
+        step, target, fill = self.table.step, self.table.target, self._fill
         steps: list[int] = []
         exits: list[bool] = []
         survivors: list[int] = []
-        add_step, add_exit, survive, to_coda = steps.append, exits.append, survivors.append, self.coda_queue.append
+        add_step, add_exit, survive, leave = steps.append, exits.append, survivors.append, exited.append
         copies = 0
         for i in batch:
             s = step[i]
             add_step(s)
             if s + 1 >= target[i]:
                 add_exit(True)
-                to_coda(i)
+                leave(i)
                 copies += fill[s]
             else:
                 add_exit(False)
                 step[i] = s + 1
                 survive(i)
-        ready.extendleft(reversed(survivors))
-        launch = self._new_launch(Stage.CORE, batch, self._positions(batch))
+        launch = self._new_launch(Stage.CORE, batch)
         launch.steps, launch.exits, launch.kv_copies = steps, exits, copies
+        return launch, survivors
+
+    def _launch_core(self) -> Launch:
+        ready = self.ready
+        pop = ready.popleft
+        batch = [pop() for _ in range(min(self._width, len(ready)))]
+        launch, survivors = self._loop_step(batch, self.coda_queue)  # type: ignore[arg-type]
+        ready.extendleft(reversed(survivors))
         return launch
 
     def _launch_wave_step(self, survivors: list[int], exited: list[int]) -> Launch:
-        step, target, fill = self.step, self.target, self._fill
-        steps, exits, still = [], [], []
-        copies = 0
-        for i in survivors:
-            s = step[i]
-            steps.append(s)
-            if s + 1 >= target[i]:
-                exits.append(True)
-                exited.append(i)
-                copies += fill[s]
-            else:
-                exits.append(False)
-                step[i] = s + 1
-                still.append(i)
-        launch = self._new_launch(Stage.CORE, list(survivors), self._positions(survivors))
-        launch.steps, launch.exits, launch.kv_copies = steps, exits, copies
+        launch, still = self._loop_step(list(survivors), exited)
         self._wave = (still, exited)
         return launch
 
     def _launch_coda(self, queue: deque[int]) -> Launch:
         batch = [queue.popleft() for _ in range(min(self._width, len(queue)))]
-        launch = self._new_launch(Stage.CODA, batch, self._positions(batch))
+        launch = self._new_launch(Stage.CODA, batch)
         self._produce(batch, self._retire.setdefault(launch.index, []), head=True)
         return launch
 
     def _try_prefill(self) -> Launch | None:
         """Admit and pack prompt chunks up to the budget M, or None (see the module docstring)."""
-        cfg = self.config
+        cfg, table, kv = self.config, self.table, self.kv
+        status, prefilled, target = table.status, table.prefilled, table.prefill_target
         free_slots = self._width - self.active
         fresh = 0 if self.block_new else min(free_slots, len(self.waiting))
         if not self.prefilling and (fresh == 0 or free_slots < cfg.free_slots_to_admit):
             return None
-        if self.decoding and self.kv.free <= self._margin_blocks:
+        if self.decoding and kv.num_free <= self._margin_blocks:
             return None
         budget = cfg.prefill_budget
         requests: list[int] = []
@@ -279,27 +268,23 @@ class Scheduler:
         taken_fresh = [self.waiting.popleft() for _ in range(fresh)]
         skipped: list[int] = []
         for i in candidates + taken_fresh:
-            if budget == 0 or (requests and self.kv.free < self._margin_blocks):
-                if self.status[i] == WAITING:
+            if budget == 0 or (requests and kv.num_free < self._margin_blocks) or not kv.allocate(
+                    i, prefilled[i] + min(target[i] - prefilled[i], budget)):
+                if status[i] is WAITING:
                     skipped.append(i)
                 continue
-            done = self.prefilled[i]
-            chunk = min(self.prefill_target[i] - done, budget)
-            need = -(-(done + chunk) // cfg.block_size) - len(self.blocks[i])
-            if not self.kv.take(need, self.blocks[i]):
-                if self.status[i] == WAITING:
-                    skipped.append(i)
-                continue
-            if self.status[i] == WAITING:
-                self.status[i] = PREFILLING
+            if status[i] is WAITING:
+                status[i] = PREFILLING
                 self.active += 1
                 self.prefilling.append(i)
+            done = prefilled[i]
+            chunk = min(target[i] - done, budget)
             requests.append(i)
             starts.append(done)
             lens.append(chunk)
-            self.prefilled[i] = done + chunk
+            prefilled[i] = done + chunk
             budget -= chunk
-            finishes.append(done + chunk == self.prefill_target[i])
+            finishes.append(done + chunk == target[i])
         self.waiting.extendleft(reversed(skipped))
         if not requests:
             return None
@@ -307,11 +292,14 @@ class Scheduler:
         launch = Launch(index=self.launches, stage=Stage.PREFILL, requests=requests, positions=starts,
                         chunk_lens=lens, finishes=finishes, size=tokens, padded=self._pad_prefill[tokens],
                         context=sum(c * s + c * (c + 1) // 2 for s, c in zip(starts, lens, strict=True)))
+        if self.share_blocks:
+            launch.blocks = [kv.blocks[i] for i in requests]
+            launch.recomputed = [target[i] - table.prompt[i] for i in requests]
         self.launches += 1
         done = [i for i, final in zip(requests, finishes, strict=True) if final]
         for i in done:
             self.prefilling.remove(i)
-            self.status[i] = DECODING
+            status[i] = DECODING
             self.decoding += 1
         self._produce(done, self._retire.setdefault(launch.index, []), head=False)
         return launch
@@ -319,20 +307,22 @@ class Scheduler:
     # ----- token bookkeeping ---------------------------------------------------------------------
     def _produce(self, batch: list[int], retire: list[int], head: bool) -> None:
         """Each request in ``batch`` produced a token: finish it, or stage its next token."""
-        generated, output, prompt, blocks = self.generated, self.output, self.prompt, self.blocks
-        step, target, depths, loops, position = self.step, self.target, self.depths, self._loops, self.position
-        bs = self.config.block_size
+        table, kv = self.table, self.kv
+        generated, output, prompt, position, status = (table.generated, table.output, table.prompt,
+                                                        table.position, table.status)
+        step, target, depths, loops, blocks = table.step, table.target, table.depths, self._loops, kv.blocks
+        bs = kv.block_size
         ready = []
         for i in batch:
             g = generated[i] + 1
             generated[i] = g
-            position[i] = prompt[i] + g - 1
+            p = position[i] = prompt[i] + g - 1
             if g >= output[i]:
-                self.status[i] = FINISHED
+                status[i] = FINISHED
                 self.decoding -= 1
                 retire.append(i)
                 continue
-            if position[i] // bs >= len(blocks[i]) and not self._allocate(i):
+            if p // bs >= len(blocks[i]) and not kv.allocate(i, p + 1):
                 self.stalled.append((i, head))
                 continue
             step[i] = 0
@@ -340,12 +330,6 @@ class Scheduler:
                 target[i] = depths[i][g - 1]
             ready.append(i)
         self._enqueue(ready, head)
-
-    def _allocate(self, i: int) -> bool:
-        """A KV block for the next decode token of request ``i``; False if none is free."""
-        blocks = self.blocks[i]
-        need = (self.prompt[i] + self.generated[i] - 1) // self.config.block_size + 1
-        return len(blocks) >= need or self.kv.take(need - len(blocks), blocks)
 
     def _enqueue(self, ready: list[int], head: bool) -> None:
         """Tokens that can run: to the prelude queue (refill) or the pool of staged requests."""
@@ -358,11 +342,10 @@ class Scheduler:
 
     def _restage_stalled(self) -> None:
         stalled, self.stalled = self.stalled, []
+        table = self.table
         for i, head in stalled:
-            if self._allocate(i):
-                self.step[i] = 0
-                if self._loops:
-                    self.target[i] = self.depths[i][self.generated[i] - 1]
+            if self.kv.append(i, table.position[i]):
+                table.start_token(i, self._loops)
                 self._enqueue([i], head)
             else:
                 self.stalled.append((i, head))
@@ -372,18 +355,16 @@ class Scheduler:
         stuck = [i for i, _ in self.stalled] + self.prefilling
         if self.active <= 1 or not stuck:
             return False
-        victim = min(reversed(stuck), key=lambda i: self.prefilled[i] if self.status[i] == PREFILLING
-                     else self.prompt[i] + self.generated[i])
-        if self.status[victim] == PREFILLING:
+        table = self.table
+        victim = min(reversed(stuck), key=table.held_tokens)
+        if table.status[victim] is PREFILLING:
             self.prefilling.remove(victim)
         else:
             self.stalled = [(i, h) for i, h in self.stalled if i != victim]
             self.decoding -= 1
             self.recomputes += 1
-        self.kv.give_back(self.blocks[victim])
-        self.status[victim] = WAITING
-        self.prefilled[victim] = 0
-        self.prefill_target[victim] = self.prompt[victim] + self.generated[victim]
+        self.kv.preempt(victim)
+        table.restart(victim)
         self.active -= 1
         self.waiting.append(victim)
         self.block_new = True
@@ -391,20 +372,22 @@ class Scheduler:
         return True
 
     # ----- helpers -------------------------------------------------------------------------------
-    def _positions(self, batch: list[int]) -> list[int]:
-        """Position of each request's current input token (its latest output token)."""
-        pos = self.position
-        return [pos[i] for i in batch]
-
-    def _new_launch(self, stage: Stage, batch: list[int], positions: list[int]) -> Launch:
+    def _new_launch(self, stage: Stage, batch: list[int]) -> Launch:
+        pos = self.table.position
+        positions = [pos[i] for i in batch]
         n = len(batch)
         launch = Launch(index=self.launches, stage=stage, requests=batch, positions=positions, size=n,
                         padded=self._pad[n], context=sum(positions) + n,
                         longest=max(positions) + 1 if positions else 0)
+        if self.share_blocks:
+            blocks = self.kv.blocks
+            launch.blocks = [blocks[i] for i in batch]
         self.launches += 1
         return launch
 
     def _snapshot(self, launch: Launch) -> None:
+        if self.share_blocks:
+            launch.dropped = self.kv.take_dropped()
         launch.queue_waiting = len(self.waiting)
         launch.queue_prelude = len(self.prelude_queue)
         launch.queue_coda = len(self.coda_queue)

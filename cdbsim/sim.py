@@ -4,9 +4,9 @@ Three processes share one SimPy environment:
 
 * ``arrivals`` releases each request into the scheduler at its arrival time;
 * ``host`` plans a launch (``Scheduler.plan``), spends the profile's host time on it, and hands it to
-  the device; how far it may run ahead of the device is :func:`cdbsim.pipeline.must_wait` (``sync``:
-  never, so the device idles while the host works; ``lookahead``: coda, prelude and the next core step
-  are prepared while a core step runs);
+  the device; how far it may run ahead of the device is :class:`cdbsim.pipeline.HostPipeline`'s rule
+  (``sync``: never, so the device idles while the host works; ``lookahead``: coda, prelude and the next
+  core step are prepared while a core step runs);
 * ``device`` runs launches in order, each for the time the latency model gives.
 
 Every launch is logged through :class:`~cdbsim.logs.RunRecorder`, the same recorder the GPU executor uses.
@@ -23,9 +23,9 @@ from cdbsim.arch import ArchSpec
 from cdbsim.config import ServeConfig
 from cdbsim.latency import LatencyModel
 from cdbsim.launch import Launch
-from cdbsim.logs import RunLog, RunRecorder
+from cdbsim.logs import RunLog, RunRecorder, run_meta
 from cdbsim.metadata import table_width
-from cdbsim.pipeline import must_wait
+from cdbsim.pipeline import HostPipeline
 from cdbsim.quiet_gc import paused_gc
 from cdbsim.scheduler import Scheduler
 from traces.request import Request
@@ -57,14 +57,8 @@ class Simulation:
         host = env.process(self._host())
         with paused_gc():  # millions of short-lived objects: collector passes cost several percent
             env.run(until=host)
-        s = self.scheduler
-        meta = {"arch": self.arch.name, "split": self.arch.split, "r_max": self.arch.r_max,
-                "r_min": s.r_min, "policy": self.config.policy.value, "width": self.config.width,
-                "coda_batch": self.config.coda_batch, "prefill_budget": self.config.prefill_budget,
-                "timing": self.config.timing.value, "layout": self.config.layout.value,
-                "kv_blocks": s.kv.total, "preemptions": s.preemptions, "profile": self.latency.profile.label(),
-                "clock": "simulated"}
-        return self.recorder.finish(meta)
+        return self.recorder.finish(run_meta(self.scheduler, profile=self.latency.profile.label(),
+                                             clock="simulated"))
 
     # ----- processes -----------------------------------------------------------------------------
     def _arrivals(self):
@@ -84,27 +78,25 @@ class Simulation:
     def _host(self):
         """Wait as the pipeline rule says, plan, hand over. A launch planned at ``t`` is ready on the
         device at ``t + host time``, and the host is busy until then."""
-        env, s, latency, timing = self.env, self.scheduler, self.latency, self.config.timing
-        in_flight: deque[tuple[Launch, simpy.Event]] = deque()
-        launches: deque[Launch] = deque()
+        env, s, latency = self.env, self.scheduler, self.latency
+        pipeline: HostPipeline[simpy.Event] = HostPipeline(s, self.config.timing)
         busy_until = 0.0
         finished_before = 0
         while not s.done:
-            while in_flight and must_wait(timing, launches):
-                yield in_flight[0][1]
-                s.complete(in_flight.popleft()[0])
-                launches.popleft()
+            while pipeline.must_wait():
+                yield pipeline.oldest
+                pipeline.complete_oldest()
             if s.done:
                 break
             if env.now < busy_until:
                 yield env.timeout(busy_until - env.now)
             launch = s.plan()
             if launch is None:
-                if in_flight:
-                    yield in_flight[0][1] | self._wake_host
-                    if in_flight[0][1].processed:
-                        s.complete(in_flight.popleft()[0])
-                        launches.popleft()
+                if len(pipeline):
+                    oldest = pipeline.oldest
+                    yield oldest | self._wake_host
+                    if oldest.processed:
+                        pipeline.complete_oldest()
                 else:
                     self._wake_host = env.event()
                     yield self._wake_host
@@ -117,14 +109,13 @@ class Simulation:
             self._device_queue.append((launch, busy_until, host_s, finished))
             if not self._wake_device.triggered:
                 self._wake_device.succeed()
-            in_flight.append((launch, finished))
-            launches.append(launch)
+            pipeline.add(launch, finished)
             if self.progress is not None and s.finished != finished_before:
                 self.progress(s.finished - finished_before)
                 finished_before = s.finished
-        while in_flight:
-            yield in_flight[0][1]
-            s.complete(in_flight.popleft()[0])
+        while len(pipeline):
+            yield pipeline.oldest
+            pipeline.complete_oldest()
 
     def _device(self):
         """Run launches in order; a launch starts when the device is free and the host has handed it over."""

@@ -68,7 +68,7 @@ def stage_errors(log: RunLog, launch_time: Callable[[Launch], float]) -> list[di
                                               for r in log.launches.itertuples(index=False)])
     for stage, group in launches.groupby("stage", sort=False):
         parts = [("all", group)]
-        if stage != "prefill":
+        if stage != Stage.PREFILL:
             parts += list(group.groupby(group["padded"].map(batch_range), sort=False))
             parts[1:] = sorted(parts[1:], key=lambda part: int(part[0].split("-")[0].rstrip("+")))
         for batch, part in parts:

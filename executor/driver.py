@@ -6,7 +6,7 @@ The call protocol is the one :func:`cdbsim.replay.drive` uses, with a clock:
 ``async``      plan launch k+1 while launch k runs, except after a core launch, whose exit gate has to
                come back first.
 ``lookahead``  coda, prelude and the next core step are planned and enqueued while a core step runs
-               (the lookahead gate makes that legal); the rule is :func:`cdbsim.pipeline.must_wait`,
+               (the lookahead gate makes that legal); the rule is :class:`cdbsim.pipeline.HostPipeline`'s,
                the same the simulator follows.
 
 Launch start and end come from CUDA events on the one compute stream (on CPU, where every launch runs
@@ -29,8 +29,8 @@ import torch
 from cdbsim.arch import ArchSpec
 from cdbsim.config import Policy, ServeConfig, Timing, prefill_graph_sizes
 from cdbsim.launch import Stage
-from cdbsim.logs import RunLog, RunRecorder
-from cdbsim.pipeline import must_wait
+from cdbsim.logs import RunLog, RunRecorder, run_meta
+from cdbsim.pipeline import HostPipeline
 from cdbsim.quiet_gc import paused_gc
 from cdbsim.scheduler import Scheduler
 from executor.engine import Engine, Prepared
@@ -38,8 +38,6 @@ from executor.model import LoopedLM, ModelConfig, chained_rows
 from executor.ops import Ops, default_backend
 from executor.reference import Episode
 from traces.request import Request
-
-MODES = ("sync", "async", "lookahead")
 
 
 @dataclass
@@ -55,6 +53,8 @@ class ExecutorRun:
 
 @dataclass
 class _InFlight:
+    """The backend's handle of a launch in flight: its prepared inputs, clock marks and logits."""
+
     prepared: Prepared
     start: object
     end: object
@@ -114,17 +114,14 @@ class Executor:
     """One serving run of ``requests`` on a model: scheduler + engine + clock + recorder."""
 
     def __init__(self, arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
-                 model: LoopedLM, mode: str | None = None, graphs: bool | None = None,
+                 model: LoopedLM, mode: Timing | str | None = None, graphs: bool | None = None,
                  keep_logits: bool = False, prompt_seed: int = 0) -> None:
-        mode = mode or ("sync" if config.timing is Timing.SYNC else
-                        "async" if config.timing is Timing.ASYNC else "lookahead")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        mode = Timing.parse(mode) if mode is not None else config.timing
         if model.config.r_max != arch.r_max:
             raise ValueError(f"model r_max {model.config.r_max} differs from the architecture's {arch.r_max}")
         self.arch, self.config, self.requests, self.mode = arch, config, requests, mode
         self.model = model
-        self.scheduler = Scheduler(arch, config, requests, kv_blocks)
+        self.scheduler = Scheduler(arch, config, requests, kv_blocks, share_blocks=True)
         self.engine = Engine(model, config, requests, kv_blocks, prompt_seed=prompt_seed)
         cuda = model.device.type == "cuda"
         self.cuda = cuda
@@ -166,25 +163,23 @@ class Executor:
         logits_out: dict[tuple[int, int], torch.Tensor] = {}
         order = sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival)
         arrivals = deque(order)
-        pending: deque[_InFlight] = deque()
+        pipeline: HostPipeline[_InFlight] = HostPipeline(sched, self.mode)
         host_carry = 0.0
         width = engine.max_blocks if self.graphs is not None else None
         run_start = time.perf_counter()
 
-        def finish(item: _InFlight) -> None:
-            clock.wait(item.end)
-            done = sched.complete(item.prepared.launch)
+        def finish() -> None:
+            clock.wait(pipeline.oldest.end)
+            launch, item, done = pipeline.complete_oldest()
             engine.release(done)
-            recorder.record(item.prepared.launch, clock.seconds(item.start), clock.seconds(item.end),
-                            item.host_s)
+            recorder.record(launch, clock.seconds(item.start), clock.seconds(item.end), item.host_s)
             if item.logits is not None and item.prepared.rows:
                 for row, key in enumerate(item.prepared.rows):
                     logits_out[key] = item.logits[row].float().cpu()
 
-        timing = Timing(self.mode)
         while not sched.done:
-            while pending and must_wait(timing, [item.prepared.launch for item in pending]):
-                finish(pending.popleft())
+            while pipeline.must_wait():
+                finish()
             if sched.done:
                 break
             now = time.perf_counter() - run_start
@@ -194,14 +189,14 @@ class Executor:
             launch = sched.plan()
             if launch is None:
                 host_carry += time.perf_counter() - t0
-                if pending:
-                    finish(pending.popleft())
+                if len(pipeline):
+                    finish()
                 elif arrivals:
                     time.sleep(max(0.0, self.requests[arrivals[0]].arrival - now))
                 else:
                     raise RuntimeError("the scheduler can plan nothing although requests remain")
                 continue
-            prepared = engine.prepare(launch, sched, width)
+            prepared = engine.prepare(launch, width)
             host_s = time.perf_counter() - t0
             start = clock.mark()
             t1 = time.perf_counter()
@@ -211,10 +206,10 @@ class Executor:
             end = clock.mark()
             if self.cuda:
                 host_s += time.perf_counter() - t1
-            pending.append(_InFlight(prepared, start, end, host_s + host_carry, logits))
+            pipeline.add(launch, _InFlight(prepared, start, end, host_s + host_carry, logits))
             host_carry = 0.0
-        while pending:
-            finish(pending.popleft())
+        while len(pipeline):
+            finish()
         wall = time.perf_counter() - run_start
         log = recorder.finish(self._meta(wall))
         return ExecutorRun(log, engine.output_tokens(), [engine.episode_list(i) for i in range(len(self.requests))],
@@ -223,23 +218,19 @@ class Executor:
     def _meta(self, wall: float) -> dict:
         model = self.model
         device = (torch.cuda.get_device_name(model.device) if self.cuda else platform.processor() or "cpu")
-        return {
-            "backend": "executor", "device": device, "torch": torch.__version__,
-            "dtype": str(model.dtype).replace("torch.", ""), "mode": self.mode, "ops": model.ops.backend,
-            "chained_rows": model.ops.fuse_rows,  # launches of at most this many rows take executor.chain
-            "cuda_graphs": self.graphs is not None and self.graphs.capture,
-            "launch_path": ("eager" if self.graphs is None else
-                            "cuda-graphs" if self.graphs.capture else "static-buffers"),
-            "arch": self.arch.name, "split": self.arch.split,
-            "r_max": self.arch.r_max, "policy": self.config.policy.value, "config": self.config.describe(),
-            "layout": self.config.layout.value, "kv_blocks": self.scheduler.kv.total,
-            "requests": len(self.requests), "launches": self.scheduler.launches,
-            "preemptions": self.scheduler.preemptions, "wall_s": wall,
-        }
+        return run_meta(
+            self.scheduler, backend="executor", device=device, torch=torch.__version__,
+            dtype=str(model.dtype).replace("torch.", ""), mode=self.mode.value, ops=model.ops.backend,
+            chained_rows=model.ops.fuse_rows,  # launches of at most this many rows take executor.chain
+            cuda_graphs=self.graphs is not None and self.graphs.capture,
+            launch_path=("eager" if self.graphs is None else
+                         "cuda-graphs" if self.graphs.capture else "static-buffers"),
+            clock="cuda-events" if self.cuda else "wall", wall_s=wall)
 
 
 def execute(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
-            device: torch.device | str = "cpu", dtype: torch.dtype | None = None, mode: str | None = None,
+            device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+            mode: Timing | str | None = None,
             seed: int = 0, model: LoopedLM | None = None, graphs: bool | None = None,
             backend: str | None = None, keep_logits: bool = False, warmup: bool = True) -> ExecutorRun:
     """Serve ``requests`` on a (random-init unless ``model`` is given) model; everything the run produced."""
@@ -254,7 +245,7 @@ def execute(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blo
 
 def run_executor(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
                  device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
-                 mode: str | None = "sync", seed: int = 0, **options: object) -> RunLog:
+                 mode: Timing | str | None = "sync", seed: int = 0, **options: object) -> RunLog:
     """Serve ``requests`` and return the run's log (same schema as the simulator's).
 
     ``mode``: ``sync``, ``async`` or ``lookahead`` (None: from ``config.timing``). ``options`` go to

@@ -8,8 +8,12 @@ The engine owns everything a launch reads or writes on the device:
   prefill write the sampled token into it; a recompute after preemption re-reads prompt + generated ids;
 * the hidden-state bank: ``width`` rows (+1 scratch) holding each resident request's loop state between
   prelude, core and coda launches (Huginn also keeps the prelude output for its adapter). A request gets
-  a row when its first prefill chunk is launched and gives it back when the scheduler reports it finished
-  (or preempted), so ``width`` rows always suffice.
+  a row when its first prefill chunk is launched (:meth:`Engine.admit`) and gives it back when the
+  scheduler reports it finished or a launch says it was preempted, so ``width`` rows always suffice.
+
+Everything the engine learns of the scheduler comes with the launch (:class:`cdbsim.launch.Launch`): the
+items, their block ids, the requests preempted since the last launch, and for prefill how many tokens a
+recomputed request had generated; the engine never reads scheduler state.
 
 Decode-type stages (prelude, core, coda, decode) read their per-row metadata from one int32 buffer (8
 fields + a block-table row per padded row, :data:`FIELDS`), copied to the device in one transfer; with
@@ -21,15 +25,16 @@ own fixed-shape metadata (:mod:`executor.prefill`), so it is captured and replay
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from cdbsim.arch import LayerStyle
 from cdbsim.config import ServeConfig
 from cdbsim.launch import Launch, Stage
 from cdbsim.metadata import FIELDS, table_width
-from cdbsim.scheduler import WAITING, Scheduler
 from executor.attention import DecodeAttention
 from executor.kv_cache import CacheGeometry, PagedKVCache
 from executor.model import LoopedLM
@@ -101,7 +106,7 @@ class Engine:
         self.stride = self.max_len + 1
         self.max_blocks = table_width(requests, config.block_size)
         self.rope = RopeTable.build(cfg.head_dim, cfg.rope_theta, self.max_len + 1,
-                                    interleaved=cfg.style == "huginn", device=self.device)
+                                    interleaved=cfg.style is LayerStyle.HUGINN, device=self.device)
         n = len(requests)
         store = np.zeros((n + 1, self.stride), dtype=np.int64)
         for i, r in enumerate(requests):
@@ -110,9 +115,9 @@ class Engine:
         self.scratch_token = n * self.stride
         width = config.width
         self.bank_state = torch.zeros((width + 1, cfg.hidden), device=self.device, dtype=model.dtype)
-        self.bank_inject = torch.zeros_like(self.bank_state) if cfg.style == "huginn" else None
+        self.bank_inject = torch.zeros_like(self.bank_state) if cfg.style is LayerStyle.HUGINN else None
         self.scratch_row = width
-        self._free_rows = list(range(width - 1, -1, -1))
+        self._spare_rows = list(range(width - 1, -1, -1))
         self.row_of: dict[int, int] = {}
         # host mirror of every request's block table, so a launch's table is one numpy gather (refreshed
         # when the scheduler's block list grows, and cleared when it is given back)
@@ -123,18 +128,28 @@ class Engine:
         self._fill_of = np.asarray([geo.fill_count(s) for s in range(geo.r_max)], dtype=np.int64)
         self._prompt = np.asarray([r.prompt_len for r in requests] + [0], dtype=np.int64)
         self.episodes: list[dict[int, list[int]]] = [{} for _ in requests]
-        self._preemptions_seen = 0
         self.track_rows = True  # record (request, token index) of sampled rows (for logits in tests)
         self._stage_fns = {Stage.PRELUDE: self._prelude, Stage.CORE: self._core, Stage.CODA: self._coda,
                            Stage.DECODE: self._decode, Stage.PREFILL: self._prefill}
 
     # ----- host side -----------------------------------------------------------------------------
-    def prepare(self, launch: Launch, scheduler: Scheduler, width: int | None = None) -> Prepared:
-        """Build a launch's host inputs (valid right after ``scheduler.plan()`` returned it)."""
-        self._drop_preempted(scheduler)
+    def prepare(self, launch: Launch, width: int | None = None) -> Prepared:
+        """Build a launch's host inputs. The launch must carry its block ids (a scheduler made with
+        ``share_blocks``, or :func:`cdbsim.launch.decode_launch` / :func:`~cdbsim.launch.prefill_launch`);
+        ``width``: the block-table width of the captured graphs (None: as wide as this launch needs)."""
+        if launch.blocks is None:
+            raise ValueError("the engine needs each item's KV blocks: plan with Scheduler(share_blocks=True)")
+        for r in launch.dropped:
+            self._forget(r)
         if launch.stage is Stage.PREFILL:
-            return self._prepare_prefill(launch, scheduler, width)
-        return self._prepare_decode(launch, scheduler, width)
+            return self._prepare_prefill(launch, width)
+        return self._prepare_decode(launch, width)
+
+    def admit(self, requests: Iterable[int]) -> None:
+        """Give each of ``requests`` that has none a hidden-state bank row (at its first prefill chunk)."""
+        for r in requests:
+            if r not in self.row_of:
+                self.row_of[r] = self._spare_rows.pop()
 
     def scratch_meta(self, rows: int, width: int) -> np.ndarray:
         """Metadata of ``rows`` padded rows: scratch token and bank row, trash block, one position."""
@@ -147,20 +162,19 @@ class Engine:
         table = np.full((rows, width), self.geo.trash_block, dtype=np.int32)
         return np.concatenate((fields.reshape(-1), table.reshape(-1)))
 
-    def _sync_table(self, requests: list[int], scheduler: Scheduler) -> None:
+    def _sync_table(self, requests: list[int], block_lists: list[list[int]]) -> None:
         """Copy block ids the scheduler added since the last launch into the host block table."""
         known, table = self._known, self._table
-        for r in requests:
-            blocks = scheduler.blocks[r]
+        for r, blocks in zip(requests, block_lists, strict=True):
             n = len(blocks)
             if n != known[r] or (n and table[r, n - 1] != blocks[-1]):
                 table[r, :n] = blocks
                 known[r] = n
 
-    def _prepare_decode(self, launch: Launch, scheduler: Scheduler, width: int | None) -> Prepared:
+    def _prepare_decode(self, launch: Launch, width: int | None) -> Prepared:
         bs, stride = self.config.block_size, self.stride
         n, rows = len(launch.requests), max(launch.padded, len(launch.requests))
-        self._sync_table(launch.requests, scheduler)
+        self._sync_table(launch.requests, launch.blocks)
         req = np.asarray(launch.requests, dtype=np.int64)
         pos = np.asarray(launch.positions, dtype=np.int64)
         if width is None:  # eager: only as wide as this launch needs
@@ -189,23 +203,21 @@ class Engine:
             rows_out = list(zip(launch.requests, (pos + 1 - self._prompt[req]).tolist(), strict=True))
         return Prepared(launch, meta=buf, width=width, max_fill=max_fill, rows=rows_out)
 
-    def _prepare_prefill(self, launch: Launch, scheduler: Scheduler, width: int | None) -> Prepared:
+    def _prepare_prefill(self, launch: Launch, width: int | None) -> Prepared:
         bs, stride = self.config.block_size, self.stride
         tokens = max(launch.padded, launch.size)
         if width is None:  # eager: only as wide as this launch needs
             width = max(-(-(s + n) // bs) for s, n in zip(launch.positions, launch.chunk_lens, strict=True))
         layout = self.prefill_layout(tokens, width)
         chunks, rows_out = [], []
-        for r, start, n, final in zip(launch.requests, launch.positions, launch.chunk_lens, launch.finishes,
-                                      strict=True):
-            if r not in self.row_of:
-                self.row_of[r] = self._free_rows.pop()
-            generated_before = scheduler.prefill_target[r] - self.requests[r].prompt_len
+        self.admit(launch.requests)
+        self._sync_table(launch.requests, launch.blocks)
+        for r, start, n, final, generated_before in zip(launch.requests, launch.positions, launch.chunk_lens,
+                                                        launch.finishes, launch.recomputed, strict=True):
+            episode = self.episodes[r].setdefault(generated_before, [])
             if start == 0:
-                self.episodes[r][generated_before] = [n]
-            else:
-                self.episodes[r][generated_before].append(n)
-            self._sync_table([r], scheduler)
+                episode.clear()
+            episode.append(n)
             chunks.append(Chunk(start, n, self._table[r], r * stride, final))
             if final:
                 rows_out.append((r, generated_before))
@@ -261,17 +273,9 @@ class Engine:
         """Request ``r`` holds no bank row and no blocks any more (finished or preempted)."""
         row = self.row_of.pop(r, None)
         if row is not None:
-            self._free_rows.append(row)
+            self._spare_rows.append(row)
         self._table[r] = self.geo.trash_block
         self._known[r] = 0
-
-    def _drop_preempted(self, scheduler: Scheduler) -> None:
-        """A preempted request is waiting again and holds no blocks: free its bank row."""
-        if scheduler.preemptions == self._preemptions_seen:
-            return
-        self._preemptions_seen = scheduler.preemptions
-        for r in [r for r in self.row_of if scheduler.status[r] == WAITING]:
-            self._forget(r)
 
     def episode_list(self, request: int) -> list[Episode]:
         return [Episode(g, list(chunks)) for g, chunks in sorted(self.episodes[request].items())]

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from cdbsim.arch import ArchSpec
+from cdbsim.arch import ArchSpec, LayerStyle
 from cdbsim.config import ServeConfig
 from cdbsim.kv import need_blocks
 from cdbsim.kvlayout import KVLayout
@@ -38,7 +38,7 @@ CRITERIA = ("hazard", "latent-diff")
 
 
 def default_criterion(model: LoopedLM) -> str:
-    return "hazard" if model.config.style == "ouro" else "latent-diff"
+    return "hazard" if model.config.style is LayerStyle.OURO else "latent-diff"
 
 
 def hazard_depth(gate_logits: Sequence[float], q: float) -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from cdbsim.arch import ArchSpec
+from cdbsim.arch import ArchSpec, LayerStyle
 from executor.model import Layer, LoopedLM, ModelConfig, chained_rows, initial_state
 from executor.ops import Ops, default_backend
 
@@ -51,7 +51,7 @@ def _layer_slots(config: ModelConfig) -> dict[str, Slot]:
     """Public name suffix -> slot inside one layer (owner filled in by the caller)."""
     d, i = config.head_dim, config.intermediate
     q, kv = config.heads * d, config.kv_heads * d
-    if config.style == "ouro":
+    if config.style is LayerStyle.OURO:
         return {
             "self_attn.q_proj.weight": Slot("", "wqkv", (0, q)),
             "self_attn.k_proj.weight": Slot("", "wqkv", (q, q + kv)),
@@ -83,7 +83,7 @@ def public_names(config: ModelConfig) -> dict[str, Slot]:
     names: dict[str, Slot] = {}
     groups = (("prelude_layers", config.prelude), ("core_layers", config.core), ("coda_layers", config.coda))
     per_layer = _layer_slots(config)
-    if config.style == "ouro":
+    if config.style is LayerStyle.OURO:
         index = 0
         for group, count in groups:
             for j in range(count):
@@ -214,7 +214,7 @@ def load_model(arch: ArchSpec, path: str | Path, *, device: torch.device | str =
         backend = backend or default_backend(device)
         model = LoopedLM(config, Ops(backend, fuse_rows=chained_rows(config, backend)))
     model = model.to_empty(device=device).to(dtype)
-    if config.style == "huginn":
+    if config.style is LayerStyle.HUGINN:
         model.state0.zero_()
         if config.state_init == "random":
             model.state0.copy_(initial_state(config, 0, device))

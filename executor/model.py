@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from cdbsim.arch import ArchSpec
+from cdbsim.arch import ArchSpec, LayerStyle
 from executor.ops import Ops
 
 STATE_INITS = ("zeros", "random")
@@ -53,7 +53,7 @@ def chained_rows(config: ModelConfig, backend: str) -> int:
 class ModelConfig:
     """Shapes and constants of one looped LM (derived from an ArchSpec by :meth:`from_arch`)."""
 
-    style: str
+    style: LayerStyle
     vocab: int
     hidden: int
     intermediate: int
@@ -71,8 +71,7 @@ class ModelConfig:
     state_init: str = "zeros"
 
     def __post_init__(self) -> None:
-        if self.style not in ("ouro", "huginn"):
-            raise ValueError(f"unknown layer style {self.style!r}")
+        object.__setattr__(self, "style", LayerStyle.parse(self.style))
         if self.state_init not in STATE_INITS:
             raise ValueError(f"state_init must be one of {STATE_INITS}, got {self.state_init!r}")
         if self.head_dim % 2:
@@ -89,11 +88,11 @@ class ModelConfig:
 
     @property
     def sandwich(self) -> bool:
-        return self.style == "ouro"
+        return self.style is LayerStyle.OURO
 
     @property
     def embed_scale(self) -> float:
-        return math.sqrt(self.hidden) if self.style == "huginn" else 1.0
+        return math.sqrt(self.hidden) if self.style is LayerStyle.HUGINN else 1.0
 
     @property
     def qkv_out(self) -> int:
@@ -112,7 +111,7 @@ class Layer(nn.Module):
         self.w_down = nn.Parameter(torch.empty(h, i), requires_grad=False)
         for name in ("norm1", "norm2", "norm3", "norm4"):
             setattr(self, name, nn.Parameter(torch.ones(h), requires_grad=False))
-        if config.style == "huginn":
+        if config.style is LayerStyle.HUGINN:
             self.q_bias = nn.Parameter(torch.zeros(config.heads * d), requires_grad=False)
             self.k_bias = nn.Parameter(torch.zeros(config.kv_heads * d), requires_grad=False)
         else:
@@ -163,7 +162,7 @@ class LoopedLM(nn.Module):
         self.coda_layers = nn.ModuleList(Layer(config) for _ in range(config.coda))
         self.final_norm = nn.Parameter(torch.ones(h), requires_grad=False)
         self.head = None if config.tied_head else nn.Parameter(torch.empty(config.vocab, h), requires_grad=False)
-        if config.style == "huginn":
+        if config.style is LayerStyle.HUGINN:
             self.adapter = nn.Parameter(torch.empty(h, 2 * h), requires_grad=False)
             self.register_buffer("state0", torch.zeros(h))
             self.gate_w = self.gate_b = None
@@ -189,7 +188,7 @@ class LoopedLM(nn.Module):
                     p.fill_(1.0)
                 else:
                     p.normal_(0.0, config.init_std, generator=gen)
-            if config.style == "huginn":
+            if config.style is LayerStyle.HUGINN:
                 model.state0.zero_()
                 if config.state_init == "random":
                     model.state0.copy_(initial_state(config, seed, device))
@@ -243,7 +242,7 @@ class LoopedLM(nn.Module):
 
     def initial_state(self, e: torch.Tensor) -> torch.Tensor:
         """Loop state before step 0: the prelude output (Ouro), a fixed state (Huginn)."""
-        if self.config.style == "ouro":
+        if self.config.style is LayerStyle.OURO:
             return e
         return self.state0.to(e.dtype).expand_as(e).contiguous()
 
@@ -259,7 +258,7 @@ class LoopedLM(nn.Module):
     def coda(self, s: torch.Tensor, attn, first_layer: int) -> torch.Tensor:
         """From the final loop state to the normed hidden state the head reads."""
         cfg, ops = self.config, self.ops
-        if cfg.style == "huginn":
+        if cfg.style is LayerStyle.HUGINN:
             s = ops.rms_norm(s, self.final_norm, cfg.norm_eps)
             _, h = self.run_layers(self.coda_layers, s, attn, first_layer, self.final_norm)
             return h

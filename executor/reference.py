@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from cdbsim.arch import LayerStyle
 from cdbsim.kvlayout import KVLayout
 from executor.kv_cache import CacheGeometry
 from executor.model import LoopedLM
@@ -125,20 +126,20 @@ class ReferenceDecoder:
         cfg, m, geo = self.cfg, self.model, self.geo
         positions = range(start, start + len(ids))
         x = m.embed[torch.as_tensor(ids, device=m.device)]
-        if cfg.style == "huginn":
+        if cfg.style is LayerStyle.HUGINN:
             x = x * math.sqrt(cfg.hidden)
         for i, layer in enumerate(m.prelude_layers):
             x = self._layer(layer, x, start, geo.prelude_layer(i))
         e = x
-        s = e if cfg.style == "ouro" else m.state0.to(e.dtype).expand_as(e)
+        s = e if cfg.style is LayerStyle.OURO else m.state0.to(e.dtype).expand_as(e)
         if observer is not None:
             observer(positions, -1, s)
         for step in range(depth):
-            if cfg.style == "huginn":
+            if cfg.style is LayerStyle.HUGINN:
                 s = torch.cat((s, e), dim=-1) @ m.adapter.T
             for i, layer in enumerate(m.core_layers):
                 s = self._layer(layer, s, start, geo.core_layer(geo.slot_of_step(step), i))
-            if cfg.style == "ouro":
+            if cfg.style is LayerStyle.OURO:
                 s = _norm(s, m.final_norm, cfg.norm_eps)
             if observer is not None:
                 observer(positions, step, s)
@@ -149,11 +150,11 @@ class ReferenceDecoder:
                 self.k[dst][start:start + len(ids)] = self.k[src][start:start + len(ids)]
                 self.v[dst][start:start + len(ids)] = self.v[src][start:start + len(ids)]
         h = s
-        if cfg.style == "huginn":
+        if cfg.style is LayerStyle.HUGINN:
             h = _norm(h, m.final_norm, cfg.norm_eps)
         for i, layer in enumerate(m.coda_layers):
             h = self._layer(layer, h, start, geo.coda_layer(i))
-        if cfg.style == "huginn" or cfg.coda:
+        if cfg.style is LayerStyle.HUGINN or cfg.coda:
             h = _norm(h, m.final_norm, cfg.norm_eps)
         return (h[-1] @ m.head_weight.T).float()
 
@@ -166,7 +167,7 @@ class ReferenceDecoder:
         if w.q_bias is not None:
             q, k = q + w.q_bias.view(hq, d), k + w.k_bias.view(hk, d)
         pos = torch.arange(start, start + n)
-        interleaved = cfg.style == "huginn"
+        interleaved = cfg.style is LayerStyle.HUGINN
         q, k = _rope(q, pos, cfg.rope_theta, interleaved), _rope(k, pos, cfg.rope_theta, interleaved)
         self.k[cache_layer][start:start + n] = k
         self.v[cache_layer][start:start + n] = v
@@ -177,7 +178,7 @@ class ReferenceDecoder:
         scores = scores.masked_fill(~causal.to(scores.device)[None], float("-inf"))
         o = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values.float()).to(x.dtype).reshape(n, hq * d)
         a = o @ w.wo.T
-        if cfg.style == "ouro":
+        if cfg.style is LayerStyle.OURO:
             x = x + _norm(a, w.norm2, eps)
             gate, up = (_norm(x, w.norm3, eps) @ w.w_gate_up.T).chunk(2, dim=-1)
             return x + _norm((torch.nn.functional.silu(gate) * up) @ w.w_down.T, w.norm4, eps)

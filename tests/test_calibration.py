@@ -88,12 +88,12 @@ def test_calibration_times_stages_on_random_data(style: str) -> None:
         states.append(engine.bank_inject)
     assert all(float(t.float().std()) > 0.5 for t in states)
     assert bench.stage(Stage.CORE, 2, 16) > 0
-    assert bench._scheduler(2, 40).blocks == [[0, 1, 2], [3, 4, 5]]  # consecutive ids by default
+    assert bench.blocks_for([40, 40]) == [[0, 1, 2], [3, 4, 5]]  # consecutive ids by default
     # the options that reproduce a run's conditions: scattered blocks, mixed loop steps; or zeros
     other = UnitBench(arch, 4, 48, 512, KVLayout.DEPTH, device, Timer(device, 1, 0, busy_s=0.01), zeros=True,
                       scatter=True, kv_blocks=200)
     assert other.kv_blocks == 200 and float(other.engine.cache.k.abs().max()) == 0.0
-    blocks = other._scheduler(4, 40).blocks
+    blocks = other.blocks_for([40] * 4)
     flat = [b for row in blocks for b in row]
     assert len(set(flat)) == len(flat) == 12 and flat != sorted(flat) and max(flat) < 200
     assert other.stage(Stage.CORE, 4, 40, mixed_steps=True) > 0

@@ -20,7 +20,7 @@ def test_refill_two_requests_exact_sequence() -> None:
     arch = tiny_arch(r_max=3)
     requests = make_requests([(4, 2), (4, 2)], depths=[[1], [3]])
     config = ServeConfig(policy="refill", width=4, coda_batch=1, prefill_budget=16, timing="sync")
-    launches = list(drive(Scheduler(arch, config, requests, 64), pipelined=False))
+    launches = list(drive(Scheduler(arch, config, requests, 64)))
     assert stages(launches) == ["prefill", "prelude", "core", "coda", "core", "core", "coda"]
     assert launches[0].chunk_lens == [4, 4] and launches[0].finishes == [True, True]
     core = launches[2]
@@ -84,7 +84,7 @@ def test_coda_batch_waits_for_k_and_flushes_when_idle() -> None:
     counts = {}
     for k in (1, 3, 6):
         config = ServeConfig(policy="refill", width=6, coda_batch=k, timing="sync")
-        launches = list(drive(Scheduler(arch, config, make_requests(specs, depths), 64), pipelined=False))
+        launches = list(drive(Scheduler(arch, config, make_requests(specs, depths), 64)))
         codas = [x for x in launches if x.stage is Stage.CODA]
         assert sum(x.size for x in codas) == 6 * 4
         counts[k] = len(codas)
@@ -96,7 +96,7 @@ def test_kv_pressure_stalls_then_preempts_and_still_finishes() -> None:
     specs = [(16, 40), (16, 40), (16, 40)]
     config = ServeConfig(policy="refill", width=4, timing="sync", kv_margin=0.0)
     scheduler = Scheduler(arch, config, make_requests(specs, depths=[[2] * 39] * 3), 4)
-    launches = list(drive(scheduler, pipelined=False))
+    launches = list(drive(scheduler))
     assert scheduler.preemptions >= 1
     assert scheduler.kv.used == 0 and scheduler.finished == 3
     assert sum(x.size for x in launches if x.stage is Stage.CODA) + 3 + scheduler.recomputes == 120

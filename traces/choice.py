@@ -1,0 +1,47 @@
+"""Closed sets of names a user picks from (a policy, a stage, a KV layout, a layer style, ...).
+
+Each is an enum whose members are also their string values: a member compares and hashes equal to its
+value, prints and formats as it, and so round-trips through JSON, CSV, TOML and f-strings unchanged.
+:meth:`Choice.parse` turns a user's string into a member, or raises the one-line error that lists the
+valid names. It lives in ``traces`` so that both packages below the CLI can use it (imports point
+``cdbsim`` -> ``traces``).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TypeVar
+
+from traces.errors import unknown
+
+C = TypeVar("C", bound="Choice")
+
+
+class Choice(str, Enum):
+    """Base of the project's string enums; subclasses may name aliases and what they are called."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def aliases(cls) -> dict[str, str]:
+        """Other spellings users may type, mapped to a member's value."""
+        return {}
+
+    @classmethod
+    def what(cls) -> str:
+        """What one member is called in an error message."""
+        return cls.__name__.lower()
+
+    @classmethod
+    def parse(cls: type[C], name: str | C) -> C:
+        """The member called ``name`` (or one of its aliases), or a one-line error listing the valid names."""
+        if isinstance(name, cls):
+            return name
+        try:
+            return cls(cls.aliases().get(name, name))
+        except ValueError:
+            raise unknown(cls.what(), str(name), [m.value for m in cls]) from None

@@ -17,10 +17,10 @@ import platform
 import statistics
 import time
 
-from calibration.shipped import resolve_profile
 from cdbsim.arch import PRESETS
 from cdbsim.config import ServeConfig
 from cdbsim.latency import LatencyModel, roofline_profile
+from cdbsim.shipped import resolve_profile
 from cdbsim.sim import simulate
 from traces import ExitModel, build_trace
 

@@ -1,11 +1,13 @@
-"""The measured profiles shipped with cdbsim, and how a profile name on the command line is resolved.
+"""The measured profiles shipped with cdbsim, and how a profile name (``--profile``, ``latency.profile``)
+is resolved.
 
-Pure Python (no torch): ``cdbsim predict`` reads these JSON files as package data.
+The profiles are written by calibration and installed as its package data (``calibration/profiles/``,
+beside this package). They are read here as plain JSON files, so the simulator finds them without
+importing calibration (imports point from calibration to cdbsim, never back) and without torch.
 """
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 from cdbsim.arch import ArchSpec
@@ -17,7 +19,8 @@ from cdbsim.recipes import components_for, model_stage_name
 
 
 def profile_dir() -> Path:
-    return Path(str(resources.files("calibration").joinpath("profiles")))
+    """Where the shipped profiles are installed: ``calibration/profiles/`` next to ``cdbsim/``."""
+    return Path(__file__).resolve().parents[1] / "calibration" / "profiles"
 
 
 def shipped_profiles() -> dict[str, Profile]:

@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.shipped import resolve_profile
 from cdbsim.arch import load_arch
 from cdbsim.config import ServeConfig
 from cdbsim.latency import LatencyModel
 from cdbsim.logs import RunLog
+from cdbsim.shipped import resolve_profile
 from cdbsim.sim import simulate
 from traces import Request
 

@@ -170,23 +170,12 @@ def schedule(
         if len(rows) >= launches:
             break
         rows.append({"#": launch.index + 1, "stage": launch.stage.value, "B": launch.size,
-                     "padded": launch.padded, "detail": describe_launch(launch),
+                     "padded": launch.padded, "detail": launch.detail(),
                      "Q_P": launch.queue_waiting, "Q_R": launch.queue_core, "Q_C": launch.queue_coda,
                      "active": launch.active})
     emit(rows, f"{spec.name} ({spec.split}, r_max {spec.r_max}) | {config.describe()} | {exp.workload.name}",
          as_json, as_csv, caption="Q_P waiting prompts, Q_R tokens queued for the core (norefill: the wave), "
                                   "Q_C tokens queued for the coda; loop steps r1.. are 1-indexed")
-
-
-def describe_launch(launch: Any) -> str:
-    """``r1:30 r2:12, 5 exit`` for core launches, ``1,024 tok, 3 chunk(s), 2 done`` for prefill."""
-    if launch.stage.value == "prefill":
-        done = sum(launch.finishes)
-        return f"{launch.size:,} tok, {len(launch.chunk_lens)} chunk(s), {done} done"
-    if launch.stage.value == "core":
-        mix = " ".join(f"r{s + 1}:{c}" for s, c in launch.step_mix().items())
-        return f"{mix}, {sum(launch.exits)} exit"
-    return f"{launch.size} token(s)"
 
 
 @app.command()

@@ -445,8 +445,12 @@ def calibrate(
     refit: Annotated[list[Path] | None, typer.Option(
         "--refit", help="Refit this profile JSON from its raw points, in place, and measure nothing "
                         "(no GPU needed; repeat for several).")] = None,
+    kernels: Annotated[bool | None, typer.Option(
+        "--kernels/--no-kernels", help="Only the kernel-level profile (any architecture) / only the --arch "
+                                       "models' profiles (default: both).")] = None,
 ) -> None:
-    """Measure this GPU with the executor, fit the latency model, and write a profile per model."""
+    """Measure this GPU with the executor, fit the latency model, and write a profile per model and a
+    kernel-level profile that predicts architectures nobody has built."""
     from calibration.fit import attention_rows, quality_rows, refit_profile, saturation_rows
     from calibration.run import calibrate as run_calibration
     from cdbsim.profile import load_profile_file
@@ -458,11 +462,18 @@ def calibrate(
              caption=f"written to {path}")
     if refit:
         return
-    specs = [load_arch(name.strip()) for name in arch.split(",") if name.strip()]
+    specs = [] if kernels else [load_arch(name.strip()) for name in arch.split(",") if name.strip()]
     from rich.status import Status
 
     with Status("calibrating", console=Console(stderr=True)) as status:
         profiles = run_calibration(specs, out, quick=quick, device=device, progress=status.update)
+        if kernels is not False:
+            from calibration.kernels import calibrate_kernels, summary_rows
+
+            kernel_profile = calibrate_kernels(out, device=device, quick=quick, progress=status.update)
+    if kernels is not False:
+        emit(summary_rows(kernel_profile), f"{kernel_profile.label()}: kernel tables", False, False,
+             caption=f"written to {out / (kernel_profile.name + '.json')}")
     for spec, profile in zip(specs, profiles, strict=True):
         emit(quality_rows(profile), f"{profile.label()}: fits", False, False)
         if profile.attention:

@@ -9,13 +9,15 @@
 #                                           policies (K = 16), Ouro-1.4B calibration -> benchmarks/results/chain/final/
 #   bash benchmarks/gpu_session.sh k1       no-exit throughput of the three policies with refill at K = 1
 #                                           -> benchmarks/results/throughput-noexit/k1-chained/
+#   bash benchmarks/gpu_session.sh kernels  GPU tests, the kernel-level calibration -> calibration/profiles/
+#                                           h200-kernels.json, benchmarks/results/kernels/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-sessions.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | matrix | last | k1) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, matrix, last, k1" >&2; exit 2 ;;
+  spin | matrix | last | k1 | kernels) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, matrix, last, k1, kernels" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -38,6 +40,11 @@ run() {  # run LIMIT_S NAME CMD...: time-limited step with its log kept; the arc
   tar czf "$OUT/session-$phase.tgz" -C "$work" .
 }
 case $phase in
+  kernels)  # the kernel-level profile (copied out as soon as it exists: the calibration rewrites it per family)
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 470 calibrate-kernels python3 cli.py calibrate --kernels --out "$work/profiles"
+    cp "$work/profiles/h200-kernels.json" "$OUT/" 2>/dev/null
+    ;;
   spin)  # the calibration timer with its spin kernel, then the three shipped profiles
     run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
     run 60 bench-timer python3 benchmarks/bench_timer.py --out "$work/timer.json"

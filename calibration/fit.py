@@ -6,6 +6,7 @@ Pure Python (no torch), so profiles can be refitted and plotted on any machine f
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +33,11 @@ SLOT_GRID = 2.0 ** np.arange(5, 16.01, 0.125)  # 32 .. 65536 programs
 
 
 def fit_attention_slots(arch: ArchSpec, core: Fit, rows: list[list[float]]) -> dict:
+    """:func:`fit_slots` for a model's core stage measured at uniform lengths (its ``Fit`` points)."""
+    return fit_slots(arch.layer.heads, Surface(core), rows)
+
+
+def fit_slots(heads: int, stage_time: Callable[[float, float], float], rows: list[list[float]]) -> dict:
     """The decode-attention width (programs the device runs at once) that best predicts core steps whose
     rows have different context lengths (``rows`` from ``attention_skew_name``), given the core stage's
     measured surface at uniform lengths; see :func:`cdbsim.attention.equivalent_length`.
@@ -40,7 +46,7 @@ def fit_attention_slots(arch: ArchSpec, core: Fit, rows: list[list[float]]) -> d
     fitted slots and with the plain mean length, so the gain is on record next to the number. Slots stay
     unset when the mean length predicts the points at least as well.
     """
-    surface, heads = Surface(core), arch.layer.heads
+    surface = stage_time
     measured = np.array([r[-1] for r in rows])
 
     def errors(slots: float | None) -> np.ndarray:

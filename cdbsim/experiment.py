@@ -45,7 +45,7 @@ else:  # pragma: no cover - the tomli backport has the same API
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from cdbsim.latency import LatencyModel
+    from cdbsim.latency import DeviceSpec, LatencyModel
     from cdbsim.study import KVCapacity
     from traces import Request
 
@@ -303,34 +303,50 @@ class ExitsSection(Section):
 class LatencySection(Section):
     """Which latency model prices each launch: a measured profile or the roofline of a device."""
 
-    profile: str = option("auto", "auto (a shipped measured profile of this shape, else the H200 roofline), "
-                                  "roofline, a shipped name, or a profile JSON file.")
+    profile: str = option("auto", "auto (this model's measured profile, else its layer shape's, else the "
+                                  "kernel-level profile composed for it, else the roofline), roofline, a "
+                                  "shipped name, or a profile JSON file.")
     force: bool = option(False, "Use a profile made for another shape, filling gaps from the roofline.")
-    bandwidth: float | None = option(None, "Roofline: memory bandwidth in TB/s.")
-    matmul_tflops: float | None = option(None, "Roofline: matmul rate in TFLOP/s.")
-    launch_us: float | None = option(None, "Roofline: per-kernel launch cost in us.")
-    memory_gb: float | None = option(None, "Roofline: device memory in GB.")
-    host_us: float | None = option(None, "Roofline: host time per launch in us.")
+    device: str = option("h200", "GPU: h200 (measured), h100-sxm, b200, a100-80gb (datasheet figures; "
+                                 "predictions scaled from the H200's kernels, not validated).")
+    bandwidth: float | None = option(None, "What-if device: achievable memory bandwidth in TB/s.")
+    matmul_tflops: float | None = option(None, "What-if device: achievable bf16 matmul rate in TFLOP/s.")
+    launch_us: float | None = option(None, "What-if device: per-kernel launch cost in us (0 allowed).")
+    memory_gb: float | None = option(None, "What-if device: device memory in GB.")
+    host_us: float | None = option(None, "What-if device: host time per launch in us (0 allowed).")
 
     DEVICE: ClassVar[dict[str, tuple[str, float]]] = {  # field -> DeviceSpec field and unit
         "bandwidth": ("bandwidth", 1e12), "matmul_tflops": ("matmul_flops", 1e12), "launch_us": ("launch_s", 1e-6),
         "memory_gb": ("memory_bytes", 1e9), "host_us": ("host_launch_s", 1e-6)}
 
     def model(self, arch: ArchSpec) -> LatencyModel:
-        """The named profile, or the H200 roofline with the device figures given (which imply
-        ``roofline`` when the profile is ``auto``)."""
-        from cdbsim.latency import H200, LatencyModel
+        """The named profile on the chosen device (a preset, changed by any what-if figures given):
+        on another device than the measured H200, ``auto`` is the kernel-level profile carried to it."""
+        from cdbsim.latency import LatencyModel
         from cdbsim.shipped import resolve_profile
 
+        return LatencyModel(arch, resolve_profile(self.profile, arch, self.device_spec()), force=self.force)
+
+    def device_spec(self) -> DeviceSpec:
+        """The device's figures: the preset's, with the what-if ones given on top (zero launch and host
+        costs are allowed what-ifs; a zero bandwidth, rate or memory is not)."""
+        from cdbsim.devices import device_preset
+
+        device = device_preset(self.device)
         overrides = {}
         for key, (device_field, scale) in self.DEVICE.items():
             value = getattr(self, key)
             if value is not None:
-                require(value > 0, f"latency.{key} must be > 0, got {value:g}")
+                zero_ok = key in ("launch_us", "host_us")
+                require(math.isfinite(value) and (value >= 0 if zero_ok else value > 0),
+                        f"latency.{key} must be {'>= 0' if zero_ok else '> 0'} and finite, got {value:g}")
                 overrides[device_field] = value * scale
-        device = replace(H200, name="custom device", **overrides) if overrides else H200
-        profile = "roofline" if overrides and self.profile == "auto" else self.profile
-        return LatencyModel(arch, resolve_profile(profile, arch, device), force=self.force)
+        if not overrides:
+            return device
+        return replace(device, name=f"{device.name}, what-if {', '.join(self._given())}", **overrides)
+
+    def _given(self) -> list[str]:
+        return [f"{key} {getattr(self, key):g}" for key in self.DEVICE if getattr(self, key) is not None]
 
 
 SECTIONS: dict[str, type[Section]] = {"arch": ArchSection, "serve": ServeSection, "workload": WorkloadSection,

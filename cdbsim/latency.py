@@ -166,6 +166,11 @@ class LatencyModel:
 
     def __init__(self, arch: ArchSpec, profile: Profile, force: bool = False) -> None:
         self.arch = arch
+        self.warnings: list[str] = []
+        if profile.kind is ProfileKind.KERNELS:  # composed for this architecture from measured kernels
+            from cdbsim.kernels import compose_profile
+
+            profile, self.warnings = compose_profile(profile, arch)
         self.profile = profile
         comps = dict(profile.components)
         zero = Fit(delta=0.0)
@@ -208,7 +213,7 @@ class LatencyModel:
             floor = sum(count * smallest_time(comps[c.key(a)]) for c, count in recipe(Stage.PREFILL, a))
             self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], sample=comps[Component.CODA0.key(a)].gamma,
                                                   floor=floor)
-        if profile.kind is ProfileKind.MEASURED:
+        if profile.kind in (ProfileKind.MEASURED, ProfileKind.KERNELS):
             self._tabulate(comps)
 
     def _tabulate(self, comps: dict[str, Fit]) -> None:

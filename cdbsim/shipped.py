@@ -38,17 +38,35 @@ def covers(profile: Profile, arch: ArchSpec) -> bool:
 
 
 def resolve_profile(name: str, arch: ArchSpec, device: DeviceSpec = H200) -> Profile:
-    """``auto`` (a shipped measured profile covering ``arch``, else the H200 roofline), ``roofline``,
-    a shipped profile's name, or a profile JSON file."""
+    """``auto``, ``roofline``, a shipped profile's name, or a profile JSON file.
+
+    ``auto`` picks, in order: a shipped profile that measured this very model's stages, else one that
+    measured its layer shape (a re-split model), else the kernel-level profile composed for ``arch``
+    (:mod:`cdbsim.kernels`), else the roofline. On another device than the measured H200, stage
+    measurements do not carry over: ``auto`` takes the kernel-level profile carried to that device's
+    figures (or the roofline without one).
+    """
     if name == "roofline":
         return roofline_profile(arch, device)
     if name.endswith(".json"):
-        return load_profile_file(name)
+        return _on(load_profile_file(name), device)
     shipped = shipped_profiles()
     if name == "auto":
+        kernels = [p for p in shipped.values() if p.kind is ProfileKind.KERNELS]
+        if device != H200:
+            return _on(kernels[0], device) if kernels else roofline_profile(arch, device)
         matching = [p for p in shipped.values() if p.kind is ProfileKind.MEASURED and covers(p, arch)]
         exact = [p for p in matching if model_stage_name(arch, Stage.CORE) in p.components]  # this very model
-        return (exact or matching or [roofline_profile(arch, device)])[0]
+        return (exact or matching or kernels or [roofline_profile(arch, device)])[0]
     if name in shipped:
-        return shipped[name]
+        return _on(shipped[name], device)
     raise unknown("profile", name, ["auto", "roofline", "<file>.json", *shipped])
+
+
+def _on(profile: Profile, device: DeviceSpec) -> Profile:
+    """A kernel-level profile carried to ``device``; any other profile as it is (it was measured whole)."""
+    if profile.kind is ProfileKind.KERNELS and device != H200:
+        from cdbsim.kernels import retarget
+
+        return retarget(profile, device)
+    return profile

@@ -128,7 +128,6 @@ class ChainTimer:
         self.device = device
         self.cuda = device.type == "cuda"
         self.timer = Timer(device, plan.repeats, plan.warmup)
-        self.pool = torch.cuda.graph_pool_handle() if self.cuda else None
 
     def __call__(self, calls: list[Callable[[], object]]) -> float:
         def run() -> None:
@@ -145,7 +144,7 @@ class ChainTimer:
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph):  # a private pool, freed with the graph
                 run()
             seconds = self.timer(graph.replay) / len(calls)
             del graph

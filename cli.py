@@ -448,6 +448,10 @@ def calibrate(
     kernels: Annotated[bool | None, typer.Option(
         "--kernels/--no-kernels", help="Only the kernel-level profile (any architecture) / only the --arch "
                                        "models' profiles (default: both).")] = None,
+    update: Annotated[Path | None, typer.Option(
+        "--update", help="Kernel-level: re-measure --families into this existing kernel profile.")] = None,
+    families: Annotated[str | None, typer.Option(
+        "--families", help="Kernel-level: comma-separated families to measure (default: all).")] = None,
 ) -> None:
     """Measure this GPU with the executor, fit the latency model, and write a profile per model and a
     kernel-level profile that predicts architectures nobody has built."""
@@ -468,9 +472,15 @@ def calibrate(
     with Status("calibrating", console=Console(stderr=True)) as status:
         profiles = run_calibration(specs, out, quick=quick, device=device, progress=status.update)
         if kernels is not False:
-            from calibration.kernels import calibrate_kernels, summary_rows
+            from calibration.kernels import FAMILIES, calibrate_kernels, summary_rows
 
-            kernel_profile = calibrate_kernels(out, device=device, quick=quick, progress=status.update)
+            chosen = tuple(f.strip() for f in families.split(",")) if families else FAMILIES
+            bad = [f for f in chosen if f not in FAMILIES]
+            if bad:
+                raise ConfigError(f"unknown kernel families {', '.join(bad)}; choose from: {', '.join(FAMILIES)}")
+            base = load_profile_file(update) if update is not None else None
+            kernel_profile = calibrate_kernels(out, device=device, quick=quick, progress=status.update,
+                                               families=chosen, base=base)
     if kernels is not False:
         emit(summary_rows(kernel_profile), f"{kernel_profile.label()}: kernel tables", False, False,
              caption=f"written to {out / (kernel_profile.name + '.json')}")

@@ -59,7 +59,11 @@ MAX_CHAIN = 32
 # probe layers for the per-kernel gap: one of each path and style, shapes no shipped or validation model has
 PROBES = (
     LayerShape(hidden=1280, intermediate=3456, heads=10, kv_heads=5, head_dim=128, style=LayerStyle.OURO),
+    LayerShape(hidden=1792, intermediate=4864, heads=28, kv_heads=7, head_dim=64, style=LayerStyle.OURO),
+    LayerShape(hidden=3328, intermediate=8960, heads=26, kv_heads=26, head_dim=128, style=LayerStyle.OURO),
+    LayerShape(hidden=1920, intermediate=5120, heads=20, kv_heads=4, head_dim=96, style=LayerStyle.HUGINN),
     LayerShape(hidden=3328, intermediate=9216, heads=26, kv_heads=26, head_dim=128, style=LayerStyle.HUGINN),
+    LayerShape(hidden=4608, intermediate=12288, heads=36, kv_heads=12, head_dim=128, style=LayerStyle.HUGINN),
 )
 
 
@@ -86,7 +90,7 @@ class KernelPlan:
     prefill_tokens: tuple[int, ...] = (16, 64, 256, 1024, 4096, 8192)
     prefill_chunks: tuple[int, ...] = (1, 8, 32)
     prefill_prefix: tuple[int, ...] = (0, 2048)
-    prefill_heads: tuple[int, ...] = (16,)
+    prefill_heads: tuple[int, ...] = (8, 32)
     prefill_groups: tuple[int, ...] = (1, 4)
     rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
     widths: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384, 24576)
@@ -96,7 +100,7 @@ class KernelPlan:
     glue_prefill: tuple[tuple[int, int], ...] = ((16, 1), (64, 1), (256, 1), (1024, 1), (4096, 1), (8192, 1),
                                                  (128, 8), (512, 8), (2048, 8), (512, 32), (2048, 32))
     probes: tuple[LayerShape, ...] = PROBES
-    probe_batches: tuple[int, ...] = (1, 4, 16, 64, 256)
+    probe_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     probe_lengths: tuple[int, ...] = (128, 2048)
     skew_points: tuple[tuple[int, int, int, int], ...] = (
         (2, 256, 4096, 1), (4, 256, 4096, 1), (8, 128, 4096, 1), (16, 128, 4096, 1), (16, 512, 4096, 4),
@@ -272,17 +276,16 @@ class AttentionBench:
 
 def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
                       ) -> tuple[dict[str, list[list[float]]], dict[str, float]]:
-    """The RoPE/KV-write, decode-attention, chained-attention and prefill-attention tables, and the
-    attention width (programs at once) per head size from core steps with mixed contexts."""
-    tables: dict[str, list[list[float]]] = {"rope_kv": [], "decode_attention": [], "chained_attention": [],
-                                            "prefill_attention": []}
+    """The RoPE/KV-write, decode-attention and chained-attention tables, and the attention width
+    (programs at once) per head size from core steps with mixed contexts."""
+    tables: dict[str, list[list[float]]] = {"rope_kv": [], "decode_attention": [], "chained_attention": []}
     slots: dict[str, float] = {}
     h8 = plan.attention_heads
-    longest = max(max(plan.attention_lengths), max(plan.prefill_prefix) + max(plan.prefill_tokens))
+    longest = max(plan.attention_lengths)
     for d, g in itertools.product(plan.head_dims, plan.groups):
         progress(f"attention d={d} group={g}: building")
-        bench = AttentionBench(h8, g, d, max(max(plan.attention_rows), max(plan.prefill_chunks)), longest,
-                               plan.max_positions, chain.device, chain.timer)
+        bench = AttentionBench(h8, g, d, max(plan.attention_rows), longest, plan.max_positions, chain.device,
+                               chain.timer)
         for rows in plan.attention_rows:
             progress(f"rope_kv rows={rows} d={d} g={g}")
             tables["rope_kv"].append([rows * h8, g, d, chain(bench.calls("rope_kv", rows, [64] * rows))])
@@ -295,14 +298,6 @@ def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[s
             for length in plan.attention_lengths:
                 progress(f"chained_attention heads={h8} L={length} d={d} g={g}")
                 tables["chained_attention"].append([h8, g, d, length, chain(bench.calls("chained", 1, [length]))])
-        if g in plan.prefill_groups:
-            for tokens, chunks, prefix in itertools.product(plan.prefill_tokens, plan.prefill_chunks,
-                                                            plan.prefill_prefix):
-                if tokens % chunks or tokens // chunks < 1:
-                    continue
-                progress(f"prefill_attention T={tokens} chunks={chunks} prefix={prefix} d={d} g={g}")
-                tables["prefill_attention"].append(
-                    [tokens, chunks, prefix, h8, g, d, chain(bench.prefill_calls(tokens, chunks, prefix))])
         if g == 1:
             slots[str(d)] = _fit_slots(plan, bench, chain, tables["decode_attention"], d, progress)
         bench.close()
@@ -317,6 +312,25 @@ def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[s
                 tables["chained_attention"].append([heads, g, d, length, chain(bench.calls("chained", 1, [length]))])
             bench.close()
     return tables, slots
+
+
+def measure_prefill_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
+                              ) -> list[list[float]]:
+    """``[tokens, chunks, prefix, heads, group, head_dim, t]``: the packed prefill attention kernel."""
+    rows = []
+    longest = max(plan.prefill_prefix) + max(plan.prefill_tokens)
+    chunks_max = max(plan.prefill_chunks)
+    for heads, d, g in itertools.product(plan.prefill_heads, plan.head_dims, plan.prefill_groups):
+        progress(f"prefill attention heads={heads} d={d} g={g}: building")
+        bench = AttentionBench(heads, g, d, chunks_max, longest, chunks_max * (longest + 64), chain.device,
+                               chain.timer)
+        for tokens, chunks, prefix in itertools.product(plan.prefill_tokens, plan.prefill_chunks, plan.prefill_prefix):
+            if tokens % chunks:
+                continue
+            progress(f"prefill_attention T={tokens} chunks={chunks} prefix={prefix} heads={heads} d={d} g={g}")
+            rows.append([tokens, chunks, prefix, heads, g, d, chain(bench.prefill_calls(tokens, chunks, prefix))])
+        bench.close()
+    return rows
 
 
 def _fit_slots(plan: KernelPlan, bench: AttentionBench, chain: ChainTimer, uniform: list[list[float]], d: int,
@@ -436,21 +450,25 @@ def measure_probes(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str]
     return rows
 
 
-def fit_gaps(record: dict, probes: tuple[LayerShape, ...] = PROBES) -> dict[str, float]:
-    """Seconds per kernel that whole probe layers take beyond the sum of their kernels' tables (median over
-    the probe points; the single-row chained path and the many-row path apart)."""
+def fit_gaps(record: dict, probes: tuple[LayerShape, ...] = PROBES) -> dict:
+    """Seconds per kernel that whole probe layers take beyond the sum of their kernels' tables, per layer
+    style (the executor launches other norm and RoPE variants per style): for the many-row path one value
+    per probe batch size, for the single-row chained path one value; each the median over the style's
+    probes and contexts."""
     model = KernelModel({**record, "gaps": {}})
-    many, chained = [], []
+    many: dict[str, dict[int, list[float]]] = {}
+    chained: dict[str, list[float]] = {}
     for index, rows, length, t in record["probes"]:
         shape = probes[int(index)]
         arch = ArchSpec(name="probe", layer=shape, vocab=4096, prelude=0, core=1, coda=0, r_max=1)
         kernels = model.layer(arch, int(rows), float(length))
         if int(rows) <= chained_rows(shape.hidden):
-            chained.append((t - kernels) / 5)
+            chained.setdefault(shape.style.value, []).append((t - kernels) / 5)
         else:
-            many.append((t - kernels) / 9)
-    return {"many": statistics.median(many) if many else 0.0,
-            "chained": statistics.median(chained) if chained else 0.0}
+            many.setdefault(shape.style.value, {}).setdefault(int(rows), []).append((t - kernels) / 9)
+    return {style: {"many": [[rows, statistics.median(g)] for rows, g in sorted(by_rows.items())],
+                    "chained": statistics.median(chained[style]) if chained.get(style) else 0.0}
+            for style, by_rows in many.items()}
 
 
 def copy_bandwidth(device: torch.device, gib: float = 2.0) -> float:
@@ -469,10 +487,15 @@ def _backend(device: torch.device) -> str:
 
 
 # ----- the whole calibration -------------------------------------------------------------------------------
+FAMILIES = ("copy", "gemm", "elementwise", "gemv", "attention", "prefill", "glue", "adapter", "probes", "host")
+
+
 def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan: KernelPlan | None = None,
-                      progress: Callable[[str], None] = lambda _: None, name: str | None = None) -> Profile:
-    """Measure every family, fit the gaps and the attention widths, and write the kernel profile
-    (``<device>-kernels.json``); a partial record is written after each family."""
+                      progress: Callable[[str], None] = lambda _: None, name: str | None = None,
+                      families: tuple[str, ...] = FAMILIES, base: Profile | None = None) -> Profile:
+    """Measure every family (or ``families`` only, on top of ``base``'s record), fit the gaps and the
+    attention widths, and write the kernel profile (``<device>-kernels.json``); a partial record is
+    written after each family."""
     from calibration.run import device_tag
 
     dev = torch.device(device)
@@ -485,6 +508,10 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     record: dict = {"tables": {}, "device": {"bandwidth": 4.3e12, "flops": 7.9e14, "launch": 2e-6},
                     "glue_vocab": plan.glue_vocab[0], "seconds": {}}
     components = {}
+    if base is not None:
+        record = {**base.kernels, "tables": dict(base.kernels["tables"]), "seconds": dict(base.kernels["seconds"])}
+        record.pop("failed", None)
+        components = dict(base.components)
 
     def save() -> Profile:
         record["wall_s"] = time.perf_counter() - started
@@ -496,6 +523,8 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
         return profile
 
     def family(label: str, fn: Callable[[], None]) -> None:
+        if label not in families and label != "gaps":
+            return
         t0 = time.perf_counter()
         try:
             fn()
@@ -518,6 +547,7 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
         record["attention_slots"] = slots
 
     family("attention", attention)
+    family("prefill", lambda: tables.update(prefill_attention=measure_prefill_attention(plan, chain, progress)))
     family("glue", lambda: tables.update(measure_glue(plan, chain, progress)))
     family("adapter", lambda: tables.update(adapter=measure_adapter_table(plan, chain, progress)))
     family("probes", lambda: record.update(probes=measure_probes(plan, chain, progress)))
@@ -543,8 +573,10 @@ def summary_rows(profile: Profile) -> list[dict]:
     """Per family: points, seconds spent; and the fitted gaps and attention widths."""
     record = profile.kernels
     rows = [{"table": name, "points": len(points)} for name, points in record["tables"].items()]
-    rows.append({"table": "gap many-row (us)", "points": 1e6 * record.get("gaps", {}).get("many", float("nan"))})
-    rows.append({"table": "gap chained (us)", "points": 1e6 * record.get("gaps", {}).get("chained", float("nan"))})
+    for style, gaps in record.get("gaps", {}).items():
+        for rows_, gap in gaps.get("many", []):
+            rows.append({"table": f"gap {style} many-row, B = {rows_:g} (us)", "points": 1e6 * gap})
+        rows.append({"table": f"gap {style} chained (us)", "points": 1e6 * gaps.get("chained", float("nan"))})
     for d, slots in record.get("attention_slots", {}).items():
         rows.append({"table": f"attention width d={d}", "points": slots})
     return rows

@@ -2,7 +2,8 @@
 
 A kernel table holds points ``[d_1, ..., d_n, t]`` measured on (most of) a rectilinear grid of its
 dimensions: a GEMM's ``m, n, k``, an attention kernel's rows, heads, head size and context. A time between
-grid points is interpolated piecewise-linearly in ``log t`` against ``log d`` one dimension at a time,
+grid points is interpolated piecewise-linearly in ``log t`` against ``log(1 + d)`` one dimension at a time
+(sizes may be 0, as a prefill's cached prefix),
 which is exact for power laws (a memory-bound kernel's time grows like its bytes) and follows the measured
 kinks of a kernel that switches tiles. Dimensions that name a variant rather than a size (a layer style, a
 kernel flavour) are matched exactly.
@@ -79,10 +80,10 @@ class KernelTable:
             return self._at(node[x], level + 1, q)
         if j == 0 or j == len(keys):  # outside the grid along this dimension: carry the edge by the proxy
             edge = keys[0] if j == 0 else keys[-1]
-            return self._carried(node, edge, level, q, reach=max(x / edge, edge / x) if edge > 0 < x else math.inf)
+            return self._carried(node, edge, level, q, reach=max((x + 1) / (edge + 1), (edge + 1) / (x + 1)))
         lo, hi = keys[j - 1], keys[j]
         a, b = self._at(node[lo], level + 1, _with(q, level, lo)), self._at(node[hi], level + 1, _with(q, level, hi))
-        w = (math.log(x) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        w = (math.log1p(x) - math.log1p(lo)) / (math.log1p(hi) - math.log1p(lo))
         seconds = math.exp((1 - w) * math.log(a.seconds) + w * math.log(b.seconds))
         return Lookup(seconds, max(a.reach, b.reach))
 

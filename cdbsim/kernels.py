@@ -27,6 +27,7 @@ change. Such predictions are labelled "not validated".
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -137,7 +138,7 @@ class KernelModel:
         self.tables = {name: KernelTable(name, TABLE_DIMS[name], points, proxies[name],
                                          exact=frozenset(TABLE_DIMS[name]) & EXACT_DIMS)
                        for name, points in self.record["tables"].items()}
-        self.gaps = self.record.get("gaps", {})
+        self.gaps = self.record.get("gaps", {})  # per layer style: {"many": [[rows, s], ...], "chained": s}
         self.reach = 1.0           # the farthest any lookup so far went outside the grid
         self.reached: str = ""     # which table and query that was
 
@@ -153,8 +154,20 @@ class KernelModel:
             seconds *= self.scale[table](tuple(map(float, query))) / proxy(tuple(map(float, query)))
         return seconds
 
-    def gap(self, path: str) -> float:
-        return float(self.gaps.get(path, 0.0))
+    def gap(self, style: LayerStyle, path: str, rows: float = 1.0) -> float:
+        """Seconds per kernel a layer of ``style`` takes beyond its kernels' tables: a number, or ``[[rows,
+        gap], ...]`` interpolated in log rows (the edges carried flat)."""
+        gap = self.gaps.get(str(style), {}).get(path, 0.0)
+        if not isinstance(gap, list):
+            return float(gap)
+        points = sorted((float(r), float(g)) for r, g in gap)
+        if rows <= points[0][0]:
+            return points[0][1]
+        for (r0, g0), (r1, g1) in itertools.pairwise(points):
+            if rows <= r1:
+                w = (math.log(rows) - math.log(r0)) / (math.log(r1) - math.log(r0))
+                return (1 - w) * g0 + w * g1
+        return points[-1][1]
 
     # ----- components ----------------------------------------------------------------------------
     def layer(self, arch: ArchSpec, rows: int, length: float) -> float:
@@ -167,16 +180,16 @@ class KernelModel:
             kernels = (self.time("gemv", GEMV_OPS["residual"], qkv, h)
                        + self.time("chained_attention", s.heads * rows, g, d, length)
                        + self.time("gemv", GEMV_OPS["gemv"], h, s.heads * d)
-                       + self.time("gemv", GEMV_OPS["swiglu"], 2 * i, h)
+                       + self.time("gemv", GEMV_OPS["swiglu"], i, h)  # n: the intermediate size
                        + self.time("gemv", GEMV_OPS["gemv"], h, i))
-            return _with_gaps(kernels, 5, self.gap("chained"))
+            return _with_gaps(kernels, 5, self.gap(s.style, "chained", rows))
         units = rows * s.heads
         kernels = (self.time("gemm", rows, qkv, h) + self.time("rope_kv", units, g, d)
                    + self.time("decode_attention", units, g, d, length)
                    + self.time("gemm", rows, h, s.heads * d) + 2 * self.time("residual_norm", rows, h)
                    + self.time("gemm", rows, 2 * i, h) + self.time("silu_mul", rows, i)
                    + self.time("gemm", rows, h, i))
-        return _with_gaps(kernels, 9, self.gap("many"))
+        return _with_gaps(kernels, 9, self.gap(s.style, "many", rows))
 
     def core1(self, arch: ArchSpec, rows: int, length: float) -> float:
         return self.layer(arch, rows, length) + self.time("core_glue", STYLE_CODE[arch.style], arch.layer.hidden,
@@ -201,7 +214,7 @@ class KernelModel:
                    + self.time("gemm", tokens, h, s.heads * d) + 2 * self.time("residual_norm", tokens, h)
                    + self.time("gemm", tokens, 2 * i, h) + self.time("silu_mul", tokens, i)
                    + self.time("gemm", tokens, h, i))
-        return _with_gaps(kernels, 9, self.gap("many"))
+        return _with_gaps(kernels, 9, self.gap(s.style, "many", tokens))
 
     def prefill1(self, arch: ArchSpec, tokens: int, chunks: int, prefix: int) -> float:
         """A one-layer, one-loop prefill with embedding, head and sampling of each chunk's last token."""

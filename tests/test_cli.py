@@ -102,7 +102,7 @@ def test_roofline_overrides_change_the_prediction() -> None:
     assert base.exit_code == fast.exit_code == 0
     slow_tps = json.loads(base.output)["refill K=1"]["output_tps"]
     fast_data = json.loads(fast.output)["refill K=1"]
-    assert fast_data["output_tps"] > 1.3 * slow_tps and "custom device" in fast_data["meta"]["profile"]
+    assert fast_data["output_tps"] > 1.3 * slow_tps and "what-if bandwidth 8" in fast_data["meta"]["profile"]
 
 
 def test_trace_command_writes_a_replayable_trace(tmp_path) -> None:

@@ -195,7 +195,7 @@ def test_bad_config_file_names_the_file_and_key(tmp_path) -> None:
     result = runner.invoke(app, ["compare", "--config", str(config)])
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
     assert result.stderr.strip() == (f"error: {config}: unknown key latency.bandwith; valid keys of [latency]: "
-                                     "bandwidth, force, host_us, launch_us, matmul_tflops, memory_gb, profile")
+                                     "bandwidth, device, force, host_us, launch_us, matmul_tflops, memory_gb, profile")
 
 
 def test_help_lists_every_option_once() -> None:

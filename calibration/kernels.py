@@ -102,6 +102,7 @@ class KernelPlan:
     probes: tuple[LayerShape, ...] = PROBES
     probe_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     probe_lengths: tuple[int, ...] = (128, 2048)
+    probe_positions: int = 2 ** 18            # batch x context per probe point (keeps the probes' KV small)
     skew_points: tuple[tuple[int, int, int, int], ...] = (
         (2, 256, 4096, 1), (4, 256, 4096, 1), (8, 128, 4096, 1), (16, 128, 4096, 1), (16, 512, 4096, 4),
         (32, 128, 2048, 1), (48, 32, 1024, 2), (64, 32, 512, 8))
@@ -436,12 +437,14 @@ def measure_probes(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str]
     the one-layer one), for the per-kernel gap."""
     rows = []
     longest = max(plan.probe_lengths)
+    points = [(b, n) for b, n in itertools.product(plan.probe_batches, plan.probe_lengths)
+              if b * n <= plan.probe_positions]
     for index, shape in enumerate(plan.probes):
         units = [ArchSpec(name=f"probe{index}-c{core}", layer=shape, vocab=4096, prelude=0, core=core, coda=0,
                           r_max=1) for core in (1, 2)]
-        benches = [UnitBench(u, max(plan.probe_batches), longest + 1, max(plan.probe_batches) * (longest + 1),
+        benches = [UnitBench(u, max(plan.probe_batches), longest + 1, plan.probe_positions + max(plan.probe_batches),
                              KVLayout.SHARED, chain.device, chain.timer) for u in units]
-        for b, length in itertools.product(plan.probe_batches, plan.probe_lengths):
+        for b, length in points:
             progress(f"probe {index} B={b} L={length}")
             t1, t2 = (bench.stage(Stage.CORE, b, length) for bench in benches)
             rows.append([index, b, length, t2 - t1])
@@ -452,23 +455,19 @@ def measure_probes(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str]
 
 def fit_gaps(record: dict, probes: tuple[LayerShape, ...] = PROBES) -> dict:
     """Seconds per kernel that whole probe layers take beyond the sum of their kernels' tables, per layer
-    style (the executor launches other norm and RoPE variants per style): for the many-row path one value
-    per probe batch size, for the single-row chained path one value; each the median over the style's
-    probes and contexts."""
+    style (the executor launches other norm and RoPE variants per style) and path (many rows, the single-row
+    chained kernels): the median over the style's probe points, one number each."""
     model = KernelModel({**record, "gaps": {}})
-    many: dict[str, dict[int, list[float]]] = {}
-    chained: dict[str, list[float]] = {}
+    gaps: dict[str, dict[str, list[float]]] = {}
     for index, rows, length, t in record["probes"]:
         shape = probes[int(index)]
         arch = ArchSpec(name="probe", layer=shape, vocab=4096, prelude=0, core=1, coda=0, r_max=1)
         kernels = model.layer(arch, int(rows), float(length))
-        if int(rows) <= chained_rows(shape.hidden):
-            chained.setdefault(shape.style.value, []).append((t - kernels) / 5)
-        else:
-            many.setdefault(shape.style.value, {}).setdefault(int(rows), []).append((t - kernels) / 9)
-    return {style: {"many": [[rows, statistics.median(g)] for rows, g in sorted(by_rows.items())],
-                    "chained": statistics.median(chained[style]) if chained.get(style) else 0.0}
-            for style, by_rows in many.items()}
+        chained = int(rows) <= chained_rows(shape.hidden)
+        path = gaps.setdefault(shape.style.value, {}).setdefault("chained" if chained else "many", [])
+        path.append((t - kernels) / (5 if chained else 9))
+    return {style: {path: statistics.median(values) for path, values in paths.items()}
+            for style, paths in gaps.items()}
 
 
 def copy_bandwidth(device: torch.device, gib: float = 2.0) -> float:
@@ -574,9 +573,8 @@ def summary_rows(profile: Profile) -> list[dict]:
     record = profile.kernels
     rows = [{"table": name, "points": len(points)} for name, points in record["tables"].items()]
     for style, gaps in record.get("gaps", {}).items():
-        for rows_, gap in gaps.get("many", []):
-            rows.append({"table": f"gap {style} many-row, B = {rows_:g} (us)", "points": 1e6 * gap})
-        rows.append({"table": f"gap {style} chained (us)", "points": 1e6 * gaps.get("chained", float("nan"))})
+        for path, gap in gaps.items():
+            rows.append({"table": f"gap {style} {path} (us per kernel)", "points": 1e6 * gap})
     for d, slots in record.get("attention_slots", {}).items():
         rows.append({"table": f"attention width d={d}", "points": slots})
     return rows

@@ -88,7 +88,7 @@ def test_bad_set_is_one_line_naming_key_and_what_is_allowed(assignment: str, mes
 
 @pytest.mark.parametrize("text,message", [
     ("[exits]\nmodel = 'fixed'\ndpeth = 3\n", "unknown key exits.dpeth; valid keys of [exits]: correlation, depth, "
-                                             "dispersion, mean_depth, model"),
+                                             "dispersion, mean_depth, model, q"),
     ("[serve]\nwidth = 64.0\n", "serve.width: expected an integer, got 64.0"),
     ("[serve]\nwidth = true\n", "serve.width: expected an integer, got True"),
     ("[serve]\npolicy = 3\n", "serve.policy: unknown policy 3; choose one of: cb, norefill, refill"),

@@ -231,8 +231,7 @@ class LatencyModel:
             surface = Surface(comps[model_stage_name(a, stage)])
             stage_time[stage], lengths[stage] = surface, surface.lengths
         for stage, fn in stage_time.items():
-            alpha = self.costs[stage].alpha
-            self.tables[stage] = StageTable(fn, lengths[stage], lambda b, alpha=alpha: alpha * b)
+            self.tables[stage] = StageTable(fn, lengths[stage])
 
     def launch_time(self, launch: Launch, table_width: int = 0) -> float:
         """Device seconds of ``launch``; with the run's block-table width (:func:`cdbsim.metadata.

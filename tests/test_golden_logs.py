@@ -62,11 +62,11 @@ CASES = {
 }
 GOLDEN = {
     "huginn-refill-K8-shared": "8ba17ea47cf4693c",  # 4,454 launches
-    "huginn040-sync": "3afb3f78a3be85c4",           # 7,412 launches
+    "huginn040-sync": "0eac2f8a3e3dfe90",           # 7,412 launches
     "ouro-cb-online": "5970697e8c6935e1",           # 755 launches
-    "ouro-norefill": "2f93e208ec09d822",            # 3,272 launches
-    "ouro-refill": "45c640086dae18f7",              # 4,464 launches
-    "ouro-refill-preempting": "3f61ac09a75a4b4b",   # 14,715 launches, 2 preemptions
+    "ouro-norefill": "2a80fa31113190d6",            # 3,272 launches
+    "ouro-refill": "a61438321961d70a",              # 4,464 launches
+    "ouro-refill-preempting": "89ecf49b1cff9243",   # 14,715 launches, 2 preemptions
 }
 
 

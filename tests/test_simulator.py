@@ -283,3 +283,25 @@ def test_online_runs_have_no_share_of_s_e2e() -> None:
     assert report.online and report.speedup is not None
     assert report.s_e2e is None and report.bound_realised is None
     assert "% of S_e2e" not in report.row() and "vs CB" in report.row()
+
+
+def test_launches_are_a_launch_gap_apart_on_a_busy_device() -> None:
+    """Offline under lookahead the device never waits for the host, so consecutive launches are exactly
+    the latency model's launch gap apart and idle time is that gap per launch; a constant profile has no gap."""
+    from calibration.fit import fit_launch_gap, launch_gaps
+
+    arch = PRESETS["ouro-1.4b"]
+    latency = LatencyModel(arch, roofline_profile(arch))
+    assert latency.launch_gap == pytest.approx(1.27e-6)
+    requests = build_trace("alpaca", 60, 4, 2, ExitModel(mean=2.5), seed=5)
+    log = simulate(arch, ServeConfig(), requests, latency, 4096)
+    gaps = launch_gaps(log.launches)
+    assert gaps.min() >= latency.launch_gap * (1 - 1e-6) and fit_launch_gap([log.launches]) == pytest.approx(
+        latency.launch_gap, rel=1e-3)
+    report = summarize(log, arch, requests, 2)
+    span = log.launches["end"].max() - log.launches["start"].min()
+    assert report.device_idle == pytest.approx(gaps.sum() / span, rel=1e-3) and report.device_idle > 0
+    assert constant(arch).launch_gap == 0.0
+    wide = roofline_profile(arch)
+    wide.device["launch_gap_s"] = 5e-6  # a profile may carry its own device's gap
+    assert LatencyModel(arch, wide).launch_gap == 5e-6

@@ -79,7 +79,7 @@ def test_predict_json_has_speedup_and_bound() -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     refill = data["refill K=1"]
-    assert refill["speedup"] > 1.0 and 0 < refill["bound_realised"] < 1.1
+    assert refill["speedup"] > 1.0 and 0 < refill["bound_realised"] <= 1.0
     assert refill["meta"]["profile"].startswith("h200-roofline")
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from calibration.shipped import covers, shipped_profiles
+from cdbsim.shipped import covers, shipped_profiles
 from cdbsim.arch import PRESETS, load_arch
 from cdbsim.interp import Surface
 from cdbsim.latency import LatencyModel

@@ -260,7 +260,7 @@ def test_share_of_s_e2e_realised_never_exceeds_100_percent(exits: ExitModel) -> 
     """On the shipped H200 profile refill used to reach 100.8% of the parameter bound on ShareGPT: the
     head takes less time per parameter than a core loop, and the split stages cost less than CB's fused
     step at long contexts. The bound now prices both, so it cannot be beaten."""
-    from calibration.shipped import resolve_profile
+    from cdbsim.shipped import resolve_profile
 
     arch = PRESETS["ouro-1.4b"]
     latency = LatencyModel(arch, resolve_profile("auto", arch))

@@ -130,7 +130,7 @@ def test_device_idle_is_predicted_from_the_launch_gap(tmp_path, name: str) -> No
     import tarfile
 
     from calibration.fit import fit_launch_gap, launch_gaps
-    from calibration.shipped import resolve_profile
+    from cdbsim.shipped import resolve_profile
     from cdbsim.logs import RunLog
 
     with tarfile.open("benchmarks/results/validation/measured-logs.tgz") as archive:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
 import math
+import signal
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -468,6 +470,19 @@ class SweepBar:
                                f"about {left:.0f} s left", markup=False, highlight=False)
 
 
+@contextlib.contextmanager
+def stopped_cleanly() -> Any:
+    """Let SIGTERM (a job scheduler's stop, ``kill``) unwind like Ctrl-C, so partial files are removed."""
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @app.command("sweep")
 @friendly
 @experiment_options("arch", "serve", "workload", "exits", "latency", tables=("grid", "points"))
@@ -506,7 +521,7 @@ def sweep_command(
                           baseline)
     summary = SweepSummary(plan.fields)
     start = time.monotonic()
-    with SweepBar(len(plan)) as bar:
+    with stopped_cleanly(), SweepBar(len(plan)) as bar:
         run_sweep(plan, jobs=jobs, dask=dask, cache=None if no_cache else cache or default_cache_path(), parquet=out,
                   csv=out.with_suffix(".csv") if csv else None, progress=bar, each=summary.add)
     seconds = time.monotonic() - start

@@ -90,13 +90,17 @@ class Dask:
 
     def __init__(self, address: str, jobs: int) -> None:
         try:
+            import dask
             from distributed import Client, LocalCluster
         except ImportError:
             raise ConfigError(f"--dask needs the dask extra: {DASK_INSTALL}") from None
         self.cluster = None
         if address == "local":
-            self.cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
-                                        dashboard_address=None, silence_logs=logging.ERROR)
+            # the workers' statistical profiler samples every task's stack 100 times a second: not wanted for
+            # pure-Python simulations on a small machine
+            with dask.config.set({"distributed.worker.profile.enabled": False}):
+                self.cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
+                                            dashboard_address=None, silence_logs=logging.ERROR)
             self.client = Client(self.cluster)
         else:
             try:

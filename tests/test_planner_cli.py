@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -97,8 +103,8 @@ def test_dask_without_the_extra_says_how_to_install_it(tmp_path, monkeypatch) ->
     real_import = builtins.__import__
 
     def no_distributed(name, *args, **kwargs):
-        if name == "distributed" or name.startswith("distributed."):
-            raise ImportError("No module named 'distributed'")
+        if name.split(".")[0] in ("dask", "distributed"):
+            raise ImportError(f"No module named {name!r}")
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_distributed)
@@ -146,3 +152,19 @@ def test_a_bad_grid_in_the_config_file_names_the_file(tmp_path) -> None:
     config.write_text("[[points]]\narch.r_max = 'deep'\n")
     message = bad(["sweep", "--config", str(config), "--out", str(tmp_path / "rows.parquet"), "--no-cache"], tmp_path)
     assert message == f"error: {config}: [grid]: point 1: arch.r_max: expected an integer (or none), got 'deep'"
+
+
+def test_a_stopped_sweep_leaves_no_file(tmp_path) -> None:
+    """SIGTERM (a scheduler's stop) unwinds like Ctrl-C: the temporary rows file is removed."""
+    root = Path(__file__).parents[1]
+    command = [sys.executable, "-m", "cli", "sweep", "--workload", "alpaca", "--requests", "300", "--no-cache",
+               "--grid", "serve.width=16,24,32,48,64,96,128", "--out", str(tmp_path / "rows.parquet")]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    process = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".rows.parquet.tmp-*")) and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    assert process.poll() is None, "the sweep ended before it could be stopped"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 128 + signal.SIGTERM
+    assert files_in(tmp_path) == []

@@ -221,6 +221,9 @@ def test_readme_python_example_runs() -> None:
     assert frame.shape[0] == 1 and frame["output tok/s"].iloc[0] == result.report.output_tps
     assert "vs CB" in frame.columns
     assert namespace["wider"].serve.width == 128 and exp.serve.width == 64
+    rows = namespace["rows"]
+    assert len(rows) == 4 and (rows["status"] == "ok").all() and rows["split"].eq("1-4-1").all()
+    assert namespace["refill"].policy == "refill" and namespace["refill"].rate > 0
 
 
 def test_predict_without_baseline_matches_the_command_line() -> None:

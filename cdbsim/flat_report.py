@@ -3,15 +3,15 @@
 A sweep writes one such row per point to Parquet as the points finish, so every row must have the same
 columns with the same types whatever the run was (a CB run has no core launches, a skipped point no
 metrics at all). The columns are derived from the Report's own fields, so a metric added to the report
-becomes a column here without an edit: a distribution gives ``<name>_mean/_p50/_p90/_p99``, a per-stage
-dict ``<name>_<stage>`` for every stage, a number one column.
+becomes a column here without an edit: a distribution gives ``<name>_mean/_p50/_p90/_p99``, another record
+of numbers ``<name>_<field>``, a per-stage dict ``<name>_<stage>`` for every stage, a number one column.
 """
 
 from __future__ import annotations
 
 import math
 import typing
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from functools import cache
 from typing import Any
 
@@ -35,6 +35,9 @@ def metric_columns() -> dict[str, type]:
         hint, _ = unwrap_optional(hints[f.name])
         if hint is Distribution:
             columns.update({f"{f.name}_{stat}": float for stat in stats})
+        elif is_dataclass(hint):  # a record of numbers, e.g. where the device time went
+            inner = typing.get_type_hints(hint)
+            columns.update({f"{f.name}_{g.name}": inner[g.name] for g in fields(hint)})
         elif typing.get_origin(hint) is dict:
             value = typing.get_args(hint)[1]
             columns.update({f"{f.name}_{stage.value}": value for stage in STAGES})
@@ -54,6 +57,8 @@ def flatten(report: Report) -> dict[str, Any]:
         value = getattr(report, f.name)
         if isinstance(value, Distribution):
             row.update({f"{f.name}_{k.name}": float(getattr(value, k.name)) for k in fields(Distribution)})
+        elif is_dataclass(value):
+            row.update({f"{f.name}_{k.name}": getattr(value, k.name) for k in fields(value)})
         elif isinstance(value, dict):
             default = 0 if metric_columns()[f"{f.name}_{STAGES[0].value}"] is int else math.nan
             row.update({f"{f.name}_{stage.value}": value.get(stage.value, default) for stage in STAGES})

@@ -61,7 +61,7 @@ class Speeds:
 
     bandwidth: float = 4.3e12
     flops: float = 7.9e14
-    launch: float = 2e-6
+    launch: float = 2.5e-6
 
 
 def _proxies(s: Speeds) -> dict[str, Callable[[tuple[float, ...]], float]]:

@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from cdbsim.shipped import covers, shipped_profiles
 from cdbsim.arch import PRESETS, load_arch
 from cdbsim.interp import Surface
 from cdbsim.latency import LatencyModel
 from cdbsim.launch import Stage
 from cdbsim.profile import Fit
 from cdbsim.recipes import interpolated
+from cdbsim.shipped import covers, shipped_profiles
 from cli import app
 
 PROFILES = shipped_profiles()

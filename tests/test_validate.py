@@ -130,8 +130,8 @@ def test_device_idle_is_predicted_from_the_launch_gap(tmp_path, name: str) -> No
     import tarfile
 
     from calibration.fit import fit_launch_gap, launch_gaps
-    from cdbsim.shipped import resolve_profile
     from cdbsim.logs import RunLog
+    from cdbsim.shipped import resolve_profile
 
     with tarfile.open("benchmarks/results/validation/measured-logs.tgz") as archive:
         members = [m for m in archive.getmembers() if m.name.startswith(f"./{name}/")]

@@ -505,7 +505,8 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     name = name or f"{device_tag(info['name'])}-kernels"
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    record: dict = {"tables": {}, "device": {"bandwidth": H200.bandwidth, "flops": H200.matmul_flops, "launch": H200.launch_s},
+    measured_on = {"bandwidth": H200.bandwidth, "flops": H200.matmul_flops, "launch": H200.launch_s}
+    record: dict = {"tables": {}, "device": measured_on,
                     "glue_vocab": plan.glue_vocab[0], "seconds": {}}
     components = {}
     if base is not None:

@@ -13,6 +13,7 @@
 #                                           h200-kernels.json, benchmarks/results/kernels/
 #   bash benchmarks/gpu_session.sh unseen   probes and prefill attention re-measured into the kernel profile,
 #                                           then the unseen-shape validation matrix -> benchmarks/results/unseen/
+#                                           (ONLY=name,name runs those configurations of the matrix alone)
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-sessions.md says more.
 set -u
@@ -52,7 +53,7 @@ case $phase in
       --update calibration/profiles/h200-kernels.json --out "$work/profiles"
     cp "$work/profiles/h200-kernels.json" calibration/profiles/h200-kernels.json && cp "$work/profiles/h200-kernels.json" "$OUT/"
     run 420 validate-unseen python3 cli.py validate --matrix calibration/matrices/unseen-h200.json \
-      --out "$work/unseen"
+      ${ONLY:+--only "$ONLY"} --out "$work/unseen"
     ;;
   spin)  # the calibration timer with its spin kernel, then the three shipped profiles
     run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider

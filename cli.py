@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import json
+import math
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,10 +19,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cdbsim.arch import ArchSpec, load_arch
+from cdbsim.arch import load_arch
 from cdbsim.config import ServeConfig
 from cdbsim.errors import ConfigError
-from traces import ExitModel
+from cdbsim.experiment import Experiment, Setting, plain, read_toml, settings, unwrap_optional
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Predict and measure serving throughput and latency of looped language models "
@@ -46,63 +52,85 @@ def friendly(command: Callable) -> Callable:
     return wrapper
 
 
-# ----- shared options ----------------------------------------------------------------------------
-Arch = Annotated[str, typer.Option("--arch", help="Preset (ouro-1.4b, ouro-2.6b, huginn-3.5b) or an "
-                                                  "architecture JSON file.")]
-Split = Annotated[str | None, typer.Option("--split", help="Re-split the layers as prelude-core-coda, "
-                                                           "e.g. 1-4-1.")]
-RMax = Annotated[int | None, typer.Option("--r-max", help="Maximum loops per token (default: the model's).")]
-RMin = Annotated[int | None, typer.Option("--r-min", help="Minimum exit depth of the model (default 1; the "
-                                                          "lookahead gate raises it to 2).")]
-PolicyOpt = Annotated[str, typer.Option("--policy", help="cb, norefill or refill.")]
-Width = Annotated[int, typer.Option("--W", "--width", help="Resident requests and tokens per decode launch.")]
-CodaK = Annotated[int, typer.Option("--K", "--coda-batch", help="Coda batch refill waits for (1 <= K <= W).")]
-Budget = Annotated[int, typer.Option("--M", "--prefill-budget", help="Prompt tokens per prefill launch.")]
-TimingOpt = Annotated[str, typer.Option("--timing", help="sync, async or lookahead (lookahead: r_min = 2).")]
-Layout = Annotated[str, typer.Option("--kv-layout", help="depth (with last-exited fill), shared or "
-                                                         "first-shared.")]
-Workload = Annotated[str, typer.Option("--workload", help="alpaca, sharegpt or arxiv.")]
-TraceOpt = Annotated[Path | None, typer.Option("--trace", help="Replay a request+exit trace (.csv/.parquet) "
-                                                              "instead of a workload preset.")]
-Requests = Annotated[int | None, typer.Option("--requests", "-n", help="Number of requests (default per "
-                                                                       "workload).")]
-Rate = Annotated[float | None, typer.Option("--rate", help="Poisson arrivals at this many requests/s "
-                                                           "(default: offline, all at t = 0).")]
-Exits = Annotated[str, typer.Option("--exits", help="Exit model: none, fixed or synthetic.")]
-Depth = Annotated[int | None, typer.Option("--depth", help="Depth for --exits fixed.")]
-MeanDepth = Annotated[float | None, typer.Option("--mean-depth", help="Mean requested depth of the "
-                                                                      "synthetic model (default: "
-                                                                      "(r_max + 1) / 2).")]
-Dispersion = Annotated[float, typer.Option("--dispersion", help="Synthetic depth dispersion in [0, 1).")]
-Correlation = Annotated[float, typer.Option("--correlation", help="Token-to-token depth correlation.")]
-Seed = Annotated[int, typer.Option("--seed", help="Seed for lengths, arrivals and depths.")]
-KVTokens = Annotated[int | None, typer.Option("--kv-tokens", help="KV capacity in tokens.")]
-KVBlocks = Annotated[int | None, typer.Option("--kv-blocks", help="KV capacity in blocks of 16 tokens.")]
-ProfileOpt = Annotated[str, typer.Option("--profile", help="auto (a shipped measured profile of this shape, else "
-                                                            "the H200 roofline), roofline, a shipped name, or "
-                                                            "a profile JSON file.")]
-Force = Annotated[bool, typer.Option("--force", help="Use a profile made for another shape, filling gaps "
-                                                     "from the roofline.")]
-Bandwidth = Annotated[float | None, typer.Option("--bandwidth", help="Roofline: memory bandwidth in TB/s.")]
-Matmul = Annotated[float | None, typer.Option("--matmul-tflops", help="Roofline: matmul rate in TFLOP/s.")]
-LaunchUs = Annotated[float | None, typer.Option("--launch-us", help="Roofline: per-kernel launch cost in us.")]
-MemoryGb = Annotated[float | None, typer.Option("--memory-gb", help="Roofline: device memory in GB.")]
-HostUs = Annotated[float | None, typer.Option("--host-us", help="Roofline: host time per launch in us.")]
+# ----- experiment options ------------------------------------------------------------------------
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", metavar="FILE.toml",
+    help="An experiment TOML file ([arch], [serve], [workload], [exits], [latency]); flags override it.")]
+SetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", metavar="SECTION.FIELD=VALUE",
+    help="Set any experiment field, e.g. serve.width=128 (repeatable; overrides --config and flags).")]
+EXPLICIT = ("COMMANDLINE", "ENVIRONMENT")  # where a value the user gave comes from (click's ParameterSource)
+
+
+def _parameter(setting: Setting, default: Any) -> inspect.Parameter:
+    """A command parameter for one experiment field: its flags, help and the command's default. Enum
+    fields take text (the experiment parses it, with aliases and a one-line error listing the choices)."""
+    hint = setting.hint
+    base, optional = unwrap_optional(hint)
+    if isinstance(base, type) and issubclass(base, Enum):
+        hint, default = (str | None) if optional else str, plain(default)
+    option = typer.Option(*setting.flags, help=setting.help)
+    return inspect.Parameter(setting.param, inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=Annotated[hint, option])
+
+
+@dataclass(frozen=True)
+class FileTables:
+    """Tables of an experiment file that a command reads itself (``[grid]``), and the file's name."""
+
+    source: str | None
+    tables: dict[str, Any]
+
+
+def experiment_options(*selected: str, exclude: tuple[str, ...] = (),
+                       defaults: Mapping[str, Any] | None = None,
+                       tables: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Give a command the options of the experiment fields ``selected`` (a section, ``"serve"``, or one
+    field, ``"serve.width"``, minus ``exclude``) plus ``--config`` and ``--set``, and call it with the
+    assembled :class:`Experiment` as ``exp``. ``defaults`` are this command's own (``{"workload.requests":
+    256}``). Precedence: defaults < config file < flags given on the command line < --set. ``tables`` are
+    tables of the config file the command reads itself (``[grid]``): they are passed as ``tables``."""
+    chosen = [s for s in settings() if (s.section in selected or s.key in selected) and s.key not in exclude]
+    defaults = dict(defaults or {})
+    passed = ("exp", "tables")
+
+    def decorate(command: Callable) -> Callable:
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+               for p in inspect.signature(command, eval_str=True).parameters.values() if p.name not in passed]
+        generated = [_parameter(s, defaults.get(s.key, s.default)) for s in chosen]
+        extra = [inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ConfigOpt),
+                 inspect.Parameter("assignments", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=SetOpt),
+                 inspect.Parameter("context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> Any:
+            config, assignments, context = kwargs.pop("config"), kwargs.pop("assignments"), kwargs.pop("context")
+            flags: dict[str, Any] = {}
+            for s in chosen:
+                value, source = kwargs.pop(s.param), context.get_parameter_source(s.param)
+                if source is not None and source.name in EXPLICIT:
+                    flags[s.key] = value
+            exp = Experiment().override(defaults)
+            data = read_toml(config) if config is not None else {}
+            own_tables = {name: data.pop(name) for name in tables if name in data}
+            if config is not None:
+                exp = exp.merge(data, source=str(config))
+            exp = exp.override(flags, source=None).override(assignments or [])
+            if tables:
+                kwargs["tables"] = FileTables(str(config) if config is not None else None, own_tables)
+            return command(exp=exp, **kwargs)
+
+        parameters = [*generated, *extra, *own]
+        wrapper.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
+        return wrapper
+
+    return decorate
+
+
 SaveLogs = Annotated[Path | None, typer.Option("--save-logs", help="Write launch and request logs here.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 CsvOut = Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")]
-
-
-def build_arch(arch: str, split: str | None, r_max: int | None, r_min: int | None = None) -> ArchSpec:
-    return load_arch(arch, split=split, r_max=r_max, r_min=r_min)
-
-
-def build_exits(arch: ArchSpec, exits: str, depth: int | None, mean_depth: float | None,
-                dispersion: float, correlation: float) -> ExitModel:
-    from cdbsim.workload import default_mean_depth
-
-    mean = mean_depth if mean_depth is not None else default_mean_depth(arch.r_max)
-    return ExitModel(exits, depth=depth, mean=mean, dispersion=dispersion, correlation=correlation)
 
 
 def emit(rows: list[dict], title: str, as_json: bool, as_csv: bool, caption: str | None = None) -> None:
@@ -123,6 +151,10 @@ def emit(rows: list[dict], title: str, as_json: bool, as_csv: bool, caption: str
     console.print(table)
 
 
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
@@ -134,14 +166,10 @@ def _fmt(value: Any) -> str:
 # ----- commands ----------------------------------------------------------------------------------
 @app.command()
 @friendly
+@experiment_options("arch", "serve", "workload", "exits", exclude=("workload.rate", "workload.arrival"),
+                    defaults={"workload.requests": 256})
 def schedule(
-    arch: Arch = "ouro-1.4b", split: Split = None, r_max: RMax = None, r_min: RMin = None,
-    policy: PolicyOpt = "refill",
-    width: Width = 64, coda_batch: CodaK = 1, prefill_budget: Budget = 8192, timing: TimingOpt = "lookahead",
-    kv_layout: Layout = "depth", workload: Workload = "sharegpt", trace: TraceOpt = None,
-    requests: Requests = 256, exits: Exits = "synthetic", depth: Depth = None,
-    mean_depth: MeanDepth = None, dispersion: Dispersion = 0.3, correlation: Correlation = 0.5,
-    seed: Seed = 0, kv_tokens: KVTokens = None, kv_blocks: KVBlocks = None,
+    exp: Experiment,
     launches: Annotated[int, typer.Option("--launches", help="How many launches to show.")] = 20,
     skip: Annotated[int, typer.Option("--skip", help="Launches to skip before showing.")] = 0,
     as_json: JsonOut = False, as_csv: CsvOut = False,
@@ -150,17 +178,14 @@ def schedule(
     from cdbsim.kv import capacity_blocks
     from cdbsim.replay import drive
     from cdbsim.scheduler import Scheduler
-    from cdbsim.workload import WorkloadSpec
 
-    spec = build_arch(arch, split, r_max, r_min)
-    config = ServeConfig(policy=policy, width=width, coda_batch=coda_batch, prefill_budget=prefill_budget,
-                         timing=timing, layout=kv_layout)
-    exit_model = build_exits(spec, exits, depth, mean_depth, dispersion, correlation)
-    reqs = WorkloadSpec(workload, requests, None, exit_model, seed, str(trace) if trace else None).build(
-        spec, config.r_min(spec))
-    if kv_tokens is None and kv_blocks is None:
-        kv_tokens = DEFAULT_KV_TOKENS
-    blocks = capacity_blocks(spec, config.layout, tokens=kv_tokens, blocks=kv_blocks)
+    spec = exp.arch.spec()
+    config = exp.serve.config()
+    exp = exp.override({"workload.rate": None})  # the schedule of an offline run: every request at t = 0
+    reqs = exp.workload_spec(spec).build(spec, config.r_min(spec))
+    kv = exp.serve
+    tokens = DEFAULT_KV_TOKENS if kv.kv_tokens is None and kv.kv_blocks is None else kv.kv_tokens
+    blocks = capacity_blocks(spec, config.layout, tokens=tokens, blocks=kv.kv_blocks)
     rows = []
     for launch in drive(Scheduler(spec, config, reqs, blocks)):
         if launch.index < skip:
@@ -168,42 +193,27 @@ def schedule(
         if len(rows) >= launches:
             break
         rows.append({"#": launch.index + 1, "stage": launch.stage.value, "B": launch.size,
-                     "padded": launch.padded, "detail": describe_launch(launch),
+                     "padded": launch.padded, "detail": launch.detail(),
                      "Q_P": launch.queue_waiting, "Q_R": launch.queue_core, "Q_C": launch.queue_coda,
                      "active": launch.active})
-    emit(rows, f"{spec.name} ({spec.split}, r_max {spec.r_max}) | {config.describe()} | {workload}",
+    emit(rows, f"{spec.name} ({spec.split}, r_max {spec.r_max}) | {config.describe()} | {exp.workload.name}",
          as_json, as_csv, caption="Q_P waiting prompts, Q_R tokens queued for the core (norefill: the wave), "
                                   "Q_C tokens queued for the coda; loop steps r1.. are 1-indexed")
 
 
-def describe_launch(launch: Any) -> str:
-    """``r1:30 r2:12, 5 exit`` for core launches, ``1,024 tok, 3 chunk(s), 2 done`` for prefill."""
-    if launch.stage.value == "prefill":
-        done = sum(launch.finishes)
-        return f"{launch.size:,} tok, {len(launch.chunk_lens)} chunk(s), {done} done"
-    if launch.stage.value == "core":
-        mix = " ".join(f"r{s + 1}:{c}" for s, c in launch.step_mix().items())
-        return f"{mix}, {sum(launch.exits)} exit"
-    return f"{launch.size} token(s)"
-
-
 @app.command()
 @friendly
+@experiment_options("arch", "serve.timing", "workload", "exits", exclude=("workload.trace",))
 def trace(
+    exp: Experiment,
     out: Annotated[Path, typer.Option("--out", help="Where to write the trace (.csv or .parquet).")],
-    arch: Arch = "ouro-1.4b", split: Split = None, r_max: RMax = None, r_min: RMin = None,
-    timing: TimingOpt = "lookahead", workload: Workload = "sharegpt", requests: Requests = None, rate: Rate = None,
-    exits: Exits = "synthetic", depth: Depth = None, mean_depth: MeanDepth = None, dispersion: Dispersion = 0.3,
-    correlation: Correlation = 0.5, seed: Seed = 0,
 ) -> None:
     """Write a request + exit-depth trace of a workload preset (replay it with --trace)."""
-    from cdbsim.workload import WorkloadSpec
     from traces import write_trace
 
-    spec = build_arch(arch, split, r_max, r_min)
-    exit_model = build_exits(spec, exits, depth, mean_depth, dispersion, correlation)
-    workload_spec = WorkloadSpec(workload, requests, rate, exit_model, seed)
-    reqs = workload_spec.build(spec, ServeConfig(timing=timing).r_min(spec))
+    spec = exp.arch.spec()
+    workload_spec = exp.workload_spec(spec)
+    reqs = workload_spec.build(spec, exp.serve.config().r_min(spec))
     write_trace(reqs, out)
     console.print(f"wrote {len(reqs):,} requests ({workload_spec.describe()}) to {out}", markup=False,
                   highlight=False)
@@ -211,15 +221,13 @@ def trace(
 
 @app.command()
 @friendly
+@experiment_options("arch", "workload.name", "exits.mean_depth")
 def bound(
-    arch: Arch = "ouro-1.4b", split: Split = None, r_max: RMax = None,
-    mean_depth: Annotated[float | None, typer.Option("--mean-depth", help="Mean requested depth d-bar of "
-                                                                          "decoded tokens.")] = None,
+    exp: Experiment,
     prefill_share: Annotated[float, typer.Option("--prefill-share", help="Share a of GPU time CB spends in "
                                                                          "prefill.")] = 0.0,
     f1: Annotated[float | None, typer.Option("--f1", help="Fraction of output tokens produced by prefill "
                                                           "(default: from --workload).")] = None,
-    workload: Workload = "sharegpt",
     as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
     """Print the FLOP bounds S_dec and S_e2e and the KV bytes per token of each layout."""
@@ -228,9 +236,10 @@ def bound(
     from cdbsim.workload import default_mean_depth
     from traces import length_model
 
-    spec = build_arch(arch, split, r_max)
+    spec = exp.arch.spec()
+    mean_depth = exp.exits.mean_depth
     depth_decoded = mean_depth if mean_depth is not None else default_mean_depth(spec.r_max)
-    frac = f1 if f1 is not None else 1.0 / length_model(workload).mean_output
+    frac = f1 if f1 is not None else 1.0 / length_model(exp.workload.name).mean_output
     dbar = frac * spec.r_max + (1 - frac) * depth_decoded
     sdec = s_dec(spec, dbar)
     row = {"arch": spec.name, "split": spec.split, "r_max": spec.r_max, "F0/Fr": spec.f0 / spec.fr,
@@ -245,25 +254,6 @@ def bound(
          caption="d-bar counts each request's first token (from prefill) at r_max")
 
 
-def build_latency(spec: ArchSpec, profile: str, force: bool, bandwidth: float | None, matmul: float | None,
-                  launch_us: float | None, memory_gb: float | None, host_us: float | None) -> Any:
-    """The latency model: a named/shipped profile, or the roofline with the device figures given."""
-    from dataclasses import replace
-
-    from calibration.shipped import resolve_profile
-    from cdbsim.latency import H200, LatencyModel
-
-    overrides = {k: v for k, v in {"bandwidth": bandwidth and bandwidth * 1e12,
-                                   "matmul_flops": matmul and matmul * 1e12,
-                                   "launch_s": launch_us and launch_us * 1e-6,
-                                   "memory_bytes": memory_gb and memory_gb * 1e9,
-                                   "host_launch_s": host_us and host_us * 1e-6}.items() if v}
-    device = replace(H200, name="custom device", **overrides) if overrides else H200
-    if overrides and profile == "auto":
-        profile = "roofline"
-    return LatencyModel(spec, resolve_profile(profile, spec, device), force=force)
-
-
 def progress_bars() -> tuple[Any, Callable[[str, int], Callable[[int], None]]]:
     """A rich progress display (on stderr) and a factory giving each run its own bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -276,33 +266,6 @@ def progress_bars() -> tuple[Any, Callable[[str, int], Callable[[int], None]]]:
         return lambda n: bars.advance(task, n)
 
     return bars, factory
-
-
-class Setup:
-    """Everything a simulated run needs, built from the shared command-line options."""
-
-    def __init__(self, arch: str, split: str | None, r_max: int | None, r_min: int | None, policy: str,
-                 width: int, coda_batch: int, prefill_budget: int, timing: str, kv_layout: str, workload: str,
-                 trace: Path | None, requests: int | None, rate: float | None, exits: str, depth: int | None,
-                 mean_depth: float | None, dispersion: float, correlation: float, seed: int,
-                 kv_tokens: int | None, kv_blocks: int | None, latency: tuple) -> None:
-        from cdbsim.study import KVCapacity
-        from cdbsim.workload import WorkloadSpec
-
-        self.arch = build_arch(arch, split, r_max, r_min)
-        self.config = ServeConfig(policy=policy, width=width, coda_batch=coda_batch,
-                                  prefill_budget=prefill_budget, timing=timing, layout=kv_layout)
-        exit_model = build_exits(self.arch, exits, depth, mean_depth, dispersion, correlation)
-        self.workload = WorkloadSpec(workload, requests, rate, exit_model, seed, str(trace) if trace else None)
-        self.latency = build_latency(self.arch, *latency)
-        self.kv = KVCapacity(tokens=kv_tokens, blocks=kv_blocks)
-        self.requests = self.workload.build(self.arch, self.config.r_min(self.arch))
-
-    def title(self) -> str:
-        c = self.config
-        return (f"{self.arch.name} ({self.arch.split}, r_max {self.arch.r_max}) | W={c.width} M={c.prefill_budget} "
-                f"{c.timing.value} {c.layout.value}-KV | {self.workload.describe()} | "
-                f"profile {self.latency.profile.label()}")
 
 
 def run_label(config: ServeConfig) -> str:
@@ -353,65 +316,40 @@ def emit_reports(reports: dict[str, Any], title: str, as_json: bool, as_csv: boo
 
 @app.command()
 @friendly
+@experiment_options("arch", "serve", "workload", "exits", "latency")
 def predict(
-    arch: Arch = "ouro-1.4b", split: Split = None, r_max: RMax = None, r_min: RMin = None,
-    policy: PolicyOpt = "refill", width: Width = 64, coda_batch: CodaK = 1, prefill_budget: Budget = 8192,
-    timing: TimingOpt = "lookahead", kv_layout: Layout = "depth", workload: Workload = "sharegpt",
-    trace: TraceOpt = None, requests: Requests = None, rate: Rate = None, exits: Exits = "synthetic",
-    depth: Depth = None, mean_depth: MeanDepth = None, dispersion: Dispersion = 0.3,
-    correlation: Correlation = 0.5, seed: Seed = 0, kv_tokens: KVTokens = None, kv_blocks: KVBlocks = None,
-    profile: ProfileOpt = "auto", force: Force = False, bandwidth: Bandwidth = None, matmul_tflops: Matmul = None,
-    launch_us: LaunchUs = None, memory_gb: MemoryGb = None, host_us: HostUs = None,
+    exp: Experiment,
     baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="Also simulate CB on the same "
                                                                             "requests.")] = True,
     save_logs: SaveLogs = None, as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
     """Predict throughput and latency of one configuration (and of CB on the same requests)."""
+    from cdbsim.prediction import predict as simulate_experiment
 
-    from cdbsim.study import run_one, with_baseline
-
-    setup = Setup(arch, split, r_max, r_min, policy, width, coda_batch, prefill_budget, timing, kv_layout,
-                  workload, trace, requests, rate, exits, depth, mean_depth, dispersion, correlation, seed,
-                  kv_tokens, kv_blocks, (profile, force, bandwidth, matmul_tflops, launch_us, memory_gb, host_us))
+    setup = exp.build()
     bars, factory = progress_bars()
     with bars:
-        if baseline:
-            result, base = with_baseline(setup.arch, setup.config, setup.requests, setup.latency, setup.kv,
-                                         factory)
-        else:
-            result, base = run_one(setup.arch, setup.config, setup.requests, setup.latency, setup.kv,
-                                   factory), None
+        result = simulate_experiment(setup, baseline=baseline, progress=factory)
     reports = {run_label(setup.config): result.report}
-    if base is not None:
-        reports["cb"] = base.report
+    if result.baseline is not None:
+        reports["cb"] = result.baseline.report
     if save_logs:
         result.log.save(save_logs / "run")
-        if base is not None:
-            base.log.save(save_logs / "cb")
+        if result.baseline is not None:
+            result.baseline.log.save(save_logs / "cb")
     emit_reports(reports, setup.title(), as_json, as_csv)
 
 
 @app.command()
 @friendly
-def compare(
-    arch: Arch = "ouro-1.4b", split: Split = None, r_max: RMax = None, r_min: RMin = None,
-    width: Width = 64, coda_batch: CodaK = 1, prefill_budget: Budget = 8192, timing: TimingOpt = "lookahead",
-    kv_layout: Layout = "depth", workload: Workload = "sharegpt", trace: TraceOpt = None,
-    requests: Requests = None, rate: Rate = None, exits: Exits = "synthetic", depth: Depth = None,
-    mean_depth: MeanDepth = None, dispersion: Dispersion = 0.3, correlation: Correlation = 0.5, seed: Seed = 0,
-    kv_tokens: KVTokens = None, kv_blocks: KVBlocks = None, profile: ProfileOpt = "auto", force: Force = False,
-    bandwidth: Bandwidth = None, matmul_tflops: Matmul = None, launch_us: LaunchUs = None,
-    memory_gb: MemoryGb = None, host_us: HostUs = None, save_logs: SaveLogs = None,
-    as_json: JsonOut = False, as_csv: CsvOut = False,
-) -> None:
+@experiment_options("arch", "serve", "workload", "exits", "latency", exclude=("serve.policy",))
+def compare(exp: Experiment, save_logs: SaveLogs = None, as_json: JsonOut = False, as_csv: CsvOut = False) -> None:
     """CB, CDB no-refill and CDB refill side by side on the same requests, with the bounds."""
     from dataclasses import replace
 
     from cdbsim.study import compare_policies
 
-    setup = Setup(arch, split, r_max, r_min, "refill", width, coda_batch, prefill_budget, timing, kv_layout,
-                  workload, trace, requests, rate, exits, depth, mean_depth, dispersion, correlation, seed,
-                  kv_tokens, kv_blocks, (profile, force, bandwidth, matmul_tflops, launch_us, memory_gb, host_us))
+    setup = exp.build()
     bars, factory = progress_bars()
     with bars:
         results = compare_policies(setup.arch, setup.config, setup.requests, setup.latency, setup.kv, factory)
@@ -424,14 +362,10 @@ def compare(
 
 @app.command("rate-sweep")
 @friendly
+@experiment_options("arch", "serve", "workload", "exits", "latency",
+                    exclude=("serve.policy", "workload.trace", "workload.rate"))
 def rate_sweep(
-    arch: Arch = "ouro-1.4b", split: Split = None, r_max: RMax = None, r_min: RMin = None,
-    width: Width = 64, coda_batch: CodaK = 1, prefill_budget: Budget = 8192, timing: TimingOpt = "lookahead",
-    kv_layout: Layout = "depth", workload: Workload = "sharegpt", requests: Requests = None,
-    exits: Exits = "synthetic", depth: Depth = None, mean_depth: MeanDepth = None, dispersion: Dispersion = 0.3,
-    correlation: Correlation = 0.5, seed: Seed = 0, kv_tokens: KVTokens = None, kv_blocks: KVBlocks = None,
-    profile: ProfileOpt = "auto", force: Force = False, bandwidth: Bandwidth = None,
-    matmul_tflops: Matmul = None, launch_us: LaunchUs = None, memory_gb: MemoryGb = None, host_us: HostUs = None,
+    exp: Experiment,
     rates: Annotated[str | None, typer.Option("--rates", help="Comma-separated request rates (req/s); default: "
                                                               "fractions of refill's offline capacity.")] = None,
     plot: Annotated[Path, typer.Option("--plot", help="Where to write the PNG plot.")] = Path("rate-sweep.png"),
@@ -444,9 +378,10 @@ def rate_sweep(
     from cdbsim.study import latency_knee, run_one
     from cdbsim.study import rate_sweep as sweep
 
-    setup = Setup(arch, split, r_max, r_min, "refill", width, coda_batch, prefill_budget, timing, kv_layout,
-                  workload, None, requests, None, exits, depth, mean_depth, dispersion, correlation, seed,
-                  kv_tokens, kv_blocks, (profile, force, bandwidth, matmul_tflops, launch_us, memory_gb, host_us))
+    if exp.workload.trace is not None:
+        raise ConfigError("rate-sweep draws Poisson arrivals for a workload preset; it cannot sweep the trace "
+                          f"file {exp.workload.trace} (unset workload.trace)")
+    setup = exp.override({"serve.policy": "refill", "workload.rate": None}).build()
     bars, factory = progress_bars()
     with bars:
         if rates:
@@ -480,9 +415,192 @@ def rate_sweep(
                  + f" | plot: {plot}")
 
 
+JobsOpt = Annotated[int, typer.Option("--jobs", "-j", help="Run simulations in this many local processes.")]
+DaskOpt = Annotated[str | None, typer.Option(
+    "--dask", metavar="ADDRESS", help="Run simulations on a Dask cluster: a scheduler address (tcp://host:8786) "
+                                      "or 'local' for a LocalCluster of --jobs workers (pip install "
+                                      "'cdbsim[dask]').")]
+
+
+class SweepBar:
+    """Progress of a sweep on stderr: a rich bar with ETA on a terminal, else a plain line every 10 s."""
+
+    PLAIN_EVERY_S = 10.0
+
+    def __init__(self, total: int) -> None:
+        import time
+
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.clock, self.total = time.monotonic, total
+        self.console = Console(stderr=True)
+        self.start = self.last = self.clock()
+        self.bar = None
+        if self.console.is_terminal:
+            self.bar = Progress(TextColumn("points"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=True)
+            self.task = self.bar.add_task("points", total=total)
+
+    def __enter__(self) -> SweepBar:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done)
+            return
+        now = self.clock()
+        if now - self.last >= self.PLAIN_EVERY_S and done < total:
+            self.last = now
+            elapsed = now - self.start
+            left = elapsed / done * (total - done)
+            self.console.print(f"sweep: {done:,}/{total:,} points ({done / total:.0%}), {elapsed:.0f} s elapsed, "
+                               f"about {left:.0f} s left", markup=False, highlight=False)
+
+
+@contextlib.contextmanager
+def stopped_cleanly() -> Any:
+    """Let SIGTERM (a job scheduler's stop, ``kill``) unwind like Ctrl-C, so partial files are removed."""
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@app.command("sweep")
+@friendly
+@experiment_options("arch", "serve", "workload", "exits", "latency", tables=("grid", "points"))
+def sweep_command(
+    exp: Experiment,
+    tables: FileTables,
+    grid: Annotated[list[str] | None, typer.Option(
+        "--grid", metavar="SECTION.FIELD=V1,V2,...",
+        help="Sweep a field over these values (repeatable: every combination runs); also a [grid] table and "
+             "[[points]] tables in --config.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="The Parquet file of results (one row per point); plots go "
+                                                    "beside it.")] = Path("sweep.parquet"),
+    csv: Annotated[bool, typer.Option("--csv", help="Also write the rows as CSV beside --out.")] = False,
+    jobs: JobsOpt = 1, dask: DaskOpt = None,
+    cache: Annotated[Path | None, typer.Option(
+        "--cache", help="The results cache (SQLite; default $CDBSIM_CACHE or ~/.cache/cdbsim/points.sqlite).")]
+        = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Simulate every point; read and write no cache.")]
+        = False,
+    baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="Also simulate CB on each point's "
+                                                                            "requests (speed-up columns).")] = False,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the Pareto and per-field PNGs.")] = True,
+    as_json: JsonOut = False,
+) -> None:
+    """Simulate every point of a grid of experiment fields; write a row per point, the best points per
+    objective, and Pareto plots of throughput per GPU against p99 TPOT and mean depth."""
+    import time
+
+    from cdbsim.grid import Grid
+    from cdbsim.grid_sweep import SweepPlan, run_sweep
+    from cdbsim.point_cache import default_cache_path
+    from cdbsim.sweep_summary import SweepSummary
+
+    own = tables.tables
+    plan = SweepPlan.make(exp, Grid.from_options(grid or [], own.get("grid"), own.get("points"), tables.source),
+                          baseline)
+    summary = SweepSummary(plan.fields)
+    start = time.monotonic()
+    with stopped_cleanly(), SweepBar(len(plan)) as bar:
+        run_sweep(plan, jobs=jobs, dask=dask, cache=None if no_cache else cache or default_cache_path(), parquet=out,
+                  csv=out.with_suffix(".csv") if csv else None, progress=bar, each=summary.add)
+    seconds = time.monotonic() - start
+    title = f"sweep of {len(plan):,} points over {', '.join(plan.fields)}"
+    files = [out, *([out.with_suffix(".csv")] if csv else [])]
+    if plots:
+        files += summary.plot(out.with_suffix(""), title)
+    counts = plan.counts
+    done = (f"{len(plan):,} points: {counts.simulated:,} simulated, {counts.cached:,} from the cache, "
+            f"{counts.skipped:,} skipped, in {seconds:.1f} s | wrote {', '.join(map(str, files))}")
+    if as_json:
+        sys.stdout.write(json.dumps({"points": len(plan), "simulated": counts.simulated, "cached": counts.cached,
+                                     "skipped": counts.skipped, "seconds": seconds, "best": summary.best_rows(),
+                                     "front_tpot": summary.front_rows(0), "front_depth": summary.front_rows(1),
+                                     "files": [str(f) for f in files]}, indent=2, default=float) + "\n")
+        return
+    emit(summary.best_rows(), f"Best points of the {title}", False, False, caption=done)
+    emit(summary.front_rows(0), "Pareto front: throughput per GPU against p99 TPOT", False, False)
+
+
+@app.command("capacity")
+@friendly
+@experiment_options("arch", "serve", "workload", "exits", "latency",
+                    exclude=("serve.policy", "workload.rate", "workload.trace"))
+def capacity_command(
+    exp: Experiment,
+    ttft_s: Annotated[float | None, typer.Option("--ttft-s", help="TTFT limit in seconds.")] = None,
+    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", help="TPOT limit in milliseconds.")] = None,
+    norm_ms: Annotated[float | None, typer.Option("--norm-latency-ms", help="Normalized latency (E2E / output "
+                                                                            "tokens) limit in ms.")] = None,
+    norm_mean_ms: Annotated[float | None, typer.Option("--norm-latency-mean-ms", help="Limit on the run's mean "
+                                                                                      "normalized latency, ms.")]
+        = None,
+    attainment: Annotated[float, typer.Option("--attainment", help="Share of requests that must meet every "
+                                                                   "per-request limit (0.99: p99 SLOs).")] = 0.99,
+    policies: Annotated[str, typer.Option("--policies", help="Comma-separated policies to search.")] =
+        "cb,norefill,refill",
+    target_rate: Annotated[float | None, typer.Option("--target-rate", help="Also print the GPUs needed for this "
+                                                                            "many requests/s.")] = None,
+    jobs: JobsOpt = 1, dask: DaskOpt = None, as_json: JsonOut = False, as_csv: CsvOut = False,
+) -> None:
+    """The highest Poisson request rate per GPU at which the SLOs hold (goodput: a request counts only if it
+    meets every limit), per policy, by bisection; and the GPUs a target rate needs."""
+    from cdbsim.capacity_search import SLO, capacity
+
+    def seconds(ms: float | None) -> float | None:
+        return None if ms is None else ms / 1e3
+
+    slo = SLO(ttft_s=ttft_s, tpot_s=seconds(tpot_ms), normalized_s=seconds(norm_ms),
+              normalized_mean_s=seconds(norm_mean_ms), attainment=attainment)
+    if target_rate is not None and target_rate <= 0:
+        raise ConfigError(f"--target-rate must be > 0, got {target_rate:g}")
+    chosen = [p.strip() for p in policies.split(",") if p.strip()]
+    results = capacity(exp, slo, chosen, jobs=jobs, dask=dask)
+    rows = [r.row(target_rate) for r in results]
+    if as_json:
+        emit([{"slo": slo.describe(), "results": rows}], "", True, False)
+        return
+    if as_csv:
+        emit(rows, "", False, True)
+        return
+    notes = " | ".join(f"{row['policy']}: {row.pop('note')}" for row in rows if "note" in row)
+    keys = [key for key in rows[0] if key != "policy"]
+    emit([{"": key, **{row["policy"]: "-" if _missing(row[key]) else row[key] for row in rows}} for key in keys],
+         f"Capacity under {slo.describe()} | {exp.arch.spec().name} W={exp.serve.width} | {exp.workload.name} "
+         f"({exp.workload.requests or 'default'} requests, Poisson)", False, False,
+         caption="req/s per GPU: the highest Poisson rate found to meet the SLOs (one simulated GPU); search within "
+                 "%: how far above it the lowest failing rate was" + (f" | {notes}" if notes else ""))
+
+
 @app.command()
 @friendly
+@experiment_options("arch.name", "arch.split", "serve.policy", "serve.width", "serve.coda_batch", "serve.timing",
+                    "serve.kv_layout", "workload.name", "workload.requests", "exits.model", "exits.mean_depth",
+                    "workload.seed", "serve.kv_tokens", "latency.profile", "latency.force",
+                    defaults={"workload.name": "alpaca", "workload.requests": 128, "workload.seed": 1,
+                              "serve.kv_tokens": 65536})
 def validate(
+    exp: Experiment,
     matrix: Annotated[Path | None, typer.Option("--matrix", help="A validation matrix JSON file (default: one "
                                                                  "configuration from the options below).")] = None,
     only: Annotated[str | None, typer.Option("--only", help="Comma-separated config names of the matrix.")] = None,
@@ -490,74 +608,29 @@ def validate(
                                                                      "this directory instead of running the "
                                                                      "GPU.")] = None,
     out: Annotated[Path, typer.Option("--out", help="Where logs, tables and plots go.")] = Path("validation"),
-    arch: Arch = "ouro-1.4b", split: Split = None, policy: PolicyOpt = "refill", width: Width = 64,
-    coda_batch: CodaK = 1, timing: TimingOpt = "lookahead", kv_layout: Layout = "depth",
-    workload: Workload = "alpaca", requests: Requests = 128, exits: Exits = "synthetic",
-    mean_depth: MeanDepth = None, seed: Seed = 1, kv_tokens: Annotated[int, typer.Option(
-        "--kv-tokens", help="KV capacity in tokens (executor and simulator).")] = 65536,
     rate_of_capacity: Annotated[float | None, typer.Option("--rate-of-capacity", help="Online run: Poisson "
                                                            "arrivals at this fraction of the simulated "
                                                            "offline capacity.")] = None,
-    profile: ProfileOpt = "auto", force: Force = False, as_json: JsonOut = False, as_csv: CsvOut = False,
+    as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
     """Run configurations on the GPU executor and in the simulator on identical requests; show the errors."""
     from calibration import validation as val
-    from calibration.shipped import resolve_profile
-    from cdbsim.latency import LatencyModel
-    from cdbsim.validate import error_summary, plot_scatter, plot_timelines
 
     if matrix is not None:
-        entries = val.load_matrix(matrix)
-        if only:
-            wanted = set(only.split(","))
-            unknown_names = wanted - {e.name for e in entries}
-            if unknown_names:
-                raise ConfigError(f"{matrix}: no config named {', '.join(sorted(unknown_names))}")
-            entries = [e for e in entries if e.name in wanted]
+        entries = val.load_matrix(matrix, only=only.split(",") if only else None)
     else:
-        entries = [val.Entry(name="config", arch=arch, split=split, policy=policy, coda_batch=coda_batch,
-                             width=width, layout=kv_layout, timing=timing, workload=workload,
-                             requests=requests or 128, exits=exits, mean_depth=mean_depth, seed=seed,
-                             kv_tokens=kv_tokens, rate_of_capacity=rate_of_capacity)]
-        entries[0].config()  # refuse impossible settings before any work
-    cache: dict[str, Any] = {}
-
-    def latency_for(spec: ArchSpec) -> Any:
-        if spec.name not in cache:
-            cache[spec.name] = LatencyModel(spec, resolve_profile(profile, spec), force=force)
-        return cache[spec.name]
-
-    out.mkdir(parents=True, exist_ok=True)
-    if measured is not None:
-        logs = val.load_measured(entries, measured)
-    else:
-        logs = val.measure(entries, out / "measured", latency_for,
-                           log=lambda msg: Console(stderr=True).print(msg, markup=False))
-    comparisons = val.compare(entries, logs, latency_for)
-    summary = [c.summary() for c in comparisons]
-    errors = error_summary(comparisons)
-    (out / "summary.json").write_text(json.dumps(
-        {"summary": summary, "errors": errors, "profiles": val.profile_names(latency_for, entries),
-         "configs": {e.name: e.describe() for e in entries},
-         "details": {c.name: c.rows for c in comparisons},
-         "stages": {c.name: c.stages for c in comparisons}}, indent=2, default=float))
-    import pandas as pd
-
-    pd.DataFrame(summary).to_csv(out / "summary.csv", index=False)
-    pd.DataFrame([{"config": c.name, **row} for c in comparisons for row in c.stages]).to_csv(
-        out / "stages.csv", index=False)
-    plot_scatter(comparisons, out / "scatter.png")
-    first = comparisons[0]
-    if first.measured_log is not None and first.predicted_log is not None:
-        plot_timelines(first.measured_log, first.predicted_log, out / "timeline.png", title=first.name)
+        entries = [val.Entry.from_experiment("config", exp, rate_of_capacity)]
+    result = val.run_validation(entries, out, functools.cache(exp.latency.model), measured=measured,
+                                log=lambda msg: Console(stderr=True).print(msg, markup=False))
     if as_json or as_csv:
-        emit(summary if as_csv else [{"summary": summary, "errors": errors}], "", as_json, as_csv)
-        return
-    if len(comparisons) == 1:
-        emit(first.rows, f"{entries[0].describe()} | errors are (predicted - measured) / measured", False, False)
+        emit(result.summary if as_csv else [{"summary": result.summary, "errors": result.errors}], "", as_json,
+             as_csv)
+    elif len(entries) == 1:
+        emit(result.comparisons[0].rows, f"{entries[0].describe()} | errors are (predicted - measured) / measured",
+             False, False)
     else:
-        emit(summary, f"validation: {len(comparisons)} configurations", False, False,
-             caption=" | ".join(f"{k}: {v:.3g}" for k, v in errors.items()) + f" | files in {out}")
+        emit(result.summary, f"validation: {len(entries)} configurations", False, False,
+             caption=" | ".join(f"{k}: {v:.3g}" for k, v in result.errors.items()) + f" | files in {out}")
 
 
 @app.command()
@@ -572,8 +645,16 @@ def calibrate(
     refit: Annotated[list[Path] | None, typer.Option(
         "--refit", help="Refit this profile JSON from its raw points, in place, and measure nothing "
                         "(no GPU needed; repeat for several).")] = None,
+    kernels: Annotated[bool | None, typer.Option(
+        "--kernels/--no-kernels", help="Only the kernel-level profile (any architecture) / only the --arch "
+                                       "models' profiles (default: both).")] = None,
+    update: Annotated[Path | None, typer.Option(
+        "--update", help="Kernel-level: re-measure --families into this existing kernel profile.")] = None,
+    families: Annotated[str | None, typer.Option(
+        "--families", help="Kernel-level: comma-separated families to measure (default: all).")] = None,
 ) -> None:
-    """Measure this GPU with the executor, fit the latency model, and write a profile per model."""
+    """Measure this GPU with the executor, fit the latency model, and write a profile per model and a
+    kernel-level profile that predicts architectures nobody has built."""
     from calibration.fit import attention_rows, quality_rows, refit_profile, saturation_rows
     from calibration.run import calibrate as run_calibration
     from cdbsim.profile import load_profile_file
@@ -585,11 +666,24 @@ def calibrate(
              caption=f"written to {path}")
     if refit:
         return
-    specs = [load_arch(name.strip()) for name in arch.split(",") if name.strip()]
+    specs = [] if kernels else [load_arch(name.strip()) for name in arch.split(",") if name.strip()]
     from rich.status import Status
 
     with Status("calibrating", console=Console(stderr=True)) as status:
         profiles = run_calibration(specs, out, quick=quick, device=device, progress=status.update)
+        if kernels is not False:
+            from calibration.kernels import FAMILIES, calibrate_kernels, summary_rows
+
+            chosen = tuple(f.strip() for f in families.split(",")) if families else FAMILIES
+            bad = [f for f in chosen if f not in FAMILIES]
+            if bad:
+                raise ConfigError(f"unknown kernel families {', '.join(bad)}; choose from: {', '.join(FAMILIES)}")
+            base = load_profile_file(update) if update is not None else None
+            kernel_profile = calibrate_kernels(out, device=device, quick=quick, progress=status.update,
+                                               families=chosen, base=base)
+    if kernels is not False:
+        emit(summary_rows(kernel_profile), f"{kernel_profile.label()}: kernel tables", False, False,
+             caption=f"written to {out / (kernel_profile.name + '.json')}")
     for spec, profile in zip(specs, profiles, strict=True):
         emit(quality_rows(profile), f"{profile.label()}: fits", False, False)
         if profile.attention:

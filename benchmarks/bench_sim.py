@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from calibration.shipped import resolve_profile  # noqa: E402
 from cdbsim.arch import PRESETS  # noqa: E402
 from cdbsim.config import ServeConfig  # noqa: E402
 from cdbsim.latency import LatencyModel, roofline_profile  # noqa: E402
+from cdbsim.shipped import resolve_profile  # noqa: E402
 from cdbsim.sim import simulate  # noqa: E402
 from traces import ExitModel, build_trace  # noqa: E402
 

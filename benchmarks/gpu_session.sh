@@ -9,13 +9,17 @@
 #                                           policies (K = 16), Ouro-1.4B calibration -> benchmarks/results/chain/final/
 #   bash benchmarks/gpu_session.sh k1       no-exit throughput of the three policies with refill at K = 1
 #                                           -> benchmarks/results/throughput-noexit/k1-chained/
+#   bash benchmarks/gpu_session.sh kernels  GPU tests, the kernel-level calibration -> calibration/profiles/
+#                                           h200-kernels.json, benchmarks/results/kernels/
+#   bash benchmarks/gpu_session.sh unseen   probes and prefill attention re-measured into the kernel profile,
+#                                           then the unseen-shape validation matrix -> benchmarks/results/unseen/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-sessions.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | matrix | last | k1) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, matrix, last, k1" >&2; exit 2 ;;
+  spin | matrix | last | k1 | kernels | unseen) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, matrix, last, k1, kernels, unseen" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -38,6 +42,18 @@ run() {  # run LIMIT_S NAME CMD...: time-limited step with its log kept; the arc
   tar czf "$OUT/session-$phase.tgz" -C "$work" .
 }
 case $phase in
+  kernels)  # the kernel-level profile (copied out as soon as it exists: the calibration rewrites it per family)
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 470 calibrate-kernels python3 cli.py calibrate --kernels --out "$work/profiles"
+    cp "$work/profiles/h200-kernels.json" "$OUT/" 2>/dev/null
+    ;;
+  unseen)  # the kernel profile's probes and prefill attention, then shapes no profile measured whole
+    run 150 kernels-update python3 cli.py calibrate --kernels --families probes,prefill \
+      --update calibration/profiles/h200-kernels.json --out "$work/profiles"
+    cp "$work/profiles/h200-kernels.json" calibration/profiles/h200-kernels.json && cp "$work/profiles/h200-kernels.json" "$OUT/"
+    run 420 validate-unseen python3 cli.py validate --matrix calibration/matrices/unseen-h200.json \
+      --out "$work/unseen"
+    ;;
   spin)  # the calibration timer with its spin kernel, then the three shipped profiles
     run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
     run 60 bench-timer python3 benchmarks/bench_timer.py --out "$work/timer.json"

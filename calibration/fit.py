@@ -6,10 +6,12 @@ Pure Python (no torch), so profiles can be refitted and plotted on any machine f
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from cdbsim.arch import ArchSpec
 from cdbsim.attention import equivalent_length
@@ -32,6 +34,11 @@ SLOT_GRID = 2.0 ** np.arange(5, 16.01, 0.125)  # 32 .. 65536 programs
 
 
 def fit_attention_slots(arch: ArchSpec, core: Fit, rows: list[list[float]]) -> dict:
+    """:func:`fit_slots` for a model's core stage measured at uniform lengths (its ``Fit`` points)."""
+    return fit_slots(arch.layer.heads, Surface(core), rows)
+
+
+def fit_slots(heads: int, stage_time: Callable[[float, float], float], rows: list[list[float]]) -> dict:
     """The decode-attention width (programs the device runs at once) that best predicts core steps whose
     rows have different context lengths (``rows`` from ``attention_skew_name``), given the core stage's
     measured surface at uniform lengths; see :func:`cdbsim.attention.equivalent_length`.
@@ -40,7 +47,7 @@ def fit_attention_slots(arch: ArchSpec, core: Fit, rows: list[list[float]]) -> d
     fitted slots and with the plain mean length, so the gain is on record next to the number. Slots stay
     unset when the mean length predicts the points at least as well.
     """
-    surface, heads = Surface(core), arch.layer.heads
+    surface = stage_time
     measured = np.array([r[-1] for r in rows])
 
     def errors(slots: float | None) -> np.ndarray:
@@ -73,6 +80,25 @@ def attention_rows(profile: Profile) -> list[dict]:
         rows.append({"rows": int(point[0]), "mean L": sum(contexts) / len(contexts), "max L": max(contexts),
                      "measured ms": 1e3 * point[-1], "error at mean L %": plain, "error fitted %": fitted})
     return rows
+
+
+def launch_gaps(launches: pd.DataFrame) -> np.ndarray:
+    """Seconds from each launch's end to the next one's start, in start order (a launch log's rows)."""
+    ordered = launches.sort_values("start")
+    return ordered["start"].to_numpy(float)[1:] - ordered["end"].to_numpy(float)[:-1]
+
+
+BACK_TO_BACK_S = 10e-6  # a longer gap is the device waiting for the host or for arrivals, not the stream
+
+
+def fit_launch_gap(logs: list[pd.DataFrame]) -> float:
+    """The mean device gap between consecutive launches that were queued back to back (gaps under
+    :data:`BACK_TO_BACK_S`), over executor launch logs of lookahead runs: the profile's
+    ``device.launch_gap_s`` (:class:`cdbsim.latency.LatencyModel`)."""
+    gaps = np.concatenate([launch_gaps(log) for log in logs] or [np.zeros(0)])
+    gaps = gaps[gaps < BACK_TO_BACK_S]
+    require(gaps.size > 0, "no consecutive launches to measure the gap between")
+    return float(gaps.mean())
 
 
 def fit_components(points: dict[str, list[list[float]]]) -> dict[str, Fit]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import gc
 import platform
 import statistics
 import time
@@ -236,6 +237,7 @@ class UnitBench:
 
     def close(self) -> None:
         del self.graphs, self.engine, self.model
+        gc.collect()  # the engine and its captured graphs refer to each other: free the KV cache now
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import functools
 import gc
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from cdbsim.arch import ArchSpec, load_arch
 from cdbsim.config import ServeConfig
 from cdbsim.errors import read_json, require
+from cdbsim.experiment import Experiment, plain, settings
 from cdbsim.kv import capacity_blocks
 from cdbsim.latency import LatencyModel
 from cdbsim.logs import RunLog
@@ -29,9 +31,16 @@ from cdbsim.metadata import table_width
 from cdbsim.profile import Profile
 from cdbsim.report import summarize
 from cdbsim.sim import simulate
-from cdbsim.validate import Comparison, stage_errors
-from cdbsim.workload import WorkloadSpec, default_mean_depth
+from cdbsim.validate import Comparison, error_summary, plot_scatter, plot_timelines, stage_errors
+from cdbsim.workload import DEFAULT_REQUESTS, WorkloadSpec, default_mean_depth
 from traces import ExitModel, Request
+
+ENTRY_KEYS = {  # experiment field -> the Entry field that carries it to the executor and the simulator
+    "arch.name": "arch", "arch.split": "split", "serve.policy": "policy", "serve.coda_batch": "coda_batch",
+    "serve.width": "width", "serve.kv_layout": "layout", "serve.timing": "timing", "workload.name": "workload",
+    "workload.requests": "requests", "exits.model": "exits", "exits.mean_depth": "mean_depth",
+    "workload.seed": "seed", "serve.kv_tokens": "kv_tokens",
+}
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,26 @@ class Entry:
     seed: int = 1
     kv_tokens: int = 65536
     rate_of_capacity: float | None = None
+
+    @classmethod
+    def from_experiment(cls, name: str, exp: Experiment, rate_of_capacity: float | None = None) -> Entry:
+        """The configuration ``exp`` describes. Settings an entry cannot carry to the executor are refused
+        rather than ignored (the latency section is not among them: it only prices the simulated run)."""
+        carried = {}
+        for setting in settings():
+            if setting.section == "latency":
+                continue
+            value = plain(getattr(getattr(exp, setting.section), setting.name))
+            if setting.key in ENTRY_KEYS:
+                carried[ENTRY_KEYS[setting.key]] = value
+            else:
+                require(value == plain(setting.default), f"validate cannot run {setting.key} = {value!r} on the "
+                        f"executor; it takes {', '.join(ENTRY_KEYS)} and the latency section")
+        require(carried["kv_tokens"] is not None, "validate needs the KV capacity in tokens (serve.kv_tokens)")
+        carried["requests"] = carried["requests"] or DEFAULT_REQUESTS.get(carried["workload"], 1000)
+        entry = cls(name=name, rate_of_capacity=rate_of_capacity, **carried)
+        entry.config()  # refuse impossible settings before any work
+        return entry
 
     @property
     def online(self) -> bool:
@@ -83,8 +112,9 @@ class Entry:
                 f"exits {self.exits}{rate}")
 
 
-def load_matrix(path: str | Path) -> list[Entry]:
-    """The entries of a matrix file (defaults applied); unknown keys are refused with the file's name."""
+def load_matrix(path: str | Path, only: Iterable[str] | None = None) -> list[Entry]:
+    """The entries of a matrix file (defaults applied), or those named in ``only``; unknown keys and names
+    are refused with the file's name."""
     data = read_json(path, "validation matrix")
     valid = {f.name for f in fields(Entry)}
     defaults = data.get("defaults", {})
@@ -96,7 +126,12 @@ def load_matrix(path: str | Path) -> list[Entry]:
         require("name" in merged, f"{path}: config {i} has no name")
         entries.append(Entry(**merged))
     require(entries, f"{path}: no configs")
-    return entries
+    if only is None:
+        return entries
+    wanted = set(only)
+    missing = wanted - {e.name for e in entries}
+    require(not missing, f"{path}: no config named {', '.join(sorted(missing))}")
+    return [e for e in entries if e.name in wanted]
 
 
 def offline_capacity(entry: Entry, latency: LatencyModel) -> float:
@@ -182,3 +217,46 @@ def profile_names(latency_for: Callable[[ArchSpec], LatencyModel], entries: list
         profile: Profile = latency_for(entry.spec()).profile
         out[entry.arch] = profile.label()
     return out
+
+
+@dataclass
+class Validation:
+    """What ``cdbsim validate`` shows: each configuration's comparison, the summary rows and the errors."""
+
+    comparisons: list[Comparison]
+    summary: list[dict]
+    errors: dict
+
+
+def run_validation(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], LatencyModel],
+                   measured: Path | None = None, log: Callable[[str], None] = print) -> Validation:
+    """Measure ``entries`` on the executor (or load their logs saved in ``measured``), simulate the same
+    requests, compare, and write the results to ``out`` (see :func:`write_results`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    logs = load_measured(entries, measured) if measured is not None else measure(entries, out / "measured",
+                                                                                  latency_for, log=log)
+    comparisons = compare(entries, logs, latency_for)
+    return write_results(entries, comparisons, out, latency_for)
+
+
+def write_results(entries: list[Entry], comparisons: list[Comparison], out: Path,
+                  latency_for: Callable[[ArchSpec], LatencyModel]) -> Validation:
+    """``summary.json`` (summary, errors, profiles, configs, per-metric and per-stage rows), ``summary.csv``,
+    ``stages.csv``, ``scatter.png`` and, for the first configuration, ``timeline.png``."""
+    import pandas as pd
+
+    summary = [c.summary() for c in comparisons]
+    errors = error_summary(comparisons)
+    (out / "summary.json").write_text(json.dumps(
+        {"summary": summary, "errors": errors, "profiles": profile_names(latency_for, entries),
+         "configs": {e.name: e.describe() for e in entries},
+         "details": {c.name: c.rows for c in comparisons},
+         "stages": {c.name: c.stages for c in comparisons}}, indent=2, default=float))
+    pd.DataFrame(summary).to_csv(out / "summary.csv", index=False)
+    pd.DataFrame([{"config": c.name, **row} for c in comparisons for row in c.stages]).to_csv(
+        out / "stages.csv", index=False)
+    plot_scatter(comparisons, out / "scatter.png")
+    first = comparisons[0]
+    if first.measured_log is not None and first.predicted_log is not None:
+        plot_timelines(first.measured_log, first.predicted_log, out / "timeline.png", title=first.name)
+    return Validation(comparisons, summary, errors)

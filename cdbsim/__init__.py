@@ -2,6 +2,47 @@
 
 The simulator side of the project: architectures, the shared scheduler, latency models, the SimPy
 simulator and the report. Pure Python (numpy, scipy, pandas, simpy); it never imports torch.
+
+From Python::
+
+    import cdbsim
+
+    result = cdbsim.predict(cdbsim.Experiment(workload={"name": "alpaca", "requests": 100}), baseline=True)
+    result.to_frame()
+    cdbsim.sweep(exp, grid={"serve.width": [16, 64, 256]})             # one row per point (a DataFrame)
+    cdbsim.capacity(exp, tpot_s=0.05, policies=["cb", "refill"])       # the highest rate within the SLOs
+
+``import cdbsim`` itself loads none of the numerical libraries: the names below are imported on first use.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_LAZY = {  # public name -> the module that defines it
+    "Experiment": "cdbsim.experiment",
+    "BuiltExperiment": "cdbsim.experiment",
+    "ConfigError": "cdbsim.errors",
+    "Prediction": "cdbsim.prediction",
+    "predict": "cdbsim.prediction",
+    "sweep": "cdbsim.grid_sweep",
+    "capacity": "cdbsim.capacity_search",
+    "SLO": "cdbsim.capacity_search",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'cdbsim' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

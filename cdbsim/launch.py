@@ -80,6 +80,15 @@ class Launch:
     active: int = 0
     kv_used: int = 0
 
+    def detail(self) -> str:
+        """``r1:30 r2:12, 5 exit`` for a core launch, ``1,024 tok, 3 chunk(s), 2 done`` for prefill."""
+        if self.stage is Stage.PREFILL:
+            return f"{self.size:,} tok, {len(self.chunk_lens)} chunk(s), {sum(self.finishes)} done"
+        if self.stage is Stage.CORE:
+            mix = " ".join(f"r{s + 1}:{c}" for s, c in self.step_mix().items())
+            return f"{mix}, {sum(self.exits)} exit"
+        return f"{self.size} token(s)"
+
     def step_mix(self) -> dict[int, int]:
         """How many items sit at each 0-based loop step (core launches)."""
         mix: dict[int, int] = {}

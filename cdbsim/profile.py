@@ -42,10 +42,12 @@ FORMAT = "cdbsim-profile/1"
 
 
 class ProfileKind(Choice):
-    """Where a profile's numbers come from: measured on a GPU, derived from a device's figures, or a
-    constant time per stage (for hand-checkable runs)."""
+    """Where a profile's numbers come from: stages measured on a GPU for given shapes, kernels measured on
+    a GPU over the design space (composed per architecture, :mod:`cdbsim.kernels`), derived from a
+    device's figures, or a constant time per stage (for hand-checkable runs)."""
 
     MEASURED = "measured"
+    KERNELS = "kernels"
     ROOFLINE = "roofline"
     CONSTANT = "constant"
 
@@ -129,6 +131,8 @@ class Profile:
     notes: str = ""
     source: str = ""
     attention: dict = field(default_factory=dict)  # decode attention's programs per wave ("slots"), its points
+    kernels: dict = field(default_factory=dict)    # a kernel-level profile's tables (cdbsim.kernels)
+    remark: str = ""                                # what a label adds (a composed profile: its shape, reach)
 
     def __post_init__(self) -> None:
         self.kind = ProfileKind.parse(self.kind)
@@ -148,12 +152,15 @@ class Profile:
 
     def label(self) -> str:
         device = self.device.get("name", "unknown device")
-        return f"{self.name} ({self.kind}, {device}{', ' + self.date if self.date else ''})"
+        date = f", {self.date}" if self.date else ""
+        remark = f"; {self.remark}" if self.remark else ""
+        return f"{self.name} ({self.kind}, {device}{date}{remark})"
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, "name": self.name, "kind": self.kind.value, "device": self.device,
                 "versions": self.versions, "date": self.date, "notes": self.notes,
                 **({"attention": self.attention} if self.attention else {}),
+                **({"kernels": self.kernels} if self.kernels else {}),
                 "components": {k: v.to_dict() for k, v in sorted(self.components.items())}}
 
     def save(self, path: str | Path) -> Path:
@@ -171,7 +178,7 @@ def profile_from_dict(data: dict, source: str = "profile") -> Profile:
         return Profile(name=data["name"], kind=data["kind"], device=dict(data["device"]),
                        components=components, versions=dict(data.get("versions", {})),
                        date=data.get("date", ""), notes=data.get("notes", ""), source=source,
-                       attention=dict(data.get("attention", {})))
+                       attention=dict(data.get("attention", {})), kernels=dict(data.get("kernels", {})))
     except (KeyError, TypeError, ConfigError) as exc:
         raise ConfigError(f"{source}: malformed profile ({exc})") from None
 

@@ -83,15 +83,16 @@ class Simulation:
         device at ``t + host time``, and the host is busy until then.
 
         The device runs launches in order, so when a launch runs is known as it is handed over: the device
-        takes it when it finishes the previous one (at once, if idle), starts it when both it and the
-        launch are ready, and runs it for the latency model's time. The launch is logged then, and the host
-        keeps its end; when the pipeline rule makes the host wait for it, that end is a SimPy timeout.
+        takes it when it finishes the previous one (at once, if idle), starts it when the launch is ready
+        and the launch gap (:attr:`LatencyModel.launch_gap`) has passed since taking it, and runs it for
+        the latency model's time. The launch is logged then, and the host keeps its end; when the pipeline rule makes the host wait for it, that end is a SimPy timeout.
 
         ``now`` is the host's clock. Nothing but an arrival can change what the host plans next, so while
         no request arrives before the host is done being busy, the host moves its clock on without a SimPy
         timeout, and SimPy's clock catches up when the host next waits for an event."""
         env, s, latency, record = self.env, self.scheduler, self.latency, self.recorder.record
-        launch_time, host_time, width = latency.launch_time, latency.host_time, self.table_width
+        launch_time, host_time, width, gap = (latency.launch_time, latency.host_time, self.table_width,
+                                              latency.launch_gap)
         pipeline: HostPipeline[float] = HostPipeline(s, self.config.timing)  # handle: the launch's end
         must_wait, complete_oldest = pipeline.must_wait, pipeline.complete_oldest
         now = env.now
@@ -132,7 +133,7 @@ class Simulation:
             host_s = host_time(launch)
             busy_until = now + host_s
             taken = now if device_free <= now else device_free
-            start = max(taken, busy_until)
+            start = max(taken + gap, busy_until)
             end = taken + (start - taken + launch_time(launch, width))
             record(launch, start, end, host_s)
             device_free = end

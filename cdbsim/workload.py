@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from cdbsim.arch import ArchSpec
 from traces import ExitModel, Request, build_trace, read_trace
@@ -16,6 +17,12 @@ def default_mean_depth(r_max: int) -> float:
     return (r_max + 1) / 2
 
 
+class Arrival(str, Enum):
+    """How requests arrive when a rate is given (without one, every request is present at t = 0)."""
+
+    POISSON = "poisson"
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
     """A workload preset (or a trace file), how many requests, their arrivals and their exit model."""
@@ -26,6 +33,7 @@ class WorkloadSpec:
     exits: ExitModel = field(default_factory=lambda: ExitModel("synthetic", mean=2.5))
     seed: int = 0
     trace: str | None = None
+    arrival: Arrival = Arrival.POISSON
 
     def build(self, arch: ArchSpec, r_min: int) -> list[Request]:
         """The requests, with depths on ``[r_min, arch.r_max]`` (a trace file is checked against r_max)."""
@@ -39,5 +47,5 @@ class WorkloadSpec:
         if self.trace:
             return f"trace {self.trace}"
         n = self.requests or DEFAULT_REQUESTS.get(self.workload, 1000)
-        arrivals = "offline" if self.rate is None else f"Poisson {self.rate:g} req/s"
+        arrivals = "offline" if self.rate is None else f"{self.arrival.value.title()} {self.rate:g} req/s"
         return f"{self.workload} x{n} ({arrivals}), exits: {self.exits.describe()}, seed {self.seed}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -15,7 +16,8 @@ runner = CliRunner()
 def test_help_lists_every_command() -> None:
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for command in ("schedule", "trace", "bound", "predict", "compare", "rate-sweep", "validate", "calibrate"):
+    for command in ("schedule", "trace", "bound", "predict", "compare", "rate-sweep", "validate", "calibrate", "sweep",
+                    "capacity"):
         assert command in result.output
 
 
@@ -78,7 +80,7 @@ def test_predict_json_has_speedup_and_bound() -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     refill = data["refill K=1"]
-    assert refill["speedup"] > 1.0 and 0 < refill["bound_realised"] < 1.1
+    assert refill["speedup"] > 1.0 and 0 < refill["bound_realised"] <= 1.0
     assert refill["meta"]["profile"].startswith("h200-roofline")
 
 
@@ -101,7 +103,7 @@ def test_roofline_overrides_change_the_prediction() -> None:
     assert base.exit_code == fast.exit_code == 0
     slow_tps = json.loads(base.output)["refill K=1"]["output_tps"]
     fast_data = json.loads(fast.output)["refill K=1"]
-    assert fast_data["output_tps"] > 1.3 * slow_tps and "custom device" in fast_data["meta"]["profile"]
+    assert fast_data["output_tps"] > 1.3 * slow_tps and "what-if bandwidth 8" in fast_data["meta"]["profile"]
 
 
 def test_trace_command_writes_a_replayable_trace(tmp_path) -> None:
@@ -138,3 +140,98 @@ def test_calibrate_refit_rewrites_a_profile_from_its_raw_points(tmp_path) -> Non
     assert after.attention == before.attention
     missing = runner.invoke(app, ["calibrate", "--refit", str(tmp_path / "none.json")])
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+def run_predict(*args: str) -> dict:
+    result = runner.invoke(app, ["predict", "--no-baseline", "--json", "--profile", "roofline", *args])
+    assert result.exit_code == 0, result.output
+    (report,) = json.loads(result.output).values()
+    return report
+
+
+def test_config_file_flags_and_set_take_precedence_in_that_order(tmp_path) -> None:
+    config = tmp_path / "exp.toml"
+    config.write_text('[serve]\nwidth = 32\ncoda_batch = 4\n\n[workload]\nname = "alpaca"\nrequests = 30\n')
+    from_file = run_predict("--config", str(config))
+    assert (from_file["meta"]["width"], from_file["meta"]["coda_batch"], from_file["requests"]) == (32, 4, 30)
+    flag = run_predict("--config", str(config), "--W", "48", "--requests", "20")
+    assert (flag["meta"]["width"], flag["meta"]["coda_batch"], flag["requests"]) == (48, 4, 20)
+    at_default = run_predict("--config", str(config), "--W", "64")  # a flag equal to the default still wins
+    assert at_default["meta"]["width"] == 64
+    both = run_predict("--config", str(config), "--W", "48", "--set", "serve.width=16", "--set", "serve.coda_batch=2")
+    assert (both["meta"]["width"], both["meta"]["coda_batch"]) == (16, 2)
+    assert both == run_predict("--W", "16", "--K", "2", "--workload", "alpaca", "--requests", "30")
+
+
+def test_command_defaults_sit_below_the_config_file(tmp_path) -> None:
+    """schedule shows 256 requests unless the file says otherwise (its Q_P counts the waiting prompts)."""
+    config = tmp_path / "exp.toml"
+    config.write_text("[workload]\nrequests = 40\n")
+    rows = json.loads(runner.invoke(app, ["schedule", "--json", "--launches", "1"]).output)
+    assert rows[0]["Q_P"] + rows[0]["active"] == 256
+    rows = json.loads(runner.invoke(app, ["schedule", "--json", "--launches", "1", "--config", str(config)]).output)
+    assert rows[0]["Q_P"] + rows[0]["active"] == 40
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "serve.width=abc"], "error: --set: serve.width: expected an integer, got 'abc'"),
+    (["--set", "exits.dispersion=high"], "error: --set: exits.dispersion: expected a number, got 'high'"),
+    (["--set", "serve.widht=8"], "error: --set: unknown key serve.widht; valid keys of [serve]: coda_batch, "
+                                 "kv_blocks, kv_layout, kv_tokens, policy, prefill_budget, timing, width"),
+    (["--set", "serve.timing=later"], "error: --set: serve.timing: unknown exit timing 'later'; choose one of: "
+                                      "async, lookahead, sync"),
+    (["--set", "width=8"], "error: --set: expected section.field=value, got 'width'"),
+    (["--config", "missing.toml"], "error: experiment file missing.toml does not exist"),
+])
+def test_bad_set_or_config_is_one_line_on_stderr(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["predict", "--requests", "10", *args])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == message
+    assert "Traceback" not in result.output and result.stdout == ""
+
+
+def test_bad_config_file_names_the_file_and_key(tmp_path) -> None:
+    config = tmp_path / "exp.toml"
+    config.write_text("[latency]\nprofile = 'roofline'\nbandwith = 8\n")
+    result = runner.invoke(app, ["compare", "--config", str(config)])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.strip() == (f"error: {config}: unknown key latency.bandwith; valid keys of [latency]: "
+                                     "bandwidth, device, force, host_us, launch_us, matmul_tflops, memory_gb, profile")
+
+
+def test_help_lists_every_option_once() -> None:
+    for command in ("predict", "compare", "rate-sweep", "schedule", "trace", "bound", "validate", "sweep", "capacity"):
+        result = runner.invoke(app, [command, "--help"], terminal_width=200)
+        assert result.exit_code == 0
+        lines = re.findall(r"^  (-[^ ,]+(?:(?:, | / )-[^ ,]+)*)", result.output.split("Options:")[1], re.M)
+        flags = [flag for line in lines for flag in re.split(", | / ", line)]
+        assert len(flags) == len(set(flags)), (command, sorted(flags))
+        assert {"--config", "--set", "--arch", "--help"} <= set(flags), command
+    predict = runner.invoke(app, ["predict", "--help"], terminal_width=200).output
+    for flag in ("--hf-config", "--W", "--K", "--M", "--kv-tokens", "-n", "--exits", "--bandwidth", "--no-baseline",
+                 "--save-logs", "--json"):
+        assert re.search(rf"(^|[ ,]){flag}[ ,]", predict, re.M), flag
+
+
+def test_shape_and_hf_config_options_reach_the_model(tmp_path) -> None:
+    config = tmp_path / "huginn" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"model_type": "huginn_raven", "n_embd": 5280, "n_heads": 55,
+                                  "intermediate_size": 17920, "n_layers_in_prelude": 2,
+                                  "n_layers_in_recurrent_block": 4, "n_layers_in_coda": 2, "vocab_size": 65536,
+                                  "rope_base": 50000, "tie_embeddings": True}))
+    from_hf = json.loads(runner.invoke(app, ["bound", "--hf-config", str(config), "--mean-depth", "8",
+                                             "--json"]).output)[0]
+    preset = json.loads(runner.invoke(app, ["bound", "--arch", "huginn-3.5b", "--mean-depth", "8",
+                                            "--json"]).output)[0]
+    assert from_hf.pop("arch") == "huginn" and preset.pop("arch") == "huginn-3.5b" and from_hf == preset
+    narrow = json.loads(runner.invoke(app, ["bound", "--set", "arch.kv_heads=4", "--json"]).output)[0]
+    assert narrow["KV B/token depth"] == 786_432 // 4
+    both = runner.invoke(app, ["bound", "--hf-config", str(config), "--arch", "ouro-2.6b"])
+    assert both.exit_code == 2 and "not both" in both.stderr
+
+
+def test_validate_refuses_settings_the_executor_would_not_run(tmp_path) -> None:
+    result = runner.invoke(app, ["validate", "--out", str(tmp_path), "--set", "serve.prefill_budget=4096"])
+    assert result.exit_code == 2
+    assert "validate cannot run serve.prefill_budget = 4096 on the executor" in result.stderr

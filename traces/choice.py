@@ -44,4 +44,4 @@ class Choice(str, Enum):
         try:
             return cls(cls.aliases().get(name, name))
         except ValueError:
-            raise unknown(cls.what(), str(name), [m.value for m in cls]) from None
+            raise unknown(cls.what(), name, [m.value for m in cls]) from None

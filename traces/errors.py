@@ -18,7 +18,7 @@ class InputError(ValueError):
     """Invalid user input: the message is one line and says what to do instead."""
 
 
-def unknown(kind: str, name: str, valid: Iterable[str]) -> InputError:
+def unknown(kind: str, name: object, valid: Iterable[str]) -> InputError:
     """An error for an unknown name that lists the valid ones."""
     return InputError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(valid))}")
 

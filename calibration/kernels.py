@@ -1,0 +1,583 @@
+"""Kernel-level calibration: time the kernels the executor launches over a grid that spans the design space.
+
+What a stage of *any* looped model costs is composed from these tables by :mod:`cdbsim.kernels`. Each
+kernel is timed through the executor's own code (``F.linear`` for cuBLAS GEMMs; :class:`executor.ops.Ops`
+for the Triton norm, SwiGLU, RoPE/KV-write and attention kernels and the single-row chained kernels; the
+engine's real stages for the glue around them), as a CUDA graph that runs a chain of the kernel on
+distinct inputs (distinct weights, distinct KV cache layers) so that launch gaps, PDL overlap and L2 misses
+are those of a stage, queued behind a spin kernel (:class:`calibration.measure.Timer`). A kernel's time is
+the chain's over its length.
+
+Families (see ``TABLE_DIMS`` in :mod:`cdbsim.kernels` for each table's dimensions):
+
+* ``gemm``: tokens m 1..8,192 (powers of two and midpoints) x output n x input k over hidden sizes
+  1,024-8,192 and intermediate sizes up to 24,576, non-powers of two included;
+* ``gemv``: the chained single-row kernels (plain, with an RMSNorm prologue, with a residual+norm prologue,
+  with SwiGLU) for models up to 2,048 wide;
+* ``rope_kv``, ``decode_attention`` (paged, split-KV, with its merge), ``chained_attention`` (RoPE, KV write
+  and attention in one kernel, single rows), ``prefill_attention``: rows x heads, GQA groups 1-8, head
+  sizes 64/96/128, contexts 32-16,384;
+* ``rms_norm``, ``residual_norm``, ``silu_mul``: rows x width;
+* ``prelude0``, ``coda0``, ``core_glue``, ``prefill_glue``, ``adapter``: the engine's real stages on unit
+  models of each layer style, hidden size and vocabulary (glue = 2 x one-layer - two-layer, so the layer
+  cancels);
+* whole layers of probe shapes, from which the per-kernel gap is fitted; core steps whose rows have
+  different contexts, from which the attention width per head size is fitted (:mod:`cdbsim.attention`);
+  the copy bandwidth (for the last-exited fill); the host time per launch and the metadata copy.
+
+Families are measured one after another and written as they finish, so a run cut short keeps what it
+measured.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from calibration.fit import fit_slots
+from calibration.measure import Timer, UnitBench, environment, measure_host, measure_meta_copy
+from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
+from cdbsim.kernels import GEMV_OPS, STYLE_CODE, TABLE_DIMS, KernelModel, chained_rows
+from cdbsim.kvlayout import KVLayout
+from cdbsim.latency import H200
+from cdbsim.launch import Stage, decode_launch, prefill_launch
+from cdbsim.profile import Profile, ProfileKind, fit_points
+from executor.ops import Ops
+
+L2_BYTES = 50 * 2 ** 20  # an H200's L2 is 50 MB: a chain reads at least twice that before it repeats
+MAX_CHAIN = 32
+
+
+# probe layers for the per-kernel gap: one of each path and style, shapes no shipped or validation model has
+PROBES = (
+    LayerShape(hidden=1280, intermediate=3456, heads=10, kv_heads=5, head_dim=128, style=LayerStyle.OURO),
+    LayerShape(hidden=1792, intermediate=4864, heads=28, kv_heads=7, head_dim=64, style=LayerStyle.OURO),
+    LayerShape(hidden=3328, intermediate=8960, heads=26, kv_heads=26, head_dim=128, style=LayerStyle.OURO),
+    LayerShape(hidden=1920, intermediate=5120, heads=20, kv_heads=4, head_dim=96, style=LayerStyle.HUGINN),
+    LayerShape(hidden=3328, intermediate=9216, heads=26, kv_heads=26, head_dim=128, style=LayerStyle.HUGINN),
+    LayerShape(hidden=4608, intermediate=12288, heads=36, kv_heads=12, head_dim=128, style=LayerStyle.HUGINN),
+)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """The grid. ``quick()`` keeps a few points per family (a smoke run)."""
+
+    gemm_m: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048,
+                               4096, 8192)
+    gemm_n: tuple[int, ...] = (1024, 1536, 2048, 2560, 3072, 4096, 5280, 6144, 8192, 11264, 12288, 15840, 16384,
+                               17920, 24576, 35840, 49152)
+    gemm_k: tuple[int, ...] = (1024, 1536, 2048, 2560, 3072, 4096, 5280, 5632, 6144, 8192, 11008, 12288, 17920,
+                               24576)
+    gemm_max_weight: int = 49152 * 8192       # n x k beyond this is no layer of the design space
+    gemv_n: tuple[int, ...] = (512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 11264, 16384)
+    gemv_k: tuple[int, ...] = (512, 1024, 1536, 2048, 3072, 4096, 5632, 8192)
+    attention_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+    attention_heads: int = 8                  # rows x heads is what the kernels' grids follow
+    attention_lengths: tuple[int, ...] = (32, 128, 512, 2048, 8192, 16384)
+    head_dims: tuple[int, ...] = (64, 96, 128)
+    groups: tuple[int, ...] = (1, 2, 4, 8)
+    max_positions: int = 2 ** 20              # rows x context per decode-attention point
+    chained_heads: tuple[int, ...] = (8, 16, 32)
+    prefill_tokens: tuple[int, ...] = (16, 64, 256, 1024, 4096, 8192)
+    prefill_chunks: tuple[int, ...] = (1, 8, 32)
+    prefill_prefix: tuple[int, ...] = (0, 2048)
+    prefill_heads: tuple[int, ...] = (8, 32)
+    prefill_groups: tuple[int, ...] = (1, 4)
+    rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+    widths: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384, 24576)
+    glue_hidden: tuple[int, ...] = (1024, 2048, 4096, 8192)
+    glue_vocab: tuple[int, ...] = (32768, 131072, 262144)
+    glue_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    glue_prefill: tuple[tuple[int, int], ...] = ((16, 1), (64, 1), (256, 1), (1024, 1), (4096, 1), (8192, 1),
+                                                 (128, 8), (512, 8), (2048, 8), (512, 32), (2048, 32))
+    probes: tuple[LayerShape, ...] = PROBES
+    probe_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    probe_lengths: tuple[int, ...] = (128, 2048)
+    probe_positions: int = 2 ** 18            # batch x context per probe point (keeps the probes' KV small)
+    skew_points: tuple[tuple[int, int, int, int], ...] = (
+        (2, 256, 4096, 1), (4, 256, 4096, 1), (8, 128, 4096, 1), (16, 128, 4096, 1), (16, 512, 4096, 4),
+        (32, 128, 2048, 1), (48, 32, 1024, 2), (64, 32, 512, 8))
+    repeats: int = 7
+    warmup: int = 2
+
+    @classmethod
+    def quick(cls) -> KernelPlan:
+        return cls(gemm_m=(1, 8, 64, 512, 2048), gemm_n=(1024, 4096, 16384), gemm_k=(1024, 4096, 16384),
+                   gemv_n=(1024, 4096), gemv_k=(1024, 2048), attention_rows=(1, 8, 64, 512),
+                   attention_lengths=(128, 2048), head_dims=(64, 128), groups=(1, 4), chained_heads=(16,),
+                   prefill_tokens=(64, 1024), prefill_chunks=(1, 8), prefill_prefix=(0,), prefill_groups=(1,),
+                   rows=(1, 16, 256, 4096), widths=(1024, 8192), glue_hidden=(1024, 4096),
+                   glue_vocab=(32768, 131072), glue_batches=(1, 8, 64, 256),
+                   glue_prefill=((64, 1), (1024, 1), (512, 8)), probe_batches=(1, 16, 128),
+                   probe_lengths=(512,), skew_points=((8, 128, 2048, 1), (32, 64, 1024, 2)), repeats=4)
+
+    def gemm_points(self) -> list[tuple[int, int, int]]:
+        return [(m, n, k) for n in self.gemm_n for k in self.gemm_k if n * k <= self.gemm_max_weight
+                for m in self.gemm_m]
+
+
+# ----- timing a chain ------------------------------------------------------------------------------------
+class ChainTimer:
+    """Seconds per call of a CUDA graph that runs ``calls`` one after another (eagerly on a CPU)."""
+
+    def __init__(self, device: torch.device, plan: KernelPlan) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.timer = Timer(device, plan.repeats, plan.warmup)
+
+    def __call__(self, calls: list[Callable[[], object]]) -> float:
+        def run() -> None:
+            for call in calls:
+                call()
+
+        with torch.inference_mode():
+            if not self.cuda:
+                return self.timer(run) / len(calls)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                run()  # compiles kernels, picks cuBLAS algorithms
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):  # a private pool, freed with the graph
+                run()
+            seconds = self.timer(graph.replay) / len(calls)
+            del graph
+            return seconds
+
+
+def chain_length(bytes_per_call: float) -> int:
+    """Calls per chain: enough distinct inputs that the chain reads twice the L2 before repeating."""
+    return int(min(MAX_CHAIN, max(1, -(-2 * L2_BYTES // max(bytes_per_call, 1)))))
+
+
+def _dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+# ----- the families --------------------------------------------------------------------------------------
+def measure_gemm(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
+    """``[m, n, k, t]``: ``F.linear`` of ``[m, k]`` by ``[n, k]`` (cuBLAS)."""
+    device, dtype = chain.device, _dtype(chain.device)
+    rows = []
+    pairs = sorted({(n, k) for _, n, k in plan.gemm_points()})
+    for n, k in pairs:
+        count = chain_length(2 * n * k)
+        weights = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(count)]
+        for m in plan.gemm_m:
+            progress(f"gemm m={m} n={n} k={k}")
+            x = torch.randn(m, k, device=device, dtype=dtype)
+            rows.append([m, n, k, chain([lambda w=w, x=x: F.linear(x, w) for w in weights])])
+        del weights
+    return rows
+
+
+def measure_gemv(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
+    """``[op, n, k, t]``: the chained single-row kernels (:mod:`executor.chain`) at one row."""
+    device, dtype = chain.device, _dtype(chain.device)
+    ops = Ops(_backend(device), fuse_rows=1)
+    rows = []
+    for n, k in itertools.product(plan.gemv_n, plan.gemv_k):
+        for op, code in GEMV_OPS.items():
+            width = 2 * n if op == "swiglu" else n
+            if op == "swiglu" and width > 2 * max(plan.gemv_n):
+                continue
+            progress(f"gemv {op} n={n} k={k}")
+            count = chain_length(2 * width * k)
+            ws = [torch.randn(width, k, device=device, dtype=dtype) * 0.02 for _ in range(count)]
+            x, branch = (torch.randn(1, k, device=device, dtype=dtype) for _ in range(2))
+            norm = torch.ones(k, device=device, dtype=dtype)
+            calls = [_gemv_call(ops, op, w, x, branch, norm) for w in ws]
+            rows.append([code, n, k, chain(calls)])
+    return rows
+
+
+def _gemv_call(ops: Ops, op: str, w: torch.Tensor, x: torch.Tensor, branch: torch.Tensor,
+               norm: torch.Tensor) -> Callable[[], object]:
+    if op == "gemv":
+        return lambda: ops.gemv(x, w)
+    if op == "rmsnorm":
+        return lambda: ops.gemv_rmsnorm(x, norm, 1e-6, w)
+    return lambda: ops.gemv_residual(branch, x, norm, norm, 1e-6, True, w, swiglu=op == "swiglu")
+
+
+def attention_unit(heads: int, group: int, head_dim: int, layers: int = 8) -> ArchSpec:
+    """A model whose only role is to hold a KV cache of ``layers`` layers with this head layout."""
+    layer = LayerShape(hidden=heads * head_dim, intermediate=64, heads=heads, kv_heads=max(1, heads // group),
+                       head_dim=head_dim, style=LayerStyle.OURO)
+    return ArchSpec(name=f"attention-{heads}x{head_dim}-g{group}", layer=layer, vocab=256, prelude=0,
+                    core=layers, coda=0, r_max=1)
+
+
+class AttentionBench:
+    """The executor's RoPE/KV-write and attention kernels on a cache of eight layers (so a chain reads
+    distinct KV, as a step's layers do), with metadata the engine prepares for synthetic launches."""
+
+    def __init__(self, heads: int, group: int, head_dim: int, max_rows: int, max_context: int,
+                 max_positions: int, device: torch.device, timer: Timer) -> None:
+        self.arch = attention_unit(heads, group, head_dim)
+        self.bench = UnitBench(self.arch, max_rows, max_context + 1, max_positions, KVLayout.SHARED, device, timer)
+        self.engine = self.bench.engine
+        self.device, self.dtype = device, self.engine.model.dtype
+        self.ops = Ops(_backend(device))
+        self.chained = Ops(_backend(device), fuse_rows=1)
+        s = self.arch.layer
+        self.qkv_width = (s.heads + 2 * s.kv_heads) * s.head_dim
+
+    def _views(self, rows: int, contexts: list[int]):
+        launch = decode_launch(Stage.CORE, list(range(rows)), [c - 1 for c in contexts],
+                               self.bench.blocks_for(contexts), rows)
+        prepared = self.engine.prepare(launch, self.bench.graphs.width)
+        meta = torch.from_numpy(prepared.meta).to(self.device)
+        return self.engine.views(Stage.CORE, meta, rows, prepared.width)
+
+    def calls(self, kind: str, rows: int, contexts: list[int]) -> list[Callable[[], object]]:
+        m, e = self._views(rows, contexts), self.engine
+        qkv = torch.randn(rows, self.qkv_width, device=self.device, dtype=self.dtype)
+        s = self.arch.layer
+        q = torch.randn(rows, s.heads, s.head_dim, device=self.device, dtype=self.dtype)
+        out = []
+        for layer in range(self.arch.core):
+            if kind == "rope_kv":
+                out.append(lambda layer=layer: self.ops.rope_write_kv(qkv, None, None, m.pos, e.rope, e.cache, m.row0,
+                                                                       m.layer_base, layer, m.fill, 0))
+            elif kind == "decode_attention":
+                out.append(lambda layer=layer: self.ops.decode_attention(q, e.cache, m.block_table, m.layer_base,
+                                                                          layer, m.seq_len, e.scale))
+            else:
+                out.append(lambda layer=layer: self.chained.rope_decode_attention(
+                    qkv, None, None, m.pos, e.rope, e.cache, m.row0, m.layer_base, layer, m.fill, 0,
+                    m.block_table, m.seq_len, e.scale))
+        return out
+
+    def prefill_calls(self, tokens: int, chunks: int, prefix: int) -> list[Callable[[], object]]:
+        e, s = self.engine, self.arch.layer
+        per = tokens // chunks
+        launch = prefill_launch(list(range(chunks)), [prefix] * chunks, [per] * chunks,
+                                self.bench.blocks_for([prefix + per] * chunks), tokens)
+        prepared = e.prepare(launch, self.bench.graphs.width)
+        meta = e.views(Stage.PREFILL, torch.from_numpy(prepared.meta).to(self.device), tokens, prepared.width)
+        q = torch.randn(tokens, s.heads, s.head_dim, device=self.device, dtype=self.dtype)
+        return [lambda layer=layer: self.ops.prefill_attention(q, e.cache, meta, layer, e.scale)
+                for layer in range(self.arch.core)]
+
+    def close(self) -> None:
+        self.bench.close()
+
+
+def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
+                      ) -> tuple[dict[str, list[list[float]]], dict[str, float]]:
+    """The RoPE/KV-write, decode-attention and chained-attention tables, and the attention width
+    (programs at once) per head size from core steps with mixed contexts."""
+    tables: dict[str, list[list[float]]] = {"rope_kv": [], "decode_attention": [], "chained_attention": []}
+    slots: dict[str, float] = {}
+    h8 = plan.attention_heads
+    longest = max(plan.attention_lengths)
+    for d, g in itertools.product(plan.head_dims, plan.groups):
+        progress(f"attention d={d} group={g}: building")
+        bench = AttentionBench(h8, g, d, max(plan.attention_rows), longest, plan.max_positions, chain.device,
+                               chain.timer)
+        for rows in plan.attention_rows:
+            progress(f"rope_kv rows={rows} d={d} g={g}")
+            tables["rope_kv"].append([rows * h8, g, d, chain(bench.calls("rope_kv", rows, [64] * rows))])
+        for rows, length in itertools.product(plan.attention_rows, plan.attention_lengths):
+            if rows * length <= plan.max_positions:
+                progress(f"decode_attention rows={rows} L={length} d={d} g={g}")
+                tables["decode_attention"].append(
+                    [rows * h8, g, d, length, chain(bench.calls("decode_attention", rows, [length] * rows))])
+        if h8 in plan.chained_heads:
+            for length in plan.attention_lengths:
+                progress(f"chained_attention heads={h8} L={length} d={d} g={g}")
+                tables["chained_attention"].append([h8, g, d, length, chain(bench.calls("chained", 1, [length]))])
+        if g == 1:
+            slots[str(d)] = _fit_slots(plan, bench, chain, tables["decode_attention"], d, progress)
+        bench.close()
+    for heads in plan.chained_heads:
+        if heads == h8:
+            continue
+        for d, g in itertools.product(plan.head_dims, plan.groups):
+            progress(f"chained attention heads={heads} d={d} g={g}")
+            bench = AttentionBench(heads, g, d, 1, max(plan.attention_lengths), max(plan.attention_lengths) + 64,
+                                   chain.device, chain.timer)
+            for length in plan.attention_lengths:
+                tables["chained_attention"].append([heads, g, d, length, chain(bench.calls("chained", 1, [length]))])
+            bench.close()
+    return tables, slots
+
+
+def measure_prefill_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
+                              ) -> list[list[float]]:
+    """``[tokens, chunks, prefix, heads, group, head_dim, t]``: the packed prefill attention kernel."""
+    rows = []
+    longest = max(plan.prefill_prefix) + max(plan.prefill_tokens)
+    chunks_max = max(plan.prefill_chunks)
+    for heads, d, g in itertools.product(plan.prefill_heads, plan.head_dims, plan.prefill_groups):
+        progress(f"prefill attention heads={heads} d={d} g={g}: building")
+        bench = AttentionBench(heads, g, d, chunks_max, longest, chunks_max * (longest + 64), chain.device,
+                               chain.timer)
+        for tokens, chunks, prefix in itertools.product(plan.prefill_tokens, plan.prefill_chunks, plan.prefill_prefix):
+            if tokens % chunks:
+                continue
+            progress(f"prefill_attention T={tokens} chunks={chunks} prefix={prefix} heads={heads} d={d} g={g}")
+            rows.append([tokens, chunks, prefix, heads, g, d, chain(bench.prefill_calls(tokens, chunks, prefix))])
+        bench.close()
+    return rows
+
+
+def _fit_slots(plan: KernelPlan, bench: AttentionBench, chain: ChainTimer, uniform: list[list[float]], d: int,
+               progress: Callable[[str], None]) -> float:
+    """The attention width for head size ``d``: core steps whose rows attend different contexts, against
+    the uniform-context table (see :func:`calibration.fit.fit_slots`)."""
+    from cdbsim.kernel_table import KernelTable
+
+    h8 = plan.attention_heads
+    points = [p for p in uniform if p[1] == 1 and p[2] == d]
+    table = KernelTable("decode_attention", ("units", "length"), [[p[0], p[3], p[4]] for p in points],
+                        proxy=lambda q: q[0] * q[1])
+    rows = []
+    for b, short, long, n_long in plan.skew_points:
+        contexts = [long] * n_long + [short] * (b - n_long)
+        if sum(contexts) > plan.max_positions:
+            continue
+        progress(f"attention width d={d}: {n_long} of {b} rows at {long}")
+        rows.append([b, *contexts, chain(bench.calls("decode_attention", b, contexts))])
+    fitted = fit_slots(h8, lambda padded, length: table(padded * h8, max(length, 1.0)), rows)
+    return float(fitted["slots"] or 0.0)
+
+
+def measure_elementwise(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
+                        ) -> dict[str, list[list[float]]]:
+    """``[rows, width, t]`` of the Triton RMSNorm, residual+norm and SwiGLU kernels."""
+    device, dtype = chain.device, _dtype(chain.device)
+    ops = Ops(_backend(device))
+    out: dict[str, list[list[float]]] = {"rms_norm": [], "residual_norm": [], "silu_mul": []}
+    for rows, width in itertools.product(plan.rows, plan.widths):
+        progress(f"elementwise rows={rows} width={width}")
+        count = chain_length(6 * rows * width)
+        w = torch.ones(width, device=device, dtype=dtype)
+        xs = [torch.randn(rows, width, device=device, dtype=dtype) for _ in range(count)]
+        bs = [torch.randn(rows, width, device=device, dtype=dtype) for _ in range(count)]
+        gu = [torch.randn(rows, 2 * width, device=device, dtype=dtype) for _ in range(count)]
+        out["rms_norm"].append([rows, width, chain([lambda x=x, w=w: ops.rms_norm(x, w, 1e-6) for x in xs])])
+        out["residual_norm"].append([rows, width, chain([lambda x=x, b=b, w=w: ops.residual_norm(b, x, w, w, 1e-6, True)
+                                                         for x, b in zip(xs, bs, strict=True)])])
+        out["silu_mul"].append([rows, width, chain([lambda g=g: ops.silu_mul(g) for g in gu])])
+        del xs, bs, gu
+    return out
+
+
+def glue_unit(style: LayerStyle, hidden: int, vocab: int, core: int) -> ArchSpec:
+    """A model of this style, hidden size and vocabulary whose ``core`` layers are tiny: its stages are the
+    glue around the layers (embedding, hidden-state bank, head and sampling)."""
+    layer = LayerShape(hidden=hidden, intermediate=64, heads=2, kv_heads=2, head_dim=64, style=style)
+    return ArchSpec(name=f"glue-{style}-h{hidden}-v{vocab}-c{core}", layer=layer, vocab=vocab, prelude=0,
+                    core=core, coda=0, r_max=1, tied_head=style is LayerStyle.HUGINN)
+
+
+def measure_glue(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
+                 ) -> dict[str, list[list[float]]]:
+    """``prelude0``, ``coda0``, ``core_glue`` and ``prefill_glue``: the engine's stages on glue units."""
+    out: dict[str, list[list[float]]] = {"prelude0": [], "coda0": [], "core_glue": [], "prefill_glue": []}
+    timer, device = chain.timer, chain.device
+    longest = max(t for t, _ in plan.glue_prefill)
+    batch = max(max(plan.glue_batches), max(c for _, c in plan.glue_prefill))
+    context = min(64, longest)  # short: the glue does not attend
+    for style, hidden in itertools.product(LayerStyle, plan.glue_hidden):
+        code = STYLE_CODE[style]
+        for vocab in plan.glue_vocab:
+            progress(f"glue {style} h={hidden} V={vocab}")
+            one = UnitBench(glue_unit(style, hidden, vocab, 1), batch, longest + 1, batch * (longest + 1),
+                            KVLayout.SHARED, device, timer)
+            for b in plan.glue_batches:
+                out["coda0"].append([code, hidden, vocab, b, one.stage(Stage.CODA, b, context)])
+            if vocab != plan.glue_vocab[0]:
+                one.close()
+                continue
+            two = UnitBench(glue_unit(style, hidden, vocab, 2), batch, longest + 1, batch * (longest + 1),
+                            KVLayout.SHARED, device, timer)
+            for b in plan.glue_batches:
+                out["prelude0"].append([code, hidden, b, one.stage(Stage.PRELUDE, b, context)])
+                t1, t2 = one.stage(Stage.CORE, b, context), two.stage(Stage.CORE, b, context)
+                out["core_glue"].append([code, hidden, b, max(2 * t1 - t2, 1e-7)])
+            for tokens, chunks in plan.glue_prefill:
+                t1, t2 = one.prefill(tokens // chunks, chunks), two.prefill(tokens // chunks, chunks)
+                out["prefill_glue"].append([code, hidden, tokens, chunks, max(2 * t1 - t2, 1e-7)])
+            one.close()
+            two.close()
+    return out
+
+
+def measure_adapter_table(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
+    """``[hidden, rows, t]``: Huginn's adapter, ``cat(s, e) @ W`` with ``W`` ``[h, 2h]``."""
+    device, dtype = chain.device, _dtype(chain.device)
+    rows = []
+    for hidden in plan.glue_hidden:
+        count = chain_length(4 * hidden * hidden)
+        weights = [torch.randn(hidden, 2 * hidden, device=device, dtype=dtype) * 0.02 for _ in range(count)]
+        for b in plan.glue_batches:
+            progress(f"adapter h={hidden} B={b}")
+            s, e = (torch.randn(b, hidden, device=device, dtype=dtype) for _ in range(2))
+            rows.append([hidden, b, chain([lambda w=w, s=s, e=e: F.linear(torch.cat((s, e), dim=-1), w)
+                                           for w in weights])])
+    return rows
+
+
+def measure_probes(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
+    """``[probe, rows, length, t]``: one real decode layer of each probe shape (two-layer core step less
+    the one-layer one), for the per-kernel gap."""
+    rows = []
+    longest = max(plan.probe_lengths)
+    points = [(b, n) for b, n in itertools.product(plan.probe_batches, plan.probe_lengths)
+              if b * n <= plan.probe_positions]
+    for index, shape in enumerate(plan.probes):
+        units = [ArchSpec(name=f"probe{index}-c{core}", layer=shape, vocab=4096, prelude=0, core=core, coda=0,
+                          r_max=1) for core in (1, 2)]
+        benches = [UnitBench(u, max(plan.probe_batches), longest + 1, plan.probe_positions + max(plan.probe_batches),
+                             KVLayout.SHARED, chain.device, chain.timer) for u in units]
+        for b, length in points:
+            progress(f"probe {index} B={b} L={length}")
+            t1, t2 = (bench.stage(Stage.CORE, b, length) for bench in benches)
+            rows.append([index, b, length, t2 - t1])
+        for bench in benches:
+            bench.close()
+    return rows
+
+
+def fit_gaps(record: dict, probes: tuple[LayerShape, ...] = PROBES) -> dict:
+    """Seconds per kernel that whole probe layers take beyond the sum of their kernels' tables, per layer
+    style (the executor launches other norm and RoPE variants per style) and path (many rows, the single-row
+    chained kernels): the median over the style's probe points, one number each."""
+    model = KernelModel({**record, "gaps": {}})
+    gaps: dict[str, dict[str, list[float]]] = {}
+    for index, rows, length, t in record["probes"]:
+        shape = probes[int(index)]
+        arch = ArchSpec(name="probe", layer=shape, vocab=4096, prelude=0, core=1, coda=0, r_max=1)
+        kernels = model.layer(arch, int(rows), float(length))
+        chained = int(rows) <= chained_rows(shape.hidden)
+        path = gaps.setdefault(shape.style.value, {}).setdefault("chained" if chained else "many", [])
+        path.append((t - kernels) / (5 if chained else 9))
+    return {style: {path: statistics.median(values) for path, values in paths.items()}
+            for style, paths in gaps.items()}
+
+
+def copy_bandwidth(device: torch.device, gib: float = 2.0) -> float:
+    """Bytes read + written per second by a large device-to-device copy."""
+    n = int(gib * 2 ** 30) // 2 if device.type == "cuda" else 1 << 20
+    src = torch.randn(n, device=device, dtype=_dtype(device))
+    dst = torch.empty_like(src)
+    seconds = Timer(device, 5, 2)(lambda: dst.copy_(src))
+    return 2 * n * src.element_size() / seconds
+
+
+def _backend(device: torch.device) -> str:
+    from executor.ops import default_backend
+
+    return default_backend(device)
+
+
+# ----- the whole calibration -------------------------------------------------------------------------------
+FAMILIES = ("copy", "gemm", "elementwise", "gemv", "attention", "prefill", "glue", "adapter", "probes", "host")
+
+
+def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan: KernelPlan | None = None,
+                      progress: Callable[[str], None] = lambda _: None, name: str | None = None,
+                      families: tuple[str, ...] = FAMILIES, base: Profile | None = None) -> Profile:
+    """Measure every family (or ``families`` only, on top of ``base``'s record), fit the gaps and the
+    attention widths, and write the kernel profile (``<device>-kernels.json``); a partial record is
+    written after each family."""
+    from calibration.run import device_tag
+
+    dev = torch.device(device)
+    plan = plan or (KernelPlan.quick() if quick else KernelPlan())
+    chain = ChainTimer(dev, plan)
+    info, versions = environment(dev)
+    name = name or f"{device_tag(info['name'])}-kernels"
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    measured_on = {"bandwidth": H200.bandwidth, "flops": H200.matmul_flops, "launch": H200.launch_s}
+    record: dict = {"tables": {}, "device": measured_on,
+                    "glue_vocab": plan.glue_vocab[0], "seconds": {}}
+    components = {}
+    if base is not None:
+        record = {**base.kernels, "tables": dict(base.kernels["tables"]), "seconds": dict(base.kernels["seconds"])}
+        record.pop("failed", None)
+        components = dict(base.components)
+
+    def save() -> Profile:
+        record["wall_s"] = time.perf_counter() - started
+        profile = Profile(name=name, kind=ProfileKind.KERNELS, device=info, components=dict(components),
+                          versions=versions, date=dt.date.today().isoformat(),
+                          notes=f"cdbsim calibrate --kernels{' --quick' if quick else ''}; "
+                                f"{record['wall_s']:.0f} s", kernels=record)
+        profile.save(out / f"{name}.json")
+        return profile
+
+    def family(label: str, fn: Callable[[], None]) -> None:
+        if label not in families and label != "gaps":
+            return
+        t0 = time.perf_counter()
+        try:
+            fn()
+        except Exception as exc:  # keep what the other families measure; the record says what failed
+            record.setdefault("failed", {})[label] = f"{type(exc).__name__}: {exc}"
+        record["seconds"][label] = round(time.perf_counter() - t0, 1)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        save()
+
+    tables = record["tables"]
+    family("copy", lambda: record.update(copy_bandwidth=copy_bandwidth(dev)))
+    family("gemm", lambda: tables.update(gemm=measure_gemm(plan, chain, progress)))
+    family("elementwise", lambda: tables.update(measure_elementwise(plan, chain, progress)))
+    family("gemv", lambda: tables.update(gemv=measure_gemv(plan, chain, progress)))
+
+    def attention() -> None:
+        found, slots = measure_attention(plan, chain, progress)
+        tables.update({k: v for k, v in found.items() if v})
+        record["attention_slots"] = slots
+
+    family("attention", attention)
+    family("prefill", lambda: tables.update(prefill_attention=measure_prefill_attention(plan, chain, progress)))
+    family("glue", lambda: tables.update(measure_glue(plan, chain, progress)))
+    family("adapter", lambda: tables.update(adapter=measure_adapter_table(plan, chain, progress)))
+    family("probes", lambda: record.update(probes=measure_probes(plan, chain, progress)))
+    family("gaps", lambda: record.update(gaps=fit_gaps(record, plan.probes)))
+
+    def host() -> None:
+        probe = ArchSpec(name="probe-host", layer=plan.probes[0], vocab=4096, prelude=0, core=4, coda=0, r_max=4)
+        points = {**measure_host(probe, dev, progress=progress),
+                  **measure_meta_copy(dev, Timer(dev, plan.repeats, plan.warmup, spin_s=2e-3))}
+        for key, rows in points.items():
+            components[key] = fit_points(np.asarray(rows, dtype=float), with_context=False)
+
+    family("host", host)
+    return save()
+
+
+def kernel_tables_complete(record: dict) -> list[str]:
+    """The tables :mod:`cdbsim.kernels` needs that a record lacks."""
+    return [t for t in TABLE_DIMS if t not in record.get("tables", {})]
+
+
+def summary_rows(profile: Profile) -> list[dict]:
+    """Per family: points, seconds spent; and the fitted gaps and attention widths."""
+    record = profile.kernels
+    rows = [{"table": name, "points": len(points)} for name, points in record["tables"].items()]
+    for style, gaps in record.get("gaps", {}).items():
+        for path, gap in gaps.items():
+            rows.append({"table": f"gap {style} {path} (us per kernel)", "points": 1e6 * gap})
+    for d, slots in record.get("attention_slots", {}).items():
+        rows.append({"table": f"attention width d={d}", "points": slots})
+    return rows
+

@@ -1,0 +1,332 @@
+"""A latency model for architectures nobody has built yet: stage times composed from measured kernels.
+
+``cdbsim calibrate --kernels`` times the kernels the executor launches (cuBLAS GEMMs, the Triton norm,
+SwiGLU, RoPE/KV-write and paged-attention kernels, the single-row chained kernels) over a grid that spans
+the design space, plus the glue around them (embedding and hidden-state copies, head and sampling), each
+as CUDA-graph replays of a chain of distinct inputs, so launch gaps and cache behaviour are those of a
+stage. This module turns those tables into the components of :mod:`cdbsim.recipes` for any
+:class:`~cdbsim.arch.ArchSpec` whose kernels lie in (or near) the grid:
+
+    layer    = gemm(B, qkv, h) + rope_kv + decode_attention(L) + gemm(B, h, heads*d) + residual_norm
+               + gemm(B, 2i, h) + silu_mul + gemm(B, h, i) + residual_norm          (+ gap per kernel)
+    layer    (single-row chained path) = gemv_residual(qkv) + chained_attention(L) + gemv(o)
+               + gemv_swiglu(gate/up) + gemv(down)                                    (+ gap per kernel)
+    core1    = layer + core glue (bank gather/scatter, first norm, Huginn's adapter)
+    prelude0, coda0 (embedding / head + sampling and glue) from their own measured tables
+    prefill_layer = the layer's kernels at ``m = tokens`` with packed prefill attention; prefill1 adds
+               the prefill glue (embedding, head on the sampled rows)
+
+The per-kernel gap is what whole layers measured in the same calibration run take beyond the sum of
+their kernels, divided by the kernels. The result is a set of component fits with points on a dense
+(batch, context) grid, which :class:`cdbsim.latency.LatencyModel` interpolates like measured ones.
+
+A second GPU is predicted by scaling every kernel by the ratio of its roofline times on the two devices
+(bytes over bandwidth, FLOPs over matmul rate): the measured efficiency curves carry over, the speeds
+change. Such predictions are labelled "not validated".
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
+
+from cdbsim.arch import ArchSpec, LayerStyle
+from cdbsim.config import decode_graph_sizes
+from cdbsim.kernel_table import KernelTable, Lookup
+from cdbsim.profile import Fit, Profile, fit_points
+from cdbsim.recipes import Component
+
+if TYPE_CHECKING:
+    from cdbsim.latency import DeviceSpec
+
+CHAINED_MAX_HIDDEN = 2048
+
+
+def chained_rows(hidden: int) -> int:
+    """Rows up to which the executor's GPU path runs a layer on the chained single-row kernels: single
+    rows of models no wider than 2,048 (where they beat cuBLAS on the H200; wider models do not gain)."""
+    return 1 if hidden <= CHAINED_MAX_HIDDEN else 0
+
+
+STYLE_CODE = {LayerStyle.OURO: 0.0, LayerStyle.HUGINN: 1.0}
+GEMV_OPS = {"gemv": 0.0, "rmsnorm": 1.0, "residual": 2.0, "swiglu": 3.0}
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """The device figures a kernel's roofline proxy uses: bytes/s, FLOP/s, and a launch floor."""
+
+    bandwidth: float = 4.3e12
+    flops: float = 7.9e14
+    launch: float = 2.5e-6
+
+
+def _proxies(s: Speeds) -> dict[str, Callable[[tuple[float, ...]], float]]:
+    """Roofline time of each kernel at a query: what carries a measured value to a shape off the grid
+    and to another device."""
+    bw, fl, c = s.bandwidth, s.flops, s.launch
+
+    def gemm(q):
+        m, n, k = q
+        return c + max(2 * (n * k + m * k + m * n) / bw, 2 * m * n * k / fl)
+
+    def prefill_attention(q):
+        tokens, chunks, prefix, heads, group, d = q
+        t = tokens / chunks
+        pairs = chunks * (t * prefix + t * (t + 1) / 2)
+        return c + max(4 * pairs * heads * d / (0.4 * fl), tokens * heads * d * 2 * (1 + 2 / group) / bw)
+
+    return {
+        "gemm": gemm,
+        "gemv": lambda q: c + 2 * q[1] * q[2] / bw,
+        "rope_kv": lambda q: c + q[0] * q[2] * 2 * (2 + 4 / q[1]) / bw,
+        "decode_attention": lambda q: c + q[0] * q[3] * q[2] * 4 / q[1] / bw,
+        "chained_attention": lambda q: c + q[0] * q[3] * q[2] * 4 / q[1] / bw,
+        "prefill_attention": prefill_attention,
+        "rms_norm": lambda q: c + q[0] * q[1] * 2 * 2 / bw,
+        "residual_norm": lambda q: c + q[0] * q[1] * 2 * 5 / bw,
+        "silu_mul": lambda q: c + q[0] * q[1] * 2 * 3 / bw,
+        "prelude0": lambda q: c + q[2] * q[1] * 2 * 4 / bw,
+        "coda0": lambda q: c + max(q[2] * q[1] * 2 / bw, 2 * q[3] * q[2] * q[1] / fl) + q[3] * q[2] * 8 / bw,
+        "core_glue": lambda q: c + q[2] * q[1] * 2 * 6 / bw,
+        "prefill_glue": lambda q: c + q[2] * q[1] * 2 * 4 / bw,
+        "adapter": lambda q: gemm((q[1], q[0], 2 * q[0])),
+    }
+
+
+TABLE_DIMS: dict[str, tuple[str, ...]] = {
+    "gemm": ("m", "n", "k"),
+    "gemv": ("op", "n", "k"),
+    "rope_kv": ("units", "group", "head_dim"),
+    "decode_attention": ("units", "group", "head_dim", "length"),
+    "chained_attention": ("units", "group", "head_dim", "length"),
+    "prefill_attention": ("tokens", "chunks", "prefix", "heads", "group", "head_dim"),
+    "rms_norm": ("rows", "width"),
+    "residual_norm": ("rows", "width"),
+    "silu_mul": ("rows", "width"),
+    "prelude0": ("style", "hidden", "rows"),
+    "coda0": ("style", "hidden", "vocab", "rows"),
+    "core_glue": ("style", "hidden", "rows"),
+    "prefill_glue": ("style", "hidden", "tokens", "chunks"),
+    "adapter": ("hidden", "rows"),
+}
+EXACT_DIMS = frozenset({"op", "style"})
+"""Dimensions matched exactly (a variant, not a size). ``units`` is (rows x heads): the attention and
+RoPE kernels run one program group per (row, head), so their time follows the product."""
+
+
+@dataclass
+class KernelModel:
+    """The kernel tables of one calibration, read for any architecture (optionally on another device).
+
+    ``record`` is a kernel profile's ``kernels`` section: ``tables`` ({name: points}), ``gaps`` (seconds
+    per kernel beyond the kernels' own time, for the ``many``-row and ``chained`` paths), ``copy_bandwidth``
+    (bytes/s), ``attention_slots`` ({head_dim: programs the GPU runs at once}), ``device`` (the measured
+    GPU's figures, for the proxies) and ``glue_vocab`` (the vocabulary the prefill glue was measured at).
+    """
+
+    record: dict
+    target: Speeds | None = None
+
+    def __post_init__(self) -> None:
+        self.measured_on = Speeds(**self.record.get("device", {}))
+        proxies = _proxies(self.measured_on)
+        self.scale = _proxies(self.target) if self.target is not None else None
+        self.tables = {name: KernelTable(name, TABLE_DIMS[name], points, proxies[name],
+                                         exact=frozenset(TABLE_DIMS[name]) & EXACT_DIMS)
+                       for name, points in self.record["tables"].items()}
+        self.gaps = self.record.get("gaps", {})  # per layer style: {"many": [[rows, s], ...], "chained": s}
+        self.reach = 1.0           # the farthest any lookup so far went outside the grid
+        self.reached: str = ""     # which table and query that was
+
+    # ----- lookups -------------------------------------------------------------------------------
+    def time(self, table: str, *query: float) -> float:
+        found: Lookup = self.tables[table].lookup(*query)
+        if found.reach > self.reach:
+            self.reach = found.reach
+            self.reached = f"{table}({', '.join(f'{x:g}' for x in query)})"
+        seconds = found.seconds
+        if self.scale is not None:  # another device: the same efficiency, that device's roofline
+            proxy = self.tables[table].proxy
+            seconds *= self.scale[table](tuple(map(float, query))) / proxy(tuple(map(float, query)))
+        return seconds
+
+    def gap(self, style: LayerStyle, path: str, rows: float = 1.0) -> float:
+        """Seconds per kernel a layer of ``style`` takes beyond its kernels' tables: a number, or ``[[rows,
+        gap], ...]`` interpolated in log rows (the edges carried flat)."""
+        gap = self.gaps.get(str(style), {}).get(path, 0.0)
+        if not isinstance(gap, list):
+            return float(gap)
+        points = sorted((float(r), float(g)) for r, g in gap)
+        if rows <= points[0][0]:
+            return points[0][1]
+        for (r0, g0), (r1, g1) in itertools.pairwise(points):
+            if rows <= r1:
+                w = (math.log(rows) - math.log(r0)) / (math.log(r1) - math.log(r0))
+                return (1 - w) * g0 + w * g1
+        return points[-1][1]
+
+    # ----- components ----------------------------------------------------------------------------
+    def layer(self, arch: ArchSpec, rows: int, length: float) -> float:
+        """One decode layer of ``arch`` over ``rows`` padded rows attending ``length`` positions each."""
+        s = arch.layer
+        h, i, d, g = s.hidden, s.intermediate, s.head_dim, s.heads / s.kv_heads
+        qkv = (s.heads + 2 * s.kv_heads) * d
+        length = max(length, 1.0)
+        if rows <= chained_rows(h):
+            kernels = (self.time("gemv", GEMV_OPS["residual"], qkv, h)
+                       + self.time("chained_attention", s.heads * rows, g, d, length)
+                       + self.time("gemv", GEMV_OPS["gemv"], h, s.heads * d)
+                       + self.time("gemv", GEMV_OPS["swiglu"], i, h)  # n: the intermediate size
+                       + self.time("gemv", GEMV_OPS["gemv"], h, i))
+            return _with_gaps(kernels, 5, self.gap(s.style, "chained", rows))
+        units = rows * s.heads
+        kernels = (self.time("gemm", rows, qkv, h) + self.time("rope_kv", units, g, d)
+                   + self.time("decode_attention", units, g, d, length)
+                   + self.time("gemm", rows, h, s.heads * d) + 2 * self.time("residual_norm", rows, h)
+                   + self.time("gemm", rows, 2 * i, h) + self.time("silu_mul", rows, i)
+                   + self.time("gemm", rows, h, i))
+        return _with_gaps(kernels, 9, self.gap(s.style, "many", rows))
+
+    def core1(self, arch: ArchSpec, rows: int, length: float) -> float:
+        return self.layer(arch, rows, length) + self.time("core_glue", STYLE_CODE[arch.style], arch.layer.hidden,
+                                                          rows)
+
+    def prelude0(self, arch: ArchSpec, rows: int) -> float:
+        return self.time("prelude0", STYLE_CODE[arch.style], arch.layer.hidden, rows)
+
+    def coda0(self, arch: ArchSpec, rows: int) -> float:
+        return self.time("coda0", STYLE_CODE[arch.style], arch.layer.hidden, arch.vocab, rows)
+
+    def adapter(self, arch: ArchSpec, rows: int) -> float:
+        return self.time("adapter", arch.layer.hidden, rows)
+
+    def prefill_layer(self, arch: ArchSpec, tokens: int, chunks: int, prefix: int) -> float:
+        """One layer of a prefill of ``chunks`` prompts of ``tokens / chunks`` tokens after ``prefix``."""
+        s = arch.layer
+        h, i, d, g = s.hidden, s.intermediate, s.head_dim, s.heads / s.kv_heads
+        qkv = (s.heads + 2 * s.kv_heads) * d
+        kernels = (self.time("gemm", tokens, qkv, h) + self.time("rope_kv", tokens * s.heads, g, d)
+                   + self.time("prefill_attention", tokens, chunks, prefix, s.heads, g, d)
+                   + self.time("gemm", tokens, h, s.heads * d) + 2 * self.time("residual_norm", tokens, h)
+                   + self.time("gemm", tokens, 2 * i, h) + self.time("silu_mul", tokens, i)
+                   + self.time("gemm", tokens, h, i))
+        return _with_gaps(kernels, 9, self.gap(s.style, "many", tokens))
+
+    def prefill1(self, arch: ArchSpec, tokens: int, chunks: int, prefix: int) -> float:
+        """A one-layer, one-loop prefill with embedding, head and sampling of each chunk's last token."""
+        style, h = STYLE_CODE[arch.style], arch.layer.hidden
+        glue = self.time("prefill_glue", style, h, tokens, chunks)
+        vocab = float(self.record.get("glue_vocab", arch.vocab))
+        if vocab != arch.vocab:  # the head over the sampled rows at this model's vocabulary
+            glue += self.time("coda0", style, h, arch.vocab, chunks) - self.time("coda0", style, h, vocab, chunks)
+        return self.prefill_layer(arch, tokens, chunks, prefix) + glue
+
+    def kv_copy(self, arch: ArchSpec) -> float:
+        """Seconds per (token, slot) copy of the last-exited fill in one core layer: its K and V bytes,
+        written at the measured copy bandwidth."""
+        return 2 * arch.layer.kv_bytes_per_slot / float(self.record["copy_bandwidth"])
+
+    def attention_slots(self, arch: ArchSpec) -> float | None:
+        """Decode-attention programs the GPU runs at once for this head size (log-interpolated)."""
+        slots = {float(k): float(v) for k, v in self.record.get("attention_slots", {}).items() if v}
+        if not slots:
+            return None
+        d = float(arch.layer.head_dim)
+        keys = sorted(slots)
+        if d <= keys[0] or d >= keys[-1] or d in slots:
+            return slots[min(keys, key=lambda k: abs(k - d))]
+        lo = max(k for k in keys if k < d)
+        hi = min(k for k in keys if k > d)
+        w = (math.log(d) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        return math.exp((1 - w) * math.log(slots[lo]) + w * math.log(slots[hi]))
+
+    # ----- the component fits for one architecture ----------------------------------------------
+    def components(self, arch: ArchSpec, max_batch: int = 1024) -> dict[str, Fit]:
+        """Component fits of ``arch`` (:mod:`cdbsim.recipes` keys) with points on the executor's padded
+        batch sizes and context lengths 16 .. 32,768, ready for interpolation."""
+        batches = decode_graph_sizes(max_batch)
+        lengths = [2 ** k for k in range(4, 16)]
+        comps: dict[str, Fit] = {}
+
+        def decode(fn: Callable[[int, float], float], with_context: bool) -> Fit:
+            """Points at every batch and length; a launch never gets faster for a bigger batch (a kernel
+            can measure a little faster at a larger size where it switches tiles: the larger size then
+            takes the smaller one's time)."""
+            rows = []
+            for n in lengths if with_context else [0]:
+                slowest = 0.0
+                for b in batches:
+                    slowest = max(slowest, fn(b, n))
+                    rows.append([b, b * n, slowest])
+            return fit_points(rows, with_context=with_context)
+
+        comps[Component.LAYER.key(arch)] = decode(lambda b, n: self.layer(arch, b, n), True)
+        comps[Component.CORE1.key(arch)] = decode(lambda b, n: self.core1(arch, b, n), True)
+        comps[Component.PRELUDE0.key(arch)] = decode(lambda b, _: self.prelude0(arch, b), False)
+        comps[Component.CODA0.key(arch)] = decode(lambda b, _: self.coda0(arch, b), False)
+        if arch.has_adapter:
+            comps[Component.ADAPTER.key(arch)] = decode(lambda b, _: self.adapter(arch, b), False)
+        prefill = [(n, 1, 0) for n in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)]
+        prefill += [(n, 1, p) for n in (64, 512) for p in (1024, 4096)]
+        prefill += [(16, k, 0) for k in (4, 8, 16, 32, 64)] + [(64, 16, 0), (256, 8, 0), (128, 32, 0)]
+        layer_rows, first_rows = [], []
+        for n, k, p in prefill:
+            tokens = n * k
+            pairs = k * (n * p + n * (n + 1) // 2)
+            layer_rows.append([tokens, pairs, k, self.prefill_layer(arch, tokens, k, p)])
+            first_rows.append([tokens, pairs, k, self.prefill1(arch, tokens, k, p)])
+        comps[Component.PREFILL_LAYER.key(arch)] = fit_points(layer_rows)
+        comps[Component.PREFILL1.key(arch)] = fit_points(first_rows)
+        comps[Component.KV_COPY.key(arch)] = Fit(delta=0.0, gamma=self.kv_copy(arch))
+        return comps
+
+
+def _with_gaps(kernels: float, count: int, gap: float) -> float:
+    """The kernels' time plus ``count`` gaps; a negative gap (kernels overlapping more in a stage than in
+    their chains) never takes more than half of it away."""
+    return max(kernels + count * gap, 0.5 * kernels)
+
+
+def compose_profile(profile: Profile, arch: ArchSpec) -> tuple[Profile, list[str]]:
+    """A kernel-level profile turned into ``arch``'s component fits (host and metadata copy as measured),
+    with a remark that names how far ``arch``'s kernels lie outside the calibrated grid, and warnings
+    for a user when they do."""
+    record = profile.kernels
+    target = Speeds(**record["target"]) if record.get("target") else None
+    model = KernelModel(record, target)
+    components = model.components(arch)
+    model.reach, model.reached = 1.0, ""  # the shape's own reach, at a typical batch and context:
+    for rows in (1, 64):
+        model.core1(arch, rows, 1024.0)
+    model.prelude0(arch, 64)
+    model.coda0(arch, 64)
+    model.prefill1(arch, 1024, 1, 0)
+    components.update(profile.components)
+    slots = model.attention_slots(arch)
+    warnings = []
+    remark = f"composed for {arch.layer.key}-v{arch.vocab}"
+    if model.reach > 1.05:
+        remark += f", {model.reach:.2f}x outside the kernel grid"
+        warnings.append(f"{arch.name}: its kernels lie up to {model.reach:.2f}x outside the calibrated grid "
+                        f"(at {model.reached}); those times are carried from the grid's edge by the kernels' "
+                        "roofline")
+    if target is not None:
+        remark += ", scaled to another GPU: not validated"
+    composed = replace(profile, components=components, attention={"slots": slots} if slots else {},
+                       remark=remark)
+    return composed, warnings
+
+
+def retarget(profile: Profile, device: DeviceSpec) -> Profile:
+    """A kernel-level profile carried to ``device``'s figures (bandwidth, matmul rate, launch cost)."""
+    measured = Speeds(**profile.kernels.get("device", {}))
+    speeds = Speeds(bandwidth=device.bandwidth, flops=device.matmul_flops, launch=device.launch_s)
+    if speeds == measured:
+        return profile
+    kernels = {**profile.kernels, "target": asdict(speeds)}
+    info = {**profile.device, "name": device.name, "memory_bytes": device.memory_bytes}
+    return replace(profile, kernels=kernels, device=info)

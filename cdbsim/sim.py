@@ -85,7 +85,8 @@ class Simulation:
         The device runs launches in order, so when a launch runs is known as it is handed over: the device
         takes it when it finishes the previous one (at once, if idle), starts it when the launch is ready
         and the launch gap (:attr:`LatencyModel.launch_gap`) has passed since taking it, and runs it for
-        the latency model's time. The launch is logged then, and the host keeps its end; when the pipeline rule makes the host wait for it, that end is a SimPy timeout.
+        the latency model's time. The launch is logged then, and the host keeps its end; when the pipeline
+        rule makes the host wait for it, that end is a SimPy timeout.
 
         ``now`` is the host's clock. Nothing but an arrival can change what the host plans next, so while
         no request arrives before the host is done being busy, the host moves its clock on without a SimPy

@@ -115,7 +115,8 @@ def main() -> None:
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    print(f"simulator speed on {machine()}, {when}")
+    load = os.getloadavg()[0]  # other processes on the machine slow a core down even in CPU time
+    print(f"simulator speed on {machine()}, {when}, load average {load:.1f}")
     print(f"CPU time of simulate, min of {args.repeat} runs, {args.profile} profile, one core")
     print(f"{'case':40s} {'launches':>9s} {'loop steps':>11s} {'CPU s':>7s} {'us/launch':>9s} {'target':>6s} "
           f"{'steps/s':>11s}")
@@ -137,7 +138,8 @@ def main() -> None:
               f"simulate {memory['simulate_cpu_s']:.1f} s CPU")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"machine": machine(), "date": when, "profile": args.profile,
+        args.out.write_text(json.dumps({"machine": machine(), "date": when, "load_average": load,
+                                        "profile": args.profile,
                                         "repeat": args.repeat, "clock": "process_time (CPU), min of repeats",
                                         "results": results, "memory": memory}, indent=2) + "\n")
         print(f"results: {args.out}")

@@ -75,7 +75,7 @@ class RunRecorder:
         self._offset = 0
         self._producers: list[int] = []           # request of each token produced, in launch order
         self._steps: list[int] = []               # loop steps of the launches that list them, in order
-        self._done_producers: list[np.ndarray] = []  # earlier parts of both, as arrays
+        self._done_producers: list[np.ndarray] = []  # earlier parts of both, as (narrow) arrays
         self._done_steps: list[np.ndarray] = []
         self._scheduled: list[float] = [np.nan] * len(requests)
         self._first_start: float | None = None
@@ -115,23 +115,27 @@ class RunRecorder:
         self._chunks.append(self._buffer)
         self._buffer = bytearray(len(self._buffer))
         self._offset = 0
-        self._done_producers.append(np.array(self._producers, dtype=np.int64))
-        self._done_steps.append(np.array(self._steps, dtype=np.int64))
+        self._done_producers.append(np.array(self._producers, dtype=np.int32))
+        self._done_steps.append(np.array(self._steps, dtype=np.int16))
         self._producers, self._steps = [], []
 
     def finish(self, meta: dict | None = None) -> RunLog:
-        rows = np.concatenate([np.frombuffer(chunk, dtype=_ROW) for chunk in self._chunks]
-                              + [np.frombuffer(self._buffer, dtype=_ROW, count=self._offset // _PACK.size)])
-        column = {name: np.ascontiguousarray(rows[name]) for name in _ROW.names}
-        if len(rows) == 1 and type(self._first_start) is int:
+        # column by column straight from the packed buffers, which are then let go: a run of a million
+        # launches holds its rows once as buffers and once as columns, never more at a time
+        parts = [np.frombuffer(chunk, dtype=_ROW) for chunk in self._chunks]
+        parts.append(np.frombuffer(self._buffer, dtype=_ROW, count=self._offset // _PACK.size))
+        column = {name: np.concatenate([part[name] for part in parts]) for name in _ROW.names}
+        del parts
+        self._chunks, self._buffer, self._offset = [], bytearray(), 0
+        if len(column["index"]) == 1 and type(self._first_start) is int:
             column["start"] = column["start"].astype(np.int64)  # a lone prefill at t = 0 keeps its int start
         column["stage"] = _STAGE_NAME[column["stage"]]
         counts = column.pop("steps")
-        steps = np.concatenate([*self._done_steps, np.array(self._steps, dtype=np.int64)])
+        steps = np.concatenate([*self._done_steps, np.array(self._steps, dtype=np.int16)])
         column["step_mix"] = (_step_mixes(steps, counts) if self.keep_step_mix
                               else np.full(len(counts), "", dtype=object))
-        launches = pd.DataFrame({name: column[name] for name in LAUNCH_COLUMNS})
-        producers = np.concatenate([*self._done_producers, np.array(self._producers, dtype=np.int64)])
+        launches = pd.DataFrame({name: column[name] for name in LAUNCH_COLUMNS}, copy=False)
+        producers = np.concatenate([*self._done_producers, np.array(self._producers, dtype=np.int32)])
         times_of, first, last = _token_times(producers, np.repeat(column["end"], column["tokens"]),
                                              len(self.requests))
         reqs = self.requests

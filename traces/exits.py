@@ -14,6 +14,7 @@ elsewhere (see :mod:`traces.io`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,7 @@ from scipy import signal, stats
 from traces.errors import require, unknown
 
 EXIT_MODELS = ("none", "fixed", "synthetic")
+PROGRESS_EVERY = 256  # requests between progress callbacks
 
 
 @dataclass(frozen=True)
@@ -77,19 +79,24 @@ class ExitModel:
                                                    (1.0 - frac) * scale)
         return p / p.sum()
 
-    def depths(self, output_lens: np.ndarray, r_min: int, r_max: int,
-               rng: np.random.Generator) -> list[np.ndarray]:
-        """Per request, the requested depths of output tokens 1 .. output_len - 1."""
+    def depths(self, output_lens: np.ndarray, r_min: int, r_max: int, rng: np.random.Generator,
+               progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
+        """Per request, the requested depths of output tokens 1 .. output_len - 1 (``progress`` is
+        advanced every :data:`PROGRESS_EVERY` requests and at the end)."""
         cdf = np.cumsum(self.pmf(r_min, r_max))
         cdf[-1] = 1.0
-        out = []
-        for n in np.asarray(output_lens, dtype=np.int64):
+        out: list[np.ndarray] = []
+        for i, n in enumerate(np.asarray(output_lens, dtype=np.int64)):
+            if progress is not None and i and i % PROGRESS_EVERY == 0:
+                progress(PROGRESS_EVERY)
             count = max(int(n) - 1, 0)
             if self.kind != "synthetic":
                 out.append(np.full(count, int(np.searchsorted(cdf, 0.5) + 1), dtype=np.int16))
                 continue
             u = stats.norm.cdf(self._latent(count, rng))
             out.append((np.searchsorted(cdf, u, side="right") + 1).clip(1, r_max).astype(np.int16))
+        if progress is not None and out:
+            progress(len(out) % PROGRESS_EVERY or PROGRESS_EVERY)  # the requests since the last call
         return out
 
     def _latent(self, count: int, rng: np.random.Generator) -> np.ndarray:

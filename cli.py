@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
+import math
+import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -122,18 +125,29 @@ def _parameter(setting: Setting, default: Any) -> inspect.Parameter:
                              annotation=Annotated[hint, option])
 
 
+@dataclass(frozen=True)
+class FileTables:
+    """Tables of an experiment file that a command reads itself (``[grid]``), and the file's name."""
+
+    source: str | None
+    tables: dict[str, Any]
+
+
 def experiment_options(*selected: str, exclude: tuple[str, ...] = (),
-                       defaults: Mapping[str, Any] | None = None) -> Callable[[Callable], Callable]:
+                       defaults: Mapping[str, Any] | None = None,
+                       tables: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
     """Give a command the options of the experiment fields ``selected`` (a section, ``"serve"``, or one
     field, ``"serve.width"``, minus ``exclude``) plus ``--config`` and ``--set``, and call it with the
     assembled :class:`Experiment` as ``exp``. ``defaults`` are this command's own (``{"workload.requests":
-    256}``). Precedence: defaults < config file < flags given on the command line < --set."""
+    256}``). Precedence: defaults < config file < flags given on the command line < --set. ``tables`` are
+    tables of the config file the command reads itself (``[grid]``): they are passed as ``tables``."""
     chosen = [s for s in settings() if (s.section in selected or s.key in selected) and s.key not in exclude]
     defaults = dict(defaults or {})
+    passed = ("exp", "tables")
 
     def decorate(command: Callable) -> Callable:
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-               for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "exp"]
+               for p in inspect.signature(command, eval_str=True).parameters.values() if p.name not in passed]
         generated = [_parameter(s, defaults.get(s.key, s.default)) for s in chosen]
         extra = [inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ConfigOpt),
                  inspect.Parameter("assignments", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=SetOpt),
@@ -148,9 +162,13 @@ def experiment_options(*selected: str, exclude: tuple[str, ...] = (),
                 if source is not None and source.name in EXPLICIT:
                     flags[s.key] = value
             exp = Experiment().override(defaults)
+            data = read_toml(config) if config is not None else {}
+            own_tables = {name: data.pop(name) for name in tables if name in data}
             if config is not None:
-                exp = exp.merge(read_toml(config), source=str(config))
+                exp = exp.merge(data, source=str(config))
             exp = exp.override(flags, source=None).override(assignments or [])
+            if tables:
+                kwargs["tables"] = FileTables(str(config) if config is not None else None, own_tables)
             return command(exp=exp, **kwargs)
 
         parameters = [*generated, *extra, *own]
@@ -231,6 +249,10 @@ def emit(rows: list[dict], title: str, as_json: bool, as_csv: bool, caption: str
     for row in rows:
         table.add_row(*(_fmt(v) for v in row.values()))
     console.print(table)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _fmt(value: Any) -> str:
@@ -521,6 +543,10 @@ def compare(exp: Experiment, save_logs: SaveLogs = None, log_format: LogFormatOp
     finish(runs, dirs, outputs, setup.title(), as_json, as_csv)
 
 
+CHOSEN_BY_RATE_SEARCH = ("serve.policy", "workload.rate", "workload.trace")
+"""Fields a command that searches Poisson rates over policies sets itself (rate-sweep, capacity)."""
+
+
 def sweep_plot_path(plot: Path) -> Path:
     """Where ``--plot`` writes: an existing directory gets ``rate-sweep.png`` inside it; anything else
     must be a .png file name in a writable directory."""
@@ -531,8 +557,7 @@ def sweep_plot_path(plot: Path) -> Path:
 
 @app.command("rate-sweep")
 @friendly
-@experiment_options("arch", "serve", "workload", "exits", "latency",
-                    exclude=("serve.policy", "workload.trace", "workload.rate"))
+@experiment_options("arch", "serve", "workload", "exits", "latency", exclude=CHOSEN_BY_RATE_SEARCH)
 def rate_sweep(
     exp: Experiment,
     rates: Annotated[str | None, typer.Option("--rates", help="Comma-separated request rates (req/s); default: "
@@ -592,6 +617,154 @@ def rate_sweep(
          caption="knee (mean normalized latency 2x its lowest-rate value): "
                  + ", ".join(f"{k} {v:.3g} req/s" if v else f"{k} none in range" for k, v in knees.items())
                  + f" | plot: {plot}")
+
+
+JobsOpt = Annotated[int, typer.Option("--jobs", "-j", help="Run simulations in this many local processes.")]
+DaskOpt = Annotated[str | None, typer.Option(
+    "--dask", metavar="ADDRESS", help="Run simulations on a Dask cluster: a scheduler address (tcp://host:8786) "
+                                      "or 'local' for a LocalCluster of --jobs workers (pip install "
+                                      "'cdbsim[dask]').")]
+
+
+@contextmanager
+def points_progress(total: int) -> Iterator[Callable[[int, int], None]]:
+    """The sweep's progress callback (points done of total) as one step of :func:`progress`."""
+    with progress() as factory:
+        advance = factory("points", total)
+        done_before = 0
+
+        def update(done: int, _total: int) -> None:
+            nonlocal done_before
+            advance(done - done_before)
+            done_before = done
+
+        yield update
+
+
+@contextlib.contextmanager
+def stopped_cleanly() -> Any:
+    """Let SIGTERM (a job scheduler's stop, ``kill``) unwind like Ctrl-C, so partial files are removed."""
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@app.command("sweep")
+@friendly
+@experiment_options("arch", "serve", "workload", "exits", "latency", tables=("grid", "points"))
+def sweep_command(
+    exp: Experiment,
+    tables: FileTables,
+    grid: Annotated[list[str] | None, typer.Option(
+        "--grid", metavar="SECTION.FIELD=V1,V2,...",
+        help="Sweep a field over these values (repeatable: every combination runs); also a [grid] table and "
+             "[[points]] tables in --config.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="The Parquet file of results (one row per point); plots go "
+                                                    "beside it.")] = Path("sweep.parquet"),
+    csv: Annotated[bool, typer.Option("--csv", help="Also write the rows as CSV beside --out.")] = False,
+    jobs: JobsOpt = 1, dask: DaskOpt = None,
+    cache: Annotated[Path | None, typer.Option(
+        "--cache", help="The results cache (SQLite; default $CDBSIM_CACHE or ~/.cache/cdbsim/points.sqlite).")]
+        = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Simulate every point; read and write no cache.")]
+        = False,
+    baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="Also simulate CB on each point's "
+                                                                            "requests (speed-up columns).")] = False,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the Pareto and per-field PNGs.")] = True,
+    as_json: JsonOut = False,
+) -> None:
+    """Simulate every point of a grid of experiment fields; write a row per point, the best points per
+    objective, and Pareto plots of throughput per GPU against p99 TPOT and mean depth."""
+    import time
+
+    from cdbsim.grid import Grid
+    from cdbsim.grid_sweep import SweepPlan, run_sweep
+    from cdbsim.point_cache import default_cache_path
+    from cdbsim.sweep_summary import SweepSummary, summary_paths
+
+    csv_out = out.with_suffix(".csv") if csv else None
+    check_file(out, "--out", (".parquet",))  # the CSV and plots go beside it: checked as names there too
+    for beside in [csv_out, *(summary_paths(out) if plots else [])]:
+        if beside is not None:
+            check_file(beside, "--out", (beside.suffix,))
+    own = tables.tables
+    plan = SweepPlan.make(exp, Grid.from_options(grid or [], own.get("grid"), own.get("points"), tables.source),
+                          baseline)
+    summary = SweepSummary(plan.fields)
+    start = time.monotonic()
+    with stopped_cleanly(), points_progress(len(plan)) as bar:
+        run_sweep(plan, jobs=jobs, dask=dask, cache=None if no_cache else cache or default_cache_path(), parquet=out,
+                  csv=csv_out, progress=bar, each=summary.add)
+    seconds = time.monotonic() - start
+    title = f"sweep of {len(plan):,} points over {', '.join(plan.fields)}"
+    files = [out, *([csv_out] if csv_out is not None else [])]
+    if plots:
+        files += summary.plot(out.with_suffix(""), title)
+    counts = plan.counts
+    done = (f"{len(plan):,} points: {counts.simulated:,} simulated, {counts.cached:,} from the cache, "
+            f"{counts.skipped:,} skipped, in {seconds:.1f} s | wrote {', '.join(map(str, files))}")
+    if as_json:
+        sys.stdout.write(json.dumps({"points": len(plan), "simulated": counts.simulated, "cached": counts.cached,
+                                     "skipped": counts.skipped, "seconds": seconds, "best": summary.best_rows(),
+                                     "front_tpot": summary.front_rows(0), "front_depth": summary.front_rows(1),
+                                     "files": [str(f) for f in files]}, indent=2, default=float) + "\n")
+        return
+    emit(summary.best_rows(), f"Best points of the {title}", False, False, caption=done)
+    emit(summary.front_rows(0), "Pareto front: throughput per GPU against p99 TPOT", False, False)
+
+
+@app.command("capacity")
+@friendly
+@experiment_options("arch", "serve", "workload", "exits", "latency", exclude=CHOSEN_BY_RATE_SEARCH)
+def capacity_command(
+    exp: Experiment,
+    ttft_s: Annotated[float | None, typer.Option("--ttft-s", help="TTFT limit in seconds.")] = None,
+    tpot_ms: Annotated[float | None, typer.Option("--tpot-ms", help="TPOT limit in milliseconds.")] = None,
+    norm_ms: Annotated[float | None, typer.Option("--norm-latency-ms", help="Normalized latency (E2E / output "
+                                                                            "tokens) limit in ms.")] = None,
+    norm_mean_ms: Annotated[float | None, typer.Option("--norm-latency-mean-ms", help="Limit on the run's mean "
+                                                                                      "normalized latency, ms.")]
+        = None,
+    attainment: Annotated[float, typer.Option("--attainment", help="Share of requests that must meet every "
+                                                                   "per-request limit (0.99: p99 SLOs).")] = 0.99,
+    policies: Annotated[str, typer.Option("--policies", help="Comma-separated policies to search.")] =
+        "cb,norefill,refill",
+    target_rate: Annotated[float | None, typer.Option("--target-rate", help="Also print the GPUs needed for this "
+                                                                            "many requests/s.")] = None,
+    jobs: JobsOpt = 1, dask: DaskOpt = None, as_json: JsonOut = False, as_csv: CsvOut = False,
+) -> None:
+    """The highest Poisson request rate per GPU at which the SLOs hold (goodput: a request counts only if it
+    meets every limit), per policy, by bisection; and the GPUs a target rate needs."""
+    from cdbsim.capacity_search import SLO, capacity
+
+    def seconds(ms: float | None) -> float | None:
+        return None if ms is None else ms / 1e3
+
+    slo = SLO(ttft_s=ttft_s, tpot_s=seconds(tpot_ms), normalized_s=seconds(norm_ms),
+              normalized_mean_s=seconds(norm_mean_ms), attainment=attainment)
+    if target_rate is not None and target_rate <= 0:
+        raise ConfigError(f"--target-rate must be > 0, got {target_rate:g}")
+    chosen = [p.strip() for p in policies.split(",") if p.strip()]
+    results = capacity(exp, slo, chosen, jobs=jobs, dask=dask)
+    rows = [r.row(target_rate) for r in results]
+    if as_json:
+        emit([{"slo": slo.describe(), "results": rows}], "", True, False)
+        return
+    if as_csv:
+        emit(rows, "", False, True)
+        return
+    notes = " | ".join(f"{row['policy']}: {row.pop('note')}" for row in rows if "note" in row)
+    keys = [key for key in rows[0] if key != "policy"]
+    emit([{"": key, **{row["policy"]: "-" if _missing(row[key]) else row[key] for row in rows}} for key in keys],
+         f"Capacity under {slo.describe()} | {exp.arch.spec().name} W={exp.serve.width} | {exp.workload.name} "
+         f"({exp.workload.requests or 'default'} requests, Poisson)", False, False,
+         caption="req/s per GPU: the highest Poisson rate found to meet the SLOs (one simulated GPU); search within "
+                 "%: how far above it the lowest failing rate was" + (f" | {notes}" if notes else ""))
 
 
 @app.command()

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from cdbsim.arch import ArchSpec
 from cdbsim.attention import equivalent_length
@@ -79,6 +80,25 @@ def attention_rows(profile: Profile) -> list[dict]:
         rows.append({"rows": int(point[0]), "mean L": sum(contexts) / len(contexts), "max L": max(contexts),
                      "measured ms": 1e3 * point[-1], "error at mean L %": plain, "error fitted %": fitted})
     return rows
+
+
+def launch_gaps(launches: pd.DataFrame) -> np.ndarray:
+    """Seconds from each launch's end to the next one's start, in start order (a launch log's rows)."""
+    ordered = launches.sort_values("start")
+    return ordered["start"].to_numpy(float)[1:] - ordered["end"].to_numpy(float)[:-1]
+
+
+BACK_TO_BACK_S = 10e-6  # a longer gap is the device waiting for the host or for arrivals, not the stream
+
+
+def fit_launch_gap(logs: list[pd.DataFrame]) -> float:
+    """The mean device gap between consecutive launches that were queued back to back (gaps under
+    :data:`BACK_TO_BACK_S`), over executor launch logs of lookahead runs: the profile's
+    ``device.launch_gap_s`` (:class:`cdbsim.latency.LatencyModel`)."""
+    gaps = np.concatenate([launch_gaps(log) for log in logs] or [np.zeros(0)])
+    gaps = gaps[gaps < BACK_TO_BACK_S]
+    require(gaps.size > 0, "no consecutive launches to measure the gap between")
+    return float(gaps.mean())
 
 
 def fit_components(points: dict[str, list[list[float]]]) -> dict[str, Fit]:

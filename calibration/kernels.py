@@ -48,6 +48,7 @@ from calibration.measure import Timer, UnitBench, environment, measure_host, mea
 from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
 from cdbsim.kernels import GEMV_OPS, STYLE_CODE, TABLE_DIMS, KernelModel, chained_rows
 from cdbsim.kvlayout import KVLayout
+from cdbsim.latency import H200
 from cdbsim.launch import Stage, decode_launch, prefill_launch
 from cdbsim.profile import Profile, ProfileKind, fit_points
 from executor.ops import Ops
@@ -504,7 +505,8 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     name = name or f"{device_tag(info['name'])}-kernels"
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    record: dict = {"tables": {}, "device": {"bandwidth": 4.3e12, "flops": 7.9e14, "launch": 2e-6},
+    measured_on = {"bandwidth": H200.bandwidth, "flops": H200.matmul_flops, "launch": H200.launch_s}
+    record: dict = {"tables": {}, "device": measured_on,
                     "glue_vocab": plan.glue_vocab[0], "seconds": {}}
     components = {}
     if base is not None:

@@ -9,6 +9,8 @@ From Python::
 
     result = cdbsim.predict(cdbsim.Experiment(workload={"name": "alpaca", "requests": 100}), baseline=True)
     result.to_frame()
+    cdbsim.sweep(exp, grid={"serve.width": [16, 64, 256]})             # one row per point (a DataFrame)
+    cdbsim.capacity(exp, tpot_s=0.05, policies=["cb", "refill"])       # the highest rate within the SLOs
 
 ``import cdbsim`` itself loads none of the numerical libraries: the names below are imported on first use.
 """
@@ -26,6 +28,9 @@ _LAZY = {  # public name -> the module that defines it
     "ConfigError": "cdbsim.errors",
     "Prediction": "cdbsim.prediction",
     "predict": "cdbsim.prediction",
+    "sweep": "cdbsim.grid_sweep",
+    "capacity": "cdbsim.capacity_search",
+    "SLO": "cdbsim.capacity_search",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -337,16 +337,29 @@ class WorkloadSection(Section):
 
 @dataclass(frozen=True)
 class ExitsSection(Section):
-    """How deep each generated token loops: no exits, one fixed depth, or a synthetic distribution."""
+    """How deep each generated token loops: no exits, one fixed depth, a synthetic distribution, or the
+    paper's operating point at a threshold q (:mod:`cdbsim.paper`)."""
 
-    model: str = option("synthetic", "Exit model: none, fixed or synthetic.", "--exits")
+    model: str = option("synthetic", "Exit model: none, fixed, synthetic, or paper (with --q).", "--exits")
     depth: int | None = option(None, "Depth for --exits fixed.")
     mean_depth: float | None = option(None, "Mean requested depth of the synthetic model (default: "
                                             "(r_max + 1) / 2).")
     dispersion: float = option(0.3, "Synthetic depth dispersion in [0, 1).")
     correlation: float = option(0.5, "Token-to-token depth correlation.")
+    q: float | None = option(None, "Exit threshold of --exits paper: Ouro 0.2, 0.4, 0.5, 0.7, 1.0; Huginn 0.28, "
+                                   "0.16, 0.10, 0.0.")
 
     def exit_model(self, arch: ArchSpec) -> ExitModel:
+        if self.model == "paper":
+            from cdbsim.paper import CORRELATION, DISPERSION, paper_point
+
+            require(self.q is not None, "--exits paper needs the threshold --q (e.g. 0.2 for Ouro, 0.28 for Huginn)")
+            require(self.mean_depth is None, "--exits paper sets the mean depth from --q; drop --mean-depth")
+            point = paper_point(arch, self.q)
+            source = f"paper q = {self.q:g}, mean {'reported' if point.reported else 'inferred'}"
+            return ExitModel("synthetic", mean=point.mean_depth, dispersion=DISPERSION, correlation=CORRELATION,
+                             source=source)
+        require(self.q is None, "--q goes with --exits paper")
         mean = self.mean_depth if self.mean_depth is not None else default_mean_depth(arch.r_max)
         return ExitModel(self.model, depth=self.depth, mean=mean, dispersion=self.dispersion,
                          correlation=self.correlation)

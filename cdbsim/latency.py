@@ -54,12 +54,13 @@ class DeviceSpec:
     attention_efficiency: float = 0.5   # share of matmul rate prefill attention reaches
     host_launch_s: float = 30e-6        # host: plan + prepare + replay one launch
     host_item_s: float = 0.3e-6         # host: per item planned
+    launch_gap_s: float = 1.27e-6       # device: one launch's end to the next one's start (LatencyModel.launch_gap)
 
     def as_dict(self) -> dict:
         return {"name": self.name, "memory_bytes": self.memory_bytes, "bandwidth": self.bandwidth,
                 "matmul_flops": self.matmul_flops, "launch_s": self.launch_s,
                 "attention_efficiency": self.attention_efficiency, "host_launch_s": self.host_launch_s,
-                "host_item_s": self.host_item_s}
+                "host_item_s": self.host_item_s, "launch_gap_s": self.launch_gap_s}
 
 
 H200 = DeviceSpec()
@@ -162,6 +163,19 @@ class LatencyModel:
 
     A profile that lacks a component ``arch`` needs is refused; with ``force`` the missing ones come
     from the roofline of the profile's device figures (or the H200's).
+
+    ``launch_gap`` is the device time from one launch's end to the next one's start when the next is
+    already queued: the stream's work between two CUDA graphs, which calibration's stage times (each
+    replay bracketed by its own events) leave out. It is what the executor's device idle time is made of
+    under the lookahead gate: in the 20 saved validation runs on the H200 all but 2 of about 150,000
+    pairs of consecutive launches are at most 2.9 us apart (mean 1.27 us; the event clock counts in
+    0.24 us steps), while the host's own time per launch reaches 0.4-2.7 ms at its 99.9th percentile
+    (``python benchmarks/launch_gaps.py DIR``: ``benchmarks/results/validation/launch-gaps.txt``). The
+    host ran far enough ahead that its jitter never left the device waiting, so the gap, not the host's
+    time, is what predicts idle time; its spread is the clock's steps, so it is one constant. The
+    simulator starts a launch no earlier than this gap after the previous one ends. A profile may record
+    its device's gap (``device.launch_gap_s``); otherwise the H200's is used; constant-latency profiles
+    (hand-checkable runs) have none.
     """
 
     def __init__(self, arch: ArchSpec, profile: Profile, force: bool = False) -> None:
@@ -175,6 +189,8 @@ class LatencyModel:
         comps = dict(profile.components)
         zero = Fit(delta=0.0)
         self.host = comps.get(HOST, zero)
+        self.launch_gap = (0.0 if profile.kind is ProfileKind.CONSTANT
+                           else float(profile.device.get("launch_gap_s", H200.launch_gap_s)))
         self.meta_copy = comps.get(META_COPY)
         self._copy_times: dict[tuple[int, int], float] = {}
         self.attention_slots = profile.attention_slots
@@ -236,8 +252,7 @@ class LatencyModel:
             surface = Surface(comps[model_stage_name(a, stage)])
             stage_time[stage], lengths[stage] = surface, surface.lengths
         for stage, fn in stage_time.items():
-            alpha = self.costs[stage].alpha
-            self.tables[stage] = StageTable(fn, lengths[stage], lambda b, alpha=alpha: alpha * b)
+            self.tables[stage] = StageTable(fn, lengths[stage])
 
     def launch_time(self, launch: Launch, table_width: int = 0) -> float:
         """Device seconds of ``launch``; with the run's block-table width (:func:`cdbsim.metadata.

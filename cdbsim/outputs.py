@@ -20,7 +20,7 @@ from pathlib import Path
 from cdbsim.errors import ConfigError, require
 
 
-def _hidden_sibling(path: Path, tag: str) -> Path:
+def staging_name(path: Path, tag: str = "tmp") -> Path:
     """A unique hidden name in ``path``'s directory that keeps its extension (writers pick formats by it)."""
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.{tag}{path.suffix}")
 
@@ -30,7 +30,7 @@ def _check_writable_dir(directory: Path, option: str, target: Path) -> None:
     permission-bit guess: ``/proc`` and read-only mounts look writable to ``os.access`` under root)."""
     require(directory.exists(), f"{option} {target}: directory {directory} does not exist")
     require(directory.is_dir(), f"{option} {target}: {directory} is a file, not a directory")
-    probe = _hidden_sibling(directory / "probe", "probe")
+    probe = staging_name(directory / "probe", "probe")
     try:
         probe.touch(exist_ok=False)
         probe.unlink()
@@ -70,7 +70,7 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path (same directory and extension) to write; rename it to ``path`` on success,
     delete it on failure."""
     path = Path(path)
-    temporary = _hidden_sibling(path, "tmp")
+    temporary = staging_name(path, "tmp")
     try:
         yield temporary
         os.replace(temporary, path)
@@ -85,11 +85,11 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     removed only after the new one is in place), on failure it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = _hidden_sibling(path, "tmp")
+    temporary = staging_name(path, "tmp")
     temporary.mkdir()
     try:
         yield temporary
-        old = _hidden_sibling(path, "old") if path.exists() else None
+        old = staging_name(path, "old") if path.exists() else None
         if old is not None:
             os.replace(path, old)
         os.replace(temporary, path)

@@ -4,6 +4,11 @@ Vocabulary follows vLLM's benchmarks: TTFT (first token - arrival), TPOT ((finis
 (output tokens - 1)), ITL (gaps between consecutive tokens of a request), E2E (finish - arrival) and
 normalized latency (E2E / output tokens). Output-token throughput counts every generated token, the
 prefill-produced first one included, over the makespan (first arrival to last token).
+
+Against a CB run of the same requests a report adds the speed-up, S_e2e (:func:`cdbsim.bounds.e2e_bound`,
+a bound of this run's time) and the share of it realised, at most 100%. An *online* run (requests
+arriving over time, e.g. Poisson) finishes when its last request arrives and is served, whatever the
+policy: its makespan measures the arrivals, so S_e2e and the share realised are None there.
 """
 
 from __future__ import annotations
@@ -14,7 +19,15 @@ import numpy as np
 import pandas as pd
 
 from cdbsim.arch import ArchSpec
-from cdbsim.bounds import first_token_fraction, mean_depth, s_dec, s_e2e
+from cdbsim.bounds import (
+    DeviceTimes,
+    decoded_depth,
+    e2e_bound,
+    first_token_fraction,
+    mean_depth,
+    parameter_loop_share,
+    s_dec,
+)
 from cdbsim.config import Policy
 from cdbsim.errors import ConfigError, require
 from cdbsim.logs import RunLog
@@ -95,7 +108,9 @@ def kv_in_use(launches: pd.DataFrame) -> tuple[float | None, int | None]:
 
 @dataclass
 class Report:
-    """Everything a result row shows; ``speedup`` and ``bound_realised`` need a CB baseline."""
+    """Everything a result row shows; ``speedup``, ``s_e2e`` and ``bound_realised`` need a CB baseline, and
+    the last two are None for online runs (module docstring). ``times``, ``r_max`` and ``loop_share`` (the
+    loops' share of a full-depth token in parameters) are what S_e2e is priced with."""
 
     requests: int
     output_tokens: int
@@ -115,6 +130,10 @@ class Report:
     mean_depth: float
     f1: float
     s_dec: float
+    times: DeviceTimes = field(default_factory=lambda: DeviceTimes(0.0, 0.0, 0.0))
+    r_max: int = 1
+    loop_share: float = 1.0
+    online: bool = False
     s_e2e: float | None = None
     speedup: float | None = None
     bound_realised: float | None = None
@@ -132,12 +151,13 @@ class Report:
         return self
 
     def with_baseline(self, baseline: Report) -> Report:
-        """Speed-up against a CB run of the same requests, and the share of S_e2e it realises.
-
-        S_e2e uses the baseline's prefill share of device time (the paper's ``a``).
-        """
-        self.s_e2e = s_e2e(self.s_dec, min(baseline.prefill_share, 0.999), self.f1)
+        """Speed-up against a CB run of the same requests and, offline, S_e2e and the share realised."""
         self.speedup = self.output_tps / baseline.output_tps
+        if self.online or baseline.online:
+            self.s_e2e = self.bound_realised = None
+            return self
+        depth = decoded_depth(self.mean_depth, self.f1, self.r_max)
+        self.s_e2e = e2e_bound(self.times, baseline.times, self.r_max, self.loop_share, depth)
         self.bound_realised = self.speedup / self.s_e2e
         return self
 
@@ -162,7 +182,9 @@ class Report:
             if stage in self.mean_batch:
                 row[f"B {stage}"] = self.mean_batch[stage]
         if self.speedup is not None:
-            row.update({"vs CB": self.speedup, "S_e2e": self.s_e2e, "% of S_e2e": 100 * self.bound_realised})
+            row["vs CB"] = self.speedup
+        if self.bound_realised is not None:
+            row.update({"S_e2e": self.s_e2e, "% of S_e2e": 100 * self.bound_realised})
         return row
 
 
@@ -194,6 +216,12 @@ def summarize(log: RunLog, arch: ArchSpec, requests: list[Request], r_min: int) 
     kv_mean, kv_peak = kv_in_use(launches)
     cb = log.meta.get("policy") == Policy.CB  # CB runs every token at full depth
     dbar = float(arch.r_max) if cb else mean_depth(requests, arch.r_max, r_min)
+    sizes = launches.groupby("stage")["size"].sum()
+    decode_time = busy - stage_time.get("prefill", 0.0)
+    times = DeviceTimes(makespan=makespan, prefill=stage_time.get("prefill", 0.0), decode=decode_time,
+                        per_token=stage_time.get("prelude", 0.0) + stage_time.get("coda", 0.0),
+                        per_loop=stage_time.get("core", 0.0), decoded_tokens=int(sizes.get("prelude", 0)),
+                        loop_tokens=int(sizes.get("core", 0)))
     return Report(
         requests=len(reqs), output_tokens=tokens, makespan_s=makespan, output_tps=tokens / makespan,
         request_rate=len(reqs) / makespan,
@@ -204,5 +232,6 @@ def summarize(log: RunLog, arch: ArchSpec, requests: list[Request], r_min: int) 
         device_idle=idle_share(busy, span),
         prefill_share=stage_time.get("prefill", 0.0) / busy if busy > 0 else 0.0,
         mean_depth=dbar, f1=first_token_fraction(requests), s_dec=s_dec(arch, dbar),
-        meta=dict(log.meta),
+        times=times, r_max=arch.r_max, loop_share=parameter_loop_share(arch),
+        online=bool(len(arrival)) and float(np.ptp(arrival)) > 0, meta=dict(log.meta),
     )

@@ -126,7 +126,7 @@ class Simulation:
                 yield self._wake_device
                 continue
             launch, ready_at, host_s, finished = queue.popleft()
-            start = max(env.now, ready_at)
+            start = max(env.now + latency.launch_gap, ready_at)
             yield env.timeout(start - env.now + latency.launch_time(launch, self.table_width))
             record(launch, start, env.now, host_s)
             finished.succeed()

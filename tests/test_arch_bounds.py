@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from cdbsim import bounds
 from cdbsim.arch import PRESETS, load_arch
-from cdbsim.bounds import first_token_fraction, mean_depth, s_dec, s_e2e, saturation_batch
+from cdbsim.bounds import DeviceTimes, e2e_bound, first_token_fraction, mean_depth, s_dec, s_e2e, saturation_batch
 from cdbsim.errors import ConfigError
 from tests.conftest import make_requests
 
@@ -97,3 +100,58 @@ def test_mean_depth_counts_first_token_at_r_max() -> None:
 def test_saturation_batch() -> None:
     assert saturation_batch(5.4e-3, 3e-5, 1e-8, 128) == pytest.approx(5.4e-3 / (3e-5 + 1.28e-6))
     assert saturation_batch(1.0, 0.0, 0.0, 0) == float("inf")
+
+
+def test_e2e_bound_is_the_papers_when_neither_run_has_an_advantage() -> None:
+    ouro = PRESETS["ouro-1.4b"]
+    share = bounds.parameter_loop_share(ouro)
+    dbar, f1 = 2.8, 0.05
+    depth = bounds.decoded_depth(dbar, f1, ouro.r_max)
+    assert f1 * ouro.r_max + (1 - f1) * depth == pytest.approx(dbar)
+    baseline = DeviceTimes(makespan=10.0, prefill=2.0, decode=8.0)  # CB: fused steps only
+    # a run whose split stages cost what CB's fused step does, loops taking their parameter share
+    tokens = 1000
+    loop_tokens = round(depth * tokens)
+    per_token, per_loop = 8.0 * (1 - share), 8.0 * share * loop_tokens / (ouro.r_max * tokens)
+    run = DeviceTimes(makespan=2.0 + per_token + per_loop, prefill=2.0, decode=per_token + per_loop,
+                      per_token=per_token, per_loop=per_loop, decoded_tokens=tokens, loop_tokens=loop_tokens)
+    assert run.full_depth_decode(ouro.r_max) == pytest.approx(8.0)
+    assert run.loop_share(ouro.r_max) == pytest.approx(share)
+    assert e2e_bound(run, baseline, ouro.r_max, share, run.depth()) == pytest.approx(
+        s_e2e(s_dec(ouro, f1 * ouro.r_max + (1 - f1) * run.depth()), 0.2, f1))
+    # a run that beats the parameter bound (loops cost more than their parameter share) meets a higher bound
+    decode = 0.5 * per_token + per_loop
+    cheap_head = DeviceTimes(makespan=2.0 + decode, prefill=2.0, decode=decode, per_token=0.5 * per_token,
+                             per_loop=per_loop, decoded_tokens=tokens, loop_tokens=loop_tokens)
+    assert e2e_bound(cheap_head, baseline, ouro.r_max, share, depth) > e2e_bound(run, baseline, ouro.r_max, share,
+                                                                                 depth)
+
+
+@st.composite
+def run_pairs(draw):
+    """A CB baseline and a split run of the same requests, with times as a launch log would give them."""
+    r_max = draw(st.integers(2, 16))
+    tokens = draw(st.integers(1, 10_000))
+    depth = draw(st.floats(1.0, r_max))  # loops the run ran per decoded token
+    per_token = draw(st.floats(0.0, 10.0))
+    per_loop = draw(st.floats(1e-3, 100.0))
+    prefill = draw(st.floats(0.0, 50.0))
+    idle = draw(st.floats(0.0, 5.0))
+    run = DeviceTimes(makespan=prefill + per_token + per_loop + idle, prefill=prefill, decode=per_token + per_loop,
+                      per_token=per_token, per_loop=per_loop, decoded_tokens=tokens,
+                      loop_tokens=max(1, round(depth * tokens)))
+    cb_prefill, cb_decode = draw(st.floats(0.0, 50.0)), draw(st.floats(1e-3, 200.0))
+    baseline = DeviceTimes(makespan=cb_prefill + cb_decode + draw(st.floats(0.0, 5.0)), prefill=cb_prefill,
+                           decode=cb_decode)
+    requested = draw(st.floats(1.0, r_max)) if draw(st.booleans()) else run.depth()
+    return run, baseline, r_max, draw(st.floats(0.0, 1.0)), requested
+
+
+@settings(max_examples=500, deadline=None)
+@given(run_pairs())
+def test_no_run_beats_its_e2e_bound(case) -> None:
+    """Whatever the two runs' prefill, fused and split costs: speed-up (CB's makespan over the run's)
+    over S_e2e is at most 1."""
+    run, baseline, r_max, share, depth = case
+    bound = e2e_bound(run, baseline, r_max, share, depth)
+    assert baseline.makespan / run.makespan <= bound * (1 + 1e-9)

@@ -28,7 +28,7 @@ def tiny(style: str) -> ArchSpec:
                     tied_head=style == "huginn")
 
 
-@pytest.mark.parametrize("style", ["ouro", "huginn"])
+@pytest.mark.parametrize("style", ["ouro", pytest.param("huginn", marks=pytest.mark.slow)])
 def test_calibrate_on_cpu_writes_a_usable_profile(tmp_path, style: str) -> None:
     arch = tiny(style)
     (profile,) = calibrate([arch], tmp_path, device="cpu", plan=TINY_PLAN)

@@ -16,7 +16,8 @@ runner = CliRunner()
 def test_help_lists_every_command() -> None:
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for command in ("schedule", "trace", "bound", "predict", "compare", "rate-sweep", "validate", "calibrate"):
+    for command in ("schedule", "trace", "bound", "predict", "compare", "rate-sweep", "validate", "calibrate", "sweep",
+                    "capacity"):
         assert command in result.output
 
 
@@ -79,7 +80,7 @@ def test_predict_json_has_speedup_and_bound() -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     refill = data["refill K=1"]
-    assert refill["speedup"] > 1.0 and 0 < refill["bound_realised"] < 1.1
+    assert refill["speedup"] > 1.0 and 0 < refill["bound_realised"] <= 1.0
     assert refill["meta"]["profile"].startswith("h200-roofline")
 
 
@@ -199,7 +200,7 @@ def test_bad_config_file_names_the_file_and_key(tmp_path) -> None:
 
 
 def test_help_lists_every_option_once() -> None:
-    for command in ("predict", "compare", "rate-sweep", "schedule", "trace", "bound", "validate"):
+    for command in ("predict", "compare", "rate-sweep", "schedule", "trace", "bound", "validate", "sweep", "capacity"):
         result = runner.invoke(app, [command, "--help"], terminal_width=200)
         assert result.exit_code == 0
         lines = re.findall(r"^  (-[^ ,]+(?:(?:, | / )-[^ ,]+)*)", result.output.split("Options:")[1], re.M)

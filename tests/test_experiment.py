@@ -89,7 +89,7 @@ def test_bad_set_is_one_line_naming_key_and_what_is_allowed(assignment: str, mes
 
 @pytest.mark.parametrize("text,message", [
     ("[exits]\nmodel = 'fixed'\ndpeth = 3\n", "unknown key exits.dpeth; valid keys of [exits]: correlation, depth, "
-                                             "dispersion, mean_depth, model"),
+                                             "dispersion, mean_depth, model, q"),
     ("[serve]\nwidth = 64.0\n", "serve.width: expected an integer, got 64.0"),
     ("[serve]\nwidth = true\n", "serve.width: expected an integer, got True"),
     ("[serve]\npolicy = 3\n", "serve.policy: unknown policy 3; choose one of: cb, norefill, refill"),
@@ -222,6 +222,9 @@ def test_readme_python_example_runs() -> None:
     assert frame.shape[0] == 1 and frame["output tok/s"].iloc[0] == result.report.output_tps
     assert "vs CB" in frame.columns
     assert namespace["wider"].serve.width == 128 and exp.serve.width == 64
+    rows = namespace["rows"]
+    assert len(rows) == 4 and (rows["status"] == "ok").all() and rows["split"].eq("1-4-1").all()
+    assert namespace["refill"].policy == "refill" and namespace["refill"].rate > 0
 
 
 def test_predict_without_baseline_matches_the_command_line() -> None:

@@ -61,12 +61,12 @@ CASES = {
                                                  "timing": "sync"}, 40, None, 4000),
 }
 GOLDEN = {
-    "huginn-refill-K8-shared": "8ba17ea47cf4693c",  # 4,454 launches
-    "huginn040-sync": "3afb3f78a3be85c4",           # 7,412 launches
-    "ouro-cb-online": "5970697e8c6935e1",           # 755 launches
-    "ouro-norefill": "2f93e208ec09d822",            # 3,272 launches
-    "ouro-refill": "45c640086dae18f7",              # 4,464 launches
-    "ouro-refill-preempting": "3f61ac09a75a4b4b",   # 14,715 launches, 2 preemptions
+    "huginn-refill-K8-shared": "5cb2760c4c1a4450",  # 4,454 launches
+    "huginn040-sync": "0eac2f8a3e3dfe90",           # 7,412 launches
+    "ouro-cb-online": "7bdbda0d9397ab5d",           # 755 launches
+    "ouro-norefill": "92ad0ab65de35591",            # 3,272 launches
+    "ouro-refill": "3dfcc590e0e219b0",              # 4,464 launches
+    "ouro-refill-preempting": "d3ac5cc518f25409",   # 14,715 launches, 2 preemptions
 }
 
 

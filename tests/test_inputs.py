@@ -33,6 +33,7 @@ def write_inputs(directory: Path) -> None:
         (arch[section] if section else arch)[key] = value
         (directory / f"arch_{name}.json").write_text(json.dumps(arch))
     (directory / "a_file").write_text("")
+    (directory / "pareto-pareto.png").mkdir()  # a directory where a sweep's plot would go
     (directory / "logs_with_file").mkdir()
     (directory / "logs_with_file" / "run").write_text("")
 
@@ -77,6 +78,13 @@ BAD = [
     ("trace -n 5 --out /proc/t.csv", "--out /proc/t.csv: cannot write in /proc"),
     ("trace -n 5 --out IN/a_file/t.csv", "IN/a_file is a file, not a directory"),
     ("trace -n 5 --out t.txt", "--out t.txt: must end in .csv or .parquet"),
+    ("sweep --grid serve.width=16 --out sweep.csv", "--out sweep.csv: must end in .parquet"),
+    ("sweep --grid serve.width=16 --out IN/a_file/s.parquet", "IN/a_file is a file, not a directory"),
+    ("sweep --grid serve.width=16 --out /proc/s.parquet", "--out /proc/s.parquet: cannot write in /proc"),
+    ("sweep --grid serve.width=16 --out /nonexistent/s.parquet", "directory /nonexistent does not exist"),
+    ("sweep --grid serve.width=16 --out IN/logs_with_file", "must end in .parquet"),
+    ("sweep --grid serve.width=16 --out IN/pareto.parquet", "IN/pareto-pareto.png: is a directory"),
+    ("capacity --tpot-ms 50 --target-rate 0", "--target-rate must be > 0, got 0"),
     ("validate --out IN/a_file", "--out IN/a_file: is a file, not a directory"),
     ("calibrate --out IN/a_file --device cpu", "--out IN/a_file: is a file, not a directory"),
     ("schedule -n 5 --from-stage decode", "--from-stage decode: this run has no decode launch"),

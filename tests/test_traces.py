@@ -75,9 +75,53 @@ def test_same_seed_same_trace() -> None:
     ("request_id,prompt_len,output_len,arrival_s,exit_depths\n0,5,3,0,0 1\n", "t.csv:2: exit depth 0"),
     ("request_id,prompt_len\n0,5\n", "missing column"),
     ("request_id,prompt_len,output_len,arrival_s,exit_depths\n0,5,1,0,\n0,5,1,0,\n", "t.csv:3: duplicate"),
+    ("request_id,prompt_len,output_len,arrival_s,exit_depths\n", r"t.csv:2: no requests \(the file has only a header"),
+    ("request_id,prompt_len,output_len,arrival_s,exit_depths\n0,5,1,0,\n1,5,1,1e300,\n",
+     r"t.csv:3: arrival_s must be a number in \[0, 1e\+06\], got '1e300'"),
+    ("request_id,prompt_len,output_len,arrival_s,exit_depths\n0,5,1,inf,\n", "t.csv:2: arrival_s must be a number"),
+    ("request_id,prompt_len,output_len,arrival_s,exit_depths\n0,5,1,nan,\n", "t.csv:2: arrival_s must be a number"),
+    ("request_id,prompt_len,output_len,arrival_s,exit_depths\n0,1e300,1,0,\n", "t.csv:2: prompt_len must be a whole"),
 ])
 def test_malformed_trace_names_file_and_line(tmp_path, body: str, message: str) -> None:
     path = tmp_path / "t.csv"
     path.write_text(body)
     with pytest.raises(InputError, match=message):
         read_trace(path, r_max=4)
+
+
+def test_empty_parquet_trace_is_refused(tmp_path) -> None:
+    path = write_trace([], tmp_path / "t.parquet")
+    with pytest.raises(InputError, match=r"t\.parquet: no rows"):
+        read_trace(path)
+
+
+@pytest.mark.parametrize("rate", [float("inf"), float("nan"), 0.0, -1.0])
+def test_request_rate_must_be_a_positive_number(rate: float) -> None:
+    with pytest.raises(InputError, match="request rate must be a number > 0"):
+        build_trace("alpaca", 10, 4, rate=rate)
+
+
+def test_a_rate_that_spreads_arrivals_past_the_limit_is_refused() -> None:
+    with pytest.raises(InputError, match="arrive over about 1e\\+07 s"):
+        build_trace("alpaca", 10, 4, rate=1e-6)
+    assert build_trace("alpaca", 10, 4, rate=1e-4)[-1].arrival > 0
+
+
+@pytest.mark.parametrize("args", [["--rate", "inf"], ["--trace", "HEADER_ONLY"], ["--trace", "FAR"]])
+def test_bad_arrivals_are_one_line_errors_on_the_command_line(tmp_path, args: list[str]) -> None:
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    header = "request_id,prompt_len,output_len,arrival_s,exit_depths\n"
+    files = {"HEADER_ONLY": header, "FAR": header + "0,5,3,0,2 2\n1,5,3,1e300,2 2\n"}
+    if args[0] == "--trace":
+        path = tmp_path / f"{args[1]}.csv"
+        path.write_text(files[args[1]])
+        args = ["--trace", str(path)]
+    result = CliRunner().invoke(app, ["predict", "-n", "20", *args])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output
+    if args[0] == "--trace":
+        assert str(path) in lines[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -9,7 +10,7 @@ import numpy as np
 from traces import arrivals as arrival_models
 from traces.errors import require
 from traces.exits import ExitModel
-from traces.request import Request
+from traces.request import MAX_ARRIVAL_S, Request
 from traces.workloads import length_model
 
 
@@ -23,6 +24,10 @@ def build_trace(workload: str, n: int, r_max: int, r_min: int = 1,
     ``progress`` is advanced by the requests whose depths are drawn (the slow part, per request).
     """
     require(n >= 1, f"the number of requests must be >= 1, got {n}")
+    if rate is not None:
+        require(math.isfinite(rate) and rate > 0, f"the request rate must be a number > 0 req/s, got {rate}")
+        require(n / rate <= MAX_ARRIVAL_S, f"{n} requests at {rate:g} req/s arrive over about {n / rate:.3g} s, "
+                                           f"more than the {MAX_ARRIVAL_S:g} s a run may span")
     rng = np.random.default_rng(seed)
     prompt, output = length_model(workload).sample(n, rng)
     if max_total_len is not None:

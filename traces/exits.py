@@ -35,6 +35,7 @@ class ExitModel:
     mean: float = 2.5
     dispersion: float = 0.3
     correlation: float = 0.5
+    source: str = ""  # where the parameters come from, when not the user (e.g. the paper's q = 0.2)
 
     def __post_init__(self) -> None:
         if self.kind not in EXIT_MODELS:
@@ -51,8 +52,9 @@ class ExitModel:
             return "no exits (r_max)"
         if self.kind == "fixed":
             return f"fixed depth {self.depth}"
+        origin = f" ({self.source})" if self.source else ""
         return (f"synthetic mean {self.mean:g}, dispersion {self.dispersion:g}, "
-                f"correlation {self.correlation:g}")
+                f"correlation {self.correlation:g}{origin}")
 
     def pmf(self, r_min: int, r_max: int) -> np.ndarray:
         """P(depth = d) for d = 1 .. r_max (index d - 1)."""

@@ -16,7 +16,8 @@ exit_depths    ints         requested core loops (1-indexed) for output tokens 1
 
 The format is the file's extension: ``.csv`` or ``.parquet``. A malformed file is refused with a
 one-line error that names the file and the line (CSV, counting the header as line 1) or the row
-(Parquet).
+(Parquet): a file without requests, a value that is not a number (``inf``, ``nan``) or out of range (an
+arrival after :data:`traces.request.MAX_ARRIVAL_S`), a duplicate id, depths that do not fit.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ import numpy as np
 import pandas as pd
 
 from traces.errors import InputError, require
-from traces.request import Request
+from traces.request import MAX_ARRIVAL_S, Request
 
 COLUMNS = ("request_id", "prompt_len", "output_len", "arrival_s", "exit_depths")
 FORMATS = (".csv", ".parquet")
+MAX_ID = 2**53  # ids are parsed as floats: larger ones would collide
+MAX_TOKENS = 2**31 - 1  # a longer prompt or output overflows the per-token int32 metadata
 
 
 def _format(path: Path) -> str:
@@ -70,22 +73,24 @@ def read_trace(path: str | Path, r_max: int | None = None) -> list[Request]:
         raise InputError(f"{path}: not a readable {fmt[1:]} trace ({str(exc).splitlines()[0]})") from None
     missing = [c for c in COLUMNS if c not in frame.columns]
     require(not missing, f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(COLUMNS)}")
+    empty = f"{where(0)}: no requests (the file has only a header)" if fmt == ".csv" else f"{path}: no rows"
+    require(len(frame) > 0, empty)
 
-    def numbers(column: str, kind: type, minimum: float) -> np.ndarray:
+    def numbers(column: str, kind: type, minimum: float, maximum: float) -> np.ndarray:
         values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
-        bad = ~np.isfinite(values) | (values < minimum)
+        bad = ~np.isfinite(values) | (values < minimum) | (values > maximum)
         if kind is int:
             bad |= values != np.round(values)
         if bad.any():
             i = int(np.argmax(bad))
             raise InputError(f"{where(i)}: {column} must be a {'whole ' if kind is int else ''}number "
-                             f">= {minimum:g}, got {frame[column].iloc[i]!r}")
+                             f"in [{minimum:g}, {maximum:g}], got {frame[column].iloc[i]!r}")
         return values
 
-    ids = numbers("request_id", int, 0).astype(np.int64)
-    prompt = numbers("prompt_len", int, 1).astype(np.int64)
-    output = numbers("output_len", int, 1).astype(np.int64)
-    arrival = numbers("arrival_s", float, 0.0)
+    ids = numbers("request_id", int, 0, MAX_ID).astype(np.int64)
+    prompt = numbers("prompt_len", int, 1, MAX_TOKENS).astype(np.int64)
+    output = numbers("output_len", int, 1, MAX_TOKENS).astype(np.int64)
+    arrival = numbers("arrival_s", float, 0.0, MAX_ARRIVAL_S)
     dup = pd.Series(ids).duplicated().to_numpy()
     require(not dup.any(), f"{where(int(np.argmax(dup)))}: duplicate request_id {ids[np.argmax(dup)]}")
 

@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# The latest arrival a request may have: 11.6 days. The simulator's float64 clock still resolves launch
+# times to better than a nanosecond there (it stops doing so near 4.5e6 s), and a later arrival is a
+# unit mistake, not a workload (arrivals of 1e300 s reported 2e12 tok/s).
+MAX_ARRIVAL_S = 1e6
+
 
 @dataclass(slots=True)
 class Request:

@@ -1,13 +1,23 @@
 """Triton kernels against the torch backend, op by op and end to end; shared by the CPU-interpreter test
-(run as ``TRITON_INTERPRET=1 python -m tests.executor.kernel_checks``) and the GPU tests."""
+(run as ``TRITON_INTERPRET=1 python -m tests.executor.kernel_checks [CHECK ...]``) and the GPU tests.
+
+Triton's interpreter runs every program of a grid one after another in Python (20-50 ms each), so under
+it the checks use the smallest shapes that still take every path of every kernel (:data:`PATHS`): the
+automatic split count of decode attention is capped at :data:`INTERPRETER_SPLITS` (the production rule
+gives 16 splits to these tiny launches, most of them empty) and the end-to-end runs serve short prompts
+through an 8-token prefill budget.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
+from collections.abc import Iterator
 
 import torch
 
+import cdbsim.attention
 from cdbsim.config import ServeConfig
 from cdbsim.kvlayout import KVLayout
 from executor import ops as torch_ops
@@ -19,6 +29,33 @@ from .helpers import assert_matches_reference, tiny_arch, tiny_model, tiny_reque
 from .triton_interpreter import patch_loop_bounds
 
 patch_loop_bounds()
+
+PATHS = """
+rms_norm, residual_norm  hidden 64 and 96 (masked block); residual_norm sandwich x with/without next norm
+silu_mul                 an intermediate size spanning several blocks
+rope_write_kv            rotate-half and interleaved RoPE x with/without q/k bias; GQA; last-exited fill
+                         of 0-2 deeper slots; rows at and across page boundaries (positions 0, 15, 16, 40, 47)
+decode_attention         1 split (direct store); 2 and 4 splits with the merge kernel; splits past a row's
+                         context (empty: -inf weight); 128-position splits; the automatic split count
+rope_decode_attention    the same split counts with the in-kernel merge (counters back to zero), own k/v
+                         from registers (peeled first tile), fill writes, writing to the trash block
+prefill_attention        a cached prefix, a chunk spanning two work items, a one-token chunk, padding items
+end to end               Ouro refill K=2 depth-KV and Huginn no-refill first-shared KV through CUDA graphs
+                         (static buffers) with chunked prefill; Ouro and Huginn refill at width 1 on the
+                         chained skinny-matmul path (:mod:`executor.chain`)
+"""
+INTERPRETER_SPLITS = 3  # automatic split count under the interpreter (also a count that is no power of two)
+
+
+@contextlib.contextmanager
+def split_cap(cap: int | None) -> Iterator[None]:
+    """Cap the automatic split count of decode attention (``cdbsim.attention.MAX_SPLITS``) while inside."""
+    saved = cdbsim.attention.MAX_SPLITS
+    cdbsim.attention.MAX_SPLITS = cap or saved
+    try:
+        yield
+    finally:
+        cdbsim.attention.MAX_SPLITS = saved
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, atol: float, what: str) -> None:
@@ -158,28 +195,41 @@ def check_prefill_attention(device: str = "cpu", dtype: torch.dtype = torch.floa
     _close(got, want, atol * 10, "prefill_attention")
 
 
-def check_end_to_end(device: str = "cpu", graphs: bool = True, atol: float = 1e-4) -> None:
+END_TO_END = [("ouro", "refill", 2, "depth", 2, 0), ("huginn", "norefill", 1, "first-shared", 2, 0),
+              ("ouro", "refill", 1, "depth", 1, 1), ("huginn", "refill", 1, "depth", 1, 1)]
+
+
+def check_end_to_end(device: str = "cpu", graphs: bool = True, atol: float = 1e-4, cases: list[int] | None = None,
+                     max_prompt: int = 20, prefill_budget: int = 16) -> None:
     """Whole runs on the Triton backend match the reference decoder; the last two cases (width 1) run
-    every decode-type launch on the chained skinny-matmul path (:mod:`executor.chain`)."""
-    cases = [("ouro", "refill", 2, "depth", 2, 0), ("huginn", "norefill", 1, "first-shared", 2, 0),
-             ("ouro", "refill", 1, "depth", 1, 1), ("huginn", "refill", 1, "depth", 1, 1)]
-    for style, policy, k, layout, width, fuse_rows in cases:
+    every decode-type launch on the chained skinny-matmul path (:mod:`executor.chain`). Prompts longer
+    than ``prefill_budget`` are chunked."""
+    requests = tiny_requests(n=3, seed=7, max_prompt=max_prompt, max_output=5)
+    assert max(r.prompt_len for r in requests) > prefill_budget, "no prompt is chunked"
+    for case in cases if cases is not None else range(len(END_TO_END)):
+        style, policy, k, layout, width, fuse_rows = END_TO_END[case]
         arch = tiny_arch(style)
         model = tiny_model(arch, backend="triton", device=device)
         model.ops.fuse_rows = fuse_rows
         chained = []
         gemv = model.ops.gemv
         model.ops.gemv = lambda x, w, gemv=gemv, seen=chained: seen.append(1) or gemv(x, w)
-        requests = tiny_requests(n=3, seed=7, max_prompt=20, max_output=5)
-        config = ServeConfig(policy=policy, width=width, coda_batch=k, prefill_budget=16, timing="sync", layout=layout)
+        config = ServeConfig(policy=policy, width=width, coda_batch=k, prefill_budget=prefill_budget, timing="sync",
+                             layout=layout)
         run = execute(arch, config, requests, 32, model=model, keep_logits=True, graphs=graphs, warmup=False)
         assert run.log.meta["ops"] == "triton"
         assert bool(chained) == bool(fuse_rows), f"{style}: chained path used {len(chained)} times"
         assert_matches_reference(run, model, arch, config, requests, atol=atol)
 
 
+CHECKS = {"ops": check_ops, "prefill": check_prefill_attention,
+          **{f"end-to-end-{i}": lambda i=i: check_end_to_end(cases=[i], max_prompt=12, prefill_budget=8)
+             for i in range(len(END_TO_END))}}
+
+
 if __name__ == "__main__":
-    check_ops()
-    check_prefill_attention()
-    check_end_to_end()
-    print("kernel checks passed", file=sys.stderr)
+    names = sys.argv[1:] or list(CHECKS)
+    with split_cap(INTERPRETER_SPLITS):
+        for name in names:
+            CHECKS[name]()
+    print(f"kernel checks passed: {' '.join(names)}", file=sys.stderr)

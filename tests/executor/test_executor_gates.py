@@ -89,7 +89,7 @@ def test_record_exit_trace_round_trips_through_trace_files(tmp_path, style: str)
     assert [b.depths.tolist() for b in back] == [r.depths.tolist() for r in recorded]
 
 
-@pytest.mark.parametrize("style", ["ouro", "huginn"])
+@pytest.mark.parametrize("style", [pytest.param("ouro", marks=pytest.mark.slow), "huginn"])
 def test_batched_recording_equals_per_request_recording(style: str) -> None:
     """Greedy outputs from one batched executor run give the same gate values and depths as decoding
     each request on its own."""

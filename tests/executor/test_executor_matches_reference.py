@@ -2,7 +2,8 @@
 
 Every policy (CB, no-refill, refill with K = 1 and 2) x every KV layout x both block styles, with mixed
 exit depths, chunked prefill and queueing (W = 4 for 6 requests, M = 32), plus the pipelined driver
-modes and a preemption (recompute) case.
+modes and a preemption (recompute) case. The default run takes every policy x layout pair and every
+policy and layout with both styles; the other half of the matrix is marked ``slow`` (CI runs it).
 """
 
 from __future__ import annotations
@@ -18,11 +19,27 @@ from .helpers import assert_matches_reference, tiny_arch, tiny_model, tiny_reque
 
 POLICIES = [("cb", 1), ("norefill", 1), ("refill", 1), ("refill", 2)]
 LAYOUTS = ["depth", "shared", "first-shared"]
+STYLES = ["ouro", "huginn"]
 
 
-@pytest.mark.parametrize("style", ["ouro", "huginn"])
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize(("policy", "k"), POLICIES)
+def half_slow(cases: list[tuple]) -> list:
+    """``cases`` (the style last) as parameters, the style alternating between the default run and
+    ``slow`` so that every other combination of the remaining factors is run in both styles."""
+    rests: list[tuple] = []
+    out = []
+    for case in cases:
+        *rest, style = case
+        if tuple(rest) not in rests:
+            rests.append(tuple(rest))
+        fast = STYLES[rests.index(tuple(rest)) % 2]
+        out.append(pytest.param(*case, marks=() if style == fast else pytest.mark.slow))
+    return out
+
+
+MATRIX = half_slow([(p, k, layout, style) for p, k in POLICIES for layout in LAYOUTS for style in STYLES])
+
+
+@pytest.mark.parametrize(("policy", "k", "layout", "style"), MATRIX)
 def test_executor_matches_reference(style: str, layout: str, policy: str, k: int) -> None:
     arch = tiny_arch(style)
     model = tiny_model(arch)
@@ -46,12 +63,17 @@ def test_pipelined_modes_match_reference(style: str, mode: str) -> None:
     assert_matches_reference(run, model, arch, config, requests)
 
 
-@pytest.mark.parametrize("style", ["ouro", "huginn"])
-@pytest.mark.parametrize(("policy", "layout"), [("cb", "depth"), ("norefill", "shared"), ("refill", "depth"),
-                                                ("refill", "first-shared")])
+PREEMPTING = [("cb", "depth", "ouro"), ("refill", "depth", "huginn")]  # the default run; the rest is slow
+
+
+@pytest.mark.parametrize(("policy", "layout", "style"), [
+    pytest.param(p, layout, style, marks=() if (p, layout, style) in PREEMPTING else pytest.mark.slow)
+    for p, layout in [("cb", "depth"), ("norefill", "shared"), ("refill", "depth"), ("refill", "first-shared")]
+    for style in STYLES])
 def test_preemption_recompute_matches_reference(style: str, policy: str, layout: str) -> None:
     """Five KV blocks for four growing requests: decode tokens stall, requests are preempted and re-prefilled
-    (prompt + generated tokens at full depth), and the reference replays the same recomputes."""
+    (prompt + generated tokens at full depth), and the reference replays the same recomputes (23-52 s of
+    CPU each: two run by default, the other six under ``slow``)."""
     import numpy as np
 
     from traces.request import Request
@@ -77,8 +99,9 @@ def test_resplit_with_prelude_and_coda_ouro() -> None:
     assert_matches_reference(run, model, arch, config, requests)
 
 
-@pytest.mark.parametrize("style", ["ouro", "huginn"])
-@pytest.mark.parametrize(("policy", "layout"), [("cb", "shared"), ("refill", "depth"), ("norefill", "first-shared")])
+@pytest.mark.parametrize(("policy", "layout", "style"), half_slow([
+    (p, layout, style) for p, layout in [("cb", "shared"), ("refill", "depth"), ("norefill", "first-shared")]
+    for style in STYLES]))
 def test_graph_static_buffers_match_reference(style: str, policy: str, layout: str) -> None:
     """The CUDA-graph path's static metadata (full-width block tables, padded rows, static fill loop),
     re-run eagerly on CPU, generates the reference's tokens."""

@@ -1,0 +1,121 @@
+"""Interpolated latency surfaces: every stage time of every shipped profile is finite, positive and
+non-decreasing in the batch and the context, inside and outside the measured grid, and measured points
+that no smaller launch outruns are reproduced exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from cdbsim.arch import PRESETS, load_arch
+from cdbsim.interp import Surface
+from cdbsim.latency import LatencyModel
+from cdbsim.launch import Stage
+from cdbsim.profile import Fit
+from cdbsim.recipes import interpolated
+from cdbsim.shipped import covers, shipped_profiles
+from cli import app
+
+PROFILES = shipped_profiles()
+# every preset a profile covers, as shipped and re-split (re-splits are priced from the components)
+ARCHS = [PRESETS[name] for name in PRESETS] + [load_arch("huginn-3.5b", split="0-4-0"),
+                                               load_arch("huginn-3.5b", split="1-4-1"),
+                                               load_arch("ouro-1.4b", split="2-20-2")]
+MODELS = [LatencyModel(arch, profile) for profile in PROFILES.values() for arch in ARCHS if covers(profile, arch)]
+STAGE_TIMES = [(model, stage) for model in MODELS for stage in model.tables]
+SURFACES = [(f"{p.name}:{name}", Surface(fit)) for p in PROFILES.values()
+            for name, fit in sorted(p.components.items()) if interpolated(name) and len(fit.points) >= 2]
+
+batches = st.integers(1, 1024)
+lengths = st.floats(1.0, 32768.0)
+
+
+def test_every_shipped_model_has_tabulated_stages() -> None:
+    assert len(PROFILES) >= 3 and len(MODELS) >= 6
+    assert all(set(model.tables) == {Stage.PRELUDE, Stage.CORE, Stage.CODA, Stage.DECODE} for model in MODELS)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.sampled_from(STAGE_TIMES), batches, batches, lengths, lengths)
+def test_stage_times_are_positive_and_non_decreasing(case, b1: int, b2: int, l1: float, l2: float) -> None:
+    model, stage = case
+    table = model.tables[stage]
+    (b1, b2), (l1, l2) = sorted((b1, b2)), sorted((l1, l2))
+    small, wider, longer = table(b1, l1), table(b2, l1), table(b1, l2)
+    what = f"{model.profile.name} {model.arch.name} {model.arch.split} {stage.value}"
+    assert math.isfinite(small) and small > 0, f"{what}: t({b1}, {l1}) = {small}"
+    assert wider >= small, f"{what}: t({b2}, {l1}) = {wider} < t({b1}, {l1}) = {small}"
+    assert longer >= small, f"{what}: t({b1}, {l2}) = {longer} < t({b1}, {l1}) = {small}"
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.sampled_from(SURFACES), st.floats(1.0, 4096.0), st.floats(1.0, 4096.0), lengths, lengths)
+def test_component_surfaces_are_positive_and_non_decreasing(case, b1: float, b2: float, l1: float,
+                                                            l2: float) -> None:
+    name, surface = case
+    (b1, b2), (l1, l2) = sorted((b1, b2)), sorted((l1, l2))
+    small = surface(b1, l1)
+    assert math.isfinite(small) and small > 0, name
+    assert surface(b2, l1) >= small and surface(b1, l2) >= small, name
+
+
+@pytest.mark.parametrize("name, surface", SURFACES, ids=[name for name, _ in SURFACES])
+def test_measured_points_are_kept_unless_a_smaller_launch_was_slower(name: str, surface: Surface) -> None:
+    """The upper envelope changes a measured point only where a launch no larger in B and L took longer."""
+    profile, component = name.split(":", 1)
+    points = np.asarray(PROFILES[profile].components[component].points)
+    batch, length, t = points[:, 0], np.rint(points[:, 1] / points[:, 0]), points[:, -1]
+    kept = 0
+    for b, n, measured in zip(batch, length, t, strict=True):
+        predicted = surface(b, n)
+        assert predicted >= measured * (1 - 1e-12), (b, n)
+        if t[(batch <= b) & (length <= n)].max() <= measured:
+            assert predicted == pytest.approx(measured, rel=1e-12), (b, n)
+            kept += 1
+    assert kept >= 1
+
+
+def test_a_ragged_grid_continues_with_the_shorter_context_growth() -> None:
+    """A length measured to B = 4 only, ending on a falling segment, grows past it as the shorter length
+    does plus nothing extra (its last segment was not steeper); no time is negative."""
+    short = [[b, b * 32, t] for b, t in ((1, 10.0), (2, 11.0), (4, 12.0), (8, 14.0), (16, 18.0))]
+    long = [[b, b * 2048, t] for b, t in ((1, 10.5), (2, 13.0), (4, 11.5))]
+    surface = Surface(Fit(delta=10.0, points=short + long))
+    assert surface(16, 2048) == pytest.approx(13.0 + (18.0 - 12.0))
+    assert surface(8, 32) == pytest.approx(14.0)
+    assert surface(3, 2048) == pytest.approx(13.0)  # raised to the B = 2 time (the envelope)
+    assert all(surface(b, 2048) >= surface(b, 32) > 0 for b in (1, 2, 4, 8, 16, 64, 1024))
+
+
+def test_below_the_shortest_length_times_stay_above_the_smallest_measured() -> None:
+    steep = [[b, b * n, t] for n, row in ((100, (5.0, 9.0)), (200, (20.0, 40.0))) for b, t in zip((1, 2), row,
+                                                                                                 strict=True)]
+    surface = Surface(Fit(delta=1.0, points=steep))
+    assert surface(1, 1) == pytest.approx(5.0)  # the first segment would reach -9.85 at L = 1
+    assert surface(2, 50) == pytest.approx(5.0 + (9.0 - 5.0) * 0.5)
+
+
+SHAREGPT_1000 = ["--workload", "sharegpt", "-n", "1000", "--mean-depth", "2.5"]
+RAGGED_RUNS = [  # runs that used to meet Ouro's prelude below zero (ValueError: Negative delay)
+    pytest.param(["predict", "--policy", "norefill", "--W", "128", "--kv-layout", "shared", *SHAREGPT_1000,
+                  "--no-baseline"], id="norefill-W128-shared"),
+    pytest.param(["compare", "--W", "256", "--kv-layout", "first-shared", *SHAREGPT_1000], id="compare-W256",
+                 marks=pytest.mark.slow),
+    pytest.param(["predict", "--policy", "norefill", "--W", "256", "--kv-layout", "shared", "--workload", "arxiv",
+                  "-n", "1000", "--mean-depth", "2.5", "--no-baseline"], id="arxiv-W256", marks=pytest.mark.slow),
+    pytest.param(["predict", "--arch", "ouro-2.6b", "--policy", "norefill", "--W", "128", "--kv-layout", "shared",
+                  *SHAREGPT_1000, "--no-baseline"], id="ouro-2.6b", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("args", RAGGED_RUNS)
+def test_runs_on_the_ragged_grid_complete(args: list[str]) -> None:
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output[-2000:]
+    assert all(report["output_tps"] > 0 for report in json.loads(result.output).values())

@@ -1,0 +1,106 @@
+"""The kernel-level latency model: table lookups, composition for any architecture, other GPUs."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
+from cdbsim.devices import device_preset
+from cdbsim.kernel_table import KernelTable
+from cdbsim.latency import H200, LatencyModel
+from cdbsim.launch import Stage, decode_launch
+from cdbsim.profile import ProfileKind
+from cdbsim.shipped import resolve_profile, shipped_profiles
+
+
+def kernel_profile():
+    found = [p for p in shipped_profiles().values() if p.kind is ProfileKind.KERNELS]
+    assert found, "a kernel-level profile ships with cdbsim"
+    return found[0]
+
+
+def test_table_is_exact_on_the_grid_log_linear_between_and_carried_outside() -> None:
+    points = [[m, n, 1e-6 * m * n] for m in (1, 4, 16) for n in (10, 1000)]
+    table = KernelTable("t", ("m", "n"), points, proxy=lambda q: q[0] * q[1])
+    assert table(4, 10) == pytest.approx(4e-5)
+    assert table(2, 10) == pytest.approx(math.exp((math.log(1e-5) + math.log(4e-5)) / 2), rel=0.2)
+    inside = table.lookup(8, 100)
+    assert inside.reach == 1.0 and 4e-4 < inside.seconds < 1.6e-3
+    outside = table.lookup(64, 1000)  # 4x beyond the largest m: carried from m = 16 by the proxy
+    assert outside.seconds == pytest.approx(table(16, 1000) * 64 / 16)
+    assert outside.reach == pytest.approx(65 / 17)
+
+
+def test_exact_dimensions_must_match() -> None:
+    table = KernelTable("t", ("style", "rows"), [[0, 1, 1e-5], [0, 8, 2e-5]], proxy=lambda q: q[1],
+                        exact=frozenset({"style"}))
+    with pytest.raises(KeyError, match="no style = 1"):
+        table(1, 4)
+
+
+shapes = st.builds(
+    lambda style, width, ratio, group, d, layers, vocab: ArchSpec(
+        name="random", layer=LayerShape(hidden=width, intermediate=int(width * ratio) // 64 * 64,
+                                        heads=max(group, width // d // group * group),
+                                        kv_heads=max(1, width // d // group), head_dim=d, style=style),
+        vocab=vocab, prelude=1 if style is LayerStyle.HUGINN else 0, core=layers,
+        coda=1 if style is LayerStyle.HUGINN else 0, r_max=4),
+    st.sampled_from(list(LayerStyle)), st.sampled_from([1024, 1536, 2048, 3072, 4096, 6144, 8192]),
+    st.floats(2.5, 3.5), st.sampled_from([1, 2, 4, 8]), st.sampled_from([64, 96, 128]), st.integers(2, 8),
+    st.sampled_from([32000, 65536, 151936]))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arch=shapes)
+def test_random_shapes_get_positive_times_non_decreasing_in_batch_and_context(arch: ArchSpec) -> None:
+    model = LatencyModel(arch, kernel_profile())
+    assert model.profile.kind is ProfileKind.KERNELS and "composed for" in model.profile.label()
+    for stage in (Stage.PRELUDE, Stage.CORE, Stage.CODA, Stage.DECODE):
+        for length in (32, 512, 4096):
+            times = [model.launch_time(decode_launch(stage, list(range(b)), [length - 1] * b, [[0]] * b, b))
+                     for b in (1, 2, 8, 32, 128, 512)]
+            assert all(math.isfinite(t) and t > 0 for t in times)
+            assert all(b >= 0.97 * a for a, b in itertools.pairwise(times)), (stage, length, times)
+        by_length = [model.launch_time(decode_launch(stage, list(range(16)), [n - 1] * 16, [[0]] * 16, 16))
+                     for n in (32, 128, 512, 2048, 8192)]
+        assert all(b >= 0.97 * a for a, b in itertools.pairwise(by_length)), (stage, by_length)
+
+
+def test_a_shape_far_outside_the_grid_says_so() -> None:
+    huge = ArchSpec(name="huge", layer=LayerShape(hidden=32768, intermediate=131072, heads=256, kv_heads=256,
+                                                  head_dim=128), vocab=65536, prelude=0, core=2, coda=0, r_max=2)
+    model = LatencyModel(huge, kernel_profile())
+    assert model.warnings and "outside the calibrated grid" in model.warnings[0]
+    assert "outside the kernel grid" in model.profile.label()
+
+
+def test_auto_prefers_the_model_then_its_layer_shape_then_kernels() -> None:
+    from cdbsim.arch import PRESETS
+
+    assert resolve_profile("auto", PRESETS["ouro-1.4b"]).kind is ProfileKind.MEASURED
+    assert resolve_profile("auto", PRESETS["huginn-3.5b"].with_split("0-4-0")).kind is ProfileKind.MEASURED
+    unseen = ArchSpec(name="u", layer=LayerShape(2560, 6912, 20, 10, 128), vocab=32000, prelude=0, core=8, coda=0,
+                      r_max=8)
+    assert resolve_profile("auto", unseen).kind is ProfileKind.KERNELS
+    # on another GPU the measured stages do not carry over: the kernels do, labelled not validated
+    on_h100 = LatencyModel(PRESETS["ouro-1.4b"], resolve_profile("auto", PRESETS["ouro-1.4b"],
+                                                                 device_preset("h100-sxm")))
+    assert on_h100.profile.kind is ProfileKind.KERNELS and "not validated" in on_h100.profile.label()
+
+
+def test_device_presets_order_memory_bound_decode_by_bandwidth() -> None:
+    from cdbsim.arch import PRESETS
+
+    arch = PRESETS["ouro-1.4b"]
+    launch = decode_launch(Stage.CORE, list(range(8)), [511] * 8, [[0]] * 8, 8)
+    times = {name: LatencyModel(arch, resolve_profile("h200-kernels", arch,
+                                                      device_preset(name) if name != "h200" else H200)
+                                ).launch_time(launch)
+             for name in ("a100-80gb", "h100-sxm", "h200", "b200")}
+    assert times["a100-80gb"] > times["h100-sxm"] > times["h200"] > times["b200"]
+    assert times["h100-sxm"] / times["h200"] == pytest.approx(4.8 / 3.35, rel=0.15)  # mostly weight reads

@@ -419,6 +419,7 @@ METRICS = [("output tok/s", "output_tps", 1.0), ("requests/s", "request_rate", 1
            ("mean depth d-bar", "mean_depth", 1.0),
            ("S_dec", "s_dec", 1.0), ("S_e2e", "s_e2e", 1.0), ("speed-up vs CB", "speedup", 1.0),
            ("% of S_e2e realised", "bound_realised", 100.0)]
+NOT_LOGGED_IN_EVERY_RUN = ("kv_blocks_mean", "kv_blocks_peak", "preemptions")
 LATENCY_ROWS = [("TTFT", "ttft_s", "s", 1.0), ("TPOT", "tpot_s", "ms", 1e3), ("ITL", "itl_s", "ms", 1e3),
                 ("E2E", "e2e_s", "s", 1.0), ("norm. latency", "normalized_s", "ms", 1e3),
                 ("sched. delay", "scheduling_s", "s", 1.0)]
@@ -445,14 +446,15 @@ def _metric(report: Any, key: Any) -> Any:
 
 
 def metric_rows(reports: dict[str, Any], percentiles: tuple[float, ...] | None = None) -> list[dict]:
-    """One row per metric, one column per run (a vertical table reads best for a few runs); a metric no
-    run has (KV blocks in use without ``kv_used`` in the log) is left out."""
+    """One row per metric, one column per run (a vertical table reads best for a few runs); a figure a run's
+    log does not hold (KV blocks in use without a ``kv_used`` column, preemptions of an old log) is "n/a",
+    one that does not apply (a speed-up without a baseline) "-"."""
     rows = []
     for label, key, scale in _metrics(percentiles):
         values = {name: _metric(report, key) for name, report in reports.items()}
-        if all(v is None for v in values.values()) and key in ("kv_blocks_mean", "kv_blocks_peak", "preemptions"):
-            continue
-        rows.append({"metric": label, **{name: "-" if v is None else float(v) * scale for name, v in values.items()}})
+        absent = "n/a" if key in NOT_LOGGED_IN_EVERY_RUN else "-"
+        rows.append({"metric": label, **{name: absent if v is None else float(v) * scale
+                                         for name, v in values.items()}})
     stages = sorted({s for r in reports.values() for s in r.launches})
     for stage in stages:
         rows.append({"metric": f"{stage}: launches / mean B",

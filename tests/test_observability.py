@@ -103,6 +103,20 @@ def test_report_has_input_tokens_scheduling_delay_and_chosen_percentiles(small_r
     assert again.ttft_s.p50 == pytest.approx(report.ttft_s.p50)
 
 
+def test_table_shows_kv_use_from_the_log_and_n_a_without_it(small_run) -> None:
+    from cli import metric_rows
+
+    log = small_run.log
+    arch, requests = small_run.setup.arch, small_run.setup.requests
+    with_kv = RunLog(log.launches.assign(kv_used=np.arange(len(log.launches)) % 7), log.requests, log.token_times,
+                     log.meta)
+    reports = {"plain": summarize(log, arch, requests, 2), "kv": summarize(with_kv, arch, requests, 2)}
+    rows = {row["metric"]: row for row in metric_rows(reports)}
+    assert rows["KV blocks in use, peak"] == {"metric": "KV blocks in use, peak", "plain": "n/a", "kv": 6.0}
+    assert rows["KV blocks in use, mean"]["plain"] == "n/a" and 0 < rows["KV blocks in use, mean"]["kv"] < 6
+    assert rows["preemptions"]["plain"] == float(log.meta["preemptions"])
+
+
 def test_predict_writes_logs_timeline_and_cdfs(tmp_path) -> None:
     logs, cdf = tmp_path / "logs", tmp_path / "cdf.png"
     result = runner.invoke(app, ["predict", "-n", "8", "--workload", "alpaca", "--profile", "roofline",

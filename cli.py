@@ -629,10 +629,11 @@ DaskOpt = Annotated[str | None, typer.Option(
 
 
 @contextmanager
-def points_progress(total: int) -> Iterator[Callable[[int, int], None]]:
-    """The sweep's progress callback (points done of total) as one step of :func:`progress`."""
+def steps_progress(label: str, total: int) -> Iterator[Callable[[int, int], None]]:
+    """A progress callback told ``(done, total)`` (a sweep's points, capacity's searches) as one step of
+    :func:`progress`."""
     with progress() as factory:
-        advance = factory("points", total)
+        advance = factory(label, total)
         done_before = 0
 
         def update(done: int, _total: int) -> None:
@@ -699,7 +700,7 @@ def sweep_command(
                           baseline)
     summary = SweepSummary(plan.fields)
     start = time.monotonic()
-    with stopped_cleanly(), points_progress(len(plan)) as bar:
+    with stopped_cleanly(), steps_progress("points", len(plan)) as bar:
         run_sweep(plan, jobs=jobs, dask=dask, cache=None if no_cache else cache or default_cache_path(), parquet=out,
                   csv=csv_out, progress=bar, each=summary.add)
     seconds = time.monotonic() - start
@@ -752,7 +753,8 @@ def capacity_command(
     if target_rate is not None and target_rate <= 0:
         raise ConfigError(f"--target-rate must be > 0, got {target_rate:g}")
     chosen = [p.strip() for p in policies.split(",") if p.strip()]
-    results = capacity(exp, slo, chosen, jobs=jobs, dask=dask)
+    with steps_progress("capacity searches (one per policy)", len(chosen)) as searched:
+        results = capacity(exp, slo, chosen, jobs=jobs, dask=dask, progress=searched)
     rows = [r.row(target_rate) for r in results]
     if as_json:
         emit([{"slo": slo.describe(), "results": rows}], "", True, False)

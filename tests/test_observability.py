@@ -239,3 +239,13 @@ def test_memory_estimate_refuses_what_the_machine_cannot_hold() -> None:
     spec.check_memory(available=int(4e9))
     with pytest.raises(ConfigError, match=r"about 1\.2 GB of memory .* more than this machine's 1\.0 GB"):
         spec.check_memory(available=int(1e9))
+
+
+def test_capacity_reports_each_search_as_it_ends() -> None:
+    from cdbsim.capacity_search import capacity
+
+    calls: list[tuple[int, int]] = []
+    exp = Experiment(workload={"name": "alpaca", "requests": 20}, latency={"profile": "roofline"})
+    capacity(exp, policies=["cb", "refill"], tpot_s=0.2, progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(1, 2), (2, 2)]
+

@@ -234,7 +234,7 @@ def test_predict_without_baseline_matches_the_command_line() -> None:
     from cli import app
 
     args = ["--workload", "alpaca", "--requests", "30", "--profile", "roofline", "--W", "32"]
-    cli = json.loads(CliRunner().invoke(app, ["predict", *args, "--no-baseline", "--json"]).output)
+    cli = json.loads(CliRunner().invoke(app, ["predict", *args, "--no-baseline", "--json"]).stdout)
     exp = cdbsim.Experiment(workload={"name": "alpaca", "requests": 30}, latency={"profile": "roofline"},
                             serve={"width": 32})
     result = cdbsim.predict(exp)

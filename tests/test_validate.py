@@ -53,7 +53,7 @@ def test_validate_against_saved_logs(tmp_path) -> None:
     result = CliRunner().invoke(app, ["validate", "--matrix", str(matrix), "--measured", str(measured),
                                       "--out", str(out), "--profile", "roofline", "--json"])
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output)[0]
+    summary = json.loads(result.stdout)[0]
     assert summary["profile"].startswith("h200-roofline")  # the table names the profile it predicted with
     assert all(abs(row["tok/s error %"]) < 1e-6 for row in summary["summary"])
     assert summary["errors"]["online norm p50 |error| worst %"] < 1e-6

@@ -9,7 +9,8 @@ import json
 import math
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -18,36 +19,86 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from cdbsim.arch import load_arch
 from cdbsim.config import ServeConfig
 from cdbsim.errors import ConfigError
 from cdbsim.experiment import Experiment, Setting, plain, read_toml, settings, unwrap_optional
+from cdbsim.outputs import atomic_file, check_dir, check_file
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+try:
+    from typer import TyperException as UsageFailure  # typer >= 0.2x parses with its own copy of click
+except ImportError:  # pragma: no cover - older typer: click's exceptions
+    from click import ClickException as UsageFailure
+
+
+def error_line(message: str) -> None:
+    """Print ``error: message`` as one line on stderr (newlines in a message are folded)."""
+    Console(stderr=True).print(f"error: {' '.join(str(message).split())}", markup=False, highlight=False,
+                               soft_wrap=True)
+
+
+class OneLineErrors(TyperGroup):
+    """The command group, with click's own usage errors (an option that does not parse, a missing value,
+    an unknown option) printed as the same one-line ``error: ...`` with exit code 2 as every other bad
+    input, instead of click's usage block."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except UsageFailure as exc:
+            error_line(exc.format_message())
+            sys.exit(2)
+        except typer.Abort:
+            error_line("aborted")
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(cls=OneLineErrors, add_completion=False, rich_markup_mode=None,
                   help="Predict and measure serving throughput and latency of looped language models "
                        "under Continuous Depth Batching.")
+
+
+@app.callback(invoke_without_command=True)
+def _no_command(context: typer.Context) -> None:
+    """``cdbsim`` alone prints its help (not a usage error: nothing was asked for)."""
+    if context.invoked_subcommand is None:
+        typer.echo(context.get_help())
+        raise typer.Exit(0)
+
+
 console = Console(width=None if sys.stdout.isatty() else 150)
 DEFAULT_KV_TOKENS = 327_680  # the CDB paper's KV cache size
 
 
 def fail(message: str) -> None:
     """Print a one-line error and exit with code 2."""
-    Console(stderr=True).print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    error_line(message)
     raise typer.Exit(2)
 
 
 def friendly(command: Callable) -> Callable:
-    """Turn bad-input exceptions into a one-line error with exit code 2."""
+    """Turn bad-input exceptions into a one-line error with exit code 2, and refuse options that exclude
+    each other (``--json`` with ``--csv``) before the command does any work."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            if kwargs.get("as_json") and kwargs.get("as_csv"):
+                raise ConfigError("give --json or --csv, not both")
             return command(*args, **kwargs)
         except ConfigError as exc:
             fail(str(exc))
         except ImportError as exc:
             fail(f"{exc}; install the GPU extra: pip install 'cdbsim[gpu]'")
+        except OSError as exc:  # a disk that fills or a path that vanishes mid-run: nothing half-written stays
+            fail(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
+        except MemoryError:
+            fail("ran out of memory; use fewer requests (-n) or a smaller model")
 
     return wrapper
 
@@ -128,9 +179,58 @@ def experiment_options(*selected: str, exclude: tuple[str, ...] = (),
     return decorate
 
 
-SaveLogs = Annotated[Path | None, typer.Option("--save-logs", help="Write launch and request logs here.")]
+# ----- outputs -----------------------------------------------------------------------------------
+SaveLogs = Annotated[Path | None, typer.Option(
+    "--save-logs", metavar="DIR", help="Write each run's launch and request logs, meta.json and trace.json.gz "
+                                       "(a Perfetto / chrome://tracing timeline) to DIR/<run>/.")]
+LogFormatOpt = Annotated[str, typer.Option("--log-format", help="Format of --save-logs: parquet or csv.")]
+PlotCdf = Annotated[Path | None, typer.Option("--plot-cdf", metavar="FILE.png",
+                                              help="Plot the CDFs of TTFT, TPOT, ITL and normalized latency.")]
+PercentilesOpt = Annotated[str | None, typer.Option(
+    "--percentiles", metavar="P,P,...", help="Latency percentiles to show, e.g. 50,90,99.9 (with mean and std).")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 CsvOut = Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")]
+
+
+@dataclass
+class RunOutputs:
+    """What a simulating command writes besides its table, checked before it simulates anything."""
+
+    save_logs: Path | None
+    log_format: Any  # cdbsim.logs.LogFormat (imported when used: it brings pandas)
+    plot_cdf: Path | None
+    percentiles: tuple[float, ...] | None
+
+    @classmethod
+    def check(cls, save_logs: Path | None, log_format: str, plot_cdf: Path | None, percentiles: str | None,
+              runs: tuple[str, ...]) -> RunOutputs:
+        """Parse and check the options (``runs``: the sub-directories ``--save-logs`` will hold)."""
+        from cdbsim.logs import LogFormat
+        from cdbsim.report import parse_percentiles
+
+        return cls(check_dir(save_logs, "--save-logs", runs) if save_logs is not None else None,
+                   LogFormat.parse(log_format),
+                   check_file(plot_cdf, "--plot-cdf", (".png",)) if plot_cdf is not None else None,
+                   parse_percentiles(percentiles) if percentiles is not None else None)
+
+    def write(self, runs: dict[str, tuple[Any, Any]], dirs: dict[str, str], title: str) -> None:
+        """The logs of ``runs`` (``{label: (report, log)}``) in ``--save-logs``/``dirs[label]`` and their CDF
+        plot, each written whole or not at all."""
+        if self.save_logs is not None:
+            for label, (_, log) in runs.items():
+                log.save(self.save_logs / dirs[label], self.log_format)
+        if self.plot_cdf is not None:
+            from cdbsim.plots import plot_latency_cdfs
+            from cdbsim.report import latency_samples
+
+            with atomic_file(self.plot_cdf) as staging:
+                plot_latency_cdfs({label: latency_samples(log) for label, (_, log) in runs.items()}, staging, title)
+
+    def saved(self) -> str:
+        """A caption naming what was written (empty when nothing)."""
+        parts = [f"logs in {self.save_logs}" if self.save_logs is not None else "",
+                 f"CDFs in {self.plot_cdf}" if self.plot_cdf is not None else ""]
+        return " | ".join(p for p in parts if p)
 
 
 def emit(rows: list[dict], title: str, as_json: bool, as_csv: bool, caption: str | None = None) -> None:
@@ -163,6 +263,15 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+@contextmanager
+def progress() -> Iterator[Any]:
+    """Progress of request generation and runs on stderr (bars on a terminal, plain lines elsewhere)."""
+    from cdbsim.progress import progress_display
+
+    with progress_display() as factory:
+        yield factory
+
+
 # ----- commands ----------------------------------------------------------------------------------
 @app.command()
 @friendly
@@ -170,25 +279,38 @@ def _fmt(value: Any) -> str:
                     defaults={"workload.requests": 256})
 def schedule(
     exp: Experiment,
-    launches: Annotated[int, typer.Option("--launches", help="How many launches to show.")] = 20,
-    skip: Annotated[int, typer.Option("--skip", help="Launches to skip before showing.")] = 0,
+    launches: Annotated[int, typer.Option("--launches", min=1, help="How many launches to show.")] = 20,
+    skip: Annotated[int, typer.Option("--skip", min=0, help="Launches to skip before showing (after "
+                                                            "--from-stage).")] = 0,
+    from_stage: Annotated[str | None, typer.Option(
+        "--from-stage", metavar="STAGE", help="Start the window at the first launch of this stage: prefill, "
+                                              "prelude, core (the loop-step mix), coda or decode.")] = None,
     as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
-    """Print the first launches of a run as a table (stage, batch, loop-step mix, queues)."""
+    """Print a window of a run's launches as a table (stage, batch, loop-step mix, queues)."""
     from cdbsim.kv import capacity_blocks
+    from cdbsim.launch import Stage
     from cdbsim.replay import drive
     from cdbsim.scheduler import Scheduler
 
+    first = Stage.parse(from_stage) if from_stage is not None else None
     spec = exp.arch.spec()
     config = exp.serve.config()
     exp = exp.override({"workload.rate": None})  # the schedule of an offline run: every request at t = 0
-    reqs = exp.workload_spec(spec).build(spec, config.r_min(spec))
     kv = exp.serve
     tokens = DEFAULT_KV_TOKENS if kv.kv_tokens is None and kv.kv_blocks is None else kv.kv_tokens
     blocks = capacity_blocks(spec, config.layout, tokens=tokens, blocks=kv.kv_blocks)
-    rows = []
+    with progress() as factory:
+        reqs = exp.workload_spec(spec).build(spec, config.r_min(spec), factory, kv_blocks=blocks)
+    rows: list[dict] = []
+    seen = 0  # launches inside the window so far (counted from the first one of --from-stage)
+    stages: set[str] = set()
     for launch in drive(Scheduler(spec, config, reqs, blocks)):
-        if launch.index < skip:
+        stages.add(launch.stage.value)
+        if first is not None and seen == 0 and launch.stage is not first:
+            continue
+        seen += 1
+        if seen <= skip:
             continue
         if len(rows) >= launches:
             break
@@ -196,6 +318,11 @@ def schedule(
                      "padded": launch.padded, "detail": launch.detail(),
                      "Q_P": launch.queue_waiting, "Q_R": launch.queue_core, "Q_C": launch.queue_coda,
                      "active": launch.active})
+    if first is not None and seen == 0:
+        raise ConfigError(f"--from-stage {first.value}: this run has no {first.value} launch (its stages: "
+                          f"{', '.join(sorted(stages))})")
+    if not rows:
+        raise ConfigError(f"--skip {skip}: this run has only {seen:,} launches to show")
     emit(rows, f"{spec.name} ({spec.split}, r_max {spec.r_max}) | {config.describe()} | {exp.workload.name}",
          as_json, as_csv, caption="Q_P waiting prompts, Q_R tokens queued for the core (norefill: the wave), "
                                   "Q_C tokens queued for the coda; loop steps r1.. are 1-indexed")
@@ -211,26 +338,34 @@ def trace(
     """Write a request + exit-depth trace of a workload preset (replay it with --trace)."""
     from traces import write_trace
 
+    check_file(out, "--out", (".csv", ".parquet"))
     spec = exp.arch.spec()
     workload_spec = exp.workload_spec(spec)
-    reqs = workload_spec.build(spec, exp.serve.config().r_min(spec))
-    write_trace(reqs, out)
+    with progress() as factory:
+        reqs = workload_spec.build(spec, exp.serve.config().r_min(spec), factory, simulated=False)
+    with atomic_file(out) as staging:
+        write_trace(reqs, staging)
     console.print(f"wrote {len(reqs):,} requests ({workload_spec.describe()}) to {out}", markup=False,
                   highlight=False)
 
 
+CONTEXTS = (128, 512, 2048, 8192)  # context lengths B*(L) is shown at (README's calibration table)
+
+
 @app.command()
 @friendly
-@experiment_options("arch", "workload.name", "exits.mean_depth")
+@experiment_options("arch", "workload.name", "exits.mean_depth", "latency")
 def bound(
     exp: Experiment,
-    prefill_share: Annotated[float, typer.Option("--prefill-share", help="Share a of GPU time CB spends in "
-                                                                         "prefill.")] = 0.0,
-    f1: Annotated[float | None, typer.Option("--f1", help="Fraction of output tokens produced by prefill "
-                                                          "(default: from --workload).")] = None,
+    prefill_share: Annotated[float, typer.Option("--prefill-share", min=0.0, max=1.0,
+                                                 help="Share a of GPU time CB spends in prefill.")] = 0.0,
+    f1: Annotated[float | None, typer.Option("--f1", min=0.0, max=1.0, help="Fraction of output tokens produced "
+                                                                         "by prefill (default: from --workload).")]
+        = None,
     as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
-    """Print the FLOP bounds S_dec and S_e2e and the KV bytes per token of each layout."""
+    """Print the FLOP bounds S_dec and S_e2e, the KV bytes per token of each layout, and B*(L) of the core
+    step from the latency profile in use (no GPU needed)."""
     from cdbsim.bounds import s_dec, s_e2e
     from cdbsim.kvlayout import KVLayout
     from cdbsim.workload import default_mean_depth
@@ -239,7 +374,14 @@ def bound(
     spec = exp.arch.spec()
     mean_depth = exp.exits.mean_depth
     depth_decoded = mean_depth if mean_depth is not None else default_mean_depth(spec.r_max)
+    if not 1 <= depth_decoded <= spec.r_max:
+        raise ConfigError(f"mean depth must be in [1, r_max = {spec.r_max}], got {depth_decoded:g}")
+    if prefill_share >= 1.0:
+        raise ConfigError("--prefill-share must be below 1 (CB would spend all its time in prefill)")
     frac = f1 if f1 is not None else 1.0 / length_model(exp.workload.name).mean_output
+    if frac >= 1.0:
+        raise ConfigError("--f1 must be below 1 (at least one token must be decoded)")
+    latency = exp.latency.model(spec)
     dbar = frac * spec.r_max + (1 - frac) * depth_decoded
     sdec = s_dec(spec, dbar)
     row = {"arch": spec.name, "split": spec.split, "r_max": spec.r_max, "F0/Fr": spec.f0 / spec.fr,
@@ -247,25 +389,15 @@ def bound(
            "a": prefill_share, "S_e2e": s_e2e(sdec, prefill_share, frac)}
     for layout in KVLayout:
         row[f"KV B/token {layout.value}"] = spec.kv_bytes_per_token(layout)
+    for length in CONTEXTS:
+        row[f"B*({length})"] = latency.saturation_batch(length)
+    row["profile"] = latency.profile.label()
     if as_json or as_csv:
         emit([row], "", as_json, as_csv)
         return
     emit([{"quantity": k, "value": v} for k, v in row.items()], f"Bounds for {spec.name}", False, False,
-         caption="d-bar counts each request's first token (from prefill) at r_max")
-
-
-def progress_bars() -> tuple[Any, Callable[[str, int], Callable[[int], None]]]:
-    """A rich progress display (on stderr) and a factory giving each run its own bar."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=Console(stderr=True), transient=True)
-
-    def factory(label: str, total: int) -> Callable[[int], None]:
-        task = bars.add_task(label, total=total)
-        return lambda n: bars.advance(task, n)
-
-    return bars, factory
+         caption="d-bar counts each request's first token (from prefill) at r_max; B*(L) = delta / (gamma + "
+                 "alpha L) of the core step, the batch where it stops being bound by reading the weights")
 
 
 def run_label(config: ServeConfig) -> str:
@@ -275,25 +407,54 @@ def run_label(config: ServeConfig) -> str:
 
 
 METRICS = [("output tok/s", "output_tps", 1.0), ("requests/s", "request_rate", 1.0),
-           ("makespan s", "makespan_s", 1.0), ("TTFT p50 s", ("ttft_s", "p50"), 1.0),
+           ("makespan s", "makespan_s", 1.0), ("input tokens", "input_tokens", 1.0),
+           ("TTFT p50 s", ("ttft_s", "p50"), 1.0),
            ("TTFT p99 s", ("ttft_s", "p99"), 1.0), ("TPOT p50 ms", ("tpot_s", "p50"), 1e3),
            ("ITL p99 ms", ("itl_s", "p99"), 1e3), ("E2E p50 s", ("e2e_s", "p50"), 1.0),
            ("norm. latency p50 ms", ("normalized_s", "p50"), 1e3),
-           ("norm. latency p99 ms", ("normalized_s", "p99"), 1e3), ("device idle %", "device_idle", 100.0),
-           ("prefill share %", "prefill_share", 100.0), ("mean depth d-bar", "mean_depth", 1.0),
+           ("norm. latency p99 ms", ("normalized_s", "p99"), 1e3),
+           ("sched. delay p50 s", ("scheduling_s", "p50"), 1.0), ("device idle %", "device_idle", 100.0),
+           ("prefill share %", "prefill_share", 100.0), ("preemptions", "preemptions", 1.0),
+           ("KV blocks in use, mean", "kv_blocks_mean", 1.0), ("KV blocks in use, peak", "kv_blocks_peak", 1.0),
+           ("mean depth d-bar", "mean_depth", 1.0),
            ("S_dec", "s_dec", 1.0), ("S_e2e", "s_e2e", 1.0), ("speed-up vs CB", "speedup", 1.0),
            ("% of S_e2e realised", "bound_realised", 100.0)]
+NOT_LOGGED_IN_EVERY_RUN = ("kv_blocks_mean", "kv_blocks_peak", "preemptions")
+LATENCY_ROWS = [("TTFT", "ttft_s", "s", 1.0), ("TPOT", "tpot_s", "ms", 1e3), ("ITL", "itl_s", "ms", 1e3),
+                ("E2E", "e2e_s", "s", 1.0), ("norm. latency", "normalized_s", "ms", 1e3),
+                ("sched. delay", "scheduling_s", "s", 1.0)]
 
 
-def metric_rows(reports: dict[str, Any]) -> list[dict]:
-    """One row per metric, one column per run (a vertical table reads best for a few runs)."""
+def _metrics(percentiles: tuple[float, ...] | None) -> list[tuple[str, Any, float]]:
+    """The table's metrics: the summary above, or with ``--percentiles`` each latency's mean, std and
+    the chosen percentiles in place of the fixed ones."""
+    if percentiles is None:
+        return METRICS
+    from cdbsim.report import percentile_name
+
+    latency = [(f"{label} {stat} {unit}", (key, stat), scale) for label, key, unit, scale in LATENCY_ROWS
+               for stat in ("mean", "std", *map(percentile_name, percentiles))]
+    fixed = [m for m in METRICS if not isinstance(m[1], tuple)]
+    return fixed[:4] + latency + fixed[4:]
+
+
+def _metric(report: Any, key: Any) -> Any:
+    if not isinstance(key, tuple):
+        return getattr(report, key)
+    dist = getattr(report, key[0])
+    return getattr(dist, key[1]) if key[1] in ("mean", "std", "p50", "p90", "p99") else dist.percentiles[key[1]]
+
+
+def metric_rows(reports: dict[str, Any], percentiles: tuple[float, ...] | None = None) -> list[dict]:
+    """One row per metric, one column per run (a vertical table reads best for a few runs); a figure a run's
+    log does not hold (KV blocks in use without a ``kv_used`` column, preemptions of an old log) is "n/a",
+    one that does not apply (a speed-up without a baseline) "-"."""
     rows = []
-    for label, key, scale in METRICS:
-        row: dict[str, Any] = {"metric": label}
-        for name, report in reports.items():
-            value = getattr(getattr(report, key[0]), key[1]) if isinstance(key, tuple) else getattr(report, key)
-            row[name] = "-" if value is None else float(value) * scale
-        rows.append(row)
+    for label, key, scale in _metrics(percentiles):
+        values = {name: _metric(report, key) for name, report in reports.items()}
+        absent = "n/a" if key in NOT_LOGGED_IN_EVERY_RUN else "-"
+        rows.append({"metric": label, **{name: absent if v is None else float(v) * scale
+                                         for name, v in values.items()}})
     stages = sorted({s for r in reports.values() for s in r.launches})
     for stage in stages:
         rows.append({"metric": f"{stage}: launches / mean B",
@@ -302,16 +463,28 @@ def metric_rows(reports: dict[str, Any]) -> list[dict]:
     return rows
 
 
-def emit_reports(reports: dict[str, Any], title: str, as_json: bool, as_csv: bool) -> None:
+def csv_row(name: str, report: Any, percentiles: tuple[float, ...] | None) -> dict:
+    """A run's CSV row: the report's flat row, the chosen latency percentiles, and the profile used."""
+    row = {"run": name, **report.row()}
+    for label, key, unit, scale in LATENCY_ROWS if percentiles else ():
+        dist = getattr(report, key)
+        row[f"{label} mean {unit}"], row[f"{label} std {unit}"] = dist.mean * scale, dist.std * scale
+        row.update({f"{label} {q} {unit}": v * scale for q, v in dist.percentiles.items()})
+    row["profile"] = report.meta.get("profile", "")
+    return row
+
+
+def emit_reports(reports: dict[str, Any], title: str, as_json: bool, as_csv: bool,
+                 percentiles: tuple[float, ...] | None = None, saved: str = "") -> None:
     if as_json:
         sys.stdout.write(json.dumps({name: r.to_dict() for name, r in reports.items()}, indent=2,
                                     default=str) + "\n")
         return
     if as_csv:
-        emit([{"run": name, **r.row()} for name, r in reports.items()], title, False, True)
+        emit([csv_row(name, r, percentiles) for name, r in reports.items()], title, False, True)
         return
-    emit(metric_rows(reports), title, False, False,
-         caption="speed-up and S_e2e are against CB on the same requests; S_e2e uses CB's prefill share")
+    caption = "speed-up and S_e2e are against CB on the same requests; S_e2e uses CB's prefill share"
+    emit(metric_rows(reports, percentiles), title, False, False, caption=caption + (f" | {saved}" if saved else ""))
 
 
 @app.command()
@@ -321,57 +494,82 @@ def predict(
     exp: Experiment,
     baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="Also simulate CB on the same "
                                                                             "requests.")] = True,
-    save_logs: SaveLogs = None, as_json: JsonOut = False, as_csv: CsvOut = False,
+    save_logs: SaveLogs = None, log_format: LogFormatOpt = "parquet", plot_cdf: PlotCdf = None,
+    percentiles: PercentilesOpt = None, as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
     """Predict throughput and latency of one configuration (and of CB on the same requests)."""
     from cdbsim.prediction import predict as simulate_experiment
 
-    setup = exp.build()
-    bars, factory = progress_bars()
-    with bars:
+    outputs = RunOutputs.check(save_logs, log_format, plot_cdf, percentiles, ("run", "cb") if baseline else ("run",))
+    with progress() as factory:
+        setup = exp.build(factory)
         result = simulate_experiment(setup, baseline=baseline, progress=factory)
-    reports = {run_label(setup.config): result.report}
+    label = run_label(setup.config)
+    runs = {label: (result.report, result.log)}
     if result.baseline is not None:
-        reports["cb"] = result.baseline.report
-    if save_logs:
-        result.log.save(save_logs / "run")
-        if result.baseline is not None:
-            result.baseline.log.save(save_logs / "cb")
-    emit_reports(reports, setup.title(), as_json, as_csv)
+        runs["cb"] = (result.baseline.report, result.baseline.log)
+    finish(runs, {label: "run", "cb": "cb"}, outputs, setup.title(), as_json, as_csv)
+
+
+def finish(runs: dict[str, tuple[Any, Any]], dirs: dict[str, str], outputs: RunOutputs, title: str,
+           as_json: bool, as_csv: bool) -> None:
+    """Recompute the chosen percentiles, write the outputs of ``runs`` (``{label: (report, log)}``, logs
+    in ``dirs[label]``) and print the reports."""
+    if outputs.percentiles is not None:
+        for report, log in runs.values():
+            report.with_percentiles(log, outputs.percentiles)
+    outputs.write(runs, dirs, title)
+    emit_reports({label: report for label, (report, _) in runs.items()}, title, as_json, as_csv,
+                 outputs.percentiles, outputs.saved())
 
 
 @app.command()
 @friendly
 @experiment_options("arch", "serve", "workload", "exits", "latency", exclude=("serve.policy",))
-def compare(exp: Experiment, save_logs: SaveLogs = None, as_json: JsonOut = False, as_csv: CsvOut = False) -> None:
+def compare(exp: Experiment, save_logs: SaveLogs = None, log_format: LogFormatOpt = "parquet",
+            plot_cdf: PlotCdf = None, percentiles: PercentilesOpt = None, as_json: JsonOut = False,
+            as_csv: CsvOut = False) -> None:
     """CB, CDB no-refill and CDB refill side by side on the same requests, with the bounds."""
     from dataclasses import replace
 
+    from cdbsim.config import Policy
     from cdbsim.study import compare_policies
 
-    setup = exp.build()
-    bars, factory = progress_bars()
-    with bars:
+    outputs = RunOutputs.check(save_logs, log_format, plot_cdf, percentiles, tuple(p.value for p in Policy))
+    with progress() as factory:
+        setup = exp.build(factory)
         results = compare_policies(setup.arch, setup.config, setup.requests, setup.latency, setup.kv, factory)
-    reports = {run_label(replace(setup.config, policy=r.log.meta["policy"])): r.report for r in results}
-    if save_logs:
-        for r in results:
-            r.log.save(save_logs / r.log.meta["policy"])
-    emit_reports(reports, setup.title(), as_json, as_csv)
+    labels = [run_label(replace(setup.config, policy=r.log.meta["policy"])) for r in results]
+    runs = {label: (r.report, r.log) for label, r in zip(labels, results, strict=True)}
+    dirs = {label: r.log.meta["policy"] for label, r in zip(labels, results, strict=True)}
+    finish(runs, dirs, outputs, setup.title(), as_json, as_csv)
+
+
+CHOSEN_BY_RATE_SEARCH = ("serve.policy", "workload.rate", "workload.trace")
+"""Fields a command that searches Poisson rates over policies sets itself (rate-sweep, capacity)."""
+
+
+def sweep_plot_path(plot: Path) -> Path:
+    """Where ``--plot`` writes: an existing directory gets ``rate-sweep.png`` inside it; anything else
+    must be a .png file name in a writable directory."""
+    if plot.is_dir():
+        plot = plot / "rate-sweep.png"
+    return check_file(plot, "--plot", (".png",))
 
 
 @app.command("rate-sweep")
 @friendly
-@experiment_options("arch", "serve", "workload", "exits", "latency",
-                    exclude=("serve.policy", "workload.trace", "workload.rate"))
+@experiment_options("arch", "serve", "workload", "exits", "latency", exclude=CHOSEN_BY_RATE_SEARCH)
 def rate_sweep(
     exp: Experiment,
     rates: Annotated[str | None, typer.Option("--rates", help="Comma-separated request rates (req/s); default: "
                                                               "fractions of refill's offline capacity.")] = None,
-    plot: Annotated[Path, typer.Option("--plot", help="Where to write the PNG plot.")] = Path("rate-sweep.png"),
+    plot: Annotated[Path, typer.Option("--plot", metavar="FILE.png|DIR", help="Where to write the PNG plot (a "
+                                       "directory gets rate-sweep.png inside it).")] = Path("rate-sweep.png"),
     as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
     """Normalized latency and throughput against Poisson request rate for each policy, with the knee."""
+    import math
     from dataclasses import replace
 
     from cdbsim.plots import plot_rate_sweep
@@ -381,21 +579,27 @@ def rate_sweep(
     if exp.workload.trace is not None:
         raise ConfigError("rate-sweep draws Poisson arrivals for a workload preset; it cannot sweep the trace "
                           f"file {exp.workload.trace} (unset workload.trace)")
-    setup = exp.override({"serve.policy": "refill", "workload.rate": None}).build()
-    bars, factory = progress_bars()
-    with bars:
-        if rates:
-            try:
-                rate_list = [float(x) for x in rates.split(",")]
-            except ValueError:
-                raise ConfigError(f"--rates must be comma-separated numbers, got {rates!r}") from None
-        else:
+    plot = sweep_plot_path(plot)
+    rate_list = None
+    if rates is not None:
+        try:
+            rate_list = [float(x) for x in rates.split(",")]
+        except ValueError:
+            raise ConfigError(f"--rates must be comma-separated numbers, got {rates!r}") from None
+        bad = [r for r in rate_list if not (math.isfinite(r) and r > 0)]
+        if bad:
+            raise ConfigError(f"--rates must be finite numbers > 0 req/s, got {bad[0]:g}")
+    with progress() as factory:
+        setup = exp.override({"serve.policy": "refill", "workload.rate": None}).build(factory)
+        if rate_list is None:
             capacity = run_one(setup.arch, setup.config, setup.requests, setup.latency, setup.kv, factory,
                                label="offline capacity").report.request_rate
             rate_list = [round(capacity * f, 4) for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.1, 1.25)]
         points = sweep(setup.arch, setup.config,
-                       lambda r: replace(setup.workload, rate=r).build(setup.arch, setup.config.r_min(setup.arch)),
+                       lambda r: replace(setup.workload, rate=r).build(setup.arch, setup.config.r_min(setup.arch),
+                                                                       factory),
                        rate_list, setup.latency, setup.kv, progress=factory)
+    profile = setup.latency.profile.label()
     rows = [{"policy": p.policy, "rate req/s": p.rate, "achieved req/s": p.report.request_rate,
              "output tok/s": p.report.output_tps, "norm lat p50 ms": p.report.normalized_s.p50 * 1e3,
              "norm lat mean ms": p.report.normalized_s.mean * 1e3,
@@ -405,9 +609,11 @@ def rate_sweep(
     for policy in dict.fromkeys(p.policy for p in points):
         mine = [p for p in points if p.policy == policy]
         knees[policy] = latency_knee([p.rate for p in mine], [p.report.normalized_s.mean for p in mine])
-    plot_rate_sweep(points, knees, plot, setup.title())
+    with atomic_file(plot) as staging:
+        plot_rate_sweep(points, knees, staging, setup.title())
     if as_json or as_csv:
-        emit(rows if as_csv else [{"points": rows, "knees": knees}], "", as_json, as_csv)
+        emit([{**row, "profile": profile} for row in rows] if as_csv else
+             [{"points": rows, "knees": knees, "profile": profile, "plot": str(plot)}], "", as_json, as_csv)
         return
     emit(rows, setup.title(), False, False,
          caption="knee (mean normalized latency 2x its lowest-rate value): "
@@ -422,52 +628,20 @@ DaskOpt = Annotated[str | None, typer.Option(
                                       "'cdbsim[dask]').")]
 
 
-class SweepBar:
-    """Progress of a sweep on stderr: a rich bar with ETA on a terminal, else a plain line every 10 s."""
+@contextmanager
+def steps_progress(label: str, total: int) -> Iterator[Callable[[int, int], None]]:
+    """A progress callback told ``(done, total)`` (a sweep's points, capacity's searches) as one step of
+    :func:`progress`."""
+    with progress() as factory:
+        advance = factory(label, total)
+        done_before = 0
 
-    PLAIN_EVERY_S = 10.0
+        def update(done: int, _total: int) -> None:
+            nonlocal done_before
+            advance(done - done_before)
+            done_before = done
 
-    def __init__(self, total: int) -> None:
-        import time
-
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.clock, self.total = time.monotonic, total
-        self.console = Console(stderr=True)
-        self.start = self.last = self.clock()
-        self.bar = None
-        if self.console.is_terminal:
-            self.bar = Progress(TextColumn("points"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=True)
-            self.task = self.bar.add_task("points", total=total)
-
-    def __enter__(self) -> SweepBar:
-        if self.bar is not None:
-            self.bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, completed=done)
-            return
-        now = self.clock()
-        if now - self.last >= self.PLAIN_EVERY_S and done < total:
-            self.last = now
-            elapsed = now - self.start
-            left = elapsed / done * (total - done)
-            self.console.print(f"sweep: {done:,}/{total:,} points ({done / total:.0%}), {elapsed:.0f} s elapsed, "
-                               f"about {left:.0f} s left", markup=False, highlight=False)
+        yield update
 
 
 @contextlib.contextmanager
@@ -514,19 +688,24 @@ def sweep_command(
     from cdbsim.grid import Grid
     from cdbsim.grid_sweep import SweepPlan, run_sweep
     from cdbsim.point_cache import default_cache_path
-    from cdbsim.sweep_summary import SweepSummary
+    from cdbsim.sweep_summary import SweepSummary, summary_paths
 
+    csv_out = out.with_suffix(".csv") if csv else None
+    check_file(out, "--out", (".parquet",))  # the CSV and plots go beside it: checked as names there too
+    for beside in [csv_out, *(summary_paths(out) if plots else [])]:
+        if beside is not None:
+            check_file(beside, "--out", (beside.suffix,))
     own = tables.tables
     plan = SweepPlan.make(exp, Grid.from_options(grid or [], own.get("grid"), own.get("points"), tables.source),
                           baseline)
     summary = SweepSummary(plan.fields)
     start = time.monotonic()
-    with stopped_cleanly(), SweepBar(len(plan)) as bar:
+    with stopped_cleanly(), steps_progress("points", len(plan)) as bar:
         run_sweep(plan, jobs=jobs, dask=dask, cache=None if no_cache else cache or default_cache_path(), parquet=out,
-                  csv=out.with_suffix(".csv") if csv else None, progress=bar, each=summary.add)
+                  csv=csv_out, progress=bar, each=summary.add)
     seconds = time.monotonic() - start
     title = f"sweep of {len(plan):,} points over {', '.join(plan.fields)}"
-    files = [out, *([out.with_suffix(".csv")] if csv else [])]
+    files = [out, *([csv_out] if csv_out is not None else [])]
     if plots:
         files += summary.plot(out.with_suffix(""), title)
     counts = plan.counts
@@ -544,8 +723,7 @@ def sweep_command(
 
 @app.command("capacity")
 @friendly
-@experiment_options("arch", "serve", "workload", "exits", "latency",
-                    exclude=("serve.policy", "workload.rate", "workload.trace"))
+@experiment_options("arch", "serve", "workload", "exits", "latency", exclude=CHOSEN_BY_RATE_SEARCH)
 def capacity_command(
     exp: Experiment,
     ttft_s: Annotated[float | None, typer.Option("--ttft-s", help="TTFT limit in seconds.")] = None,
@@ -575,7 +753,8 @@ def capacity_command(
     if target_rate is not None and target_rate <= 0:
         raise ConfigError(f"--target-rate must be > 0, got {target_rate:g}")
     chosen = [p.strip() for p in policies.split(",") if p.strip()]
-    results = capacity(exp, slo, chosen, jobs=jobs, dask=dask)
+    with steps_progress("capacity searches (one per policy)", len(chosen)) as searched:
+        results = capacity(exp, slo, chosen, jobs=jobs, dask=dask, progress=searched)
     rows = [r.row(target_rate) for r in results]
     if as_json:
         emit([{"slo": slo.describe(), "results": rows}], "", True, False)
@@ -616,21 +795,35 @@ def validate(
     """Run configurations on the GPU executor and in the simulator on identical requests; show the errors."""
     from calibration import validation as val
 
+    check_dir(out, "--out", ("measured",))
+    if measured is not None and not measured.is_dir():
+        raise ConfigError(f"--measured {measured}: not a directory of saved executor logs")
     if matrix is not None:
-        entries = val.load_matrix(matrix, only=only.split(",") if only else None)
+        try:
+            entries = val.load_matrix(matrix, only=only.split(",") if only else None)
+        except (AttributeError, KeyError, TypeError) as exc:  # JSON of another shape than a matrix
+            raise ConfigError(f"{matrix}: not a validation matrix ({{\"configs\": [...]}} expected; {exc})") from None
     else:
         entries = [val.Entry.from_experiment("config", exp, rate_of_capacity)]
-    result = val.run_validation(entries, out, functools.cache(exp.latency.model), measured=measured,
-                                log=lambda msg: Console(stderr=True).print(msg, markup=False))
+    latency_for = functools.cache(exp.latency.model)
+    created = not out.exists()
+    try:
+        result = val.run_validation(entries, out, latency_for, measured=measured,
+                                    log=lambda msg: Console(stderr=True).print(msg, markup=False))
+    finally:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # a run that failed before writing anything leaves no empty directory either
+    profiles = "; ".join(dict.fromkeys(val.profile_names(latency_for, entries).values()))
     if as_json or as_csv:
-        emit(result.summary if as_csv else [{"summary": result.summary, "errors": result.errors}], "", as_json,
-             as_csv)
+        emit([{**row, "profile": profiles} for row in result.summary] if as_csv else
+             [{"summary": result.summary, "errors": result.errors, "profile": profiles}], "", as_json, as_csv)
     elif len(entries) == 1:
         emit(result.comparisons[0].rows, f"{entries[0].describe()} | errors are (predicted - measured) / measured",
-             False, False)
+             False, False, caption=f"predicted with profile {profiles} | files in {out}")
     else:
         emit(result.summary, f"validation: {len(entries)} configurations", False, False,
-             caption=" | ".join(f"{k}: {v:.3g}" for k, v in result.errors.items()) + f" | files in {out}")
+             caption=" | ".join(f"{k}: {v:.3g}" for k, v in result.errors.items())
+             + f" | predicted with profile {profiles} | files in {out}")
 
 
 @app.command()
@@ -659,26 +852,29 @@ def calibrate(
     from calibration.run import calibrate as run_calibration
     from cdbsim.profile import load_profile_file
 
-    for path in refit or []:
-        profile = refit_profile(load_profile_file(path))
-        profile.save(path)
-        emit(quality_rows(profile), f"{profile.label()}: refitted fits", False, False,
-             caption=f"written to {path}")
-    if refit:
+    if refit:  # every file checked and read before any is rewritten
+        loaded = [(path, load_profile_file(check_file(path, "--refit", (".json",)))) for path in refit]
+        for path, raw in loaded:
+            profile = refit_profile(raw)
+            profile.save(path)
+            emit(quality_rows(profile), f"{profile.label()}: refitted fits", False, False,
+                 caption=f"written to {path}")
         return
+    check_dir(out, "--out")
     specs = [] if kernels else [load_arch(name.strip()) for name in arch.split(",") if name.strip()]
+    if kernels is not False:
+        base = load_profile_file(update) if update is not None else None
+        from calibration.kernels import FAMILIES, calibrate_kernels, summary_rows
+
+        chosen = tuple(f.strip() for f in families.split(",")) if families else FAMILIES
+        bad = [f for f in chosen if f not in FAMILIES]
+        if bad:
+            raise ConfigError(f"unknown kernel families {', '.join(bad)}; choose from: {', '.join(FAMILIES)}")
     from rich.status import Status
 
     with Status("calibrating", console=Console(stderr=True)) as status:
         profiles = run_calibration(specs, out, quick=quick, device=device, progress=status.update)
         if kernels is not False:
-            from calibration.kernels import FAMILIES, calibrate_kernels, summary_rows
-
-            chosen = tuple(f.strip() for f in families.split(",")) if families else FAMILIES
-            bad = [f for f in chosen if f not in FAMILIES]
-            if bad:
-                raise ConfigError(f"unknown kernel families {', '.join(bad)}; choose from: {', '.join(FAMILIES)}")
-            base = load_profile_file(update) if update is not None else None
             kernel_profile = calibrate_kernels(out, device=device, quick=quick, progress=status.update,
                                                families=chosen, base=base)
     if kernels is not False:

@@ -186,7 +186,7 @@ def measure(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], L
 
 def load_measured(entries: list[Entry], directory: Path) -> dict[str, RunLog]:
     """Saved executor logs, ``directory/<name>/``, one per entry."""
-    missing = [e.name for e in entries if not (directory / e.name / "launches.csv").is_file()]
+    missing = [e.name for e in entries if not RunLog.saved_in(directory / e.name)]
     require(not missing, f"{directory}: no saved executor log for {', '.join(missing[:4])}")
     return {e.name: RunLog.load(directory / e.name) for e in entries}
 

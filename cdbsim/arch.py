@@ -13,7 +13,9 @@ with r_max 16 as in the CDB paper, arXiv 2608.09444).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+import math
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
 from cdbsim.errors import ConfigError, read_json, require, unknown
 from cdbsim.kvlayout import KVLayout
@@ -203,8 +205,11 @@ class ArchSpec:
                        r_min=r_min if r_min is not None else self.r_min)
 
     def to_dict(self) -> dict:
+        """The JSON form :func:`arch_from_dict` reads (a head size set apart from hidden says so)."""
         data = asdict(self)
         data.pop("extras")
+        if self.layer.heads * self.layer.head_dim != self.layer.hidden:
+            data["layer"][HEAD_DIM_EXPLICIT] = True
         return data
 
 
@@ -231,14 +236,67 @@ PRESETS: dict[str, ArchSpec] = {
 }
 
 
+HEAD_DIM_EXPLICIT = "head_dim_explicit"
+"""An architecture file's ``layer`` key saying its heads x head_dim differs from hidden on purpose."""
+
+
+def head_dim_explicit(arch: ArchSpec) -> bool:
+    """Whether ``arch`` sizes its attention heads apart from ``hidden`` on purpose (its file says so)."""
+    return bool(arch.extras.get(HEAD_DIM_EXPLICIT, False))
+
+
+def _typed_fields(cls: type, data: dict, where: str, skip: tuple[str, ...] = ()) -> dict:
+    """``data`` checked against the fields of dataclass ``cls``: no unknown or missing keys, whole numbers
+    where an int is declared (``r_max: 4.5`` and ``hidden: 2048.5`` are refused), finite numbers for
+    floats, booleans and text as declared."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in fields(cls) if f.name not in skip]
+    unknown_keys = sorted(set(data) - set(names))
+    require(not unknown_keys, f"{where}: unknown key(s) {', '.join(unknown_keys)}; valid keys: {', '.join(names)}")
+    required = [f.name for f in fields(cls) if f.name in names and f.default is MISSING
+                and f.default_factory is MISSING]
+    missing = [name for name in required if name not in data]
+    require(not missing, f"{where}: missing key(s) {', '.join(missing)}")
+    out = {}
+    for name, value in data.items():
+        kind = hints[name]
+        if kind is int:
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            require(whole, f"{where}: {name} must be a whole number, got {value!r}")
+        elif kind is float:
+            number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            require(number, f"{where}: {name} must be a finite number, got {value!r}")
+        elif kind is bool:
+            require(isinstance(value, bool), f"{where}: {name} must be true or false, got {value!r}")
+        elif kind is str or name == "style":
+            require(isinstance(value, str), f"{where}: {name} must be text, got {value!r}")
+        out[name] = value
+    return out
+
+
 def arch_from_dict(data: dict, source: str = "architecture") -> ArchSpec:
-    """Build an :class:`ArchSpec` from a dict (the JSON form written by :meth:`ArchSpec.to_dict`)."""
+    """Build an :class:`ArchSpec` from a dict (the JSON form written by :meth:`ArchSpec.to_dict`); a
+    malformed one is a one-line error naming ``source`` and the key. ``layer.head_dim_explicit: true``
+    allows heads x head_dim to differ from hidden (otherwise refused: a typo in one of them, not a design)."""
+    require(isinstance(data, dict), f"{source}: an architecture file holds a JSON object, got {data!r:.60}")
+    layer = data.get("layer")
+    require(isinstance(layer, dict), f"{source}: layer must be a JSON object of the layer shape, got {layer!r:.60}")
+    layer = dict(layer)
+    explicit = layer.pop(HEAD_DIM_EXPLICIT, False)
+    require(isinstance(explicit, bool), f"{source}: layer.{HEAD_DIM_EXPLICIT} must be true or false")
+    shape_fields = _typed_fields(LayerShape, layer, f"{source}: layer")
+    arch_fields = _typed_fields(ArchSpec, {k: v for k, v in data.items() if k != "layer"}, source,
+                                skip=("layer", "extras"))
     try:
-        layer = LayerShape(**data["layer"])
-        fields = {k: v for k, v in data.items() if k != "layer"}
-        return ArchSpec(layer=layer, **fields)
-    except (KeyError, TypeError) as exc:
-        raise ConfigError(f"{source}: not a valid architecture ({exc})") from None
+        shape = LayerShape(**shape_fields)
+        arch = ArchSpec(layer=shape, **arch_fields, extras={HEAD_DIM_EXPLICIT: True} if explicit else {})
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    require(explicit or shape.heads * shape.head_dim == shape.hidden,
+            f"{source}: layer heads x head_dim ({shape.heads} x {shape.head_dim} = {shape.heads * shape.head_dim}) "
+            f"differs from hidden ({shape.hidden}); fix one, or add \"{HEAD_DIM_EXPLICIT}\": true to the layer "
+            f"if the model sizes its heads apart from hidden")
+    return arch
 
 
 def load_arch(name_or_path: str, split: str | None = None, r_max: int | None = None,

@@ -23,7 +23,7 @@ its start-up (the workload presets' defaults do).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -243,10 +243,12 @@ def run_search(task: CapacityTask) -> CapacityResult:
 
 def capacity(experiment: Experiment, slo: SLO | None = None, policies: Sequence[Policy | str] | None = None, *,
              tolerance: float = TOLERANCE, max_simulations: int = MAX_SIMULATIONS, jobs: int = 1,
-             dask: str | None = None, **limits: float) -> list[CapacityResult]:
+             dask: str | None = None, progress: Callable[[int, int], None] | None = None,
+             **limits: float) -> list[CapacityResult]:
     """The capacity of ``experiment`` under ``slo`` (or the limits as keywords: ``ttft_s=2, tpot_s=0.05``)
     for each of ``policies`` (default: the experiment's own), searched in parallel on ``jobs`` processes or a
-    Dask cluster. A policy that cannot meet the SLOs has ``rate`` 0 and says why in ``unreachable``; if none
+    Dask cluster (``progress`` is told the searches done and their number as each ends). A policy that cannot
+    meet the SLOs has ``rate`` 0 and says why in ``unreachable``; if none
     can, a one-line :class:`ConfigError`."""
     from cdbsim.grid_sweep import impossible
     from cdbsim.parallel import Job, in_order, runner
@@ -261,7 +263,11 @@ def capacity(experiment: Experiment, slo: SLO | None = None, policies: Sequence[
     tasks = [Job(i, arg=CapacityTask(exp, slo, tolerance, max_simulations), ready=False)
              for i, exp in enumerate(experiments)]
     with runner(jobs, dask) as run:
-        results = [result for _, result in in_order(tasks, run_search, run)]
+        results = []
+        for _, result in in_order(tasks, run_search, run):
+            results.append(result)
+            if progress is not None:
+                progress(len(results), len(tasks))
     if all(r.unreachable for r in results):
         raise ConfigError(results[0].unreachable if len(results) == 1 else
                           "no policy meets the SLOs; " + "; ".join(r.unreachable for r in results))

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import NoneType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from cdbsim.arch import ArchSpec, load_arch
+from cdbsim.arch import ArchSpec, head_dim_explicit, load_arch
 from cdbsim.config import Policy, ServeConfig, Timing
 from cdbsim.errors import ConfigError, require, unknown
 from cdbsim.kvlayout import KVLayout
@@ -46,13 +46,30 @@ else:  # pragma: no cover - the tomli backport has the same API
 
 if TYPE_CHECKING:
     from cdbsim.latency import DeviceSpec, LatencyModel
+    from cdbsim.progress import ProgressFactory
     from cdbsim.study import KVCapacity
     from traces import Request
 
 
-def option(default: Any, help: str, *flags: str) -> Any:
-    """A field with its help and command-line flags (``--field-name`` unless given)."""
-    return field(default=default, metadata={"help": help, "flags": flags})
+def option(default: Any, help: str, *flags: str, minimum: float | None = None, above: float | None = None,
+           maximum: float | None = None) -> Any:
+    """A field with its help and command-line flags (``--field-name`` unless given), and the range its
+    values must lie in (``>= minimum``, ``> above``, ``<= maximum``; ``None``, where allowed, passes)."""
+    return field(default=default, metadata={"help": help, "flags": flags, "minimum": minimum, "above": above,
+                                            "maximum": maximum})
+
+
+def check_range(value: Any, metadata: Mapping[str, Any]) -> None:
+    """Refuse a value outside its field's declared range with a one-line :class:`ConfigError`."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    minimum, above, maximum = metadata.get("minimum"), metadata.get("above"), metadata.get("maximum")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"must be >= {minimum:g}, got {value:g}")
+    if above is not None and value <= above:
+        raise ConfigError(f"must be > {above:g}, got {value:g}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"must be <= {maximum:,}, got {value:,}")
 
 
 # ----- values ------------------------------------------------------------------------------------
@@ -109,14 +126,18 @@ def parse_value(value: Any, hint: Any) -> Any:
             if text is not None:
                 return int(text)
         elif base is float:
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                return float(value)
-            if text is not None:
-                return float(text)
+            number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else (
+                float(text) if text is not None else None)
+            if number is not None and math.isfinite(number):
+                return number
+            if number is not None:
+                raise ConfigError(f"expected a finite number, got {value!r}")
         elif base is str and isinstance(value, str):
             return value
         elif base is Path and isinstance(value, str | Path):
             return Path(value)
+    except ConfigError:
+        raise
     except ValueError:
         pass
     raise ConfigError(f"expected {allowed(hint)}, got {value!r}")
@@ -153,7 +174,18 @@ class Section:
     def __post_init__(self) -> None:
         hints = _hints(type(self))
         for f in fields(self):  # type: ignore[arg-type]
-            object.__setattr__(self, f.name, parse_value(getattr(self, f.name), hints[f.name]))
+            value = parse_value(getattr(self, f.name), hints[f.name])
+            try:
+                check_range(value, f.metadata)
+            except ConfigError as exc:
+                raise ConfigError(f"{self.name_of(f.name)}: {exc}") from None
+            object.__setattr__(self, f.name, value)
+
+    @classmethod
+    def name_of(cls, key: str) -> str:
+        """``section.key`` as errors name a field."""
+        section = next(name for name, section_cls in SECTIONS.items() if section_cls is cls)
+        return f"{section}.{key}"
 
     def updated(self, values: Mapping[str, Any], section: str, source: str | None = None) -> Section:
         """A copy with ``values`` set; an unknown key or a value of the wrong type names ``source``."""
@@ -165,6 +197,7 @@ class Section:
                                   f"{', '.join(sorted(hints))}")
             try:
                 parsed[key] = parse_value(value, hints[key])
+                check_range(parsed[key], self.__dataclass_fields__[key].metadata)  # type: ignore[attr-defined]
             except ConfigError as exc:
                 raise ConfigError(f"{_prefix(source)}{section}.{key}: {exc}") from None
         return replace(self, **parsed)  # type: ignore[type-var]
@@ -218,6 +251,7 @@ class ArchSection(Section):
             changed = ",".join(f"{k}={v}" for k, v in shape.items())
             vocab = shape.pop("vocab", arch.vocab)
             arch = replace(arch, name=f"{arch.name}[{changed}]", layer=replace(arch.layer, **shape), vocab=vocab)
+            self._check_heads(arch)
         layers = [getattr(self, k) for k in self.LAYERS]
         if any(n is not None for n in layers):
             require(self.split is None, "give arch.split or arch.prelude/core/coda, not both")
@@ -231,6 +265,17 @@ class ArchSection(Section):
             arch = arch.with_loops(self.r_max, self.r_min)
         return arch
 
+    def _check_heads(self, arch: ArchSpec) -> None:
+        """A changed shape keeps heads x head_dim = hidden unless a head size is set on purpose (given as
+        ``head_dim``, or the base architecture file says ``head_dim_explicit``): a ``hidden`` changed
+        alone would otherwise keep the old heads and silently model attention of another width."""
+        layer = arch.layer
+        if layer.heads * layer.head_dim == layer.hidden or self.head_dim is not None or head_dim_explicit(arch):
+            return
+        raise ConfigError(f"heads x head_dim ({layer.heads} x {layer.head_dim} = {layer.heads * layer.head_dim}) "
+                          f"differs from hidden ({layer.hidden}); set --heads so they match, or give --head-dim "
+                          f"to choose a head size on purpose")
+
     def _base(self) -> ArchSpec:
         if self.hf_config is None:
             return load_arch(self.name)
@@ -242,18 +287,24 @@ class ArchSection(Section):
         return arch_from_hf_config(self.hf_config)
 
 
+MAX_WIDTH = 65_536                 # W: resident requests; the scheduler keeps a padding table this long
+MAX_PREFILL_BUDGET = 1_048_576     # M: prompt tokens per launch, 64 x the longest request a preset draws
+
+
 @dataclass(frozen=True)
 class ServeSection(Section):
     """How the model is served: policy, widths, budgets, exit timing, KV layout and KV capacity."""
 
     policy: Policy = option(Policy.REFILL, "cb, norefill or refill.")
-    width: int = option(64, "Resident requests and tokens per decode launch.", "--W", "--width")
+    width: int = option(64, "Resident requests and tokens per decode launch.", "--W", "--width",
+                        maximum=MAX_WIDTH)
     coda_batch: int = option(1, "Coda batch refill waits for (1 <= K <= W).", "--K", "--coda-batch")
-    prefill_budget: int = option(8192, "Prompt tokens per prefill launch.", "--M", "--prefill-budget")
+    prefill_budget: int = option(8192, "Prompt tokens per prefill launch.", "--M", "--prefill-budget",
+                                 maximum=MAX_PREFILL_BUDGET)
     timing: Timing = option(Timing.LOOKAHEAD, "sync, async or lookahead (lookahead: r_min = 2).")
     kv_layout: KVLayout = option(KVLayout.DEPTH, "depth (with last-exited fill), shared or first-shared.")
-    kv_tokens: int | None = option(None, "KV capacity in tokens.")
-    kv_blocks: int | None = option(None, "KV capacity in blocks of 16 tokens.")
+    kv_tokens: int | None = option(None, "KV capacity in tokens.", minimum=1)
+    kv_blocks: int | None = option(None, "KV capacity in blocks of 16 tokens.", minimum=1)
 
     def config(self) -> ServeConfig:
         return ServeConfig(policy=self.policy, width=self.width, coda_batch=self.coda_batch,
@@ -272,10 +323,12 @@ class WorkloadSection(Section):
 
     name: str = option("sharegpt", "alpaca, sharegpt or arxiv.", "--workload")
     trace: Path | None = option(None, "Replay a request+exit trace (.csv/.parquet) instead of a workload preset.")
-    requests: int | None = option(None, "Number of requests (default per workload).", "--requests", "-n")
-    rate: float | None = option(None, "Poisson arrivals at this many requests/s (default: offline, all at t = 0).")
+    requests: int | None = option(None, "Number of requests (default per workload).", "--requests", "-n",
+                                  minimum=1)
+    rate: float | None = option(None, "Poisson arrivals at this many requests/s (default: offline, all at t = 0).",
+                                above=0)
     arrival: Arrival = option(Arrival.POISSON, "Arrival process at --rate: poisson.")
-    seed: int = option(0, "Seed for lengths, arrivals and depths.")
+    seed: int = option(0, "Seed for lengths, arrivals and depths (>= 0).", minimum=0)
 
     def spec(self, exits: ExitModel) -> WorkloadSpec:
         return WorkloadSpec(self.name, self.requests, self.rate, exits, self.seed,
@@ -312,6 +365,10 @@ class ExitsSection(Section):
                          correlation=self.correlation)
 
 
+WHAT_IF_MAX = 1_000_000  # TB/s, TFLOP/s, us, GB: a million times today's GPUs is no longer a what-if but an overflow
+WHAT_IF_MIN = 1e-3  # TB/s, TFLOP/s, GB below which a device would take hours per launch (launch and host: 0 ok)
+
+
 @dataclass(frozen=True)
 class LatencySection(Section):
     """Which latency model prices each launch: a measured profile or the roofline of a device."""
@@ -322,11 +379,15 @@ class LatencySection(Section):
     force: bool = option(False, "Use a profile made for another shape, filling gaps from the roofline.")
     device: str = option("h200", "GPU: h200 (measured), h100-sxm, b200, a100-80gb (datasheet figures; "
                                  "predictions scaled from the H200's kernels, not validated).")
-    bandwidth: float | None = option(None, "What-if device: achievable memory bandwidth in TB/s.")
-    matmul_tflops: float | None = option(None, "What-if device: achievable bf16 matmul rate in TFLOP/s.")
-    launch_us: float | None = option(None, "What-if device: per-kernel launch cost in us (0 allowed).")
-    memory_gb: float | None = option(None, "What-if device: device memory in GB.")
-    host_us: float | None = option(None, "What-if device: host time per launch in us (0 allowed).")
+    bandwidth: float | None = option(None, "What-if device: achievable memory bandwidth in TB/s.",
+                                     maximum=WHAT_IF_MAX)
+    matmul_tflops: float | None = option(None, "What-if device: achievable bf16 matmul rate in TFLOP/s.",
+                                         maximum=WHAT_IF_MAX)
+    launch_us: float | None = option(None, "What-if device: per-kernel launch cost in us (0 allowed).",
+                                     maximum=WHAT_IF_MAX)
+    memory_gb: float | None = option(None, "What-if device: device memory in GB.", maximum=WHAT_IF_MAX)
+    host_us: float | None = option(None, "What-if device: host time per launch in us (0 allowed).",
+                                   maximum=WHAT_IF_MAX)
 
     DEVICE: ClassVar[dict[str, tuple[str, float]]] = {  # field -> DeviceSpec field and unit
         "bandwidth": ("bandwidth", 1e12), "matmul_tflops": ("matmul_flops", 1e12), "launch_us": ("launch_s", 1e-6),
@@ -351,8 +412,9 @@ class LatencySection(Section):
             value = getattr(self, key)
             if value is not None:
                 zero_ok = key in ("launch_us", "host_us")
-                require(math.isfinite(value) and (value >= 0 if zero_ok else value > 0),
-                        f"latency.{key} must be {'>= 0' if zero_ok else '> 0'} and finite, got {value:g}")
+                require(math.isfinite(value) and (value >= 0 if zero_ok else value >= WHAT_IF_MIN),
+                        f"latency.{key} must be {'>= 0' if zero_ok else f'>= {WHAT_IF_MIN:g}'} and finite, "
+                        f"got {value:g}")
                 overrides[device_field] = value * scale
         if not overrides:
             return device
@@ -491,15 +553,19 @@ class Experiment:
         """The workload with this experiment's exit model for ``arch``."""
         return self.workload.spec(self.exits.exit_model(arch))
 
-    def build(self) -> BuiltExperiment:
+    def build(self, progress: ProgressFactory | None = None) -> BuiltExperiment:
         """Resolve the sections into what a simulated run needs: architecture, serving config, workload,
-        latency model, KV capacity and the requests themselves."""
+        latency model, KV capacity and the requests themselves. Settings that cannot run (a KV cache
+        without room for one block, more requests than memory) are refused before any request is drawn;
+        ``progress`` follows the drawing."""
         arch = self.arch.spec()
         config = self.serve.config()
         workload = self.workload_spec(arch)
         latency = self.latency.model(arch)
-        return BuiltExperiment(self, arch, config, workload, latency, self.serve.kv_capacity(),
-                               workload.build(arch, config.r_min(arch)))
+        kv = self.serve.kv_capacity()
+        blocks = kv.blocks_for(arch, config, latency)
+        return BuiltExperiment(self, arch, config, workload, latency, kv,
+                               workload.build(arch, config.r_min(arch), progress, kv_blocks=blocks))
 
 
 @dataclass(frozen=True)

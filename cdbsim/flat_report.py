@@ -19,8 +19,16 @@ from cdbsim.experiment import unwrap_optional
 from cdbsim.launch import STAGES
 from cdbsim.report import Distribution, Report
 
-META_COLUMNS: dict[str, type] = {"kv_tokens": int, "preemptions": int}  # facts of the run's log worth a column
+META_COLUMNS: dict[str, type] = {"kv_tokens": int}  # facts of the run's log worth a column
 """Columns taken from the report's ``meta`` (the run's log), with their types."""
+
+
+@cache
+def distribution_stats() -> tuple[str, ...]:
+    """The numbers of a :class:`Distribution` that become columns (mean, fixed percentiles, std); the
+    percentiles a user asked for on the command line vary from run to run, so they are not columns."""
+    hints = typing.get_type_hints(Distribution)
+    return tuple(f.name for f in fields(Distribution) if hints[f.name] is float)
 
 
 @cache
@@ -28,7 +36,7 @@ def metric_columns() -> dict[str, type]:
     """Every metric column and its Python type (int or float), in the report's field order."""
     hints = typing.get_type_hints(Report)
     columns: dict[str, type] = {}
-    stats = [f.name for f in fields(Distribution)]
+    stats = distribution_stats()
     for f in fields(Report):
         if f.name == "meta":
             continue
@@ -56,7 +64,7 @@ def flatten(report: Report) -> dict[str, Any]:
             continue
         value = getattr(report, f.name)
         if isinstance(value, Distribution):
-            row.update({f"{f.name}_{k.name}": float(getattr(value, k.name)) for k in fields(Distribution)})
+            row.update({f"{f.name}_{stat}": float(getattr(value, stat)) for stat in distribution_stats()})
         elif is_dataclass(value):
             row.update({f"{f.name}_{k.name}": getattr(value, k.name) for k in fields(value)})
         elif isinstance(value, dict):

@@ -32,6 +32,11 @@ def memory_for_kv(device_bytes: float, weight_bytes: float, fraction: float = 0.
     return max(0.0, device_bytes * fraction - weight_bytes)
 
 
+def size_text(n_bytes: float) -> str:
+    """Bytes as messages print them: GB, or MB below 0.1 GB."""
+    return f"{n_bytes / 1e9:,.1f} GB" if n_bytes >= 1e8 else f"{n_bytes / 1e6:,.1f} MB"
+
+
 def need_blocks(prompt_len: int, output_len: int, block_size: int = BLOCK_SIZE) -> int:
     """Blocks a request holds at its end (prompt + every output token but the last)."""
     return -(-max(prompt_len, prompt_len + output_len - 1) // block_size)

@@ -11,6 +11,9 @@ step_mix`` (``"0:12 1:30"``, core launches), ``exits``, ``tokens`` (tokens produ
 
 Request log columns: ``request_id, prompt_len, output_len, arrival, scheduled`` (first prefill launch
 start), ``first_token, finish``, and ``token_times`` (the time each output token was produced).
+
+:meth:`RunLog.save` writes both as Parquet (or CSV), with ``meta.json`` and a Trace Event timeline
+(:mod:`cdbsim.perfetto`); :meth:`RunLog.load` reads either format.
 """
 
 from __future__ import annotations
@@ -26,10 +29,29 @@ import numpy as np
 import pandas as pd
 
 from cdbsim.launch import STAGES, Launch, Stage
+from traces.choice import Choice
 from traces.request import Request
 
 if TYPE_CHECKING:
     from cdbsim.scheduler import Scheduler
+
+TIMELINE = "trace.json.gz"  # the Trace Event file beside each saved log (Perfetto UI, chrome://tracing)
+
+
+class LogFormat(Choice):
+    """How launch and request logs are saved: Parquet (typed, compact) or CSV (readable anywhere)."""
+
+    PARQUET = "parquet"
+    CSV = "csv"
+
+    @property
+    def suffix(self) -> str:
+        return f".{self.value}"
+
+    @classmethod
+    def what(cls) -> str:
+        return "log format"
+
 
 LAUNCH_COLUMNS = ("index", "stage", "size", "padded", "items", "context", "longest", "kv_copies", "start", "end",
                   "host_s", "step_mix", "exits", "tokens", "queue_waiting", "queue_core", "queue_coda",
@@ -212,28 +234,50 @@ class RunLog:
     token_times: list[np.ndarray]
     meta: dict = field(default_factory=dict)
 
-    def save(self, directory: str | Path) -> Path:
-        """Write ``launches.csv``, ``requests.csv`` (token times space-separated) and ``meta.json``."""
+    def save(self, directory: str | Path, fmt: LogFormat | str = LogFormat.PARQUET) -> Path:
+        """Write ``launches`` and ``requests`` (Parquet, or CSV with token times space-separated),
+        ``meta.json`` and ``trace.json.gz`` (the run as a Trace Event timeline, :mod:`cdbsim.perfetto`).
+
+        The directory is filled under a temporary name and renamed into place when complete, so a
+        failure leaves no half-written logs (:func:`cdbsim.outputs.atomic_dir`)."""
+        from cdbsim.outputs import atomic_dir
+        from cdbsim.perfetto import write_timeline
+
+        fmt = LogFormat.parse(fmt)
         out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        self.launches.to_csv(out / "launches.csv", index=False)
-        req = self.requests.copy()
-        req["token_times"] = [" ".join(f"{t:.9g}" for t in ts) for ts in self.token_times]
-        req.to_csv(out / "requests.csv", index=False)
-        (out / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
+        with atomic_dir(out) as staging:
+            if fmt is LogFormat.PARQUET:
+                self.launches.to_parquet(staging / "launches.parquet", index=False)
+                self.requests.assign(token_times=[np.asarray(t, dtype=float) for t in self.token_times]).to_parquet(
+                    staging / "requests.parquet", index=False)
+            else:
+                self.launches.to_csv(staging / "launches.csv", index=False)
+                req = self.requests.assign(token_times=[" ".join(f"{t:.9g}" for t in ts) for ts in self.token_times])
+                req.to_csv(staging / "requests.csv", index=False)
+            (staging / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
+            write_timeline(self, staging / TIMELINE)
         return out
+
+    @staticmethod
+    def saved_in(directory: str | Path) -> bool:
+        """Whether ``directory`` holds a saved run (Parquet or CSV)."""
+        src = Path(directory)
+        return any((src / f"launches{fmt.suffix}").is_file() for fmt in LogFormat)
 
     @classmethod
     def load(cls, directory: str | Path) -> RunLog:
+        """Read a run saved by :meth:`save`, as Parquet or CSV (older CSV logs included)."""
         src = Path(directory)
-        launches = pd.read_csv(src / "launches.csv", keep_default_na=False,
-                               dtype={"step_mix": str})
+        if (src / "launches.parquet").is_file():
+            launches = pd.read_parquet(src / "launches.parquet")
+            req = pd.read_parquet(src / "requests.parquet")
+            times = [np.asarray(t, dtype=float) for t in req.pop("token_times")]
+        else:
+            launches = pd.read_csv(src / "launches.csv", keep_default_na=False, dtype={"step_mix": str})
+            req = pd.read_csv(src / "requests.csv", keep_default_na=False, dtype={"token_times": str})
+            times = [np.array(s.split(), dtype=float) for s in req.pop("token_times")]
         if "longest" not in launches:  # logs written before the column existed: longest item unknown
             launches.insert(LAUNCH_COLUMNS.index("longest"), "longest", 0)
-        if "kv_used" not in launches:  # logs written before the column existed: KV use unknown
-            launches.insert(min(LAUNCH_COLUMNS.index("kv_used"), len(launches.columns)), "kv_used", 0)
-        req = pd.read_csv(src / "requests.csv", keep_default_na=False, dtype={"token_times": str})
-        times = [np.array(s.split(), dtype=float) for s in req.pop("token_times")]
         for col in ("scheduled", "first_token", "finish"):
             req[col] = pd.to_numeric(req[col], errors="coerce")
         meta = json.loads((src / "meta.json").read_text()) if (src / "meta.json").exists() else {}

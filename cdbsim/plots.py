@@ -1,14 +1,18 @@
-"""PNG figures (matplotlib, headless): rate sweeps, predicted-vs-measured scatters, launch timelines."""
+"""PNG figures (matplotlib, headless): rate sweeps, latency CDFs, predicted-vs-measured scatters, launch
+timelines."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 
 def plot_rate_sweep(points: list[Any], knees: dict[str, float | None], path: str | Path, title: str) -> Path:
@@ -27,6 +31,37 @@ def plot_rate_sweep(points: list[Any], knees: dict[str, float | None], path: str
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+CDF_PANELS = (("ttft_s", "TTFT (s)", 1.0), ("tpot_s", "TPOT (ms)", 1e3), ("itl_s", "ITL (ms)", 1e3),
+              ("normalized_s", "normalized latency (ms/token)", 1e3))
+
+
+def plot_latency_cdfs(samples: dict[str, dict[str, np.ndarray]], path: str | Path, title: str) -> Path:
+    """Empirical CDFs of TTFT, TPOT, ITL and normalized latency, one line per run (``{run: samples}``,
+    samples as :func:`cdbsim.report.latency_samples` gives them)."""
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    for ax, (key, label, scale) in zip(axes.flat, CDF_PANELS, strict=True):
+        lowest = np.inf
+        for run, values in samples.items():
+            x = np.asarray(values[key], dtype=float)
+            x = np.sort(x[np.isfinite(x)]) * scale
+            if x.size:
+                ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", label=run)
+                lowest = min(lowest, float(x[0]))
+        ax.set(xlabel=label, ylabel="fraction of " + ("gaps" if key == "itl_s" else "requests"), ylim=(0, 1.01))
+        if 0 < lowest < np.inf:  # latencies span decades: a log axis, labelled in plain numbers
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(textwrap.fill(title, 140), fontsize=8)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)

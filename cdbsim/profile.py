@@ -30,7 +30,8 @@ File format (``format: cdbsim-profile/1``): ``name``, ``kind`` (``measured`` | `
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -164,22 +165,70 @@ class Profile:
                 "components": {k: v.to_dict() for k, v in sorted(self.components.items())}}
 
     def save(self, path: str | Path) -> Path:
+        """Write the JSON form; written whole or not at all (:func:`cdbsim.outputs.atomic_file`)."""
+        from cdbsim.outputs import atomic_file
+
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        with atomic_file(path) as staging:
+            staging.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
         return path
 
 
+FIT_TERMS = ("delta", "gamma", "alpha", "kappa")  # seconds (per unit): finite and >= 0
+FIT_QUALITY = ("r2", "max_rel_residual")           # numbers, or null where not fitted
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _fit_from_dict(data: object, where: str) -> Fit:
+    """One component's fit, every field checked: a time that is text, negative or not finite would
+    price launches at nonsense (or crash mid-run), so it is refused here with the key that holds it."""
+    require(isinstance(data, dict), f"{where}: expected an object of fit terms, got {data!r:.60}")
+    valid = [f.name for f in fields(Fit)]
+    unknown_keys = sorted(set(data) - set(valid))
+    require(not unknown_keys, f"{where}: unknown key(s) {', '.join(unknown_keys)}; valid keys: {', '.join(valid)}")
+    require("delta" in data, f"{where}: missing key delta")
+    for term in FIT_TERMS:
+        value = data.get(term, 0.0)
+        require(_number(value) and value >= 0, f"{where}.{term} must be a finite number >= 0, got {value!r}")
+    for term in FIT_QUALITY:
+        value = data.get(term)
+        require(value is None or _number(value), f"{where}.{term} must be a finite number or null, got {value!r}")
+    points = data.get("points", [])
+    require(isinstance(points, list), f"{where}.points must be a list of [x, c, t] rows, got {points!r:.60}")
+    for i, row in enumerate(points):
+        require(isinstance(row, list) and len(row) in (3, 4) and all(_number(v) for v in row),
+                f"{where}.points[{i}] must be [x, c, t] or [x, c, k, t] of finite numbers, got {row!r:.60}")
+    return Fit(**data)
+
+
 def profile_from_dict(data: dict, source: str = "profile") -> Profile:
-    """Parse the JSON form; a wrong format is refused with a one-line error naming ``source``."""
+    """Parse the JSON form; a wrong format or a malformed value is refused with a one-line error naming
+    ``source`` and the key."""
+    require(isinstance(data, dict), f"{source}: not a cdbsim profile (a profile file holds a JSON object, "
+                                    f"got {data!r:.40})")
     if data.get("format") != FORMAT:
         raise ConfigError(f"{source}: not a cdbsim profile (expected format {FORMAT!r})")
+    for key in ("name", "kind", "device", "components"):
+        require(key in data, f"{source}: malformed profile (missing key {key})")
+    for key, kind in (("name", str), ("date", str), ("notes", str), ("device", dict), ("components", dict),
+                      ("versions", dict), ("attention", dict), ("kernels", dict)):
+        if key in data:
+            require(isinstance(data[key], kind), f"{source}: {key} must be {'text' if kind is str else 'an object'}, "
+                                                 f"got {data[key]!r:.60}")
+    memory = data["device"].get("memory_bytes", 0.0)
+    require(_number(memory) and memory >= 0, f"{source}: device.memory_bytes must be a finite number >= 0, "
+                                             f"got {memory!r}")
+    components = {name: _fit_from_dict(fit, f"{source}: components.{name}")
+                  for name, fit in data["components"].items()}
     try:
-        components = {name: Fit(**fit) for name, fit in data["components"].items()}
         return Profile(name=data["name"], kind=data["kind"], device=dict(data["device"]),
                        components=components, versions=dict(data.get("versions", {})),
                        date=data.get("date", ""), notes=data.get("notes", ""), source=source,
                        attention=dict(data.get("attention", {})), kernels=dict(data.get("kernels", {})))
-    except (KeyError, TypeError, ConfigError) as exc:
+    except ConfigError as exc:
         raise ConfigError(f"{source}: malformed profile ({exc})") from None
 
 

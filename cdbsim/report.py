@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from cdbsim.arch import ArchSpec
 from cdbsim.bounds import (
@@ -28,27 +29,81 @@ from cdbsim.bounds import (
     s_dec,
 )
 from cdbsim.config import Policy
+from cdbsim.errors import ConfigError, require
 from cdbsim.logs import RunLog
 from traces.request import Request
 
-PERCENTILES = (50, 90, 99)
+PERCENTILES = (50, 90, 99)  # always computed (p50, p90, p99 fields); more on request (``percentiles``)
+
+
+def percentile_name(q: float) -> str:
+    """``p50``, ``p99.9``: how a percentile is named in reports and tables."""
+    return f"p{q:g}"
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    """``"50,90,99.9"`` as percentiles, each in (0, 100]; anything else is a one-line error."""
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--percentiles must be comma-separated numbers in (0, 100], got {text!r}") from None
+    require(all(0 < q <= 100 for q in values), f"--percentiles must each lie in (0, 100], got {text!r}")
+    return tuple(dict.fromkeys(values))
 
 
 @dataclass
 class Distribution:
+    """Mean, standard deviation and percentiles of one latency metric over a run (NaN when empty)."""
+
     mean: float
     p50: float
     p90: float
     p99: float
+    std: float = float("nan")
+    percentiles: dict[str, float] = field(default_factory=dict)  # the ones asked for, by percentile_name
 
     @classmethod
-    def of(cls, values: np.ndarray) -> Distribution:
+    def of(cls, values: np.ndarray, percentiles: tuple[float, ...] = PERCENTILES) -> Distribution:
         values = np.asarray(values, dtype=float)
         values = values[np.isfinite(values)]
+        wanted = tuple(dict.fromkeys((*PERCENTILES, *percentiles)))
         if values.size == 0:
-            return cls(np.nan, np.nan, np.nan, np.nan)
-        p50, p90, p99 = np.percentile(values, PERCENTILES)
-        return cls(float(values.mean()), float(p50), float(p90), float(p99))
+            return cls(np.nan, np.nan, np.nan, np.nan, np.nan, {percentile_name(q): np.nan for q in percentiles})
+        at = dict(zip(wanted, map(float, np.percentile(values, wanted)), strict=True))
+        return cls(float(values.mean()), at[50], at[90], at[99], float(values.std()),
+                   {percentile_name(q): at[q] for q in percentiles})
+
+
+LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "normalized_s", "scheduling_s")
+"""The latency metrics a report holds as distributions (``scheduling_s``: first scheduled - arrival)."""
+
+
+def latency_samples(log: RunLog) -> dict[str, np.ndarray]:
+    """Per-request (ITL: per-gap) samples of each metric of :data:`LATENCIES`, from the logs alone."""
+    reqs = log.requests
+    arrival = reqs["arrival"].to_numpy(float)
+    first = reqs["first_token"].to_numpy(float)
+    finish = reqs["finish"].to_numpy(float)
+    out_len = reqs["output_len"].to_numpy(float)
+    itl = np.concatenate([np.diff(t) for t in log.token_times if len(t) > 1] or [np.zeros(0)])
+    tpot = np.where(out_len > 1, (finish - first) / np.maximum(out_len - 1, 1), np.nan)
+    return {"ttft_s": first - arrival, "tpot_s": tpot, "itl_s": itl, "e2e_s": finish - arrival,
+            "normalized_s": (finish - arrival) / out_len,
+            "scheduling_s": reqs["scheduled"].to_numpy(float) - arrival}
+
+
+def kv_in_use(launches: pd.DataFrame) -> tuple[float | None, int | None]:
+    """Mean (over time) and peak KV blocks in use, from the launch log's ``kv_used``; None without it.
+
+    Each launch's value holds from its start to the next launch's start (the last one to its end)."""
+    if "kv_used" not in launches.columns or launches.empty:
+        return None, None
+    used = launches["kv_used"].to_numpy(float)
+    start = launches["start"].to_numpy(float)
+    held = np.diff(np.append(start, launches["end"].to_numpy(float)[-1]))
+    span = float(held.sum())
+    mean = float((used * held).sum() / span) if span > 0 else float(used.mean())
+    return mean, int(used.max())
 
 
 @dataclass
@@ -83,6 +138,17 @@ class Report:
     speedup: float | None = None
     bound_realised: float | None = None
     meta: dict = field(default_factory=dict)
+    input_tokens: int = 0
+    scheduling_s: Distribution = field(default_factory=lambda: Distribution.of(np.zeros(0)))
+    preemptions: int | None = None
+    kv_blocks_mean: float | None = None
+    kv_blocks_peak: int | None = None
+
+    def with_percentiles(self, log: RunLog, percentiles: tuple[float, ...]) -> Report:
+        """The latency distributions recomputed from ``log`` (this report's run) with ``percentiles``."""
+        for name, values in latency_samples(log).items():
+            setattr(self, name, Distribution.of(values, percentiles))
+        return self
 
     def with_baseline(self, baseline: Report) -> Report:
         """Speed-up against a CB run of the same requests and, offline, S_e2e and the share realised."""
@@ -109,6 +175,9 @@ class Report:
             "idle %": 100 * self.device_idle, "prefill %": 100 * self.prefill_share,
             "d-bar": self.mean_depth, "S_dec": self.s_dec,
         }
+        row.update({"input tokens": self.input_tokens, "sched delay p50 s": self.scheduling_s.p50,
+                    "preemptions": self.preemptions, "KV blocks mean": self.kv_blocks_mean,
+                    "KV blocks peak": self.kv_blocks_peak})
         for stage in ("core", "coda", "decode"):
             if stage in self.mean_batch:
                 row[f"B {stage}"] = self.mean_batch[stage]
@@ -131,9 +200,7 @@ def summarize(log: RunLog, arch: ArchSpec, requests: list[Request], r_min: int) 
     """The :class:`Report` of ``log`` (a run of ``requests`` on ``arch``)."""
     launches, reqs = log.launches, log.requests
     arrival = reqs["arrival"].to_numpy(float)
-    first = reqs["first_token"].to_numpy(float)
     finish = reqs["finish"].to_numpy(float)
-    out_len = reqs["output_len"].to_numpy(float)
     start_time = float(arrival.min()) if len(arrival) else 0.0
     end_time = float(np.nanmax(finish)) if len(finish) else 0.0
     makespan = max(end_time - start_time, 1e-12)
@@ -145,8 +212,8 @@ def summarize(log: RunLog, arch: ArchSpec, requests: list[Request], r_min: int) 
     mean_batch = {str(k): float(v) for k, v in by_stage["size"].mean().items()}
     stage_time = {str(k): float(v) for k, v in by_stage["duration"].sum().items()}
     span = float(launches["end"].max() - launches["start"].min()) if len(launches) else 0.0
-    itl = np.concatenate([np.diff(t) for t in log.token_times if len(t) > 1] or [np.zeros(0)])
-    tpot = np.where(out_len > 1, (finish - first) / np.maximum(out_len - 1, 1), np.nan)
+    latency = {name: Distribution.of(values) for name, values in latency_samples(log).items()}
+    kv_mean, kv_peak = kv_in_use(launches)
     cb = log.meta.get("policy") == Policy.CB  # CB runs every token at full depth
     dbar = float(arch.r_max) if cb else mean_depth(requests, arch.r_max, r_min)
     sizes = launches.groupby("stage")["size"].sum()
@@ -158,8 +225,8 @@ def summarize(log: RunLog, arch: ArchSpec, requests: list[Request], r_min: int) 
     return Report(
         requests=len(reqs), output_tokens=tokens, makespan_s=makespan, output_tps=tokens / makespan,
         request_rate=len(reqs) / makespan,
-        ttft_s=Distribution.of(first - arrival), tpot_s=Distribution.of(tpot), itl_s=Distribution.of(itl),
-        e2e_s=Distribution.of(finish - arrival), normalized_s=Distribution.of((finish - arrival) / out_len),
+        **latency, input_tokens=int(reqs["prompt_len"].sum()), preemptions=log.meta.get("preemptions"),
+        kv_blocks_mean=kv_mean, kv_blocks_peak=kv_peak,
         launches=counts, mean_batch=mean_batch,
         device_busy=min(1.0, busy / span) if span > 0 else 0.0,
         device_idle=idle_share(busy, span),

@@ -10,24 +10,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from cdbsim.errors import require
+from cdbsim.outputs import check_file, staging_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 BATCH_ROWS = 128
-
-
-def temporary_name(path: Path) -> Path:
-    """A hidden name beside ``path`` (same folder, so the final rename is atomic)."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def writable(path: str | Path, what: str) -> Path:
-    """``path``, refused up front if its folder does not exist."""
-    path = Path(path)
-    require(path.parent.is_dir(), f"{what}: the folder {path.parent} does not exist")
-    return path
 
 
 class RowWriter:
@@ -38,10 +26,10 @@ class RowWriter:
         import pyarrow.parquet as pq
 
         self.schema = schema
-        kinds = [(parquet, "--out", pq.ParquetWriter), (csv, "--csv", pcsv.CSVWriter)]
-        chosen = [(writable(path, what), make) for path, what, make in kinds if path is not None]
+        kinds = [(parquet, "--out", ".parquet", pq.ParquetWriter), (csv, "--csv", ".csv", pcsv.CSVWriter)]
+        chosen = [(check_file(path, what, (suffix,)), make) for path, what, suffix, make in kinds if path is not None]
         self.targets = [target for target, _ in chosen]
-        self.temporaries = [temporary_name(target) for target in self.targets]
+        self.temporaries = [staging_name(target) for target in self.targets]
         self.writers: list[Any] = []
         self.batch: list[dict[str, Any]] = []
         try:

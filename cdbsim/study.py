@@ -11,14 +11,15 @@ import numpy as np
 from cdbsim.arch import ArchSpec
 from cdbsim.config import Policy, ServeConfig
 from cdbsim.errors import require
-from cdbsim.kv import capacity_blocks, memory_for_kv
+from cdbsim.kv import capacity_blocks, memory_for_kv, size_text
 from cdbsim.latency import LatencyModel
 from cdbsim.logs import RunLog
+from cdbsim.progress import ProgressFactory
 from cdbsim.report import Report, summarize
 from cdbsim.sim import simulate
 from traces.request import Request
 
-Progress = Callable[[str, int], Callable[[int], None]]
+Progress = ProgressFactory
 """A factory: given a run's label and its number of requests, a callback advanced per finished request."""
 
 
@@ -36,7 +37,17 @@ class KVCapacity:
                                    block_size=config.block_size)
         memory = latency.profile.memory_bytes
         require(memory > 0, f"profile {latency.profile.name} does not give the device memory; pass --kv-tokens")
-        free = memory_for_kv(memory, arch.total_params * arch.dtype_bytes, self.memory_fraction)
+        weights = arch.total_params * arch.dtype_bytes
+        usable = f"{self.memory_fraction:.0%} of the device's {size_text(memory)}"
+        require(weights < memory * self.memory_fraction,
+                f"the weights of {arch.name} ({size_text(weights)}) do not fit in {usable}: nothing is left for the "
+                f"KV cache (fewer layers, or --kv-tokens to size the cache regardless)")
+        free = memory_for_kv(memory, weights, self.memory_fraction)
+        block = arch.kv_bytes_per_token(config.layout) * config.block_size
+        require(block <= free, f"one KV block of {config.block_size} tokens needs {size_text(block)} "
+                               f"({arch.cache_layers(config.layout):,} layer slots per token with the "
+                               f"{config.layout.value} layout at r_max {arch.r_max}), more than the {size_text(free)} "
+                               f"left after the weights in {usable}; lower r_max or use the shared layout")
         return capacity_blocks(arch, config.layout, memory_bytes=free, block_size=config.block_size)
 
 

@@ -3,7 +3,6 @@ field. Each is saved under a temporary name and renamed, like the sweep's table.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from cdbsim.row_files import temporary_name
+from cdbsim.outputs import atomic_file
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -24,12 +23,10 @@ if TYPE_CHECKING:
 def _save(fig: Figure, path: Path, title: str) -> None:
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
-    temporary = temporary_name(path)
     try:
-        fig.savefig(temporary, dpi=110, format="png")
-        os.replace(temporary, path)
+        with atomic_file(path) as staging:
+            fig.savefig(staging, dpi=110, format="png")
     finally:
-        temporary.unlink(missing_ok=True)
         plt.close(fig)
 
 

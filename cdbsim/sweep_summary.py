@@ -144,13 +144,19 @@ class SweepSummary:
         field), written under temporary names and renamed."""
         from cdbsim.sweep_plots import plot_fields, plot_fronts
 
-        stem = Path(stem)
-        paths = [stem.with_name(f"{stem.name}-pareto.png")]
-        plot_fronts(self, paths[0], title)
-        if self.fields:
-            paths.append(stem.with_name(f"{stem.name}-fields.png"))
-            plot_fields(self, paths[1], title)
-        return paths
+        pareto, fields = summary_paths(stem)
+        plot_fronts(self, pareto, title)
+        if not self.fields:
+            return [pareto]
+        plot_fields(self, fields, title)
+        return [pareto, fields]
+
+
+def summary_paths(stem: str | Path) -> tuple[Path, Path]:
+    """Where :meth:`SweepSummary.plot` writes for ``stem`` (a sweep's ``--out`` without its suffix is the
+    stem): ``STEM-pareto.png`` and ``STEM-fields.png``."""
+    stem = Path(stem).with_suffix("") if Path(stem).suffix == ".parquet" else Path(stem)
+    return stem.with_name(f"{stem.name}-pareto.png"), stem.with_name(f"{stem.name}-fields.png")
 
 
 def is_numeric(key: str) -> bool:

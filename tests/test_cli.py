@@ -26,7 +26,7 @@ def test_schedule_prints_twenty_launches() -> None:
             "--workload", "sharegpt", "--launches", "20", "--json"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.output)
+    rows = json.loads(result.stdout)
     assert len(rows) == 20 and rows[0]["stage"] == "prefill"
     table = runner.invoke(app, args[:-1])
     assert table.exit_code == 0 and "prelude" in table.output
@@ -35,7 +35,7 @@ def test_schedule_prints_twenty_launches() -> None:
 def test_bound_reports_layouts() -> None:
     result = runner.invoke(app, ["bound", "--arch", "huginn-3.5b", "--mean-depth", "8", "--json"])
     assert result.exit_code == 0
-    row = json.loads(result.output)[0]
+    row = json.loads(result.stdout)[0]
     assert row["KV B/token depth"] == 1_436_160 and row["S_dec"] > 1.8
 
 
@@ -78,7 +78,7 @@ def test_predict_json_has_speedup_and_bound() -> None:
     result = runner.invoke(app, ["predict", "--workload", "alpaca", "--requests", "100", "--json",
                                  "--profile", "roofline"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     refill = data["refill K=1"]
     assert refill["speedup"] > 1.0 and 0 < refill["bound_realised"] <= 1.0
     assert refill["meta"]["profile"].startswith("h200-roofline")
@@ -87,22 +87,22 @@ def test_predict_json_has_speedup_and_bound() -> None:
 def test_compare_and_rate_sweep(tmp_path) -> None:
     result = runner.invoke(app, ["compare", "--workload", "alpaca", "--requests", "80", "--csv"])
     assert result.exit_code == 0, result.output
-    assert [line.split(",")[0] for line in result.output.strip().splitlines()[1:]] == ["cb", "norefill",
+    assert [line.split(",")[0] for line in result.stdout.strip().splitlines()[1:]] == ["cb", "norefill",
                                                                                        "refill K=1"]
     plot = tmp_path / "sweep.png"
     result = runner.invoke(app, ["rate-sweep", "--workload", "alpaca", "--requests", "60", "--rates", "5,20",
                                  "--plot", str(plot), "--json"])
     assert result.exit_code == 0, result.output
     assert plot.stat().st_size > 1000
-    assert len(json.loads(result.output)[0]["points"]) == 6
+    assert len(json.loads(result.stdout)[0]["points"]) == 6
 
 
 def test_roofline_overrides_change_the_prediction() -> None:
     base = runner.invoke(app, ["predict", "--requests", "40", "--no-baseline", "--json"])
     fast = runner.invoke(app, ["predict", "--requests", "40", "--no-baseline", "--json", "--bandwidth", "8"])
     assert base.exit_code == fast.exit_code == 0
-    slow_tps = json.loads(base.output)["refill K=1"]["output_tps"]
-    fast_data = json.loads(fast.output)["refill K=1"]
+    slow_tps = json.loads(base.stdout)["refill K=1"]["output_tps"]
+    fast_data = json.loads(fast.stdout)["refill K=1"]
     assert fast_data["output_tps"] > 1.3 * slow_tps and "what-if bandwidth 8" in fast_data["meta"]["profile"]
 
 
@@ -113,7 +113,7 @@ def test_trace_command_writes_a_replayable_trace(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     replay = runner.invoke(app, ["predict", "--trace", str(path), "--json", "--profile", "roofline"])
     assert replay.exit_code == 0, replay.output
-    assert json.loads(replay.output)["refill K=1"]["requests"] == 30
+    assert json.loads(replay.stdout)["refill K=1"]["requests"] == 30
     bad = runner.invoke(app, ["trace", "--out", str(tmp_path / "t.txt")])
     assert bad.exit_code == 2 and "must end in .csv or .parquet" in bad.output
 
@@ -145,7 +145,7 @@ def test_calibrate_refit_rewrites_a_profile_from_its_raw_points(tmp_path) -> Non
 def run_predict(*args: str) -> dict:
     result = runner.invoke(app, ["predict", "--no-baseline", "--json", "--profile", "roofline", *args])
     assert result.exit_code == 0, result.output
-    (report,) = json.loads(result.output).values()
+    (report,) = json.loads(result.stdout).values()
     return report
 
 
@@ -167,9 +167,9 @@ def test_command_defaults_sit_below_the_config_file(tmp_path) -> None:
     """schedule shows 256 requests unless the file says otherwise (its Q_P counts the waiting prompts)."""
     config = tmp_path / "exp.toml"
     config.write_text("[workload]\nrequests = 40\n")
-    rows = json.loads(runner.invoke(app, ["schedule", "--json", "--launches", "1"]).output)
+    rows = json.loads(runner.invoke(app, ["schedule", "--json", "--launches", "1"]).stdout)
     assert rows[0]["Q_P"] + rows[0]["active"] == 256
-    rows = json.loads(runner.invoke(app, ["schedule", "--json", "--launches", "1", "--config", str(config)]).output)
+    rows = json.loads(runner.invoke(app, ["schedule", "--json", "--launches", "1", "--config", str(config)]).stdout)
     assert rows[0]["Q_P"] + rows[0]["active"] == 40
 
 
@@ -221,11 +221,14 @@ def test_shape_and_hf_config_options_reach_the_model(tmp_path) -> None:
                                   "n_layers_in_recurrent_block": 4, "n_layers_in_coda": 2, "vocab_size": 65536,
                                   "rope_base": 50000, "tie_embeddings": True}))
     from_hf = json.loads(runner.invoke(app, ["bound", "--hf-config", str(config), "--mean-depth", "8",
-                                             "--json"]).output)[0]
+                                             "--json"]).stdout)[0]
     preset = json.loads(runner.invoke(app, ["bound", "--arch", "huginn-3.5b", "--mean-depth", "8",
-                                            "--json"]).output)[0]
-    assert from_hf.pop("arch") == "huginn" and preset.pop("arch") == "huginn-3.5b" and from_hf == preset
-    narrow = json.loads(runner.invoke(app, ["bound", "--set", "arch.kv_heads=4", "--json"]).output)[0]
+                                            "--json"]).stdout)[0]
+    assert from_hf.pop("arch") == "huginn" and preset.pop("arch") == "huginn-3.5b"
+    shape_only = [k for k in preset if k.startswith("B*(") or k == "profile"]  # B*(L) follows the profile found
+    assert {k: v for k, v in from_hf.items() if k not in shape_only} == {
+        k: v for k, v in preset.items() if k not in shape_only}
+    narrow = json.loads(runner.invoke(app, ["bound", "--set", "arch.kv_heads=4", "--json"]).stdout)[0]
     assert narrow["KV B/token depth"] == 786_432 // 4
     both = runner.invoke(app, ["bound", "--hf-config", str(config), "--arch", "ouro-2.6b"])
     assert both.exit_code == 2 and "not both" in both.stderr

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from cdbsim.arch import PRESETS
 from cdbsim.config import Policy, Timing
 from cdbsim.errors import ConfigError
-from cdbsim.experiment import Experiment, ServeSection
+from cdbsim.experiment import MAX_WIDTH, Experiment, ServeSection
 from cdbsim.hf_config import arch_from_hf_config
 from cdbsim.kvlayout import KVLayout
 
@@ -47,7 +47,8 @@ def test_toml_round_trip(tmp_path) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(width=st.integers(1, 10**6), rate=st.none() | st.floats(allow_nan=False),
+@given(width=st.integers(1, MAX_WIDTH),
+       rate=st.none() | st.floats(min_value=0, exclude_min=True, allow_nan=False, allow_infinity=False),
        profile=st.text(st.characters(blacklist_categories=("Cs",)), max_size=12), force=st.booleans())
 def test_toml_round_trip_of_any_value(tmp_path_factory, width: int, rate: float | None, profile: str,
                                       force: bool) -> None:
@@ -233,7 +234,7 @@ def test_predict_without_baseline_matches_the_command_line() -> None:
     from cli import app
 
     args = ["--workload", "alpaca", "--requests", "30", "--profile", "roofline", "--W", "32"]
-    cli = json.loads(CliRunner().invoke(app, ["predict", *args, "--no-baseline", "--json"]).output)
+    cli = json.loads(CliRunner().invoke(app, ["predict", *args, "--no-baseline", "--json"]).stdout)
     exp = cdbsim.Experiment(workload={"name": "alpaca", "requests": 30}, latency={"profile": "roofline"},
                             serve={"width": 32})
     result = cdbsim.predict(exp)

@@ -118,4 +118,4 @@ RAGGED_RUNS = [  # runs that used to meet Ouro's prelude below zero (ValueError:
 def test_runs_on_the_ragged_grid_complete(args: list[str]) -> None:
     result = CliRunner().invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output[-2000:]
-    assert all(report["output_tps"] > 0 for report in json.loads(result.output).values())
+    assert all(report["output_tps"] > 0 for report in json.loads(result.stdout).values())

@@ -53,7 +53,8 @@ def test_validate_against_saved_logs(tmp_path) -> None:
     result = CliRunner().invoke(app, ["validate", "--matrix", str(matrix), "--measured", str(measured),
                                       "--out", str(out), "--profile", "roofline", "--json"])
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output)[0]
+    summary = json.loads(result.stdout)[0]
+    assert summary["profile"].startswith("h200-roofline")  # the table names the profile it predicted with
     assert all(abs(row["tok/s error %"]) < 1e-6 for row in summary["summary"])
     assert summary["errors"]["online norm p50 |error| worst %"] < 1e-6
     for name in ("summary.csv", "summary.json", "scatter.png", "timeline.png", "stages.csv"):
@@ -111,7 +112,7 @@ def test_stage_errors_see_each_launch_as_the_simulator_did(tmp_path) -> None:
     assert profile.attention_slots
     model = LatencyModel(entry.spec(), profile)
     requests, _ = requests_for(entry, model)
-    simulate(entry.spec(), entry.config(), requests, model, entry.kv_blocks()).save(tmp_path / "run")
+    simulate(entry.spec(), entry.config(), requests, model, entry.kv_blocks()).save(tmp_path / "run", "csv")
     log = RunLog.load(tmp_path / "run")
     core = log.launches[log.launches["stage"] == "core"]
     assert (core["longest"] > 1.5 * core["context"] / core["size"]).any()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -15,11 +16,12 @@ from traces.workloads import length_model
 
 def build_trace(workload: str, n: int, r_max: int, r_min: int = 1,
                 exits: ExitModel | None = None, rate: float | None = None, seed: int = 0,
-                max_total_len: int | None = None) -> list[Request]:
+                max_total_len: int | None = None, progress: Callable[[int], None] | None = None) -> list[Request]:
     """``n`` requests of preset ``workload`` with exit depths for a model looping up to ``r_max``.
 
     ``rate`` (requests/s) gives Poisson arrivals; ``None`` puts every request at t = 0.
     ``max_total_len`` truncates outputs so that prompt + output fits a model's context window.
+    ``progress`` is advanced by the requests whose depths are drawn (the slow part, per request).
     """
     require(n >= 1, f"the number of requests must be >= 1, got {n}")
     if rate is not None:
@@ -33,6 +35,6 @@ def build_trace(workload: str, n: int, r_max: int, r_min: int = 1,
         output = np.clip(output, 1, max_total_len - prompt)
     times = arrival_models.offline(n) if rate is None else arrival_models.poisson(n, rate, rng)
     model = exits or ExitModel("none")
-    depths = model.depths(output, r_min, r_max, rng)
+    depths = model.depths(output, r_min, r_max, rng, progress)
     return [Request(i, int(p), int(o), float(t), d)
             for i, (p, o, t, d) in enumerate(zip(prompt, output, times, depths, strict=True))]

@@ -14,6 +14,7 @@ elsewhere (see :mod:`traces.io`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,9 +83,10 @@ class ExitModel:
                                                    (1.0 - frac) * scale)
         return p / p.sum()
 
-    def depths(self, output_lens: np.ndarray, r_min: int, r_max: int,
-               rng: np.random.Generator) -> list[np.ndarray]:
-        """Per request, the requested depths of output tokens 1 .. output_len - 1 (views of one array).
+    def depths(self, output_lens: np.ndarray, r_min: int, r_max: int, rng: np.random.Generator,
+               progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
+        """Per request, the requested depths of output tokens 1 .. output_len - 1 (views of one array;
+        ``progress`` is told the number of requests once they are drawn).
 
         The requests' sequences are drawn and filtered together, as one stream of draws in request order:
         the same numbers a request-by-request loop would give, without a numpy call per request."""
@@ -99,6 +101,8 @@ class ExitModel:
             u = ndtr(self._latent(counts, rng))  # the standard normal CDF (scipy.stats' norm.cdf is this, slower)
             flat = (np.searchsorted(cdf, u, side="right") + 1).clip(1, r_max).astype(np.int16)
         ends = np.cumsum(counts).tolist()
+        if progress is not None and len(counts):
+            progress(len(counts))
         return [flat[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
 
     def _latent(self, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -131,6 +131,16 @@ def experiment_options(*selected: str, exclude: tuple[str, ...] = (),
 SaveLogs = Annotated[Path | None, typer.Option("--save-logs", help="Write launch and request logs here.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 CsvOut = Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")]
+PlotK = Annotated[Path | None, typer.Option("--plot-k", metavar="FILE.png",
+                                            help="Plot the coda batch (effective K) of every coda launch over time.")]
+
+
+def plot_k(path: Path | None, logs: dict[str, Any], title: str) -> None:
+    """Write the coda-batch plot of ``logs`` (label -> RunLog) if ``--plot-k`` was given."""
+    if path is not None:
+        from cdbsim.plots import plot_coda_batch
+
+        plot_coda_batch({label: log.launches for label, log in logs.items()}, path, title)
 
 
 def emit(rows: list[dict], title: str, as_json: bool, as_csv: bool, caption: str | None = None) -> None:
@@ -321,7 +331,7 @@ def predict(
     exp: Experiment,
     baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="Also simulate CB on the same "
                                                                             "requests.")] = True,
-    save_logs: SaveLogs = None, as_json: JsonOut = False, as_csv: CsvOut = False,
+    save_logs: SaveLogs = None, as_json: JsonOut = False, as_csv: CsvOut = False, plot_k_png: PlotK = None,
 ) -> None:
     """Predict throughput and latency of one configuration (and of CB on the same requests)."""
     from cdbsim.prediction import predict as simulate_experiment
@@ -337,14 +347,16 @@ def predict(
         result.log.save(save_logs / "run")
         if result.baseline is not None:
             result.baseline.log.save(save_logs / "cb")
+    plot_k(plot_k_png, {run_label(setup.config): result.log}, setup.title())
     emit_reports(reports, setup.title(), as_json, as_csv)
 
 
 @app.command()
 @friendly
 @experiment_options("arch", "serve", "workload", "exits", "latency", exclude=("serve.policy",))
-def compare(exp: Experiment, save_logs: SaveLogs = None, as_json: JsonOut = False, as_csv: CsvOut = False) -> None:
-    """CB, CDB no-refill and CDB refill side by side on the same requests, with the bounds."""
+def compare(exp: Experiment, save_logs: SaveLogs = None, as_json: JsonOut = False, as_csv: CsvOut = False,
+            plot_k_png: PlotK = None) -> None:
+    """CB, CDB no-refill, CDB refill and adaptive CDB side by side on the same requests, with the bounds."""
     from dataclasses import replace
 
     from cdbsim.study import compare_policies
@@ -353,10 +365,13 @@ def compare(exp: Experiment, save_logs: SaveLogs = None, as_json: JsonOut = Fals
     bars, factory = progress_bars()
     with bars:
         results = compare_policies(setup.arch, setup.config, setup.requests, setup.latency, setup.kv, factory)
-    reports = {run_label(replace(setup.config, policy=r.log.meta["policy"])): r.report for r in results}
+    labels = [run_label(replace(setup.config, policy=r.log.meta["policy"])) for r in results]
+    reports = {label: r.report for label, r in zip(labels, results, strict=True)}
     if save_logs:
         for r in results:
             r.log.save(save_logs / r.log.meta["policy"])
+    plot_k(plot_k_png, {label: r.log for label, r in zip(labels, results, strict=True)
+                        if r.log.meta["policy"] != "cb"}, setup.title())
     emit_reports(reports, setup.title(), as_json, as_csv)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,28 @@ def plot_rate_sweep(points: list[Any], knees: dict[str, float | None], path: str
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_coda_batch(launches: dict[str, Any], path: str | Path, title: str, window: int = 25) -> Path:
+    """The coda batch of every coda launch over the run (adaptive's effective K), one colour per run
+    (``launches``: label -> launch log frame), with a rolling mean over ``window`` coda launches."""
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for label, frame in launches.items():
+        coda = frame[frame["stage"] == "coda"]
+        if coda.empty:
+            continue
+        (dots,) = ax.plot(coda["start"], coda["size"], ".", ms=2, alpha=0.3)
+        ax.plot(coda["start"], coda["size"].rolling(window, min_periods=1).mean(), "-",
+                color=dots.get_color(), label=f"{label} (mean {coda['size'].mean():.1f})")
+    ax.set(xlabel="time (s)", ylabel="tokens per coda launch (effective K)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(textwrap.fill(title, 150), fontsize=7)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)

@@ -79,7 +79,7 @@ class Simulation:
         """Wait as the pipeline rule says, plan, hand over. A launch planned at ``t`` is ready on the
         device at ``t + host time``, and the host is busy until then."""
         env, s, latency = self.env, self.scheduler, self.latency
-        pipeline: HostPipeline[simpy.Event] = HostPipeline(s, self.config.timing)
+        pipeline: HostPipeline[simpy.Event] = HostPipeline(s, self.config.timing, seconds=lambda done: done.value)
         busy_until = 0.0
         finished_before = 0
         while not s.done:
@@ -129,7 +129,7 @@ class Simulation:
             start = max(env.now + latency.launch_gap, ready_at)
             yield env.timeout(start - env.now + latency.launch_time(launch, self.table_width))
             record(launch, start, env.now, host_s)
-            finished.succeed()
+            finished.succeed(env.now - start)  # the launch's device time, which the host observes
 
 
 def simulate(arch: ArchSpec, config: ServeConfig, requests: Sequence[Request], latency: LatencyModel,

@@ -84,6 +84,8 @@ class Entry:
                 require(value == plain(setting.default), f"validate cannot run {setting.key} = {value!r} on the "
                         f"executor; it takes {', '.join(ENTRY_KEYS)} and the latency section")
         require(carried["kv_tokens"] is not None, "validate needs the KV capacity in tokens (serve.kv_tokens)")
+        exp.serve.config()  # refuses a K given with the adaptive policy
+        carried["coda_batch"] = carried["coda_batch"] or 1
         carried["requests"] = carried["requests"] or DEFAULT_REQUESTS.get(carried["workload"], 1000)
         if carried.get("trace") is not None:
             carried["trace"] = str(carried["trace"])

@@ -190,6 +190,8 @@ PercentilesOpt = Annotated[str | None, typer.Option(
     "--percentiles", metavar="P,P,...", help="Latency percentiles to show, e.g. 50,90,99.9 (with mean and std).")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 CsvOut = Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")]
+PlotK = Annotated[Path | None, typer.Option("--plot-k", metavar="FILE.png",
+                                            help="Plot the coda batch (effective K) of every coda launch over time.")]
 
 
 @dataclass
@@ -200,10 +202,11 @@ class RunOutputs:
     log_format: Any  # cdbsim.logs.LogFormat (imported when used: it brings pandas)
     plot_cdf: Path | None
     percentiles: tuple[float, ...] | None
+    plot_k: Path | None = None
 
     @classmethod
     def check(cls, save_logs: Path | None, log_format: str, plot_cdf: Path | None, percentiles: str | None,
-              runs: tuple[str, ...]) -> RunOutputs:
+              runs: tuple[str, ...], plot_k: Path | None = None) -> RunOutputs:
         """Parse and check the options (``runs``: the sub-directories ``--save-logs`` will hold)."""
         from cdbsim.logs import LogFormat
         from cdbsim.report import parse_percentiles
@@ -211,7 +214,8 @@ class RunOutputs:
         return cls(check_dir(save_logs, "--save-logs", runs) if save_logs is not None else None,
                    LogFormat.parse(log_format),
                    check_file(plot_cdf, "--plot-cdf", (".png",)) if plot_cdf is not None else None,
-                   parse_percentiles(percentiles) if percentiles is not None else None)
+                   parse_percentiles(percentiles) if percentiles is not None else None,
+                   check_file(plot_k, "--plot-k", (".png",)) if plot_k is not None else None)
 
     def write(self, runs: dict[str, tuple[Any, Any]], dirs: dict[str, str], title: str) -> None:
         """The logs of ``runs`` (``{label: (report, log)}``) in ``--save-logs``/``dirs[label]`` and their CDF
@@ -225,11 +229,18 @@ class RunOutputs:
 
             with atomic_file(self.plot_cdf) as staging:
                 plot_latency_cdfs({label: latency_samples(log) for label, (_, log) in runs.items()}, staging, title)
+        if self.plot_k is not None:  # the coda batch over time: the runs that launch codas
+            from cdbsim.plots import plot_coda_batch
+
+            with atomic_file(self.plot_k) as staging:
+                plot_coda_batch({label: log.launches for label, (_, log) in runs.items()
+                                 if log.meta.get("policy") != "cb"}, staging, title)
 
     def saved(self) -> str:
         """A caption naming what was written (empty when nothing)."""
         parts = [f"logs in {self.save_logs}" if self.save_logs is not None else "",
-                 f"CDFs in {self.plot_cdf}" if self.plot_cdf is not None else ""]
+                 f"CDFs in {self.plot_cdf}" if self.plot_cdf is not None else "",
+                 f"coda batches in {self.plot_k}" if self.plot_k is not None else ""]
         return " | ".join(p for p in parts if p)
 
 
@@ -495,12 +506,13 @@ def predict(
     baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="Also simulate CB on the same "
                                                                             "requests.")] = True,
     save_logs: SaveLogs = None, log_format: LogFormatOpt = "parquet", plot_cdf: PlotCdf = None,
-    percentiles: PercentilesOpt = None, as_json: JsonOut = False, as_csv: CsvOut = False,
+    percentiles: PercentilesOpt = None, plot_k_png: PlotK = None, as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
     """Predict throughput and latency of one configuration (and of CB on the same requests)."""
     from cdbsim.prediction import predict as simulate_experiment
 
-    outputs = RunOutputs.check(save_logs, log_format, plot_cdf, percentiles, ("run", "cb") if baseline else ("run",))
+    outputs = RunOutputs.check(save_logs, log_format, plot_cdf, percentiles, ("run", "cb") if baseline else ("run",),
+                               plot_k_png)
     with progress() as factory:
         setup = exp.build(factory)
         result = simulate_experiment(setup, baseline=baseline, progress=factory)
@@ -527,15 +539,16 @@ def finish(runs: dict[str, tuple[Any, Any]], dirs: dict[str, str], outputs: RunO
 @friendly
 @experiment_options("arch", "serve", "workload", "exits", "latency", exclude=("serve.policy",))
 def compare(exp: Experiment, save_logs: SaveLogs = None, log_format: LogFormatOpt = "parquet",
-            plot_cdf: PlotCdf = None, percentiles: PercentilesOpt = None, as_json: JsonOut = False,
-            as_csv: CsvOut = False) -> None:
-    """CB, CDB no-refill and CDB refill side by side on the same requests, with the bounds."""
+            plot_cdf: PlotCdf = None, percentiles: PercentilesOpt = None, plot_k_png: PlotK = None,
+            as_json: JsonOut = False, as_csv: CsvOut = False) -> None:
+    """CB, CDB no-refill, CDB refill and adaptive CDB side by side on the same requests, with the bounds."""
     from dataclasses import replace
 
     from cdbsim.config import Policy
     from cdbsim.study import compare_policies
 
-    outputs = RunOutputs.check(save_logs, log_format, plot_cdf, percentiles, tuple(p.value for p in Policy))
+    outputs = RunOutputs.check(save_logs, log_format, plot_cdf, percentiles, tuple(p.value for p in Policy),
+                               plot_k_png)
     with progress() as factory:
         setup = exp.build(factory)
         results = compare_policies(setup.arch, setup.config, setup.requests, setup.latency, setup.kv, factory)

@@ -5,7 +5,8 @@ A validation matrix is a JSON file (``calibration/matrices/validation-h200.json`
 list of ``configs``, each naming ``arch`` (and optionally ``split``), ``policy``, ``coda_batch``, ``width``,
 ``layout``, ``timing``, ``workload``, ``requests``, ``exits`` (``synthetic`` or ``none``), ``mean_depth``,
 ``seed``, ``kv_tokens`` and, for an online run, ``rate_of_capacity`` (Poisson arrivals at that fraction of
-the simulator's offline request rate for the same configuration).
+the simulator's offline request rate for the same configuration) or ``trace``, a trace file (path from the
+repository root) whose requests, arrivals and exit depths replace the workload's.
 
 The executor part needs torch and a GPU; measured logs are saved per configuration, so the comparison can
 be redone anywhere from them (``--measured DIR``).
@@ -39,7 +40,7 @@ ENTRY_KEYS = {  # experiment field -> the Entry field that carries it to the exe
     "arch.name": "arch", "arch.split": "split", "serve.policy": "policy", "serve.coda_batch": "coda_batch",
     "serve.width": "width", "serve.kv_layout": "layout", "serve.timing": "timing", "workload.name": "workload",
     "workload.requests": "requests", "exits.model": "exits", "exits.mean_depth": "mean_depth",
-    "workload.seed": "seed", "serve.kv_tokens": "kv_tokens",
+    "workload.seed": "seed", "serve.kv_tokens": "kv_tokens", "workload.trace": "trace",
 }
 
 
@@ -62,6 +63,11 @@ class Entry:
     seed: int = 1
     kv_tokens: int = 65536
     rate_of_capacity: float | None = None
+    trace: str | None = None
+
+    def __post_init__(self) -> None:
+        require(self.trace is None or self.rate_of_capacity is None,
+                f"{self.name}: a trace carries its own arrivals; give trace or rate_of_capacity, not both")
 
     @classmethod
     def from_experiment(cls, name: str, exp: Experiment, rate_of_capacity: float | None = None) -> Entry:
@@ -78,14 +84,19 @@ class Entry:
                 require(value == plain(setting.default), f"validate cannot run {setting.key} = {value!r} on the "
                         f"executor; it takes {', '.join(ENTRY_KEYS)} and the latency section")
         require(carried["kv_tokens"] is not None, "validate needs the KV capacity in tokens (serve.kv_tokens)")
+        exp.serve.config()  # refuses a K given with the adaptive policy
+        carried["coda_batch"] = carried["coda_batch"] or 1
         carried["requests"] = carried["requests"] or DEFAULT_REQUESTS.get(carried["workload"], 1000)
+        if carried.get("trace") is not None:
+            carried["trace"] = str(carried["trace"])
         entry = cls(name=name, rate_of_capacity=rate_of_capacity, **carried)
         entry.config()  # refuse impossible settings before any work
         return entry
 
     @property
     def online(self) -> bool:
-        return self.rate_of_capacity is not None
+        """Requests arrive over time: at a share of capacity, or as a trace file says."""
+        return self.rate_of_capacity is not None or self.trace is not None
 
     def spec(self) -> ArchSpec:
         return load_arch(self.arch, split=self.split)
@@ -102,11 +113,13 @@ class Entry:
         arch, config = self.spec(), self.config()
         mean = self.mean_depth if self.mean_depth is not None else default_mean_depth(arch.r_max)
         exits = ExitModel(self.exits, mean=mean) if self.exits == "synthetic" else ExitModel(self.exits)
-        spec = WorkloadSpec(self.workload, self.requests, rate, exits, self.seed)
+        spec = WorkloadSpec(self.workload, self.requests, rate, exits, self.seed, self.trace)
         return spec.build(arch, config.r_min(arch))
 
     def describe(self) -> str:
         arch = self.spec()
+        if self.trace is not None:
+            return f"{arch.name} {arch.split} {self.config().describe()} trace {self.trace}"
         rate = f", {self.rate_of_capacity:g} x capacity" if self.online else ", offline"
         return (f"{arch.name} {arch.split} {self.config().describe()} {self.workload} x{self.requests} "
                 f"exits {self.exits}{rate}")
@@ -145,7 +158,7 @@ def offline_capacity(entry: Entry, latency: LatencyModel) -> float:
 
 def requests_for(entry: Entry, latency: LatencyModel) -> tuple[list[Request], float | None]:
     """The requests of ``entry``, with Poisson arrivals for online runs, and the rate used."""
-    if not entry.online:
+    if entry.rate_of_capacity is None:
         return entry.build_requests(), None
     rate = entry.rate_of_capacity * offline_capacity(entry, latency)
     return entry.build_requests(rate), rate

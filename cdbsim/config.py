@@ -13,11 +13,20 @@ from traces.choice import Choice
 class Policy(Choice):
     """CB: token-level continuous batching (every token at full depth, fused step).
     NOREFILL: CDB with lock-step decode waves (freed slots wait for the wave's coda).
-    REFILL: CDB that refills loop slots every launch (coda >= K > prefill > core)."""
+    REFILL: CDB that refills loop slots every launch (coda >= K > prefill > core).
+    ADAPTIVE: refill whose coda and prelude launch when the rule of :mod:`cdbsim.adaptive` says they are
+    worth it, from step costs observed during the run (a coda batch K that moves)."""
 
     CB = "cb"
     NOREFILL = "norefill"
     REFILL = "refill"
+    ADAPTIVE = "adaptive"
+
+    @property
+    def refills(self) -> bool:
+        """Whether a freed loop slot is refilled at once through a prelude queue (refill, adaptive) rather
+        than by the next wave (norefill) or not at all (CB)."""
+        return self in (Policy.REFILL, Policy.ADAPTIVE)
 
     @classmethod
     def aliases(cls) -> dict[str, str]:

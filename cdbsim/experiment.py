@@ -295,10 +295,11 @@ MAX_PREFILL_BUDGET = 1_048_576     # M: prompt tokens per launch, 64 x the longe
 class ServeSection(Section):
     """How the model is served: policy, widths, budgets, exit timing, KV layout and KV capacity."""
 
-    policy: Policy = option(Policy.REFILL, "cb, norefill or refill.")
+    policy: Policy = option(Policy.REFILL, "cb, norefill, refill or adaptive (chooses its coda batch as it runs).")
     width: int = option(64, "Resident requests and tokens per decode launch.", "--W", "--width",
                         maximum=MAX_WIDTH)
-    coda_batch: int = option(1, "Coda batch refill waits for (1 <= K <= W).", "--K", "--coda-batch")
+    coda_batch: int | None = option(None, "Coda batch refill waits for (1 <= K <= W; default 1).", "--K",
+                                    "--coda-batch")
     prefill_budget: int = option(8192, "Prompt tokens per prefill launch.", "--M", "--prefill-budget",
                                  maximum=MAX_PREFILL_BUDGET)
     timing: Timing = option(Timing.LOOKAHEAD, "sync, async or lookahead (lookahead: r_min = 2).")
@@ -307,7 +308,10 @@ class ServeSection(Section):
     kv_blocks: int | None = option(None, "KV capacity in blocks of 16 tokens.", minimum=1)
 
     def config(self) -> ServeConfig:
-        return ServeConfig(policy=self.policy, width=self.width, coda_batch=self.coda_batch,
+        require(self.coda_batch is None or self.policy is not Policy.ADAPTIVE,
+                f"--policy adaptive chooses the coda batch K itself as it runs; drop --K {self.coda_batch} "
+                f"(serve.coda_batch)")
+        return ServeConfig(policy=self.policy, width=self.width, coda_batch=self.coda_batch or 1,
                            prefill_budget=self.prefill_budget, timing=self.timing, layout=self.kv_layout)
 
     def kv_capacity(self) -> KVCapacity:

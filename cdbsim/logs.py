@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from cdbsim.config import Policy
 from cdbsim.launch import STAGES, Launch, Stage
 from traces.choice import Choice
 from traces.request import Request
@@ -73,7 +74,8 @@ def run_meta(scheduler: Scheduler, **extra: object) -> dict:
     scheduler did, plus the backend's own facts (``extra``: the profile, the device, ...)."""
     arch, config = scheduler.arch, scheduler.config
     return {"arch": arch.name, "split": arch.split, "r_max": arch.r_max, "r_min": scheduler.r_min,
-            "policy": config.policy.value, "width": config.width, "coda_batch": config.coda_batch,
+            "policy": config.policy.value, "width": config.width,
+            "coda_batch": None if config.policy is Policy.ADAPTIVE else config.coda_batch,  # adaptive has none
             "prefill_budget": config.prefill_budget, "timing": config.timing.value,
             "layout": config.layout.value, "config": config.describe(), "kv_blocks": scheduler.kv.total,
             "requests": len(scheduler.requests), "launches": scheduler.launches,

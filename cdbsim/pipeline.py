@@ -17,6 +17,7 @@ decisions a core launch needs:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from cdbsim.config import Timing
@@ -32,13 +33,18 @@ class HostPipeline(Generic[Handle]):
     wait (:meth:`must_wait`); and completion, which hands the oldest launch back to the scheduler.
 
     The SimPy simulator, the GPU executor's driver and the clock-less replay all drive the scheduler
-    through this one class, so they follow one rule.
+    through this one class, so they follow one rule. ``seconds(handle)``, where a driver knows it, is how
+    long a completed launch ran on the device (simulated or measured); the scheduler observes it before
+    it learns the completion, so a policy that learns its step costs online sees the same durations in
+    every driver.
     """
 
-    def __init__(self, scheduler, timing: Timing, max_ahead: int = MAX_AHEAD) -> None:
+    def __init__(self, scheduler, timing: Timing, max_ahead: int = MAX_AHEAD,
+                 seconds: Callable[[Handle], float] | None = None) -> None:
         self.scheduler = scheduler
         self.timing = timing
         self.max_ahead = max_ahead
+        self.seconds = seconds
         self._launches: deque[Launch] = deque()
         self._handles: deque[Handle] = deque()
         self._added = 0          # launches added so far; the oldest in flight is number ``_completed``
@@ -86,4 +92,6 @@ class HostPipeline(Generic[Handle]):
         launch = self._launches.popleft()
         handle = self._handles.popleft()
         self._completed += 1
+        if self.seconds is not None:
+            self.scheduler.observe(launch, self.seconds(handle))
         return launch, handle, self.scheduler.complete(launch)

@@ -67,3 +67,25 @@ def plot_latency_cdfs(samples: dict[str, dict[str, np.ndarray]], path: str | Pat
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_coda_batch(launches: dict[str, Any], path: str | Path, title: str, window: int = 25) -> Path:
+    """The coda batch of every coda launch over the run (adaptive's effective K), one colour per run
+    (``launches``: label -> launch log frame), with a rolling mean over ``window`` coda launches."""
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for label, frame in launches.items():
+        coda = frame[frame["stage"] == "coda"]
+        if coda.empty:
+            continue
+        (dots,) = ax.plot(coda["start"], coda["size"], ".", ms=2, alpha=0.3)
+        ax.plot(coda["start"], coda["size"].rolling(window, min_periods=1).mean(), "-",
+                color=dots.get_color(), label=f"{label} (mean {coda['size'].mean():.1f})")
+    ax.set(xlabel="time (s)", ylabel="tokens per coda launch (effective K)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(textwrap.fill(title, 150), fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

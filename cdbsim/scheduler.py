@@ -19,6 +19,9 @@ its exit depth is replayed from the trace, clamped to ``[r_min, r_max]``. Polici
 * ``norefill`` (Algorithm 1): prefill while admitted, then one lock-step wave: prelude -> core steps over
   a shrinking batch -> one coda for the whole wave.
 * ``cb``: prefill if admitted, else one fused full-depth decode step over up to W requests.
+* ``adaptive``: refill's queues, but a prelude or coda launches only when :mod:`cdbsim.adaptive`'s rule
+  finds it worth a launch now, from the step costs observed so far in the run (:meth:`Scheduler.observe`);
+  otherwise the core steps on and more tokens gather (a coda batch K that moves with the load).
 
 Admission, chunking, queue order and KV pressure follow ``reference/cdb-engine-spec.md``: a prompt is
 admitted when no request decodes or more than ``kv_margin`` of the KV blocks are free, and at least
@@ -32,6 +35,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+from cdbsim.adaptive import OnlineCosts
 from cdbsim.arch import ArchSpec
 from cdbsim.blocks import BlockManager
 from cdbsim.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
@@ -111,9 +115,10 @@ class Scheduler:
         self.launches = 0
         self.done = not requests  # every request has finished and no launch is in flight
         self._retire: dict[int, list[int]] = {}
-        self._refill = config.policy is Policy.REFILL       # refill: new tokens go to the prelude queue
+        self._refill = config.policy.refills  # refill, adaptive: new tokens go to the prelude queue
+        self.costs = OnlineCosts() if config.policy is Policy.ADAPTIVE else None
         self._plan_policy = {Policy.CB: self._plan_cb, Policy.NOREFILL: self._plan_norefill,
-                             Policy.REFILL: self._plan_refill}[config.policy]
+                             Policy.REFILL: self._plan_refill, Policy.ADAPTIVE: self._plan_adaptive}[config.policy]
 
     @property
     def blocks(self) -> list[list[int]]:
@@ -143,6 +148,12 @@ class Scheduler:
         if launch is None and self.in_flight == 0 and self.finished < self.arrived and self._preempt():
             return self.plan()
         return launch
+
+    def observe(self, launch: Launch, seconds: float) -> None:
+        """``launch`` took ``seconds`` on the device (simulated or measured): the adaptive policy learns its
+        step costs from it; the fixed policies ignore it."""
+        if self.costs is not None:
+            self.costs.observe(launch, seconds)
 
     def complete(self, launch: Launch) -> list[int]:
         """``launch`` finished on the device; returns the requests it finished (their KV is freed)."""
@@ -175,6 +186,28 @@ class Scheduler:
             return launch
         if self.ready:
             return self._launch_core()
+        if can_coda and self.coda_queue:
+            batch, self.coda_queue = self.coda_queue, []
+            return self._launch_coda(batch)
+        return None
+
+    def _plan_adaptive(self) -> Launch | None:
+        """Refill's order, with each boundary stage launched only when the rule says waiting costs more
+        than one more launch of it (or when nothing else can run)."""
+        worth, waiting = self.costs.worth_launching, len(self.ready)  # type: ignore[union-attr]
+        if self.prelude_queue and worth(Stage.PRELUDE, len(self.prelude_queue), waiting):
+            return self._launch_prelude()
+        can_coda = self.coda_in_flight < self._max_coda
+        if can_coda and self.coda_queue and worth(Stage.CODA, len(self.coda_queue), waiting):
+            batch, self.coda_queue = self.coda_queue, []
+            return self._launch_coda(batch)
+        launch = self._try_prefill()
+        if launch is not None:
+            return launch
+        if self.ready:
+            return self._launch_core()
+        if self.prelude_queue:
+            return self._launch_prelude()
         if can_coda and self.coda_queue:
             batch, self.coda_queue = self.coda_queue, []
             return self._launch_coda(batch)

@@ -17,6 +17,7 @@ Every launch is logged through :class:`~cdbsim.logs.RunRecorder`, the same recor
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import simpy
@@ -94,7 +95,11 @@ class Simulation:
         env, s, latency, record = self.env, self.scheduler, self.latency, self.recorder.record
         launch_time, host_time, width, gap = (latency.launch_time, latency.host_time, self.table_width,
                                               latency.launch_gap)
-        pipeline: HostPipeline[float] = HostPipeline(s, self.config.timing)  # handle: the launch's end
+        # handle: the launch's end; an adaptive scheduler also observes each launch's device time (the
+        # pipeline completes launches oldest first, so their times queue in that order)
+        durations: deque[float] | None = deque() if s.costs is not None else None
+        pipeline: HostPipeline[float] = HostPipeline(
+            s, self.config.timing, seconds=None if durations is None else lambda _end: durations.popleft())
         must_wait, complete_oldest = pipeline.must_wait, pipeline.complete_oldest
         now = env.now
         busy_until = 0.0
@@ -137,6 +142,8 @@ class Simulation:
             start = max(taken + gap, busy_until)
             end = taken + (start - taken + launch_time(launch, width))
             record(launch, start, end, host_s)
+            if durations is not None:
+                durations.append(end - start)
             device_free = end
             pipeline.add(launch, end)
             if self.progress is not None and s.finished != finished_before:

@@ -80,9 +80,9 @@ def with_baseline(arch: ArchSpec, config: ServeConfig, requests: Sequence[Reques
 
 def compare_policies(arch: ArchSpec, config: ServeConfig, requests: Sequence[Request], latency: LatencyModel,
                      kv: KVCapacity, progress: Progress | None = None) -> list[RunResult]:
-    """CB, no-refill and refill on the same requests; the CDB rows carry speed-up and % of S_e2e."""
+    """CB, no-refill, refill and adaptive on the same requests; the CDB rows carry speed-up and % of S_e2e."""
     results = [run_one(arch, replace(config, policy=p), requests, latency, kv, progress)
-               for p in (Policy.CB, Policy.NOREFILL, Policy.REFILL)]
+               for p in (Policy.CB, Policy.NOREFILL, Policy.REFILL, Policy.ADAPTIVE)]
     for result in results[1:]:
         result.report.with_baseline(results[0].report)
     results[0].report.with_baseline(results[0].report)

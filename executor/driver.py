@@ -163,7 +163,8 @@ class Executor:
         logits_out: dict[tuple[int, int], torch.Tensor] = {}
         order = sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival)
         arrivals = deque(order)
-        pipeline: HostPipeline[_InFlight] = HostPipeline(sched, self.mode)
+        pipeline: HostPipeline[_InFlight] = HostPipeline(
+            sched, self.mode, seconds=lambda item: clock.seconds(item.end) - clock.seconds(item.start))
         host_carry = 0.0
         width = engine.max_blocks if self.graphs is not None else None
         run_start = time.perf_counter()

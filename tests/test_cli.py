@@ -45,6 +45,9 @@ def test_bound_reports_layouts() -> None:
     (["schedule", "--W", "0"], "W must be >= 1"),
     (["schedule", "--r-min", "5"], "r_min (5) must not exceed r_max (4)"),
     (["schedule", "--policy", "fifo"], "unknown policy"),
+    (["predict", "--policy", "adaptive", "--K", "1"], "adaptive chooses the coda batch K itself"),
+    (["sweep", "--grid", "serve.policy=adaptive", "--grid", "serve.coda_batch=4"],
+     "adaptive chooses the coda batch K itself"),
     (["schedule", "--workload", "c4"], "unknown workload"),
     (["schedule", "--exits", "fixed", "--depth", "7"], "outside [r_min, r_max]"),
     (["schedule", "--kv-tokens", "64"], "smaller than request"),
@@ -85,10 +88,13 @@ def test_predict_json_has_speedup_and_bound() -> None:
 
 
 def test_compare_and_rate_sweep(tmp_path) -> None:
-    result = runner.invoke(app, ["compare", "--workload", "alpaca", "--requests", "80", "--csv"])
+    k_plot = tmp_path / "k.png"
+    result = runner.invoke(app, ["compare", "--workload", "alpaca", "--requests", "80", "--csv",
+                                 "--plot-k", str(k_plot)])
     assert result.exit_code == 0, result.output
     assert [line.split(",")[0] for line in result.stdout.strip().splitlines()[1:]] == ["cb", "norefill",
-                                                                                       "refill K=1"]
+                                                                                       "refill K=1", "adaptive"]
+    assert k_plot.stat().st_size > 1000
     plot = tmp_path / "sweep.png"
     result = runner.invoke(app, ["rate-sweep", "--workload", "alpaca", "--requests", "60", "--rates", "5,20",
                                  "--plot", str(plot), "--json"])

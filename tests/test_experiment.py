@@ -74,7 +74,7 @@ def test_set_values_are_parsed_to_the_field_type() -> None:
     ("serve.width=1.5", "--set: serve.width: expected an integer, got '1.5'"),
     ("latency.force=maybe", "--set: latency.force: expected true or false, got 'maybe'"),
     ("workload.rate=fast", "--set: workload.rate: expected a number (or none), got 'fast'"),
-    ("serve.policy=fifo", "--set: serve.policy: unknown policy 'fifo'; choose one of: cb, norefill, refill"),
+    ("serve.policy=fifo", "--set: serve.policy: unknown policy 'fifo'; choose one of: adaptive, cb, norefill, refill"),
     ("serve.widht=8", "--set: unknown key serve.widht; valid keys of [serve]: coda_batch, kv_blocks, kv_layout, "
                       "kv_tokens, policy, prefill_budget, timing, width"),
     ("model.width=8", "--set: unknown section [model]; valid sections: arch, serve, workload, exits, latency"),
@@ -92,7 +92,7 @@ def test_bad_set_is_one_line_naming_key_and_what_is_allowed(assignment: str, mes
                                              "dispersion, mean_depth, model, q"),
     ("[serve]\nwidth = 64.0\n", "serve.width: expected an integer, got 64.0"),
     ("[serve]\nwidth = true\n", "serve.width: expected an integer, got True"),
-    ("[serve]\npolicy = 3\n", "serve.policy: unknown policy 3; choose one of: cb, norefill, refill"),
+    ("[serve]\npolicy = 3\n", "serve.policy: unknown policy 3; choose one of: adaptive, cb, norefill, refill"),
     ("serve = 3\n", "serve must be a table of settings ([serve]), got 3"),
     ("[serve\n", "invalid TOML (Expected ']' at the end of a table declaration (at line 1, column 7))"),
 ])

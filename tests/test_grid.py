@@ -42,7 +42,7 @@ def test_grid_from_options_and_a_toml_table() -> None:
     ({"serve.widht": [16]}, None, "grid: unknown key serve.widht; valid keys of [serve]: coda_batch, kv_blocks"),
     ({"model.width": [16]}, None, "grid: unknown section [model]; valid sections: arch, serve"),
     ({"serve.width": [16, "wide"]}, None, "grid: serve.width: expected an integer, got 'wide'"),
-    ({"serve.policy": ["cb", "fifo"]}, None, "grid: serve.policy: unknown policy 'fifo'; choose one of: cb, "
+    ({"serve.policy": ["cb", "fifo"]}, None, "grid: serve.policy: unknown policy 'fifo'; choose one of: adaptive, cb, "
                                              "norefill, refill"),
     ({"latency.bandwidth": ["fast"]}, None, "grid: latency.bandwidth: expected a number (or none), got 'fast'"),
     ({"serve.width": 16}, None, "grid: serve.width: expected a list of values, got 16"),

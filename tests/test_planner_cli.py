@@ -142,7 +142,8 @@ def test_capacity_prints_rate_per_gpu_and_gpus_needed() -> None:
     (["--tpot-ms", "0.1", "--policies", "refill"], "error: refill: the SLOs (p99 TPOT <= 0.1 ms) are not met even at"),
     (["--tpot-ms", "0.1"], "error: no policy meets the SLOs; cb: the SLOs"),
     ([], "error: give at least one SLO"),
-    (["--tpot-ms", "50", "--policies", "cb,fifo"], "error: unknown policy 'fifo'; choose one of: cb, norefill, refill"),
+    (["--tpot-ms", "50", "--policies", "cb,fifo"],
+     "error: unknown policy 'fifo'; choose one of: adaptive, cb, norefill, refill"),
     (["--tpot-ms", "50", "--target-rate", "0"], "error: --target-rate must be > 0"),
     (["--tpot-ms", "50", "--attainment", "2"], "error: the attainment must be in (0, 1]"),
 ])

@@ -109,7 +109,7 @@ def test_capacity_smaller_than_one_request_is_refused() -> None:
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"coda_batch": 65}, "K \\(65\\) must not exceed W"), ({"width": 0}, "W must be >= 1"),
-    ({"policy": "fifo"}, "choose one of: cb, norefill, refill"), ({"prefill_budget": 32}, "must not exceed"),
+    ({"policy": "fifo"}, "choose one of: adaptive, cb, norefill, refill"), ({"prefill_budget": 32}, "must not exceed"),
     ({"layout": "paged"}, "choose one of: depth, first-shared, shared"), ({"coda_batch": 0}, "K must be"),
 ])
 def test_impossible_settings_are_refused(kwargs: dict, message: str) -> None:

@@ -132,11 +132,11 @@ def test_policies_order_as_expected(workload: str) -> None:
     latency = LatencyModel(arch, roofline_profile(arch))
     kv = KVCapacity(tokens=400_000)
     none = build_trace(workload, 300, 4, 2, ExitModel("none"), seed=1)
-    cb, norefill, refill = (r.report for r in compare_policies(arch, ServeConfig(), none, latency, kv))
+    cb, norefill, refill, _ = (r.report for r in compare_policies(arch, ServeConfig(), none, latency, kv))
     assert norefill.output_tps == pytest.approx(cb.output_tps, rel=0.03)
     assert refill.output_tps == pytest.approx(cb.output_tps, rel=0.03)
     exits = build_trace(workload, 300, 4, 2, ExitModel(mean=2.5), seed=1)
-    cb, norefill, refill = (r.report for r in compare_policies(arch, ServeConfig(), exits, latency, kv))
+    cb, norefill, refill, _ = (r.report for r in compare_policies(arch, ServeConfig(), exits, latency, kv))
     assert refill.output_tps >= norefill.output_tps >= cb.output_tps * 1.05
     assert 0.8 < refill.bound_realised <= 1.0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -38,9 +39,33 @@ def test_matrix_with_unknown_key_is_refused(tmp_path) -> None:
         load_matrix(path)
 
 
+def test_adaptive_matrix_pairs_runs_on_the_same_requests() -> None:
+    entries = load_matrix("calibration/matrices/adaptive-h200.json")
+    by_name = {e.name: e for e in entries}
+    steady = [e for e in entries if e.trace is None]
+    assert len({(e.arch, e.split, e.width, e.workload, e.mean_depth) for e in steady}) >= 4
+    for e in steady:  # each configuration runs adaptive and one fixed policy, same requests otherwise
+        same = [o for o in steady if replace(o, name=e.name, policy=e.policy, coda_batch=e.coda_batch) == e]
+        assert sorted(o.policy == "adaptive" for o in same) == [False, True], e.name
+    shifted = [e for e in entries if e.trace is not None]
+    assert {e.policy for e in shifted} == {"adaptive", "norefill", "refill"} and len({e.trace for e in shifted}) == 1
+    requests = shifted[0].build_requests()
+    assert len(requests) > 64 and requests[-1].arrival > 1.0 and shifted[0].online
+    assert by_name[shifted[0].name].config()
+
+
+def test_entry_with_trace_and_rate_is_refused() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        Entry(name="x", trace="t.csv", rate_of_capacity=0.5)
+
+
 def test_validate_against_saved_logs(tmp_path) -> None:
+    from traces import ExitModel, build_trace, write_trace
+
+    trace = write_trace(build_trace("alpaca", 30, 4, 2, ExitModel(mean=2.5), rate=20.0, seed=4), tmp_path / "t.csv")
     entries = [Entry(name="refill", requests=40), Entry(name="cb", policy="cb", requests=40),
-               Entry(name="online", requests=40, rate_of_capacity=0.5)]
+               Entry(name="online", requests=40, rate_of_capacity=0.5),
+               Entry(name="adaptive-trace", policy="adaptive", trace=str(trace))]
     matrix = tmp_path / "matrix.json"
     matrix.write_text(json.dumps({"configs": [e.__dict__ for e in entries]}))
     measured = tmp_path / "measured"

@@ -17,7 +17,7 @@ from executor.driver import execute
 
 from .helpers import assert_matches_reference, tiny_arch, tiny_model, tiny_requests
 
-POLICIES = [("cb", 1), ("norefill", 1), ("refill", 1), ("refill", 2)]
+POLICIES = [("cb", 1), ("norefill", 1), ("refill", 1), ("refill", 2), ("adaptive", 1)]
 LAYOUTS = ["depth", "shared", "first-shared"]
 STYLES = ["ouro", "huginn"]
 

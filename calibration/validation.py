@@ -4,8 +4,9 @@ and exit depths, and compare the two logs.
 A validation matrix is a JSON file (``calibration/matrices/validation-h200.json``): ``defaults`` plus a
 list of ``configs``, each naming ``arch`` (and optionally ``split``), ``policy``, ``coda_batch``, ``width``,
 ``layout``, ``timing``, ``workload``, ``requests``, ``exits`` (``synthetic`` or ``none``), ``mean_depth``,
-``seed``, ``kv_tokens`` and, for an online run, ``rate_of_capacity`` (Poisson arrivals at that fraction of
-the simulator's offline request rate for the same configuration).
+``seed``, ``kv_tokens``, ``core_launch`` (``mixed`` or ``per-step``) and, for an online run,
+``rate_of_capacity`` (Poisson arrivals at that fraction of the simulator's offline request rate for the same
+configuration).
 
 The executor part needs torch and a GPU; measured logs are saved per configuration, so the comparison can
 be redone anywhere from them (``--measured DIR``).
@@ -39,7 +40,7 @@ ENTRY_KEYS = {  # experiment field -> the Entry field that carries it to the exe
     "arch.name": "arch", "arch.split": "split", "serve.policy": "policy", "serve.coda_batch": "coda_batch",
     "serve.width": "width", "serve.kv_layout": "layout", "serve.timing": "timing", "workload.name": "workload",
     "workload.requests": "requests", "exits.model": "exits", "exits.mean_depth": "mean_depth",
-    "workload.seed": "seed", "serve.kv_tokens": "kv_tokens",
+    "workload.seed": "seed", "serve.kv_tokens": "kv_tokens", "serve.core_launch": "core_launch",
 }
 
 
@@ -62,6 +63,7 @@ class Entry:
     seed: int = 1
     kv_tokens: int = 65536
     rate_of_capacity: float | None = None
+    core_launch: str = "mixed"
 
     @classmethod
     def from_experiment(cls, name: str, exp: Experiment, rate_of_capacity: float | None = None) -> Entry:
@@ -92,7 +94,7 @@ class Entry:
 
     def config(self) -> ServeConfig:
         return ServeConfig(policy=self.policy, width=self.width, coda_batch=self.coda_batch, timing=self.timing,
-                           layout=self.layout)
+                           layout=self.layout, core_launch=self.core_launch)
 
     def kv_blocks(self) -> int:
         config = self.config()

@@ -40,7 +40,8 @@ def run_meta(scheduler: Scheduler, **extra: object) -> dict:
     return {"arch": arch.name, "split": arch.split, "r_max": arch.r_max, "r_min": scheduler.r_min,
             "policy": config.policy.value, "width": config.width, "coda_batch": config.coda_batch,
             "prefill_budget": config.prefill_budget, "timing": config.timing.value,
-            "layout": config.layout.value, "config": config.describe(), "kv_blocks": scheduler.kv.total,
+            "layout": config.layout.value, "core_launch": config.core_launch.value, "config": config.describe(),
+            "kv_blocks": scheduler.kv.total,
             "requests": len(scheduler.requests), "launches": scheduler.launches,
             "preemptions": scheduler.preemptions, **extra}
 

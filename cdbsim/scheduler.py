@@ -15,7 +15,8 @@ its exit depth is replayed from the trace, clamped to ``[r_min, r_max]``. Polici
 * ``refill`` (Algorithm 2 of the CDB paper): prelude as soon as tokens exist, then coda if >= K wait (and
   fewer than ``max_coda_in_flight`` codas are in flight), else an admitted prefill, else one core step over
   up to W ready tokens from the head of the queue (survivors go back to the head), else an undersized coda
-  flush.
+  flush. With ``core_launch = per-step`` that core step takes only the tokens at the head token's loop
+  step, as the paper's engine does with a depth-indexed cache; the others keep their place in the queue.
 * ``norefill`` (Algorithm 1): prefill while admitted, then one lock-step wave: prelude -> core steps over
   a shrinking batch -> one coda for the whole wave.
 * ``cb``: prefill if admitted, else one fused full-depth decode step over up to W requests.
@@ -34,7 +35,7 @@ from collections.abc import Sequence
 
 from cdbsim.arch import ArchSpec
 from cdbsim.blocks import BlockManager
-from cdbsim.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
+from cdbsim.config import CoreLaunch, Policy, ServeConfig, padding_table, prefill_graph_sizes
 from cdbsim.errors import ConfigError
 from cdbsim.kv import need_blocks
 from cdbsim.launch import Launch, Stage
@@ -97,6 +98,7 @@ class Scheduler:
         self._retire: dict[int, list[int]] = {}
         self._loops = config.policy is not Policy.CB        # CDB: tokens carry an exit depth
         self._prelude_first = config.policy is Policy.REFILL  # refill: new tokens go to the prelude queue
+        self._per_step = config.core_launch is CoreLaunch.PER_STEP
         self._plan_policy = {Policy.CB: self._plan_cb, Policy.NOREFILL: self._plan_norefill,
                              Policy.REFILL: self._plan_refill}[config.policy]
 
@@ -232,11 +234,27 @@ class Scheduler:
 
     def _launch_core(self) -> Launch:
         ready = self.ready
-        pop = ready.popleft
-        batch = [pop() for _ in range(min(self._width, len(ready)))]
+        if self._per_step:
+            batch = self._take_head_step()
+        else:
+            pop = ready.popleft
+            batch = [pop() for _ in range(min(self._width, len(ready)))]
         launch, survivors = self._loop_step(batch, self.coda_queue)  # type: ignore[arg-type]
         ready.extendleft(reversed(survivors))
         return launch
+
+    def _take_head_step(self) -> list[int]:
+        """Up to W ready tokens at the head token's loop step; tokens at other steps stay at the head of
+        the queue in their order (no-refill waves need no such split: a wave's tokens step together)."""
+        ready, step = self.ready, self.table.step
+        head_step = step[ready[0]]
+        batch: list[int] = []
+        deferred: list[int] = []
+        while ready and len(batch) < self._width:
+            i = ready.popleft()
+            (batch if step[i] == head_step else deferred).append(i)
+        ready.extendleft(reversed(deferred))
+        return batch
 
     def _launch_wave_step(self, survivors: list[int], exited: list[int]) -> Launch:
         launch, still = self._loop_step(list(survivors), exited)

@@ -13,13 +13,18 @@
 #                                           h200-kernels.json, benchmarks/results/kernels/
 #   bash benchmarks/gpu_session.sh unseen   probes and prefill attention re-measured into the kernel profile,
 #                                           then the unseen-shape validation matrix -> benchmarks/results/unseen/
+#                                           (ONLY=name,name runs those configurations of the matrix alone)
+#   bash benchmarks/gpu_session.sh paper    GPU tests, then Huginn W = 64 under the authors' per-step core launches
+#                                           -> benchmarks/results/paper/
+#   bash benchmarks/gpu_session.sh adaptive the adaptive policy against fixed ones on the same requests
+#                                           -> benchmarks/results/adaptive/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-sessions.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | matrix | last | k1 | kernels | unseen) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, matrix, last, k1, kernels, unseen" >&2; exit 2 ;;
+  spin | matrix | last | k1 | kernels | unseen | paper | adaptive) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, matrix, last, k1, kernels, unseen, paper, adaptive" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -52,7 +57,16 @@ case $phase in
       --update calibration/profiles/h200-kernels.json --out "$work/profiles"
     cp "$work/profiles/h200-kernels.json" calibration/profiles/h200-kernels.json && cp "$work/profiles/h200-kernels.json" "$OUT/"
     run 420 validate-unseen python3 cli.py validate --matrix calibration/matrices/unseen-h200.json \
-      --out "$work/unseen"
+      ${ONLY:+--only "$ONLY"} --out "$work/unseen"
+    ;;
+  paper)  # the executor under the new scheduler, then the authors' launch behaviour on Huginn
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 420 validate-paper python3 cli.py validate --matrix calibration/matrices/paper-huginn-h200.json \
+      ${ONLY:+--only "$ONLY"} --out "$work/paper"
+    ;;
+  adaptive)  # adaptive and the fixed policies on identical requests, steady and shifting load
+    run 560 validate-adaptive python3 cli.py validate --matrix calibration/matrices/adaptive-h200.json \
+      ${ONLY:+--only "$ONLY"} --out "$work/adaptive"
     ;;
   spin)  # the calibration timer with its spin kernel, then the three shipped profiles
     run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider

@@ -194,6 +194,7 @@ class LatencyModel:
         self.meta_copy = comps.get(META_COPY)
         self._copy_times: dict[tuple[int, int], float] = {}
         self.attention_slots = profile.attention_slots
+        self._heads = arch.layer.heads
         self.tables: dict[Stage, StageTable] = {}
         if profile.kind is ProfileKind.CONSTANT:
             self.costs = {s: StageCost(comps.get(f"constant/{s.value}", zero).delta) for s in STAGES}
@@ -256,29 +257,29 @@ class LatencyModel:
 
     def launch_time(self, launch: Launch, table_width: int = 0) -> float:
         """Device seconds of ``launch``; with the run's block-table width (:func:`cdbsim.metadata.
-        table_width`) a decode-type launch also pays its metadata copy, where the profile measured it."""
+        table_width`) a decode-type launch also pays its metadata copy, where the profile measured it.
+        (Called once per simulated launch: lookups are kept to the few this needs.)"""
         stage = launch.stage
-        cost = self.costs[stage]
-        if stage is Stage.PREFILL:
-            return cost(launch.padded, launch.context, samples=max(sum(launch.finishes) - 1, 0),
-                        chunks=len(launch.chunk_lens))
         table = self.tables.get(stage)
-        if table is None:
-            t = cost(launch.padded, launch.context, launch.kv_copies)
-        else:
+        if table is not None:
             t = table(launch.padded, self.attended_length(launch))
-            if launch.kv_copies:
-                t += cost.copy_delta + cost.copy * launch.kv_copies
+            copies = launch.kv_copies
+            if copies:
+                cost = self.costs[stage]
+                t += cost.copy_delta + cost.copy * copies
+        elif stage is Stage.PREFILL:
+            return self.costs[stage](launch.padded, launch.context, samples=max(sum(launch.finishes) - 1, 0),
+                                     chunks=len(launch.chunk_lens))
+        else:
+            t = self.costs[stage](launch.padded, launch.context, launch.kv_copies)
         if table_width and self.meta_copy is not None:
-            t += self._copy_time(launch.padded, table_width)
+            copy = self._copy_times.get((launch.padded, table_width))
+            t += copy if copy is not None else self._copy_time(launch.padded, table_width)
         return t
 
     def _copy_time(self, padded: int, width: int) -> float:
         """The metadata copy of a launch, memoised: a run has a handful of padded sizes and one width."""
-        key = (padded, width)
-        t = self._copy_times.get(key)
-        if t is None:
-            t = self._copy_times[key] = self.meta_copy(metadata_bytes(padded, width))
+        t = self._copy_times[(padded, width)] = self.meta_copy(metadata_bytes(padded, width))
         return t
 
     def attended_length(self, launch: Launch) -> float:
@@ -288,8 +289,7 @@ class LatencyModel:
         mean = launch.context / launch.size
         if self.attention_slots is None or launch.longest <= 0:
             return mean
-        return equivalent_length(mean, launch.longest, launch.size, launch.padded, self.arch.layer.heads,
-                                 self.attention_slots)
+        return equivalent_length(mean, launch.longest, launch.size, launch.padded, self._heads, self.attention_slots)
 
     def host_time(self, launch: Launch) -> float:
         """Host seconds to plan, prepare and launch ``launch``."""

@@ -15,7 +15,8 @@ Stages:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from traces.choice import Choice
 
@@ -42,7 +43,8 @@ class Launch:
       ``steps[i]``     core only: the 0-based loop step this launch applies
       ``exits[i]``     core only: True if the token leaves the loop after this step
     Per chunk (prefill): ``requests[i]``, ``positions[i]`` = first prompt position of the chunk,
-    ``chunk_lens[i]`` tokens; ``finishes[i]`` True if the chunk completes the prompt.
+    ``chunk_lens[i]`` tokens; ``finishes[i]`` True if the chunk completes the prompt. Lists a stage does
+    not use are empty tuples (one shared object: the simulator creates millions of launches).
 
     ``size`` is the real batch size (items, or prompt tokens for prefill); ``padded`` the size the
     executor's CUDA graph for this stage runs at. ``context`` is the number of (query, key) pairs
@@ -50,29 +52,33 @@ class Launch:
     chunk plus its prefix for prefill; ``longest`` the most tokens one item of a decode-type stage
     attends (0 when unknown). ``kv_copies`` counts (token, slot) KV copies per core layer the
     depth-indexed layout's last-exited fill makes after this launch.
+
+    The scheduler's state as the launch left it: ``queue_*`` (tokens or requests in each queue), ``active``
+    (resident requests) and ``kv_used`` (KV blocks held, including this launch's new ones).
     """
 
     index: int
     stage: Stage
     requests: list[int]
     positions: list[int]
-    steps: list[int] = field(default_factory=list)
-    exits: list[bool] = field(default_factory=list)
-    chunk_lens: list[int] = field(default_factory=list)
-    finishes: list[bool] = field(default_factory=list)
+    steps: Sequence[int] = ()
+    exits: Sequence[bool] = ()
+    chunk_lens: Sequence[int] = ()
+    finishes: Sequence[bool] = ()
     size: int = 0
     padded: int = 0
     context: int = 0
     longest: int = 0
     kv_copies: int = 0
     blocks: list[list[int]] | None = None
-    recomputed: list[int] = field(default_factory=list)
-    dropped: list[int] = field(default_factory=list)
+    recomputed: Sequence[int] = ()
+    dropped: Sequence[int] = ()
     queue_waiting: int = 0
     queue_core: int = 0
     queue_coda: int = 0
     queue_prelude: int = 0
     active: int = 0
+    kv_used: int = 0
 
     def detail(self) -> str:
         """``r1:30 r2:12, 5 exit`` for a core launch, ``1,024 tok, 3 chunk(s), 2 done`` for prefill."""

@@ -6,7 +6,8 @@ launch produced and when. :class:`RunLog` is what the report, the plots and ``cd
 
 Launch log columns: ``index, stage, size, padded, items, context, longest, kv_copies, start, end, host_s,
 step_mix`` (``"0:12 1:30"``, core launches), ``exits``, ``tokens`` (tokens produced),
-``queue_waiting, queue_core, queue_coda, active``.
+``queue_waiting, queue_core, queue_coda, active``, ``kv_used`` (KV blocks held when the launch was planned;
+0 in logs written before the column existed).
 
 Request log columns: ``request_id, prompt_len, output_len, arrival, scheduled`` (first prefill launch
 start), ``first_token, finish``, and ``token_times`` (the time each output token was produced).
@@ -15,14 +16,16 @@ start), ``first_token, finish``, and ``token_times`` (the time each output token
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass, field
+from itertools import compress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from cdbsim.launch import Launch, Stage
+from cdbsim.launch import STAGES, Launch, Stage
 from traces.request import Request
 
 if TYPE_CHECKING:
@@ -30,7 +33,17 @@ if TYPE_CHECKING:
 
 LAUNCH_COLUMNS = ("index", "stage", "size", "padded", "items", "context", "longest", "kv_copies", "start", "end",
                   "host_s", "step_mix", "exits", "tokens", "queue_waiting", "queue_core", "queue_coda",
-                  "active")
+                  "active", "kv_used")
+# what RunRecorder keeps of each launch: one packed row of whole numbers (the stage as its index in STAGES,
+# and how many loop steps the launch lists) and times
+_ROW = np.dtype([(name, "<i8") for name in ("index", "stage", "size", "padded", "items", "context", "longest",
+                                            "kv_copies", "exits", "tokens", "queue_waiting", "queue_core",
+                                            "queue_coda", "active", "kv_used", "steps")]
+                + [(name, "<f8") for name in ("start", "end", "host_s")])
+_PACK = struct.Struct("<" + "q" * 16 + "d" * 3)
+_CHUNK_ROWS = 8192
+_STAGE_CODE = {stage: code for code, stage in enumerate(STAGES)}
+_STAGE_NAME = np.array([stage.value for stage in STAGES], dtype=object)
 
 
 def run_meta(scheduler: Scheduler, **extra: object) -> dict:
@@ -47,58 +60,148 @@ def run_meta(scheduler: Scheduler, **extra: object) -> dict:
 
 
 class RunRecorder:
-    """Collects launch rows and token times during a run (one tuple per launch: this is a hot path)."""
+    """Collects launch rows and token times during a run (a hot path: each launch packs one row of fixed
+    width into a preallocated buffer, the way a column store would; the tables are built once, in
+    :meth:`finish`).
+
+    Which requests produced a token is kept in launch order; a request's tokens come out of its launches
+    in that order, so its token times are the ends of those launches, read back by a stable sort by
+    request. Loop steps are kept laid end to end and become the step-mix strings at the end."""
 
     def __init__(self, requests: list[Request], keep_step_mix: bool = True) -> None:
         self.requests = requests
         self.keep_step_mix = keep_step_mix
-        self._rows: list[tuple] = []
-        self._tokens: list[list[float]] = [[] for _ in requests]
-        self._scheduled = [np.nan] * len(requests)
+        self._chunks: list[bytearray] = []       # full buffers of _CHUNK_ROWS rows
+        self._buffer = bytearray(_PACK.size * _CHUNK_ROWS)
+        self._offset = 0
+        self._producers: list[int] = []           # request of each token produced, in launch order
+        self._steps: list[int] = []               # loop steps of the launches that list them, in order
+        self._done_producers: list[np.ndarray] = []  # earlier parts of both, as (narrow) arrays
+        self._done_steps: list[np.ndarray] = []
+        self._scheduled: list[float] = [np.nan] * len(requests)
+        self._first_start: float | None = None
 
     def record(self, launch: Launch, start: float, end: float, host_s: float = 0.0) -> None:
         stage = launch.stage
-        tokens = self._tokens
+        requests = launch.requests
         if stage is Stage.PREFILL:
-            produced = 0
-            for i, final in zip(launch.requests, launch.finishes, strict=True):
-                if self._scheduled[i] != self._scheduled[i]:  # NaN: first time scheduled
-                    self._scheduled[i] = start
-                if final:
-                    tokens[i].append(end)
-                    produced += 1
+            scheduled = self._scheduled
+            for i in requests:
+                if scheduled[i] != scheduled[i]:  # NaN: first time scheduled
+                    scheduled[i] = start
+            finished = list(compress(requests, launch.finishes))
+            self._producers += finished
+            produced = len(finished)
+            if self._first_start is None:
+                self._first_start = start
         elif stage is Stage.CODA or stage is Stage.DECODE:
-            for i in launch.requests:
-                tokens[i].append(end)
-            produced = len(launch.requests)
+            self._producers += requests
+            produced = len(requests)
         else:
             produced = 0
-        steps = launch.steps
-        self._rows.append((
-            launch.index, stage.value, launch.size, launch.padded, len(launch.requests), launch.context,
-            launch.longest, launch.kv_copies, start, end, host_s, _mix(steps) if steps and self.keep_step_mix else "",
-            launch.exits.count(True) if launch.exits else 0, produced, launch.queue_waiting,
-            launch.queue_core, launch.queue_coda, launch.active))
+        steps, exits = launch.steps, launch.exits
+        if steps:
+            self._steps += steps
+        if self._offset == len(self._buffer):
+            self._next_chunk()
+        _PACK.pack_into(
+            self._buffer, self._offset, launch.index, _STAGE_CODE[stage], launch.size, launch.padded,
+            len(requests), launch.context, launch.longest, launch.kv_copies, exits.count(True) if exits else 0,
+            produced, launch.queue_waiting, launch.queue_core, launch.queue_coda, launch.active, launch.kv_used,
+            len(steps), start, end, host_s)
+        self._offset += _PACK.size
+
+    def _next_chunk(self) -> None:
+        """The buffer is full: keep it, start another, and turn the pending token and step lists into arrays."""
+        self._chunks.append(self._buffer)
+        self._buffer = bytearray(len(self._buffer))
+        self._offset = 0
+        self._done_producers.append(np.array(self._producers, dtype=np.int32))
+        self._done_steps.append(np.array(self._steps, dtype=np.int16))
+        self._producers, self._steps = [], []
 
     def finish(self, meta: dict | None = None) -> RunLog:
-        launches = pd.DataFrame.from_records(self._rows, columns=list(LAUNCH_COLUMNS))
+        # column by column straight from the packed buffers, which are then let go: a run of a million
+        # launches holds its rows once as buffers and once as columns, never more at a time
+        parts = [np.frombuffer(chunk, dtype=_ROW) for chunk in self._chunks]
+        parts.append(np.frombuffer(self._buffer, dtype=_ROW, count=self._offset // _PACK.size))
+        column = {name: np.concatenate([part[name] for part in parts]) for name in _ROW.names}
+        del parts
+        self._chunks, self._buffer, self._offset = [], bytearray(), 0
+        if len(column["index"]) == 1 and type(self._first_start) is int:
+            column["start"] = column["start"].astype(np.int64)  # a lone prefill at t = 0 keeps its int start
+        column["stage"] = _STAGE_NAME[column["stage"]]
+        counts = column.pop("steps")
+        steps = np.concatenate([*self._done_steps, np.array(self._steps, dtype=np.int16)])
+        column["step_mix"] = (_step_mixes(steps, counts) if self.keep_step_mix
+                              else np.full(len(counts), "", dtype=object))
+        launches = pd.DataFrame({name: column[name] for name in LAUNCH_COLUMNS}, copy=False)
+        producers = np.concatenate([*self._done_producers, np.array(self._producers, dtype=np.int32)])
+        times_of, first, last = _token_times(producers, np.repeat(column["end"], column["tokens"]),
+                                             len(self.requests))
         reqs = self.requests
-        times = [np.asarray(t) for t in self._tokens]
         requests = pd.DataFrame({
             "request_id": [r.request_id for r in reqs],
             "prompt_len": [r.prompt_len for r in reqs],
             "output_len": [r.output_len for r in reqs],
             "arrival": [r.arrival for r in reqs],
             "scheduled": self._scheduled,
-            "first_token": [t[0] if len(t) else np.nan for t in times],
-            "finish": [t[-1] if len(t) else np.nan for t in times],
+            "first_token": first,
+            "finish": last,
         })
-        return RunLog(launches=launches, requests=requests, token_times=times, meta=dict(meta or {}))
+        return RunLog(launches=launches, requests=requests, token_times=times_of, meta=dict(meta or {}))
 
 
-def _mix(steps: list[int]) -> str:
-    """``"0:12 1:30"``: how many items sat at each 0-based loop step."""
-    return " ".join(f"{s}:{steps.count(s)}" for s in sorted(set(steps)))
+def _token_times(producers: np.ndarray, ends: np.ndarray, n: int) -> tuple[list[np.ndarray], np.ndarray,
+                                                                             np.ndarray]:
+    """Each request's token times (views of one array), its first and its last (NaN without tokens), from
+    the request and the time of every token produced, in launch order."""
+    times = np.ascontiguousarray(ends[_stable_order(producers)], dtype=np.float64)
+    counts = np.bincount(producers, minlength=n)
+    bounds = np.cumsum(counts)
+    starts = bounds - counts
+    per_request = [times[a:b] for a, b in zip(starts.tolist(), bounds.tolist(), strict=True)]
+    some = counts > 0
+    first = np.full(n, np.nan)
+    last = np.full(n, np.nan)
+    first[some] = times[starts[some]]
+    last[some] = times[bounds[some] - 1]
+    return per_request, first, last
+
+
+def _stable_order(keys: np.ndarray) -> np.ndarray:
+    """The stable sorting order of non-negative ``keys`` below 2**32, by 16-bit radix passes (numpy sorts
+    16-bit keys by radix, several times faster than its merge sort of wider ones)."""
+    low = (keys & 0xFFFF).astype(np.uint16)
+    order = np.argsort(low, kind="stable")
+    if len(keys) and int(keys.max()) > 0xFFFF:
+        high = (keys[order] >> 16).astype(np.uint16)
+        order = order[np.argsort(high, kind="stable")]
+    return order
+
+
+def _step_mixes(steps: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per launch, ``"0:12 1:30"`` (how many items sat at each 0-based loop step), from the launches' loop
+    steps laid end to end (``counts`` per launch); "" for launches without steps. Each distinct mix is
+    written once."""
+    out = np.full(len(counts), "", dtype=object)
+    listed = np.flatnonzero(counts)
+    if not len(listed):
+        return out
+    width = int(steps.max()) + 1
+    row = np.repeat(np.arange(len(listed)), counts[listed])
+    table = np.bincount(row * width + steps, minlength=len(listed) * width).reshape(len(listed), width)
+    # the distinct mixes: sort the rows, mark where a row differs from the one before
+    order = np.lexsort(table.T[::-1])
+    ordered = table[order]
+    new = np.ones(len(ordered), dtype=bool)
+    new[1:] = np.any(ordered[1:] != ordered[:-1], axis=1)
+    distinct = np.cumsum(new) - 1
+    parts = [[f"{s}:{c}" for c in range(int(table[:, s].max()) + 1)] for s in range(width)]
+    text = np.array([" ".join([parts[s][c] for s, c in enumerate(mix) if c]) for mix in ordered[new].tolist()],
+                    dtype=object)
+    out[listed[order]] = text[distinct]
+    return out
 
 
 @dataclass
@@ -128,6 +231,8 @@ class RunLog:
                                dtype={"step_mix": str})
         if "longest" not in launches:  # logs written before the column existed: longest item unknown
             launches.insert(LAUNCH_COLUMNS.index("longest"), "longest", 0)
+        if "kv_used" not in launches:  # logs written before the column existed: KV use unknown
+            launches.insert(min(LAUNCH_COLUMNS.index("kv_used"), len(launches.columns)), "kv_used", 0)
         req = pd.read_csv(src / "requests.csv", keep_default_na=False, dtype={"token_times": str})
         times = [np.array(s.split(), dtype=float) for s in req.pop("token_times")]
         for col in ("scheduled", "first_token", "finish"):

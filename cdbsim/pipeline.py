@@ -44,6 +44,9 @@ class HostPipeline(Generic[Handle]):
         self._added = 0          # launches added so far; the oldest in flight is number ``_completed``
         self._completed = 0
         self._newest_core = -1   # number of the newest core launch added
+        # the rule, chosen once (drivers ask before every launch)
+        self.must_wait = {Timing.SYNC: self._sync_waits, Timing.ASYNC: self._async_waits,
+                          Timing.LOOKAHEAD: self._lookahead_waits}[timing]
 
     def __len__(self) -> int:
         return len(self._launches)
@@ -63,16 +66,19 @@ class HostPipeline(Generic[Handle]):
 
     def must_wait(self) -> bool:
         """True if the host has to wait for the oldest launch in flight before planning the next one."""
+        raise NotImplementedError  # replaced per instance by the rule of its timing
+
+    def _sync_waits(self) -> bool:
+        return bool(self._launches)
+
+    def _async_waits(self) -> bool:
         n = len(self._launches)
-        if n == 0:
-            return False
-        timing = self.timing
-        if timing is Timing.SYNC:
-            return True
-        if timing is Timing.ASYNC:
-            return n >= 2 or self._newest_core == self._added - 1
-        # lookahead: wait while the newest core launch in flight is not the oldest one
-        return n >= self.max_ahead or self._newest_core > self._completed
+        return n != 0 and (n >= 2 or self._newest_core == self._added - 1)
+
+    def _lookahead_waits(self) -> bool:
+        # wait while the newest core launch in flight is not the oldest one
+        n = len(self._launches)
+        return n != 0 and (n >= self.max_ahead or self._newest_core > self._completed)
 
     def complete_oldest(self) -> tuple[Launch, Handle, list[int]]:
         """The oldest launch finished: the scheduler learns it; returns it, its handle and the requests it
@@ -81,4 +87,3 @@ class HostPipeline(Generic[Handle]):
         handle = self._handles.popleft()
         self._completed += 1
         return launch, handle, self.scheduler.complete(launch)
-

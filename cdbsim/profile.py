@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import lsq_linear
 
 from cdbsim.errors import ConfigError, read_json, require
 from traces.choice import Choice
@@ -106,6 +105,8 @@ def fit_points(points: np.ndarray | list, with_context: bool = True, relative: b
         columns.append(pts[:, 2])
     design = np.stack(columns, axis=1)
     weights = 1.0 / t if relative else np.ones(len(t))
+    from scipy.optimize import lsq_linear  # only fitting needs it; predicting imports numpy alone
+
     result = lsq_linear(design * weights[:, None], t * weights, bounds=(0.0, np.inf))
     predicted = design @ result.x
     ss_res = float(np.sum((t - predicted) ** 2))

@@ -2,7 +2,9 @@
 
 The scheduler's hot loops index this state millions of times per simulated run, so it is kept as flat
 lists (one entry per request, indexed by the request's position in the run) rather than one object per
-request; :class:`RequestTable` is the one place that owns them.
+request, and as few of them as the loops need: how many tokens a request has generated is not kept, since
+its latest token's position says it (``position = prompt + generated - 1``). :class:`RequestTable` is the
+one place that owns them.
 """
 
 from __future__ import annotations
@@ -28,29 +30,34 @@ class Status(IntEnum):
 class RequestTable:
     """Flat per-request state of one run.
 
-    ``prompt``/``output``: prompt and output lengths; ``depths``: each decoded token's executed depth (the
-    trace's requested depth clamped to ``[r_min, r_max]``); ``prefill_target``: tokens the current
-    prefill episode covers (the prompt, or prompt + generated tokens when recomputed after preemption);
-    ``prefilled``: of those, tokens already launched; ``generated``: output tokens produced;
-    ``position``: position of the latest output token (the next input); ``step``/``target``: the loop
-    step the request's current token runs next and the depth it exits at.
+    ``prompt``/``output``: prompt and output lengths; ``final``: the position of the request's last token
+    (it is finished once its latest token sits there); ``exit_steps``: for each decoded token, the 0-based
+    loop step after which it leaves the loop (its depth, the trace's requested depth clamped to
+    ``[r_min, r_max]``, minus one); ``prefill_target``: tokens the current prefill episode covers (the
+    prompt, or prompt + generated tokens when recomputed after preemption); ``prefilled``: of those, tokens
+    already launched; ``position``: position of the latest output token (the next input); ``last``: the
+    exit step of the request's current token. Without ``loops`` (token-level batching runs every token at
+    full depth) the exit steps are left empty.
     """
 
-    def __init__(self, requests: Sequence[Request], r_min: int, r_max: int) -> None:
+    def __init__(self, requests: Sequence[Request], r_min: int, r_max: int, loops: bool = True) -> None:
         n = len(requests)
         self.prompt = [r.prompt_len for r in requests]
         self.output = [r.output_len for r in requests]
-        self.depths = [np.clip(r.depths, r_min, r_max).tolist() for r in requests]
+        self.final = [r.prompt_len + r.output_len - 1 for r in requests]
+        self.exit_steps = clipped_depths(requests, r_min, r_max, offset=-1) if loops else [[] for _ in range(n)]
         self.status = [Status.NEW] * n
         self.prefill_target = list(self.prompt)
         self.prefilled = [0] * n
-        self.generated = [0] * n
         self.position = [p - 1 for p in self.prompt]
-        self.step = [0] * n
-        self.target = [0] * n
+        self.last = [0] * n
 
     def __len__(self) -> int:
         return len(self.prompt)
+
+    def generated(self, i: int) -> int:
+        """Output tokens request ``i`` has produced."""
+        return self.position[i] - self.prompt[i] + 1
 
     def positions(self, batch: list[int]) -> list[int]:
         """Position of each request's current input token (its latest output token)."""
@@ -58,17 +65,32 @@ class RequestTable:
         return [pos[i] for i in batch]
 
     def start_token(self, i: int, loops: bool) -> None:
-        """Request ``i``'s next token enters the loop at step 0 (with its exit depth when ``loops``)."""
-        self.step[i] = 0
+        """Request ``i``'s next token enters the loop (with its exit step when ``loops``)."""
         if loops:
-            self.target[i] = self.depths[i][self.generated[i] - 1]
+            self.last[i] = self.exit_steps[i][self.position[i] - self.prompt[i]]
 
     def restart(self, i: int) -> None:
         """Request ``i`` lost its KV cache: it waits to prefill its prompt and every token it generated."""
         self.status[i] = Status.WAITING
         self.prefilled[i] = 0
-        self.prefill_target[i] = self.prompt[i] + self.generated[i]
+        self.prefill_target[i] = self.position[i] + 1
 
     def held_tokens(self, i: int) -> int:
         """How far request ``i`` got: tokens prefilled (while prefilling) or prompt + generated."""
-        return self.prefilled[i] if self.status[i] == Status.PREFILLING else self.prompt[i] + self.generated[i]
+        return self.prefilled[i] if self.status[i] == Status.PREFILLING else self.position[i] + 1
+
+
+def clipped_depths(requests: Sequence[Request], r_min: int, r_max: int, offset: int = 0) -> list[list[int]]:
+    """Each request's exit depths clamped to ``[r_min, r_max]`` (plus ``offset``), as plain ints, clipped in
+    one pass (a numpy call per request would cost more than the clipping)."""
+    if not requests:
+        return []
+    depths = np.concatenate([np.asarray(r.depths, dtype=np.int64) for r in requests])
+    flat = (np.clip(depths, r_min, r_max) + offset).tolist()
+    out = []
+    start = 0
+    for r in requests:
+        end = start + len(r.depths)
+        out.append(flat[start:end])
+        start = end
+    return out

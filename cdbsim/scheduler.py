@@ -43,6 +43,7 @@ from cdbsim.requests import RequestTable, Status
 from traces.request import Request
 
 WAITING, PREFILLING, DECODING, FINISHED = Status.WAITING, Status.PREFILLING, Status.DECODING, Status.FINISHED
+PREFILL, PRELUDE, CORE, CODA, DECODE = Stage.PREFILL, Stage.PRELUDE, Stage.CORE, Stage.CODA, Stage.DECODE
 
 
 class Scheduler:
@@ -50,6 +51,13 @@ class Scheduler:
 
     ``share_blocks``: attach each item's KV block ids to its launch (:attr:`Launch.blocks`), for a backend
     that addresses a real cache; the simulator leaves it off.
+
+    A resident request has at most one token in flight and at most W requests are resident, so every
+    queue of tokens (prelude, core, coda, the pool of CB and no-refill) holds at most W tokens, and a
+    launch of a decode-type stage takes its whole queue. The queues are plain lists, handed to the launch
+    they feed and replaced, never changed once a launch holds them. A token waiting for a core step keeps
+    its loop step beside it (``_ready_steps``, a wave's steps), so the lists a core launch hands over are
+    the queue itself.
     """
 
     def __init__(self, arch: ArchSpec, config: ServeConfig, requests: Sequence[Request],
@@ -67,9 +75,14 @@ class Scheduler:
         self.kv = BlockManager(kv_blocks, bs, len(requests))
         self.r_min = config.r_min(arch)
         self.r_max = arch.r_max
-        self.table = RequestTable(requests, self.r_min, self.r_max)
+        self._loops = config.policy is not Policy.CB        # CDB: tokens carry an exit depth
+        self.table = RequestTable(requests, self.r_min, self.r_max, loops=self._loops)
         self.share_blocks = share_blocks
         self._width = config.width
+        self._coda_batch = config.coda_batch
+        self._max_coda = config.max_coda_in_flight
+        self._budget = config.prefill_budget
+        self._admit_slots = config.free_slots_to_admit
         self._pad = padding_table(config.decode_sizes(), config.width)
         self._pad_prefill = padding_table(prefill_graph_sizes(config.prefill_budget), config.prefill_budget)
         self._fill = [config.layout.fill_copies(s, arch.r_max) for s in range(arch.r_max)]
@@ -78,12 +91,14 @@ class Scheduler:
         self.waiting: deque[int] = deque()
         self.prefilling: list[int] = []
         self.prelude_queue: list[int] = []
-        self._enter_head: set[int] = set()                # prelude items that join the core queue's head
-        self.ready: deque[int] = deque()                  # refill: tokens waiting for their next core step
-        self.coda_queue: deque[int] = deque()
-        self.pool: deque[int] = deque()                   # cb / norefill: requests with a staged token
-        self.stalled: list[tuple[int, bool]] = []         # (request, joins the head) without a KV block
-        self._wave: tuple[list[int], list[int]] | None = None  # norefill: (survivors, exited)
+        self._prelude_heads: list[int] = []  # of the prelude queue, in its order: tokens that join the core
+        self._prelude_tails: list[int] = []  # queue's head (a coda produced them), and those joining its tail
+        self.ready: list[int] = []           # refill: tokens waiting for their next core step
+        self._ready_steps: list[int] = []    # and that step
+        self.coda_queue: list[int] = []
+        self.pool: list[int] = []            # cb / norefill: requests with a staged token
+        self.stalled: list[tuple[int, bool]] = []  # (request, joins the head) without a KV block
+        self._wave: tuple[list[int], list[int], list[int]] | None = None  # norefill: survivors, their step, exited
         # counters
         self.active = 0
         self.decoding = 0
@@ -95,9 +110,9 @@ class Scheduler:
         self.in_flight = 0
         self.coda_in_flight = 0
         self.launches = 0
+        self.done = not requests  # every request has finished and no launch is in flight
         self._retire: dict[int, list[int]] = {}
-        self._loops = config.policy is not Policy.CB        # CDB: tokens carry an exit depth
-        self._prelude_first = config.policy is Policy.REFILL  # refill: new tokens go to the prelude queue
+        self._refill = config.policy is Policy.REFILL       # refill: new tokens go to the prelude queue
         self._per_step = config.core_launch is CoreLaunch.PER_STEP
         self._plan_policy = {Policy.CB: self._plan_cb, Policy.NOREFILL: self._plan_norefill,
                              Policy.REFILL: self._plan_refill}[config.policy]
@@ -118,166 +133,154 @@ class Scheduler:
         self.arrived += 1
 
     @property
-    def done(self) -> bool:
-        """Every request has finished and no launch is in flight."""
-        return self.finished == len(self.requests) and self.in_flight == 0
-
-    @property
     def has_work(self) -> bool:
         """Some arrived request is not finished yet."""
-        return self.finished + (len(self.requests) - self.arrived) < len(self.requests)
+        return self.finished < self.arrived
 
     def plan(self) -> Launch | None:
         """The next launch, or None if nothing can run until a launch completes or a request arrives."""
         if self.stalled:
             self._restage_stalled()
         launch = self._plan_policy()
-        if launch is None and self.in_flight == 0 and self.has_work and self._preempt():
+        if launch is None and self.in_flight == 0 and self.finished < self.arrived and self._preempt():
             return self.plan()
-        if launch is not None:
-            self.in_flight += 1
-            if launch.stage is Stage.CODA:
-                self.coda_in_flight += 1
-            self._snapshot(launch)
         return launch
 
     def complete(self, launch: Launch) -> list[int]:
         """``launch`` finished on the device; returns the requests it finished (their KV is freed)."""
         self.in_flight -= 1
-        if launch.stage is Stage.CODA:
+        if launch.stage is CODA:
             self.coda_in_flight -= 1
-        done = self._retire.pop(launch.index, [])
-        for i in done:
-            self.kv.free(i)
-            self.active -= 1
-            self.finished += 1
+        done = self._retire.pop(launch.index, None)
+        if done is not None:
+            free = self.kv.free
+            for i in done:
+                free(i)
+            self.active -= len(done)
+            self.finished += len(done)
             self.block_new = False
-        return done
+        elif self.in_flight:
+            return []
+        self.done = self.in_flight == 0 and self.finished == len(self.requests)
+        return done or []
 
     # ----- policies ------------------------------------------------------------------------------
     def _plan_refill(self) -> Launch | None:
         if self.prelude_queue:
             return self._launch_prelude()
-        can_coda = self.coda_in_flight < self.config.max_coda_in_flight
-        if can_coda and len(self.coda_queue) >= self.config.coda_batch:
-            return self._launch_coda(self.coda_queue)
+        can_coda = self.coda_in_flight < self._max_coda
+        if can_coda and len(self.coda_queue) >= self._coda_batch:
+            batch, self.coda_queue = self.coda_queue, []
+            return self._launch_coda(batch)
         launch = self._try_prefill()
         if launch is not None:
             return launch
         if self.ready:
             return self._launch_core()
         if can_coda and self.coda_queue:
-            return self._launch_coda(self.coda_queue)
+            batch, self.coda_queue = self.coda_queue, []
+            return self._launch_coda(batch)
         return None
 
     def _plan_norefill(self) -> Launch | None:
         if self._wave is not None:
-            survivors, exited = self._wave
-            if survivors:
-                return self._launch_wave_step(survivors, exited)
-            if self.coda_in_flight >= self.config.max_coda_in_flight:
+            batch, steps, exited = self._wave
+            if batch:
+                exits, copies, survivors, survivor_steps = self._loop_step(batch, steps, exited)
+                self._wave = (survivors, survivor_steps, exited)
+                return self._core_launch(batch, steps, exits, copies)
+            if self.coda_in_flight >= self._max_coda:
                 return None
             self._wave = None
-            return self._launch_coda(deque(exited))
+            return self._launch_coda(exited)
         launch = self._try_prefill()
         if launch is not None or not self.pool:
             return launch
-        cohort = [self.pool.popleft() for _ in range(min(self._width, len(self.pool)))]
-        self._wave = (list(cohort), [])
-        return self._new_launch(Stage.PRELUDE, cohort)
+        cohort, self.pool = self.pool, []
+        self._wave = (list(cohort), [0] * len(cohort), [])
+        position = self.table.position
+        return self._decode_launch(PRELUDE, cohort, [position[i] for i in cohort])
 
     def _plan_cb(self) -> Launch | None:
         launch = self._try_prefill()
         if launch is not None or not self.pool:
             return launch
-        batch = [self.pool.popleft() for _ in range(min(self._width, len(self.pool)))]
-        launch = self._new_launch(Stage.DECODE, batch)
-        self._produce(batch, self._retire.setdefault(launch.index, []), head=False)
-        return launch
+        batch, self.pool = self.pool, []
+        return self._producing_launch(DECODE, batch, head=False)
 
     # ----- stage launches ------------------------------------------------------------------------
     def _launch_prelude(self) -> Launch:
-        batch = self.prelude_queue[: self._width]
-        del self.prelude_queue[: self._width]
-        heads = self._enter_head
+        batch, self.prelude_queue = self.prelude_queue, []
+        heads, tails = self._prelude_heads, self._prelude_tails
         if heads:
-            self.ready.extendleft(reversed([i for i in batch if i in heads]))
-            self.ready.extend(i for i in batch if i not in heads)
-            heads.difference_update(batch)
-        else:
-            self.ready.extend(batch)
-        return self._new_launch(Stage.PRELUDE, batch)
+            self.ready[:0] = heads
+            self._ready_steps[:0] = [0] * len(heads)
+            self._prelude_heads = []
+        if tails:
+            self.ready += tails
+            self._ready_steps += [0] * len(tails)
+            self._prelude_tails = []
+        position = self.table.position
+        return self._decode_launch(PRELUDE, batch, [position[i] for i in batch])
 
-    def _loop_step(self, batch: list[int], exited: list[int]) -> tuple[Launch, list[int]]:
-        """One core step over ``batch``: tokens at their last step go to ``exited``; returns the launch and
-        the tokens that loop again."""
-        step, target, fill = self.table.step, self.table.target, self._fill
-        steps: list[int] = []
+    def _launch_core(self) -> Launch:
+        batch, steps = self.ready, self._ready_steps
+        deferred: list[int] = []
+        deferred_steps: list[int] = []
+        if self._per_step and min(steps) != max(steps):
+            batch, steps, deferred, deferred_steps = split_at_head_step(batch, steps)
+        exits, copies, self.ready, self._ready_steps = self._loop_step(batch, steps, self.coda_queue)
+        if deferred:  # survivors first, then the tokens at other steps, each in queue order
+            self.ready += deferred
+            self._ready_steps += deferred_steps
+        return self._core_launch(batch, steps, exits, copies)
+
+    def _launch_coda(self, batch: list[int]) -> Launch:
+        self.coda_in_flight += 1
+        return self._producing_launch(CODA, batch, head=True)
+
+    def _producing_launch(self, stage: Stage, batch: list[int], head: bool) -> Launch:
+        """A launch after which each request of ``batch`` has produced a token (coda, CB decode)."""
+        retire: list[int] = []
+        positions = self._produce(batch, retire, head)
+        if retire:
+            self._retire[self.launches] = retire
+        return self._decode_launch(stage, batch, positions)
+
+    def _loop_step(self, batch: list[int], steps: list[int], exited: list[int]) -> tuple[list[bool], int, list[int],
+                                                                                           list[int]]:
+        """One core step over ``batch`` (at loop ``steps``): tokens at their exit step go to ``exited``.
+        Returns each item's exit flag, the KV fill copies of the exits, and the tokens that loop again with
+        their next step."""
+        last, fill = self.table.last, self._fill
         exits: list[bool] = []
         survivors: list[int] = []
-        add_step, add_exit, survive, leave = steps.append, exits.append, survivors.append, exited.append
+        survivor_steps: list[int] = []
+        add_exit, survive, survive_step, leave = exits.append, survivors.append, survivor_steps.append, exited.append
         copies = 0
-        for i in batch:
-            s = step[i]
-            add_step(s)
-            if s + 1 >= target[i]:
+        for i, s in zip(batch, steps, strict=True):
+            if s >= last[i]:
                 add_exit(True)
                 leave(i)
                 copies += fill[s]
             else:
                 add_exit(False)
-                step[i] = s + 1
                 survive(i)
-        launch = self._new_launch(Stage.CORE, batch)
-        launch.steps, launch.exits, launch.kv_copies = steps, exits, copies
-        return launch, survivors
-
-    def _launch_core(self) -> Launch:
-        ready = self.ready
-        if self._per_step:
-            batch = self._take_head_step()
-        else:
-            pop = ready.popleft
-            batch = [pop() for _ in range(min(self._width, len(ready)))]
-        launch, survivors = self._loop_step(batch, self.coda_queue)  # type: ignore[arg-type]
-        ready.extendleft(reversed(survivors))
-        return launch
-
-    def _take_head_step(self) -> list[int]:
-        """Up to W ready tokens at the head token's loop step; tokens at other steps stay at the head of
-        the queue in their order (no-refill waves need no such split: a wave's tokens step together)."""
-        ready, step = self.ready, self.table.step
-        head_step = step[ready[0]]
-        batch: list[int] = []
-        deferred: list[int] = []
-        while ready and len(batch) < self._width:
-            i = ready.popleft()
-            (batch if step[i] == head_step else deferred).append(i)
-        ready.extendleft(reversed(deferred))
-        return batch
-
-    def _launch_wave_step(self, survivors: list[int], exited: list[int]) -> Launch:
-        launch, still = self._loop_step(list(survivors), exited)
-        self._wave = (still, exited)
-        return launch
-
-    def _launch_coda(self, queue: deque[int]) -> Launch:
-        batch = [queue.popleft() for _ in range(min(self._width, len(queue)))]
-        launch = self._new_launch(Stage.CODA, batch)
-        self._produce(batch, self._retire.setdefault(launch.index, []), head=True)
-        return launch
+                survive_step(s + 1)
+        return exits, copies, survivors, survivor_steps
 
     def _try_prefill(self) -> Launch | None:
         """Admit and pack prompt chunks up to the budget M, or None (see the module docstring)."""
-        cfg, table, kv = self.config, self.table, self.kv
-        status, prefilled, target = table.status, table.prefilled, table.prefill_target
         free_slots = self._width - self.active
         fresh = 0 if self.block_new else min(free_slots, len(self.waiting))
-        if not self.prefilling and (fresh == 0 or free_slots < cfg.free_slots_to_admit):
+        if not self.prefilling and (fresh == 0 or free_slots < self._admit_slots):
             return None
-        if self.decoding and kv.num_free <= self._margin_blocks:
+        kv = self.kv
+        if self.decoding and kv.total - kv.used <= self._margin_blocks:
             return None
-        budget = cfg.prefill_budget
+        table = self.table
+        status, prefilled, target = table.status, table.prefilled, table.prefill_target
+        budget = self._budget
         requests: list[int] = []
         starts: list[int] = []
         lens: list[int] = []
@@ -306,57 +309,63 @@ class Scheduler:
         self.waiting.extendleft(reversed(skipped))
         if not requests:
             return None
-        tokens = sum(lens)
-        launch = Launch(index=self.launches, stage=Stage.PREFILL, requests=requests, positions=starts,
-                        chunk_lens=lens, finishes=finishes, size=tokens, padded=self._pad_prefill[tokens],
-                        context=sum(c * s + c * (c + 1) // 2 for s, c in zip(starts, lens, strict=True)))
-        if self.share_blocks:
-            launch.blocks = [kv.blocks[i] for i in requests]
-            launch.recomputed = [target[i] - table.prompt[i] for i in requests]
-        self.launches += 1
+        recomputed = [target[i] - table.prompt[i] for i in requests] if self.share_blocks else ()
         done = [i for i, final in zip(requests, finishes, strict=True) if final]
         for i in done:
             self.prefilling.remove(i)
             status[i] = DECODING
-            self.decoding += 1
-        self._produce(done, self._retire.setdefault(launch.index, []), head=False)
+        self.decoding += len(done)
+        retire: list[int] = []
+        self._produce(done, retire, head=False)
+        if retire:
+            self._retire[self.launches] = retire
+        tokens = sum(lens)
+        context = sum(c * s + c * (c + 1) // 2 for s, c in zip(starts, lens, strict=True))
+        launch = self._emit(PREFILL, requests, starts, (), (), lens, finishes, tokens, self._pad_prefill[tokens],
+                            context, 0, 0)
+        launch.recomputed = recomputed
         return launch
 
     # ----- token bookkeeping ---------------------------------------------------------------------
-    def _produce(self, batch: list[int], retire: list[int], head: bool) -> None:
-        """Each request in ``batch`` produced a token: finish it, or stage its next token."""
-        table, kv = self.table, self.kv
-        generated, output, prompt, position, status = (table.generated, table.output, table.prompt,
-                                                        table.position, table.status)
-        step, target, depths, loops, blocks = table.step, table.target, table.depths, self._loops, kv.blocks
-        bs = kv.block_size
-        ready = []
+    def _produce(self, batch: list[int], retire: list[int], head: bool) -> list[int]:
+        """Each request in ``batch`` produced a token: finish it (into ``retire``), or stage its next token.
+        Returns the positions of the tokens that were the inputs (the launch's positions)."""
+        table = self.table
+        position, final, status = table.position, table.final, table.status
+        capacity, allocate = self.kv.capacity, self.kv.allocate
+        positions: list[int] = []
+        staged: list[int] = []
+        add_position, stage, finish = positions.append, staged.append, retire.append
         for i in batch:
-            g = generated[i] + 1
-            generated[i] = g
-            p = position[i] = prompt[i] + g - 1
-            if g >= output[i]:
+            p = position[i]
+            add_position(p)
+            p += 1
+            position[i] = p
+            if p >= final[i]:
                 status[i] = FINISHED
-                self.decoding -= 1
-                retire.append(i)
-                continue
-            if p // bs >= len(blocks[i]) and not kv.allocate(i, p + 1):
+                finish(i)
+            elif p < capacity[i] or allocate(i, p + 1):
+                stage(i)
+            else:
                 self.stalled.append((i, head))
-                continue
-            step[i] = 0
-            if loops:
-                target[i] = depths[i][g - 1]
-            ready.append(i)
-        self._enqueue(ready, head)
+        self.decoding -= len(retire)
+        if self._loops and staged:
+            last, exit_steps, prompt = table.last, table.exit_steps, table.prompt
+            for i in staged:
+                last[i] = exit_steps[i][position[i] - prompt[i]]
+        self._enqueue(staged, head)
+        return positions
 
-    def _enqueue(self, ready: list[int], head: bool) -> None:
+    def _enqueue(self, staged: list[int], head: bool) -> None:
         """Tokens that can run: to the prelude queue (refill) or the pool of staged requests."""
-        if self._prelude_first:
-            self.prelude_queue.extend(ready)
+        if self._refill:
+            self.prelude_queue += staged
             if head:
-                self._enter_head.update(ready)
+                self._prelude_heads += staged
+            else:
+                self._prelude_tails += staged
         else:
-            self.pool.extend(ready)
+            self.pool += staged
 
     def _restage_stalled(self) -> None:
         stalled, self.stalled = self.stalled, []
@@ -389,31 +398,44 @@ class Scheduler:
         self.preemptions += 1
         return True
 
-    # ----- helpers -------------------------------------------------------------------------------
-    def _new_launch(self, stage: Stage, batch: list[int]) -> Launch:
-        pos = self.table.position
-        positions = [pos[i] for i in batch]
+    # ----- launches ------------------------------------------------------------------------------
+    def _decode_launch(self, stage: Stage, batch: list[int], positions: list[int]) -> Launch:
         n = len(batch)
-        launch = Launch(index=self.launches, stage=stage, requests=batch, positions=positions, size=n,
-                        padded=self._pad[n], context=sum(positions) + n,
-                        longest=max(positions) + 1 if positions else 0)
-        if self.share_blocks:
-            blocks = self.kv.blocks
-            launch.blocks = [blocks[i] for i in batch]
+        return self._emit(stage, batch, positions, (), (), (), (), n, self._pad[n], sum(positions) + n,
+                          max(positions) + 1, 0)
+
+    def _core_launch(self, batch: list[int], steps: list[int], exits: list[bool], copies: int) -> Launch:
+        position = self.table.position
+        positions = [position[i] for i in batch]
+        n = len(batch)
+        return self._emit(CORE, batch, positions, steps, exits, (), (), n, self._pad[n], sum(positions) + n,
+                          max(positions) + 1, copies)
+
+    def _emit(self, stage: Stage, requests: list[int], positions: list[int], steps: Sequence[int],
+              exits: Sequence[bool], chunk_lens: Sequence[int], finishes: Sequence[bool], size: int, padded: int,
+              context: int, longest: int, copies: int) -> Launch:
+        """The launch, with the scheduler's state as it leaves (the queues, resident requests, KV in use)."""
+        if self._refill:
+            core, coda = len(self.ready), len(self.coda_queue)
+        elif self._wave is not None:
+            core, coda = len(self._wave[0]), len(self._wave[2])
+        else:
+            core, coda = len(self.pool), len(self.coda_queue)
+        kv = self.kv
+        blocks, dropped = ([kv.blocks[i] for i in requests], kv.take_dropped()) if self.share_blocks else (None, ())
+        launch = Launch(self.launches, stage, requests, positions, steps, exits, chunk_lens, finishes, size, padded,
+                        context, longest, copies, blocks, (), dropped, len(self.waiting), core, coda,
+                        len(self.prelude_queue), self.active, kv.used)
         self.launches += 1
+        self.in_flight += 1
+        self.done = False
         return launch
 
-    def _snapshot(self, launch: Launch) -> None:
-        if self.share_blocks:
-            launch.dropped = self.kv.take_dropped()
-        launch.queue_waiting = len(self.waiting)
-        launch.queue_prelude = len(self.prelude_queue)
-        launch.queue_coda = len(self.coda_queue)
-        if self.config.policy is Policy.REFILL:
-            launch.queue_core = len(self.ready)
-        elif self._wave is not None:
-            launch.queue_core = len(self._wave[0])
-            launch.queue_coda = len(self._wave[1])
-        else:
-            launch.queue_core = len(self.pool)
-        launch.active = self.active
+
+def split_at_head_step(tokens: list[int], steps: list[int]) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Per-step core launches: the tokens at the head token's loop step (and their steps), then the others
+    in their queue order (and theirs). No width limit is needed: a queue never holds more than W tokens."""
+    head = steps[0]
+    taken = [i for i, s in zip(tokens, steps, strict=True) if s == head]
+    others = [(i, s) for i, s in zip(tokens, steps, strict=True) if s != head]
+    return taken, [head] * len(taken), [i for i, _ in others], [s for _, s in others]

@@ -1,20 +1,22 @@
 """The discrete-event simulator: the shared scheduler driven by SimPy with latencies from a profile.
 
-Three processes share one SimPy environment:
+Two processes and the device's events share one SimPy environment:
 
 * ``arrivals`` releases each request into the scheduler at its arrival time;
 * ``host`` plans a launch (``Scheduler.plan``), spends the profile's host time on it, and hands it to
   the device; how far it may run ahead of the device is :class:`cdbsim.pipeline.HostPipeline`'s rule
   (``sync``: never, so the device idles while the host works; ``lookahead``: coda, prelude and the next
   core step are prepared while a core step runs);
-* ``device`` runs launches in order, each for the time the latency model gives.
+* the device runs launches in order, each for the time the latency model gives: in order means a
+  launch's start and end are known when it is handed over; when the host has to wait for a launch (the
+  pipeline rule), the launch's end is a SimPy timeout it waits on.
 
 Every launch is logged through :class:`~cdbsim.logs.RunRecorder`, the same recorder the GPU executor uses.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import math
 from collections.abc import Callable, Sequence
 
 import simpy
@@ -22,13 +24,14 @@ import simpy
 from cdbsim.arch import ArchSpec
 from cdbsim.config import ServeConfig
 from cdbsim.latency import LatencyModel
-from cdbsim.launch import Launch
 from cdbsim.logs import RunLog, RunRecorder, run_meta
 from cdbsim.metadata import table_width
 from cdbsim.pipeline import HostPipeline
 from cdbsim.quiet_gc import paused_gc
 from cdbsim.scheduler import Scheduler
 from traces.request import Request
+
+LATE = simpy.events.NORMAL + 1  # after SimPy's URGENT and NORMAL events of the same time
 
 
 class Simulation:
@@ -47,15 +50,13 @@ class Simulation:
         self.progress = progress
         self.env = simpy.Environment()
         self._wake_host = self.env.event()
-        self._device_queue: deque[tuple[Launch, float, float, simpy.Event]] = deque()
-        self._wake_device = self.env.event()
+        self._next_arrival = 0.0  # when the next request not yet released arrives (inf: none left)
 
     def run(self) -> RunLog:
         env = self.env
         env.process(self._arrivals())
-        env.process(self._device())
         host = env.process(self._host())
-        with paused_gc():  # millions of short-lived objects: collector passes cost several percent
+        with paused_gc(collect=False):  # millions of short-lived objects: collector passes cost several percent
             env.run(until=host)
         return self.recorder.finish(run_meta(self.scheduler, profile=self.latency.profile.label(),
                                              clock="simulated"))
@@ -65,11 +66,13 @@ class Simulation:
         env, s = self.env, self.scheduler
         order = sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival)
         for i in order:
-            delay = self.requests[i].arrival - env.now
+            self._next_arrival = self.requests[i].arrival
+            delay = self._next_arrival - env.now
             if delay > 0:
                 yield env.timeout(delay)
             s.arrive(i)
             self._poke_host()
+        self._next_arrival = math.inf
 
     def _poke_host(self) -> None:
         if not self._wake_host.triggered:
@@ -77,59 +80,97 @@ class Simulation:
 
     def _host(self):
         """Wait as the pipeline rule says, plan, hand over. A launch planned at ``t`` is ready on the
-        device at ``t + host time``, and the host is busy until then."""
-        env, s, latency = self.env, self.scheduler, self.latency
-        pipeline: HostPipeline[simpy.Event] = HostPipeline(s, self.config.timing)
+        device at ``t + host time``, and the host is busy until then.
+
+        The device runs launches in order, so when a launch runs is known as it is handed over: the device
+        takes it when it finishes the previous one (at once, if idle), starts it when the launch is ready
+        and the launch gap (:attr:`LatencyModel.launch_gap`) has passed since taking it, and runs it for
+        the latency model's time. The launch is logged then, and the host keeps its end; when the pipeline
+        rule makes the host wait for it, that end is a SimPy timeout.
+
+        ``now`` is the host's clock. Nothing but an arrival can change what the host plans next, so while
+        no request arrives before the host is done being busy, the host moves its clock on without a SimPy
+        timeout, and SimPy's clock catches up when the host next waits for an event."""
+        env, s, latency, record = self.env, self.scheduler, self.latency, self.recorder.record
+        launch_time, host_time, width, gap = (latency.launch_time, latency.host_time, self.table_width,
+                                              latency.launch_gap)
+        pipeline: HostPipeline[float] = HostPipeline(s, self.config.timing)  # handle: the launch's end
+        must_wait, complete_oldest = pipeline.must_wait, pipeline.complete_oldest
+        now = env.now
         busy_until = 0.0
+        device_free = -math.inf  # when the device finishes the last launch handed to it
         finished_before = 0
         while not s.done:
-            while pipeline.must_wait():
-                yield pipeline.oldest
-                pipeline.complete_oldest()
+            while must_wait():
+                end = pipeline.oldest
+                if end > now:
+                    yield Late(env, end)
+                    now = end
+                complete_oldest()
             if s.done:
                 break
-            if env.now < busy_until:
-                yield env.timeout(busy_until - env.now)
+            if now < busy_until:
+                now = now + (busy_until - now)  # where a timeout of the remaining busy time would end
+                if self._next_arrival <= now:
+                    yield Late(env, now)
             launch = s.plan()
             if launch is None:
+                if env.now < now:
+                    yield Late(env, now)
                 if len(pipeline):
-                    oldest = pipeline.oldest
-                    yield oldest | self._wake_host
-                    if oldest.processed:
-                        pipeline.complete_oldest()
+                    end = pipeline.oldest
+                    if end > now:
+                        yield Late(env, end) | self._wake_host
+                        now = env.now
+                    if end <= now:
+                        complete_oldest()
                 else:
                     self._wake_host = env.event()
                     yield self._wake_host
+                    now = env.now
                 if self._wake_host.triggered:
                     self._wake_host = env.event()
                 continue
-            host_s = latency.host_time(launch)
-            busy_until = env.now + host_s
-            finished = env.event()
-            self._device_queue.append((launch, busy_until, host_s, finished))
-            if not self._wake_device.triggered:
-                self._wake_device.succeed()
-            pipeline.add(launch, finished)
+            host_s = host_time(launch)
+            busy_until = now + host_s
+            taken = now if device_free <= now else device_free
+            start = max(taken + gap, busy_until)
+            end = taken + (start - taken + launch_time(launch, width))
+            record(launch, start, end, host_s)
+            device_free = end
+            pipeline.add(launch, end)
             if self.progress is not None and s.finished != finished_before:
                 self.progress(s.finished - finished_before)
                 finished_before = s.finished
         while len(pipeline):
-            yield pipeline.oldest
-            pipeline.complete_oldest()
+            end = pipeline.oldest
+            if end > now:
+                yield Late(env, end)
+                now = end
+            complete_oldest()
 
-    def _device(self):
-        """Run launches in order; a launch starts when the device is free and the host has handed it over."""
-        env, queue, latency, record = self.env, self._device_queue, self.latency, self.recorder.record
-        while True:
-            if not queue:
-                self._wake_device = env.event()
-                yield self._wake_device
-                continue
-            launch, ready_at, host_s, finished = queue.popleft()
-            start = max(env.now + latency.launch_gap, ready_at)
-            yield env.timeout(start - env.now + latency.launch_time(launch, self.table_width))
-            record(launch, start, env.now, host_s)
-            finished.succeed()
+
+class Late(simpy.Timeout):
+    """A timeout at the absolute time ``at`` that SimPy processes after every other event due then, so that
+    the host, woken by one, has seen every request arriving at that time (SimPy orders the events of one
+    time by priority, then by when they were scheduled)."""
+
+    def __init__(self, env: simpy.Environment, at: float) -> None:
+        now = env.now
+        delay = at - now  # SimPy schedules at now + delay, which may miss ``at`` by a rounding step
+        if now + delay != at:
+            while now + delay < at:
+                delay = math.nextafter(delay, math.inf)
+            while now + delay > at:
+                delay = math.nextafter(delay, -math.inf)
+        if delay < 0:
+            raise ValueError(f"negative delay {delay}")
+        self.env = env
+        self.callbacks = []
+        self._value = None
+        self._delay = delay
+        self._ok = True
+        env.schedule(self, LATE, delay)
 
 
 def simulate(arch: ArchSpec, config: ServeConfig, requests: Sequence[Request], latency: LatencyModel,

@@ -61,12 +61,12 @@ CASES = {
                                                  "timing": "sync"}, 40, None, 4000),
 }
 GOLDEN = {
-    "huginn-refill-K8-shared": "5cb2760c4c1a4450",  # 4,454 launches
-    "huginn040-sync": "0eac2f8a3e3dfe90",           # 7,412 launches
-    "ouro-cb-online": "7bdbda0d9397ab5d",           # 755 launches
-    "ouro-norefill": "92ad0ab65de35591",            # 3,272 launches
-    "ouro-refill": "3dfcc590e0e219b0",              # 4,464 launches
-    "ouro-refill-preempting": "d3ac5cc518f25409",   # 14,715 launches, 2 preemptions
+    "huginn-refill-K8-shared": "3dec1aaa3a2915d9",  # 4,454 launches
+    "huginn040-sync": "da9532ebd62e6e70",           # 7,412 launches
+    "ouro-cb-online": "9fae54eb1c337919",           # 755 launches
+    "ouro-norefill": "6f25e0cd7f88378f",            # 3,272 launches
+    "ouro-refill": "6606565ee11418ff",              # 4,464 launches
+    "ouro-refill-preempting": "1aa809214b438fa6",   # 14,715 launches, 2 preemptions
 }
 
 

@@ -131,8 +131,9 @@ def queued_at_steps(steps: list[int], width: int, core_launch: str) -> Scheduler
     config = ServeConfig(policy="refill", width=width, timing="sync", core_launch=core_launch)
     scheduler = Scheduler(arch, config, requests, 64)
     for i, s in enumerate(steps):
-        scheduler.table.step[i], scheduler.table.target[i] = s, 4
+        scheduler.table.last[i] = 3  # every token loops to r_max
         scheduler.ready.append(i)
+        scheduler._ready_steps.append(s)
     return scheduler
 
 
@@ -147,10 +148,11 @@ def test_per_step_core_launch_takes_the_head_step_and_defers_the_rest_in_order()
     assert list(scheduler.ready) == [0, 3, 1, 2]
 
 
-def test_per_step_core_launch_fills_up_to_w_from_anywhere_in_the_queue() -> None:
-    scheduler = queued_at_steps([1, 0, 1, 1, 2], width=2, core_launch="per-step")
-    assert scheduler.plan().requests == [0, 2]
-    assert list(scheduler.ready) == [0, 2, 1, 3, 4]
+def test_per_step_core_launch_takes_matching_tokens_from_anywhere_in_the_queue() -> None:
+    scheduler = queued_at_steps([1, 0, 1, 1, 2], width=5, core_launch="per-step")
+    assert scheduler.plan().requests == [0, 2, 3]
+    assert list(scheduler.ready) == [0, 2, 3, 1, 4]
+    assert scheduler._ready_steps == [2, 2, 2, 0, 2]
 
 
 def test_mixed_core_launch_takes_the_head_whatever_the_steps() -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import signal, stats
 
 from traces.errors import require, unknown
 
@@ -72,8 +71,12 @@ class ExitModel:
             if span == 0 or frac in (0.0, 1.0):
                 p[round(self.mean) - 1] = 1.0
             elif self.dispersion == 0.0:
+                from scipy import stats  # only the synthetic model needs it (a costly import)
+
                 p[r_min - 1:] = stats.binom.pmf(np.arange(span + 1), span, frac)
             else:
+                from scipy import stats
+
                 scale = 1.0 / self.dispersion - 1.0
                 p[r_min - 1:] = stats.betabinom.pmf(np.arange(span + 1), span, frac * scale,
                                                    (1.0 - frac) * scale)
@@ -81,27 +84,47 @@ class ExitModel:
 
     def depths(self, output_lens: np.ndarray, r_min: int, r_max: int,
                rng: np.random.Generator) -> list[np.ndarray]:
-        """Per request, the requested depths of output tokens 1 .. output_len - 1."""
+        """Per request, the requested depths of output tokens 1 .. output_len - 1 (views of one array).
+
+        The requests' sequences are drawn and filtered together, as one stream of draws in request order:
+        the same numbers a request-by-request loop would give, without a numpy call per request."""
         cdf = np.cumsum(self.pmf(r_min, r_max))
         cdf[-1] = 1.0
-        out = []
-        for n in np.asarray(output_lens, dtype=np.int64):
-            count = max(int(n) - 1, 0)
-            if self.kind != "synthetic":
-                out.append(np.full(count, int(np.searchsorted(cdf, 0.5) + 1), dtype=np.int16))
-                continue
-            u = stats.norm.cdf(self._latent(count, rng))
-            out.append((np.searchsorted(cdf, u, side="right") + 1).clip(1, r_max).astype(np.int16))
-        return out
+        counts = np.maximum(np.asarray(output_lens, dtype=np.int64) - 1, 0)
+        if self.kind != "synthetic":
+            flat = np.full(int(counts.sum()), int(np.searchsorted(cdf, 0.5) + 1), dtype=np.int16)
+        else:
+            from scipy.special import ndtr  # scipy is imported where it is used: importing it costs
 
-    def _latent(self, count: int, rng: np.random.Generator) -> np.ndarray:
-        """A stationary standard-normal AR(1) sequence with lag-one correlation ``correlation``."""
-        eps = rng.standard_normal(count)
+            u = ndtr(self._latent(counts, rng))  # the standard normal CDF (scipy.stats' norm.cdf is this, slower)
+            flat = (np.searchsorted(cdf, u, side="right") + 1).clip(1, r_max).astype(np.int16)
+        ends = np.cumsum(counts).tolist()
+        return [flat[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+
+    def _latent(self, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Per request (``counts[i]`` values each, laid end to end), a stationary standard-normal AR(1)
+        sequence with lag-one correlation ``correlation``."""
+        eps = rng.standard_normal(int(counts.sum()))
         rho = self.correlation
-        if rho == 0.0 or count == 0:
+        if rho == 0.0 or not len(eps):
             return eps
-        z = np.empty(count)
-        z[0] = eps[0]
-        if count > 1:
-            z[1:], _ = signal.lfilter([np.sqrt(1.0 - rho * rho)], [1.0, -rho], eps[1:], zi=[rho * eps[0]])
+        from scipy.signal import lfilter  # a costly import: only correlated depths need it
+
+        z = eps.copy()  # each sequence starts at its first draw, then z[t] = rho z[t - 1] + sqrt(1 - rho^2) eps[t]
+        starts = np.cumsum(counts) - counts
+        longer = np.flatnonzero(counts > 1)
+        # filter the sequences as rows of a few 2-D arrays, rows of similar length together (lengths within a
+        # factor of two), so that padding at most doubles the work; each row is filtered as it would be alone
+        band = np.floor(np.log2(counts[longer] - 1)).astype(np.int64)
+        for b in np.unique(band):
+            rows = longer[band == b]
+            tail = counts[rows] - 1
+            cols = np.arange(int(tail.max()))
+            inside = cols[None, :] < tail[:, None]
+            index = (starts[rows] + 1)[:, None] + cols[None, :]
+            x = np.zeros(inside.shape)
+            x[inside] = eps[index[inside]]
+            y, _ = lfilter([np.sqrt(1.0 - rho * rho)], [1.0, -rho], x, axis=1,
+                           zi=(rho * eps[starts[rows]])[:, None])
+            z[index[inside]] = y[inside]
         return z

@@ -25,7 +25,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from traces.errors import InputError, require
 from traces.request import MAX_ARRIVAL_S, Request
@@ -44,6 +43,8 @@ def _format(path: Path) -> str:
 
 def write_trace(requests: list[Request], path: str | Path) -> Path:
     """Write ``requests`` to ``path`` (.csv or .parquet)."""
+    import pandas as pd  # a costly import that only reading and writing files need
+
     path = Path(path)
     fmt = _format(path)
     frame = pd.DataFrame({
@@ -63,6 +64,8 @@ def write_trace(requests: list[Request], path: str | Path) -> Path:
 
 def read_trace(path: str | Path, r_max: int | None = None) -> list[Request]:
     """Read a trace; with ``r_max`` every depth must lie in ``[1, r_max]``."""
+    import pandas as pd
+
     path = Path(path)
     fmt = _format(path)
     require(path.is_file(), f"trace file {path} does not exist")

@@ -22,7 +22,6 @@ from functools import cache
 from importlib import resources
 
 import numpy as np
-from scipy import stats
 
 from traces.errors import unknown
 
@@ -41,10 +40,12 @@ class LengthModel:
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``n`` (prompt_len, output_len) pairs, each at least 1 token."""
+        from scipy.special import ndtr  # the standard normal CDF; scipy is imported where it is used
+
         rho = 2.0 * np.sin(np.pi * self.spearman / 6.0)  # Spearman -> Pearson for a Gaussian copula
         z1 = rng.standard_normal(n)
         z2 = rho * z1 + np.sqrt(1.0 - rho * rho) * rng.standard_normal(n)
-        u1, u2 = stats.norm.cdf(z1), stats.norm.cdf(z2)
+        u1, u2 = ndtr(z1), ndtr(z2)  # the standard normal CDF
         grid = np.linspace(0.0, 1.0, len(self.prompt_quantiles))
         prompt = np.interp(u1, grid, self.prompt_quantiles)
         output = np.interp(u2, grid, self.output_quantiles)

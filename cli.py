@@ -788,7 +788,7 @@ def capacity_command(
 @friendly
 @experiment_options("arch.name", "arch.split", "serve.policy", "serve.width", "serve.coda_batch", "serve.timing",
                     "serve.kv_layout", "workload.name", "workload.requests", "exits.model", "exits.mean_depth",
-                    "workload.seed", "serve.kv_tokens", "latency.profile", "latency.force",
+                    "workload.seed", "serve.kv_tokens", "serve.core_launch", "latency.profile", "latency.force",
                     defaults={"workload.name": "alpaca", "workload.requests": 128, "workload.seed": 1,
                               "serve.kv_tokens": 65536})
 def validate(

@@ -4,9 +4,10 @@ and exit depths, and compare the two logs.
 A validation matrix is a JSON file (``calibration/matrices/validation-h200.json``): ``defaults`` plus a
 list of ``configs``, each naming ``arch`` (and optionally ``split``), ``policy``, ``coda_batch``, ``width``,
 ``layout``, ``timing``, ``workload``, ``requests``, ``exits`` (``synthetic`` or ``none``), ``mean_depth``,
-``seed``, ``kv_tokens`` and, for an online run, ``rate_of_capacity`` (Poisson arrivals at that fraction of
-the simulator's offline request rate for the same configuration) or ``trace``, a trace file (path from the
-repository root) whose requests, arrivals and exit depths replace the workload's.
+``seed``, ``kv_tokens``, ``core_launch`` (``mixed`` or ``per-step``) and, for an online run,
+``rate_of_capacity`` (Poisson arrivals at that fraction of the simulator's offline request rate for the same
+configuration) or ``trace``, a trace file (path from the repository root) whose requests, arrivals and exit
+depths replace the workload's.
 
 The executor part needs torch and a GPU; measured logs are saved per configuration, so the comparison can
 be redone anywhere from them (``--measured DIR``).
@@ -41,6 +42,7 @@ ENTRY_KEYS = {  # experiment field -> the Entry field that carries it to the exe
     "serve.width": "width", "serve.kv_layout": "layout", "serve.timing": "timing", "workload.name": "workload",
     "workload.requests": "requests", "exits.model": "exits", "exits.mean_depth": "mean_depth",
     "workload.seed": "seed", "serve.kv_tokens": "kv_tokens", "workload.trace": "trace",
+    "serve.core_launch": "core_launch",
 }
 
 
@@ -64,6 +66,7 @@ class Entry:
     kv_tokens: int = 65536
     rate_of_capacity: float | None = None
     trace: str | None = None
+    core_launch: str = "mixed"
 
     def __post_init__(self) -> None:
         require(self.trace is None or self.rate_of_capacity is None,
@@ -103,7 +106,7 @@ class Entry:
 
     def config(self) -> ServeConfig:
         return ServeConfig(policy=self.policy, width=self.width, coda_batch=self.coda_batch, timing=self.timing,
-                           layout=self.layout)
+                           layout=self.layout, core_launch=self.core_launch)
 
     def kv_blocks(self) -> int:
         config = self.config()

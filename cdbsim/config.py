@@ -55,6 +55,29 @@ class Timing(Choice):
         return 2 if self is Timing.LOOKAHEAD else 1
 
 
+class CoreLaunch(Choice):
+    """Which ready tokens one core launch may carry.
+
+    MIXED: up to W tokens from the head of the ready queue, whatever loop step each is at (one launch
+    advances tokens at many depths; cdbsim's default, and what the executor measures).
+    PER_STEP: slot-homogeneous launches as in the CDB paper's engine with a depth-indexed KV cache
+    (``reference/cdb-engine-spec.md``, "Recurrent batch composition"): the head token's loop step fixes
+    the launch's, tokens at other steps stay queued in their order, so a queue spread over d steps needs
+    d launches where MIXED needs one.
+    """
+
+    MIXED = "mixed"
+    PER_STEP = "per-step"
+
+    @classmethod
+    def aliases(cls) -> dict[str, str]:
+        return {"per_step": "per-step", "homogeneous": "per-step"}
+
+    @classmethod
+    def what(cls) -> str:
+        return "core launch"
+
+
 def decode_graph_sizes(width: int) -> tuple[int, ...]:
     """Padded batch sizes with a CUDA graph: 1, 2, 4, 8, 12, 16..256 by 8, 272..496 by 16, 512.. by 32, W."""
     sizes = {1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 497, 16), *range(512, width + 1, 32), width}
@@ -88,7 +111,7 @@ class ServeConfig:
     the coda size refill waits for; ``prefill_budget`` (M) bounds prompt tokens per prefill launch;
     ``kv_margin`` is the share of free KV blocks below which new prompts are not admitted while others
     decode; ``min_free_slots`` (default max(1, W/8)) how many resident slots must be free to start
-    admitting.
+    admitting; ``core_launch`` whether one core launch may mix loop steps (:class:`CoreLaunch`).
     """
 
     policy: Policy = Policy.REFILL
@@ -102,11 +125,13 @@ class ServeConfig:
     max_coda_in_flight: int = 2
     block_size: int = 16
     graph_sizes: tuple[int, ...] | None = field(default=None)
+    core_launch: CoreLaunch = CoreLaunch.MIXED
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", Policy.parse(self.policy))
         object.__setattr__(self, "timing", Timing.parse(self.timing))
         object.__setattr__(self, "layout", KVLayout.parse(self.layout))
+        object.__setattr__(self, "core_launch", CoreLaunch.parse(self.core_launch))
         require(self.width >= 1, f"W must be >= 1, got {self.width}")
         require(self.coda_batch >= 1, f"K must be >= 1, got {self.coda_batch}")
         require(self.coda_batch <= self.width, f"K ({self.coda_batch}) must not exceed W ({self.width})")
@@ -136,5 +161,6 @@ class ServeConfig:
 
     def describe(self) -> str:
         k = f" K={self.coda_batch}" if self.policy is Policy.REFILL else ""
+        per_step = " per-step-core" if self.core_launch is CoreLaunch.PER_STEP else ""
         return (f"{self.policy.value}{k} W={self.width} M={self.prefill_budget} {self.timing.value} "
-                f"{self.layout.value}-KV")
+                f"{self.layout.value}-KV{per_step}")

@@ -33,7 +33,7 @@ from types import NoneType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from cdbsim.arch import ArchSpec, head_dim_explicit, load_arch
-from cdbsim.config import Policy, ServeConfig, Timing
+from cdbsim.config import CoreLaunch, Policy, ServeConfig, Timing
 from cdbsim.errors import ConfigError, require, unknown
 from cdbsim.kvlayout import KVLayout
 from cdbsim.workload import Arrival, WorkloadSpec, default_mean_depth
@@ -304,6 +304,8 @@ class ServeSection(Section):
                                  maximum=MAX_PREFILL_BUDGET)
     timing: Timing = option(Timing.LOOKAHEAD, "sync, async or lookahead (lookahead: r_min = 2).")
     kv_layout: KVLayout = option(KVLayout.DEPTH, "depth (with last-exited fill), shared or first-shared.")
+    core_launch: CoreLaunch = option(CoreLaunch.MIXED, "mixed (a core launch takes tokens at any loop step) or "
+                                                       "per-step (one loop step per launch, as the paper's engine).")
     kv_tokens: int | None = option(None, "KV capacity in tokens.", minimum=1)
     kv_blocks: int | None = option(None, "KV capacity in blocks of 16 tokens.", minimum=1)
 
@@ -312,7 +314,8 @@ class ServeSection(Section):
                 f"--policy adaptive chooses the coda batch K itself as it runs; drop --K {self.coda_batch} "
                 f"(serve.coda_batch)")
         return ServeConfig(policy=self.policy, width=self.width, coda_batch=self.coda_batch or 1,
-                           prefill_budget=self.prefill_budget, timing=self.timing, layout=self.kv_layout)
+                           prefill_budget=self.prefill_budget, timing=self.timing, layout=self.kv_layout,
+                           core_launch=self.core_launch)
 
     def kv_capacity(self) -> KVCapacity:
         """The KV cache size given (tokens or blocks), else what the device memory leaves after weights."""

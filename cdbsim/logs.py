@@ -77,7 +77,8 @@ def run_meta(scheduler: Scheduler, **extra: object) -> dict:
             "policy": config.policy.value, "width": config.width,
             "coda_batch": None if config.policy is Policy.ADAPTIVE else config.coda_batch,  # adaptive has none
             "prefill_budget": config.prefill_budget, "timing": config.timing.value,
-            "layout": config.layout.value, "config": config.describe(), "kv_blocks": scheduler.kv.total,
+            "layout": config.layout.value, "core_launch": config.core_launch.value, "config": config.describe(),
+            "kv_blocks": scheduler.kv.total,
             "requests": len(scheduler.requests), "launches": scheduler.launches,
             "preemptions": scheduler.preemptions, **extra}
 

@@ -15,7 +15,8 @@ its exit depth is replayed from the trace, clamped to ``[r_min, r_max]``. Polici
 * ``refill`` (Algorithm 2 of the CDB paper): prelude as soon as tokens exist, then coda if >= K wait (and
   fewer than ``max_coda_in_flight`` codas are in flight), else an admitted prefill, else one core step over
   up to W ready tokens from the head of the queue (survivors go back to the head), else an undersized coda
-  flush.
+  flush. With ``core_launch = per-step`` that core step takes only the tokens at the head token's loop
+  step, as the paper's engine does with a depth-indexed cache; the others keep their place in the queue.
 * ``norefill`` (Algorithm 1): prefill while admitted, then one lock-step wave: prelude -> core steps over
   a shrinking batch -> one coda for the whole wave.
 * ``cb``: prefill if admitted, else one fused full-depth decode step over up to W requests.
@@ -38,7 +39,7 @@ from collections.abc import Sequence
 from cdbsim.adaptive import OnlineCosts
 from cdbsim.arch import ArchSpec
 from cdbsim.blocks import BlockManager
-from cdbsim.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
+from cdbsim.config import CoreLaunch, Policy, ServeConfig, padding_table, prefill_graph_sizes
 from cdbsim.errors import ConfigError
 from cdbsim.kv import need_blocks
 from cdbsim.launch import Launch, Stage
@@ -117,6 +118,7 @@ class Scheduler:
         self._retire: dict[int, list[int]] = {}
         self._refill = config.policy.refills  # refill, adaptive: new tokens go to the prelude queue
         self.costs = OnlineCosts() if config.policy is Policy.ADAPTIVE else None
+        self._per_step = config.core_launch is CoreLaunch.PER_STEP
         self._plan_policy = {Policy.CB: self._plan_cb, Policy.NOREFILL: self._plan_norefill,
                              Policy.REFILL: self._plan_refill, Policy.ADAPTIVE: self._plan_adaptive}[config.policy]
 
@@ -256,7 +258,14 @@ class Scheduler:
 
     def _launch_core(self) -> Launch:
         batch, steps = self.ready, self._ready_steps
+        deferred: list[int] = []
+        deferred_steps: list[int] = []
+        if self._per_step and min(steps) != max(steps):
+            batch, steps, deferred, deferred_steps = split_at_head_step(batch, steps)
         exits, copies, self.ready, self._ready_steps = self._loop_step(batch, steps, self.coda_queue)
+        if deferred:  # survivors first, then the tokens at other steps, each in queue order
+            self.ready += deferred
+            self._ready_steps += deferred_steps
         return self._core_launch(batch, steps, exits, copies)
 
     def _launch_coda(self, batch: list[int]) -> Launch:
@@ -454,3 +463,12 @@ class Scheduler:
         self.in_flight += 1
         self.done = False
         return launch
+
+
+def split_at_head_step(tokens: list[int], steps: list[int]) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Per-step core launches: the tokens at the head token's loop step (and their steps), then the others
+    in their queue order (and theirs). No width limit is needed: a queue never holds more than W tokens."""
+    head = steps[0]
+    taken = [i for i, s in zip(tokens, steps, strict=True) if s == head]
+    others = [(i, s) for i, s in zip(tokens, steps, strict=True) if s != head]
+    return taken, [head] * len(taken), [i for i, _ in others], [s for _, s in others]

@@ -39,7 +39,8 @@ def test_grid_from_options_and_a_toml_table() -> None:
     ({}, None, "the grid is empty: give fields to sweep"),
     (None, [], "the grid is empty"),
     ({"serve.width": []}, None, "grid: serve.width has no values"),
-    ({"serve.widht": [16]}, None, "grid: unknown key serve.widht; valid keys of [serve]: coda_batch, kv_blocks"),
+    ({"serve.widht": [16]}, None,
+     "grid: unknown key serve.widht; valid keys of [serve]: coda_batch, core_launch, kv_blocks"),
     ({"model.width": [16]}, None, "grid: unknown section [model]; valid sections: arch, serve"),
     ({"serve.width": [16, "wide"]}, None, "grid: serve.width: expected an integer, got 'wide'"),
     ({"serve.policy": ["cb", "fifo"]}, None, "grid: serve.policy: unknown policy 'fifo'; choose one of: adaptive, cb, "

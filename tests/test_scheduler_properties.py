@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdbsim.config import Policy, ServeConfig, Timing
+from cdbsim.config import CoreLaunch, Policy, ServeConfig, Timing
 from cdbsim.kv import need_blocks
 from cdbsim.kvlayout import KVLayout
 from cdbsim.launch import Launch, Stage
@@ -31,12 +31,13 @@ class Case:
     extra_blocks: int
     pipelined: bool
     min_free_slots: int | None
+    core_launch: CoreLaunch = CoreLaunch.MIXED
 
     def build(self, depths: list[list[int]] | None = None) -> Scheduler:
         arch = tiny_arch(self.r_max)
         config = ServeConfig(policy=self.policy, width=self.width, coda_batch=self.coda_batch,
                              prefill_budget=self.budget, timing=self.timing, layout=self.layout,
-                             min_free_slots=self.min_free_slots)
+                             min_free_slots=self.min_free_slots, core_launch=self.core_launch)
         requests = make_requests(self.specs, depths if depths is not None else self.depths)
         capacity = max(need_blocks(p, o) for p, o in self.specs) + self.extra_blocks
         return Scheduler(arch, config, requests, capacity)
@@ -62,6 +63,7 @@ def cases(draw: st.DrawFn) -> Case:
         extra_blocks=draw(st.sampled_from([0, 0, 1, 2, 4, 16, 64])),
         pipelined=draw(st.booleans()),
         min_free_slots=draw(st.one_of(st.none(), st.integers(1, width))),
+        core_launch=draw(st.sampled_from(list(CoreLaunch))),
     )
 
 
@@ -195,3 +197,14 @@ def test_norefill_waves_shrink_and_end_in_one_coda(case: Case) -> None:
             assert wave is not None
             assert launch.size == wave[0].size, "one coda for all of the wave's tokens"
             wave = None
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases())
+def test_per_step_core_launches_are_step_homogeneous(case: Case) -> None:
+    """Under per-step every core launch applies one loop step; mixed runs the same tokens to the same
+    depths (the invariants above), only grouped differently."""
+    case.core_launch = CoreLaunch.PER_STEP
+    limit = 20 + sum(p + o * (case.r_max + 3) for p, o in case.specs) * 4
+    launches = run(case.build(), case.pipelined, limit)
+    assert all(len(set(x.steps)) == 1 for x in launches if x.stage is Stage.CORE)

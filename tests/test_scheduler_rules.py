@@ -122,3 +122,45 @@ def test_graph_sizes_follow_the_engine_buckets() -> None:
     sizes = decode_graph_sizes(600)
     assert 496 in sizes and 512 in sizes and 544 in sizes and sizes[-1] == 600
     assert prefill_graph_sizes(8192)[:3] == (16, 32, 48) and prefill_graph_sizes(8192)[-1] == 8192
+
+
+def queued_at_steps(steps: list[int], width: int, core_launch: str) -> Scheduler:
+    """A refill scheduler whose ready queue holds one token per request at the given 0-based loop steps."""
+    arch = tiny_arch(r_max=4)
+    requests = make_requests([(4, 2)] * len(steps), depths=[[4]] * len(steps))
+    config = ServeConfig(policy="refill", width=width, timing="sync", core_launch=core_launch)
+    scheduler = Scheduler(arch, config, requests, 64)
+    for i, s in enumerate(steps):
+        scheduler.table.last[i] = 3  # every token loops to r_max
+        scheduler.ready.append(i)
+        scheduler._ready_steps.append(s)
+    return scheduler
+
+
+def test_per_step_core_launch_takes_the_head_step_and_defers_the_rest_in_order() -> None:
+    """The paper's engine's own case: steps [0, 1, 2, 0] launch [0, 0]; the others keep their order."""
+    scheduler = queued_at_steps([0, 1, 2, 0], width=4, core_launch="per-step")
+    launch = scheduler.plan()
+    assert launch.stage is Stage.CORE and launch.requests == [0, 3] and launch.steps == [0, 0]
+    assert list(scheduler.ready) == [0, 3, 1, 2]  # survivors back at the head, deferred tokens behind
+    second = scheduler.plan()  # the head is now at step 1, as are 3 and the deferred 1
+    assert second.requests == [0, 3, 1] and second.steps == [1, 1, 1]
+    assert list(scheduler.ready) == [0, 3, 1, 2]
+
+
+def test_per_step_core_launch_takes_matching_tokens_from_anywhere_in_the_queue() -> None:
+    scheduler = queued_at_steps([1, 0, 1, 1, 2], width=5, core_launch="per-step")
+    assert scheduler.plan().requests == [0, 2, 3]
+    assert list(scheduler.ready) == [0, 2, 3, 1, 4]
+    assert scheduler._ready_steps == [2, 2, 2, 0, 2]
+
+
+def test_mixed_core_launch_takes_the_head_whatever_the_steps() -> None:
+    scheduler = queued_at_steps([0, 1, 2, 0], width=4, core_launch="mixed")
+    launch = scheduler.plan()
+    assert launch.requests == [0, 1, 2, 3] and launch.steps == [0, 1, 2, 0]
+
+
+def test_unknown_core_launch_lists_the_valid_ones() -> None:
+    with pytest.raises(ConfigError, match="mixed, per-step"):
+        ServeConfig(core_launch="split")

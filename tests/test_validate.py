@@ -32,6 +32,21 @@ def test_shipped_matrix_covers_what_validation_needs() -> None:
         e.config()  # every configuration is valid
 
 
+def test_paper_matrix_runs_huginn_w64_under_per_step_core_launches() -> None:
+    entries = load_matrix("calibration/matrices/paper-huginn-h200.json")
+    launch = {(e.policy, e.coda_batch, e.config().core_launch.value) for e in entries}
+    assert launch == {("norefill", 1, "per-step"), ("refill", 16, "per-step"), ("cb", 1, "per-step"),
+                      ("refill", 16, "mixed")}
+    assert {(e.arch, e.width, e.workload) for e in entries} == {("huginn-3.5b", 64, "alpaca")}
+
+
+def test_entry_carries_the_core_launch_to_the_executor() -> None:
+    from cdbsim.experiment import Experiment
+
+    exp = Experiment(serve={"core_launch": "per-step", "kv_tokens": 65536})
+    assert Entry.from_experiment("x", exp).config().core_launch.value == "per-step"
+
+
 def test_matrix_with_unknown_key_is_refused(tmp_path) -> None:
     path = tmp_path / "m.json"
     path.write_text(json.dumps({"configs": [{"name": "a", "widht": 8}]}))

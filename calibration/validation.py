@@ -30,6 +30,7 @@ from cdbsim.kv import capacity_blocks
 from cdbsim.latency import LatencyModel
 from cdbsim.logs import RunLog
 from cdbsim.metadata import table_width
+from cdbsim.outputs import atomic_file
 from cdbsim.profile import Profile
 from cdbsim.report import summarize
 from cdbsim.sim import simulate
@@ -263,16 +264,20 @@ def write_results(entries: list[Entry], comparisons: list[Comparison], out: Path
 
     summary = [c.summary() for c in comparisons]
     errors = error_summary(comparisons)
-    (out / "summary.json").write_text(json.dumps(
-        {"summary": summary, "errors": errors, "profiles": profile_names(latency_for, entries),
-         "configs": {e.name: e.describe() for e in entries},
-         "details": {c.name: c.rows for c in comparisons},
-         "stages": {c.name: c.stages for c in comparisons}}, indent=2, default=float))
-    pd.DataFrame(summary).to_csv(out / "summary.csv", index=False)
-    pd.DataFrame([{"config": c.name, **row} for c in comparisons for row in c.stages]).to_csv(
-        out / "stages.csv", index=False)
-    plot_scatter(comparisons, out / "scatter.png")
+    with atomic_file(out / "summary.json") as path:  # each file whole or not at all
+        path.write_text(json.dumps(
+            {"summary": summary, "errors": errors, "profiles": profile_names(latency_for, entries),
+             "configs": {e.name: e.describe() for e in entries},
+             "details": {c.name: c.rows for c in comparisons},
+             "stages": {c.name: c.stages for c in comparisons}}, indent=2, default=float))
+    with atomic_file(out / "summary.csv") as path:
+        pd.DataFrame(summary).to_csv(path, index=False)
+    with atomic_file(out / "stages.csv") as path:
+        pd.DataFrame([{"config": c.name, **row} for c in comparisons for row in c.stages]).to_csv(path, index=False)
+    with atomic_file(out / "scatter.png") as path:
+        plot_scatter(comparisons, path)
     first = comparisons[0]
     if first.measured_log is not None and first.predicted_log is not None:
-        plot_timelines(first.measured_log, first.predicted_log, out / "timeline.png", title=first.name)
+        with atomic_file(out / "timeline.png") as path:
+            plot_timelines(first.measured_log, first.predicted_log, path, title=first.name)
     return Validation(comparisons, summary, errors)

@@ -181,17 +181,8 @@ class Scheduler:
             return self._launch_prelude()
         can_coda = self.coda_in_flight < self._max_coda
         if can_coda and len(self.coda_queue) >= self._coda_batch:
-            batch, self.coda_queue = self.coda_queue, []
-            return self._launch_coda(batch)
-        launch = self._try_prefill()
-        if launch is not None:
-            return launch
-        if self.ready:
-            return self._launch_core()
-        if can_coda and self.coda_queue:
-            batch, self.coda_queue = self.coda_queue, []
-            return self._launch_coda(batch)
-        return None
+            return self._flush_coda()
+        return self._plan_core_first(can_coda)
 
     def _plan_adaptive(self) -> Launch | None:
         """Refill's order, with each boundary stage launched only when the rule says waiting costs more
@@ -201,8 +192,12 @@ class Scheduler:
             return self._launch_prelude()
         can_coda = self.coda_in_flight < self._max_coda
         if can_coda and self.coda_queue and worth(Stage.CODA, len(self.coda_queue), waiting):
-            batch, self.coda_queue = self.coda_queue, []
-            return self._launch_coda(batch)
+            return self._flush_coda()
+        return self._plan_core_first(can_coda)
+
+    def _plan_core_first(self, can_coda: bool) -> Launch | None:
+        """What refill and adaptive run when no boundary stage is due: a prefill, else a core step, else
+        whatever boundary tokens wait (refill's prelude queue is always empty here)."""
         launch = self._try_prefill()
         if launch is not None:
             return launch
@@ -211,9 +206,12 @@ class Scheduler:
         if self.prelude_queue:
             return self._launch_prelude()
         if can_coda and self.coda_queue:
-            batch, self.coda_queue = self.coda_queue, []
-            return self._launch_coda(batch)
+            return self._flush_coda()
         return None
+
+    def _flush_coda(self) -> Launch:
+        batch, self.coda_queue = self.coda_queue, []
+        return self._launch_coda(batch)
 
     def _plan_norefill(self) -> Launch | None:
         if self._wave is not None:

@@ -18,13 +18,19 @@
 #                                           -> benchmarks/results/paper/
 #   bash benchmarks/gpu_session.sh adaptive the adaptive policy against fixed ones on the same requests
 #                                           -> benchmarks/results/adaptive/
+#   bash benchmarks/gpu_session.sh host     GPU tests, the host's time per launch re-measured on the serving path
+#                                           (kernel and shipped profiles), calibration against serving conditions
+#                                           for the two smallest unseen shapes, their unseen-matrix runs again
+#                                           -> benchmarks/results/host/
+#   bash benchmarks/gpu_session.sh hostvar  the host's time per launch of one configuration run alone twice, then
+#                                           after four others in the same process -> benchmarks/results/host/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-sessions.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | matrix | last | k1 | kernels | unseen | paper | adaptive) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, matrix, last, k1, kernels, unseen, paper, adaptive" >&2; exit 2 ;;
+  spin | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -67,6 +73,34 @@ case $phase in
   adaptive)  # adaptive and the fixed policies on identical requests, steady and shifting load
     run 560 validate-adaptive python3 cli.py validate --matrix calibration/matrices/adaptive-h200.json \
       ${ONLY:+--only "$ONLY"} --out "$work/adaptive"
+    ;;
+  host)  # the host's time per launch as served, and what serving conditions change for small shapes
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 90 kernels-host python3 cli.py calibrate --kernels --families host \
+      --update calibration/profiles/h200-kernels.json --out "$work/profiles"
+    cp "$work/profiles/h200-kernels.json" calibration/profiles/h200-kernels.json
+    run 150 shipped-host python3 benchmarks/remeasure_host.py calibration/profiles/h200-ouro-1.4b.json \
+      calibration/profiles/h200-ouro-2.6b.json calibration/profiles/h200-huginn-3.5b.json --out "$work/profiles"
+    for shape in $([ "${GAP:-1}" = 1 ] && echo huginn-2048 ouro-1536); do  # GAP=0 leaves these out
+      run 100 "gap-$shape" python3 benchmarks/probe_calibration_gap.py --repeats 10 \
+        --arch "calibration/archs/unseen-$shape.json" --out "$work/gap-$shape.json" \
+        --points core:1:512,core:1:3072,core:4:3072,core:16:3072,prelude:1:3072,coda:1:3072
+    done
+    small=$(python3 -c "import json; print(','.join(c['name'] for c in json.load(open('calibration/matrices/unseen-h200.json'))['configs'] if c['name'].startswith(('ouro-1536', 'huginn-2048'))))")
+    run 240 validate-unseen python3 cli.py validate --matrix calibration/matrices/unseen-h200.json \
+      --only "${ONLY:-$small}" \
+      --out "$work/unseen"
+    ;;
+  hostvar)  # is the host's time per launch a property of the machine or of the process's history?
+    (lscpu; uptime; nproc) > "$work/host-machine.txt" 2>&1
+    one=huginn-2048-alpaca-refill
+    for i in 1 2; do
+      run 90 "alone-$i" python3 cli.py validate --matrix calibration/matrices/unseen-h200.json --only $one \
+        --out "$work/alone-$i"
+    done
+    run 150 after-others python3 cli.py validate --matrix calibration/matrices/unseen-h200.json \
+      --only ouro-1536-alpaca-refill,ouro-1536-alpaca-cb,ouro-1536-sharegpt-refill,huginn-2048-alpaca-norefill,$one \
+      --out "$work/after-others"
     ;;
   spin)  # the calibration timer with its spin kernel, then the three shipped profiles
     run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider

@@ -13,6 +13,7 @@ changing them one at a time, then all together:
                steps, as a refill run reads them; calibration measures the shared layout at step 0
 ``sustained``  2 s of back-to-back replays before timing, instead of a short burst
 ``run-like``   random data + scatter + depth + sustained
+``served``     run-like, each replay preceded by its metadata copy, as the executor launches it
 
 ``base`` is how calibration measures now (random data, consecutive blocks, shared layout, burst). The
 table prints each variant's time and its ratio to ``base``; the JSON keeps everything. On the H200 every
@@ -20,6 +21,8 @@ variant came within 1% of ``base`` (``benchmarks/results/calibration-gap-probe``
 executor's attention split, not a calibration condition (``cdbsim/attention.py``).
 
     python benchmarks/probe_calibration_gap.py --out probe.json          # on a CUDA GPU, about a minute
+    python benchmarks/probe_calibration_gap.py --arch calibration/archs/unseen-huginn-2048.json \
+        --points core:1:3072,prelude:1:3072,coda:1:3072,core:8:3072 --out probe.json
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from calibration.measure import Timer, UnitBench
-from cdbsim.arch import PRESETS, ArchSpec
+from cdbsim.arch import PRESETS, ArchSpec, load_arch
 from cdbsim.kvlayout import KVLayout
 from cdbsim.launch import Stage
 
@@ -48,11 +51,13 @@ class Variant:
     scatter: bool = False
     depth: bool = False
     sustained: bool = False
+    copy: bool = False
 
 
 VARIANTS = (Variant("base"), Variant("zeros", zeros=True), Variant("scatter", scatter=True),
             Variant("depth", depth=True), Variant("sustained", sustained=True),
-            Variant("run-like", scatter=True, depth=True, sustained=True))
+            Variant("run-like", scatter=True, depth=True, sustained=True),
+            Variant("served", scatter=True, depth=True, sustained=True, copy=True))
 
 
 def measure(variant: Variant, arch: ArchSpec, repeats: int, device: torch.device,
@@ -66,24 +71,29 @@ def measure(variant: Variant, arch: ArchSpec, repeats: int, device: torch.device
     out = {}
     for stage, batch, context in points:
         mixed = variant.depth and stage is Stage.CORE
-        out[f"{stage.value} B={batch} L={context}"] = bench.stage(stage, batch, context, mixed_steps=mixed)
+        out[f"{stage.value} B={batch} L={context}"] = bench.timer(
+            bench.graph(stage, batch, context, mixed_steps=mixed, with_copy=variant.copy))
     bench.close()
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", default="ouro-1.4b", choices=sorted(PRESETS))
+    parser.add_argument("--arch", default="ouro-1.4b", help=f"a preset ({', '.join(sorted(PRESETS))}) or an "
+                        "architecture JSON file")
+    parser.add_argument("--points", type=parse_points, default=POINTS,
+                        help="stage:batch:context,... (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", help="write the times as JSON")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("probe_calibration_gap: needs a CUDA GPU, and none is available", file=sys.stderr)
         return 2
+    arch = PRESETS[args.arch] if args.arch in PRESETS else load_arch(args.arch)
     t0 = time.perf_counter()
     results: dict[str, dict[str, float]] = {}
     for variant in VARIANTS:  # each variant is printed and saved as it finishes: a cut-short run keeps them
-        results[variant.name] = measure(variant, PRESETS[args.arch], args.repeats, torch.device("cuda"))
+        results[variant.name] = measure(variant, arch, args.repeats, torch.device("cuda"), args.points)
         print_row(variant.name, results[variant.name], results["base"], time.perf_counter() - t0)
         if args.out:
             meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "arch": args.arch,
@@ -91,6 +101,14 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.out, "w") as f:
                 json.dump({"meta": meta, "seconds": results}, f, indent=2)
     return 0
+
+
+def parse_points(text: str) -> tuple[tuple[Stage, int, int], ...]:
+    """``core:1:3072,prelude:8:512`` -> ((Stage.CORE, 1, 3072), (Stage.PRELUDE, 8, 512))."""
+    try:
+        return tuple((Stage(stage), int(b), int(c)) for stage, b, c in (p.split(":") for p in text.split(",")))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"points must look like core:1:3072,prelude:8:512 ({exc})") from None
 
 
 def print_row(name: str, times: dict[str, float], base: dict[str, float], elapsed_s: float) -> None:

@@ -34,7 +34,7 @@ from cdbsim.outputs import atomic_file
 from cdbsim.profile import Profile
 from cdbsim.report import summarize
 from cdbsim.sim import simulate
-from cdbsim.validate import Comparison, error_summary, plot_scatter, plot_timelines, stage_errors
+from cdbsim.validate import Comparison, error_summary, plot_scatter, plot_timelines, run_host, stage_errors
 from cdbsim.workload import DEFAULT_REQUESTS, WorkloadSpec, default_mean_depth
 from traces import ExitModel, Request
 
@@ -217,11 +217,18 @@ def compare(entries: list[Entry], measured: dict[str, RunLog],
         real = measured[entry.name]
         rate = real.meta.get("rate")
         requests = entry.build_requests(rate if entry.online else None)
-        predicted = simulate(arch, config, requests, latency_for(arch), entry.kv_blocks())
+        latency = latency_for(arch)
+        predicted = simulate(arch, config, requests, latency, entry.kv_blocks())
         r_min = config.r_min(arch)
         comparison = Comparison.of(entry.name, summarize(real, arch, requests, r_min),
                                    summarize(predicted, arch, requests, r_min), entry.online,
                                    measured_log=real, predicted_log=predicted)
+        found = run_host(real)
+        if found is not None:  # the same prediction with the host as fast as it was in this run
+            host, median_s = found
+            comparison.host_us = 1e6 * median_s
+            own = simulate(arch, config, requests, latency.with_host(host), entry.kv_blocks())
+            comparison.own_host_tps = summarize(own, arch, requests, r_min).output_tps
         width = table_width(requests, config.block_size)
         comparison.stages = stage_errors(real, functools.partial(latency_for(arch).launch_time, table_width=width))
         comparisons.append(comparison)

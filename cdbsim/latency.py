@@ -20,6 +20,7 @@ matmul rate and per-kernel launch cost, so a user can ask what a GPU with other 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -291,8 +292,15 @@ class LatencyModel:
             return mean
         return equivalent_length(mean, launch.longest, launch.size, launch.padded, self._heads, self.attention_slots)
 
+    def with_host(self, host: Fit) -> LatencyModel:
+        """The same device model with another host line (a run's own host speed, for instance)."""
+        other = copy.copy(self)
+        other.host = host
+        return other
+
     def host_time(self, launch: Launch) -> float:
-        """Host seconds to plan, prepare and launch ``launch``."""
+        """The host's seconds per launch as the executor serves: completing finished launches, planning,
+        preparing and enqueueing ``launch`` (calibration measures it on a serving run)."""
         return self.host.delta + self.host.gamma * len(launch.requests)
 
     def saturation_batch(self, context_len: float, stage: Stage = Stage.CORE) -> float:

@@ -38,7 +38,7 @@ class Component(Choice):
     PREFILL1 = "prefill1"              # a one-layer, one-loop prefill with embedding, head and sampling
     ADAPTER = "adapter"                # Huginn's adapter (2h -> h) applied at each loop
     KV_COPY = "kv_copy"                # one (token, slot) copy of the last-exited fill, per core layer
-    HOST = "host"                      # the host's time to plan, prepare and launch, against items
+    HOST = "host"                      # the host's work per launch as served, against items
     META_COPY = "meta_copy"            # a launch's metadata copy to the device, against bytes
 
     def key(self, arch: ArchSpec | None) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 
 from cdbsim.launch import Launch, Stage
 from cdbsim.logs import RunLog
+from cdbsim.profile import Fit, fit_points
 from cdbsim.report import Report
 
 OFFLINE_METRICS = ("output_tps", "makespan_s", "device_idle")
@@ -86,6 +87,26 @@ def signed_error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured
 
 
+def host_points(launches: object) -> list[list[float]]:
+    """Rows ``[items, 0, median host seconds]`` of a launch log's decode-type launches, one per item count
+    seen at least three times: what the host component of a profile is fitted to, from a calibration's
+    serving run or from any executor run (the host's speed on the day of a run)."""
+    decode = launches[launches["stage"] != "prefill"]
+    return [[float(items), 0.0, float(group["host_s"].median())]
+            for items, group in decode.groupby("items") if len(group) >= 3]
+
+
+def run_host(log: RunLog) -> tuple[Fit, float] | None:
+    """The host line (seconds per launch against items) of an executor run's own log and its median host
+    seconds per decode-type launch, or None where the log has too few distinct launch sizes to fit one."""
+    points = host_points(log.launches)
+    if len(points) < 2:
+        return None
+    launches = log.launches
+    median = float(launches.loc[launches["stage"] != "prefill", "host_s"].median())
+    return fit_points(np.asarray(points, dtype=float), with_context=False), median
+
+
 @dataclass
 class Comparison:
     """One configuration: measured and predicted reports and the rows of the side-by-side table."""
@@ -98,6 +119,8 @@ class Comparison:
     measured_log: RunLog | None = None
     predicted_log: RunLog | None = None
     stages: list[dict] = field(default_factory=list)
+    host_us: float = float("nan")            # the run's median host time per decode-type launch
+    own_host_tps: float = float("nan")       # predicted throughput with the run's own host line
 
     @classmethod
     def of(cls, name: str, measured: Report, predicted: Report, online: bool,
@@ -125,22 +148,32 @@ class Comparison:
     def normalized_p50_error(self) -> float:
         return signed_error(self.predicted.normalized_s.p50, self.measured.normalized_s.p50)
 
+    @property
+    def own_host_error(self) -> float:
+        """Throughput error when the simulator is given the run's own host speed: the error that the
+        device model and the scheduler leave, without the host's day-to-day speed."""
+        return signed_error(self.own_host_tps, self.measured.output_tps)
+
     def summary(self) -> dict:
         return {"config": self.name, "measured tok/s": self.measured.output_tps,
                 "predicted tok/s": self.predicted.output_tps, "tok/s error %": 100 * self.throughput_error,
                 "measured idle %": 100 * self.measured.device_idle,
                 "predicted idle %": 100 * self.predicted.device_idle,
-                "norm p50 error %": 100 * self.normalized_p50_error if self.online else float("nan")}
+                "norm p50 error %": 100 * self.normalized_p50_error if self.online else float("nan"),
+                "run host us": self.host_us, "error with run's host %": 100 * self.own_host_error}
 
 
 def error_summary(comparisons: list[Comparison]) -> dict:
     """Median and worst |error| of offline throughput, and of online normalized p50 latency."""
     offline = [abs(c.throughput_error) for c in comparisons if not c.online]
     online = [abs(c.normalized_p50_error) for c in comparisons if c.online]
+    own_host = [abs(c.own_host_error) for c in comparisons if not c.online and np.isfinite(c.own_host_error)]
     out = {"configs": len(comparisons)}
     if offline:
         out.update({"offline tok/s |error| median %": 100 * float(np.median(offline)),
                     "offline tok/s |error| worst %": 100 * float(np.max(offline))})
+    if own_host:
+        out["offline |error| with run's host worst %"] = 100 * float(np.max(own_host))
     if online:
         out.update({"online norm p50 |error| median %": 100 * float(np.median(online)),
                     "online norm p50 |error| worst %": 100 * float(np.max(online))})

@@ -10,9 +10,15 @@ The call protocol is the one :func:`cdbsim.replay.drive` uses, with a clock:
                the same the simulator follows.
 
 Launch start and end come from CUDA events on the one compute stream (on CPU, where every launch runs
-synchronously, from the wall clock), relative to an event recorded when the run starts; ``host_s`` is
-the host's time to plan and prepare the launch (plus, on GPU, to enqueue it), measured with
-``perf_counter``. Device idle time is the gaps between consecutive launches in the log.
+synchronously, from the wall clock), relative to an event recorded when the run starts. ``host_s`` is
+all the host's work since it handed over the previous launch, measured with ``perf_counter``: completing
+the launches that finished meanwhile (the scheduler learns their exits, the engine frees their rows, the
+recorder logs them), taking in arrivals, planning and preparing this launch and (on GPU) enqueueing it;
+the time it spends waiting for the device (for a launch to end, or for a queued copy to release a
+metadata buffer) or for the next arrival is left out. That is the host's cost
+per launch on the serving path, which the simulator charges before each launch (the completion work
+happens at another moment of the cycle, but in a host-bound run only the sum matters). Device idle
+time is the gaps between consecutive launches in the log.
 The logs go through :class:`cdbsim.logs.RunRecorder`, the same schema the simulator writes.
 """
 
@@ -165,12 +171,16 @@ class Executor:
         arrivals = deque(order)
         pipeline: HostPipeline[_InFlight] = HostPipeline(
             sched, self.mode, seconds=lambda item: clock.seconds(item.end) - clock.seconds(item.start))
-        host_carry = 0.0
         width = engine.max_blocks if self.graphs is not None else None
         run_start = time.perf_counter()
+        busy_since = run_start  # the host's work since the last hand-over counts from here ...
+        waited = 0.0            # ... less its waits for the device and for arrivals
 
         def finish() -> None:
+            nonlocal waited
+            t = time.perf_counter()
             clock.wait(pipeline.oldest.end)
+            waited += time.perf_counter() - t
             launch, item, done = pipeline.complete_oldest()
             engine.release(done)
             recorder.record(launch, clock.seconds(item.start), clock.seconds(item.end), item.host_s)
@@ -186,29 +196,32 @@ class Executor:
             now = time.perf_counter() - run_start
             while arrivals and self.requests[arrivals[0]].arrival <= now:
                 sched.arrive(arrivals.popleft())
-            t0 = time.perf_counter()
             launch = sched.plan()
             if launch is None:
-                host_carry += time.perf_counter() - t0
                 if len(pipeline):
                     finish()
                 elif arrivals:
+                    t = time.perf_counter()
                     time.sleep(max(0.0, self.requests[arrivals[0]].arrival - now))
+                    waited += time.perf_counter() - t
                 else:
                     raise RuntimeError("the scheduler can plan nothing although requests remain")
                 continue
             prepared = engine.prepare(launch, width)
-            host_s = time.perf_counter() - t0
+            staged = self.graphs.waited_s if self.graphs is not None else 0.0
             start = clock.mark()
-            t1 = time.perf_counter()
             logits = self._enqueue(prepared)
             if self.keep_logits and logits is not None:
                 logits = logits.clone()
             end = clock.mark()
-            if self.cuda:
-                host_s += time.perf_counter() - t1
-            pipeline.add(launch, _InFlight(prepared, start, end, host_s + host_carry, logits))
-            host_carry = 0.0
+            handed_over = time.perf_counter()
+            if not self.cuda:  # on CPU the launch ran inside the enqueue: device time, not the host's
+                waited += clock.seconds(end) - clock.seconds(start)
+            elif self.graphs is not None:  # a metadata buffer still being read by a queued copy
+                waited += self.graphs.waited_s - staged
+            host_s = handed_over - busy_since - waited
+            busy_since, waited = handed_over, 0.0
+            pipeline.add(launch, _InFlight(prepared, start, end, host_s, logits))
         while len(pipeline):
             finish()
         wall = time.perf_counter() - run_start

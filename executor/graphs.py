@@ -16,6 +16,7 @@ with it prefill is never captured (it re-runs on the static buffer, as on CPU).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -30,8 +31,9 @@ class PinnedStaging:
     """Two pinned host buffers used in turn for one graph's metadata copies.
 
     A buffer is refilled only after the copy that last read it has run (its event), so the host never
-    overwrites metadata a queued copy has yet to read; with one launch in flight that wait is already over.
-    Reusing fixed buffers avoids a pinned allocation per launch.
+    overwrites metadata a queued copy has yet to read; with one launch in flight that wait is already over,
+    with several (lookahead) the host can find itself waiting for the device here, and :meth:`copy_to`
+    says how long. Reusing fixed buffers avoids a pinned allocation per launch.
     """
 
     def __init__(self, numel: int) -> None:
@@ -41,15 +43,20 @@ class PinnedStaging:
         self.used = [False, False]
         self.turn = 0
 
-    def copy_to(self, target: torch.Tensor, array: np.ndarray) -> None:
+    def copy_to(self, target: torch.Tensor, array: np.ndarray) -> float:
+        """Queue the copy of ``array`` into ``target``; returns the seconds spent waiting for the device."""
         i = self.turn
         self.turn ^= 1
+        waited = 0.0
         if self.used[i]:
+            t = time.perf_counter()
             self.events[i].synchronize()
+            waited = time.perf_counter() - t
         self.arrays[i][:] = array
         target.copy_(self.buffers[i], non_blocking=True)
         self.events[i].record()
         self.used[i] = True
+        return waited
 
 
 @dataclass
@@ -77,6 +84,7 @@ class StageGraphs:
         self.graph_prefill = self.capture and engine.model.ops.backend != "torch"
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.graphs: dict[tuple[Stage, int], CapturedStage] = {}
+        self.waited_s = 0.0  # the host's time waiting for the device inside launches (pinned staging)
 
     def capture_all(self, stages: Iterable[Stage], sizes: Iterable[int]) -> None:
         for size in sorted(set(sizes), reverse=True):  # largest first: smaller ones reuse its pool memory
@@ -130,7 +138,7 @@ class StageGraphs:
         if prepared.width != self.width:
             raise ValueError("graph launches need metadata as wide as the graph's block table")
         if captured.staging is not None:  # pinned: the copy neither blocks the host nor waits for the stream
-            captured.staging.copy_to(captured.meta, prepared.meta)
+            self.waited_s += captured.staging.copy_to(captured.meta, prepared.meta)
         else:
             captured.meta.copy_(torch.from_numpy(prepared.meta))
         return captured.replay()

@@ -1,15 +1,18 @@
 """Fixed-seed runs whose launch and request logs must not change by a single bit.
 
 Refactors and speed work on the scheduler, the simulator, the latency model and the recorder must leave
-every simulated launch where it was. Each case simulates a small seeded run with a shipped H200 profile
+every simulated launch where it was. Each case simulates a small seeded run with an H200 profile
 (interpolated tables, mixed-context lookup, metadata copies) and hashes its logs column by column; a
-deliberate change of behaviour updates the hashes here, in the same commit, with the reason.
+deliberate change of behaviour updates the hashes here, in the same commit, with the reason. The profiles
+are frozen copies in ``tests/data/golden-profiles/`` (the shipped ones as measured on 2026-11-30, before
+their host line was re-measured), so that recalibrating a shipped profile does not move these hashes.
 The requests come from numpy's seeded generator alone, so the hashes do not depend on the exit-model code.
 """
 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,7 +22,7 @@ from cdbsim.arch import load_arch
 from cdbsim.config import ServeConfig
 from cdbsim.latency import LatencyModel
 from cdbsim.logs import RunLog
-from cdbsim.shipped import resolve_profile
+from cdbsim.profile import load_profile_file
 from cdbsim.sim import simulate
 from traces import Request
 
@@ -60,6 +63,7 @@ CASES = {
     "huginn040-sync": ("huginn-3.5b", "0-4-0", {"policy": "refill", "width": 16, "coda_batch": 4,
                                                  "timing": "sync"}, 40, None, 4000),
 }
+PROFILES = Path(__file__).parent / "data" / "golden-profiles"
 GOLDEN = {
     "huginn-refill-K8-shared": "3dec1aaa3a2915d9",  # 4,454 launches
     "huginn040-sync": "da9532ebd62e6e70",           # 7,412 launches
@@ -76,5 +80,6 @@ def test_simulated_logs_are_bit_identical(name: str) -> None:
     arch = load_arch(arch_name, split=split)
     config = ServeConfig(**serve)
     requests = seeded_requests(n, arch.r_max, seed=7, rate=rate)
-    log = simulate(arch, config, requests, LatencyModel(arch, resolve_profile("auto", arch)), kv_blocks)
+    profile = load_profile_file(PROFILES / f"h200-{arch_name}.json")
+    log = simulate(arch, config, requests, LatencyModel(arch, profile), kv_blocks)
     assert log_digest(log) == GOLDEN[name], f"{name}: the simulated logs changed"

@@ -96,6 +96,9 @@ def test_validate_against_saved_logs(tmp_path) -> None:
     summary = json.loads(result.stdout)[0]
     assert summary["profile"].startswith("h200-roofline")  # the table names the profile it predicted with
     assert all(abs(row["tok/s error %"]) < 1e-6 for row in summary["summary"])
+    # the host line refitted from the "measured" log is the profile's own: the same prediction again
+    assert all(abs(row["error with run's host %"]) < 1e-6 for row in summary["summary"])
+    assert all(row["run host us"] > 0 for row in summary["summary"])
     assert summary["errors"]["online norm p50 |error| worst %"] < 1e-6
     for name in ("summary.csv", "summary.json", "scatter.png", "timeline.png", "stages.csv"):
         assert (out / name).stat().st_size > 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -36,6 +38,36 @@ def test_run_executor_log_schema_and_times(tmp_path, mode: str) -> None:
     assert log.meta["chained_rows"] == 0  # a torch-backend model: the chained path is a triton one
     back = RunLog.load(log.save(tmp_path / "run"))
     assert len(back.launches) == len(launches)
+
+
+def test_host_time_counts_completion_work(monkeypatch) -> None:
+    """host_s is all the host's work per launch: logging a finished launch (completion work) counts."""
+    import executor.driver as driver
+
+    slow_ms = 5.0
+    original = driver.RunRecorder.record
+
+    def slow_record(self, *args, **kwargs):
+        time.sleep(slow_ms / 1e3)
+        return original(self, *args, **kwargs)
+
+    arch = tiny_arch("ouro")
+    config = ServeConfig(policy="refill", width=4, coda_batch=1, prefill_budget=32, layout="depth")
+
+    def host_ms() -> tuple[float, int]:
+        log = run_executor(arch, config, tiny_requests(n=4, seed=4), 64, device="cpu", mode="lookahead",
+                           model=tiny_model(arch))
+        launches = log.launches
+        assert (launches["host_s"] > 0).all()
+        assert launches["host_s"].sum() + (launches["end"] - launches["start"]).sum() <= log.meta["wall_s"]
+        return 1e3 * launches["host_s"].sum(), len(launches)
+
+    plain, n = host_ms()
+    monkeypatch.setattr(driver.RunRecorder, "record", slow_record)
+    slowed, n_slowed = host_ms()
+    assert n_slowed == n
+    # every launch but the last is logged before the next one is handed over
+    assert slowed - plain >= 0.8 * slow_ms * (n - 1)
 
 
 def test_online_arrivals_are_released_on_time() -> None:

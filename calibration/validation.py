@@ -228,7 +228,7 @@ def compare(entries: list[Entry], measured: dict[str, RunLog],
             host, median_s = found
             comparison.host_us = 1e6 * median_s
             own = simulate(arch, config, requests, latency.with_host(host), entry.kv_blocks())
-            comparison.own_host_tps = summarize(own, arch, requests, r_min).output_tps
+            comparison.own_host = summarize(own, arch, requests, r_min)
         width = table_width(requests, config.block_size)
         comparison.stages = stage_errors(real, functools.partial(latency_for(arch).launch_time, table_width=width))
         comparisons.append(comparison)

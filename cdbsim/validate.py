@@ -120,7 +120,7 @@ class Comparison:
     predicted_log: RunLog | None = None
     stages: list[dict] = field(default_factory=list)
     host_us: float = float("nan")            # the run's median host time per decode-type launch
-    own_host_tps: float = float("nan")       # predicted throughput with the run's own host line
+    own_host: Report | None = None           # the prediction with the run's own host line
 
     @classmethod
     def of(cls, name: str, measured: Report, predicted: Report, online: bool,
@@ -152,7 +152,16 @@ class Comparison:
     def own_host_error(self) -> float:
         """Throughput error when the simulator is given the run's own host speed: the error that the
         device model and the scheduler leave, without the host's day-to-day speed."""
-        return signed_error(self.own_host_tps, self.measured.output_tps)
+        if self.own_host is None:
+            return float("nan")
+        return signed_error(self.own_host.output_tps, self.measured.output_tps)
+
+    @property
+    def own_host_p50_error(self) -> float:
+        """Normalized latency p50 error with the run's own host speed (online runs)."""
+        if self.own_host is None or not self.online:
+            return float("nan")
+        return signed_error(self.own_host.normalized_s.p50, self.measured.normalized_s.p50)
 
     def summary(self) -> dict:
         return {"config": self.name, "measured tok/s": self.measured.output_tps,
@@ -160,7 +169,8 @@ class Comparison:
                 "measured idle %": 100 * self.measured.device_idle,
                 "predicted idle %": 100 * self.predicted.device_idle,
                 "norm p50 error %": 100 * self.normalized_p50_error if self.online else float("nan"),
-                "run host us": self.host_us, "error with run's host %": 100 * self.own_host_error}
+                "run host us": self.host_us, "error with run's host %": 100 * self.own_host_error,
+                "norm p50 error with run's host %": 100 * self.own_host_p50_error}
 
 
 def error_summary(comparisons: list[Comparison]) -> dict:
@@ -168,12 +178,15 @@ def error_summary(comparisons: list[Comparison]) -> dict:
     offline = [abs(c.throughput_error) for c in comparisons if not c.online]
     online = [abs(c.normalized_p50_error) for c in comparisons if c.online]
     own_host = [abs(c.own_host_error) for c in comparisons if not c.online and np.isfinite(c.own_host_error)]
+    own_p50 = [abs(c.own_host_p50_error) for c in comparisons if np.isfinite(c.own_host_p50_error)]
     out = {"configs": len(comparisons)}
     if offline:
         out.update({"offline tok/s |error| median %": 100 * float(np.median(offline)),
                     "offline tok/s |error| worst %": 100 * float(np.max(offline))})
     if own_host:
         out["offline |error| with run's host worst %"] = 100 * float(np.max(own_host))
+    if own_p50:
+        out["online p50 |error| with run's host worst %"] = 100 * float(np.max(own_p50))
     if online:
         out.update({"online norm p50 |error| median %": 100 * float(np.median(online)),
                     "online norm p50 |error| worst %": 100 * float(np.max(online))})

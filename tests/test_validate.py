@@ -98,6 +98,7 @@ def test_validate_against_saved_logs(tmp_path) -> None:
     assert all(abs(row["tok/s error %"]) < 1e-6 for row in summary["summary"])
     # the host line refitted from the "measured" log is the profile's own: the same prediction again
     assert all(abs(row["error with run's host %"]) < 1e-6 for row in summary["summary"])
+    assert summary["errors"]["online p50 |error| with run's host worst %"] < 1e-6
     assert all(row["run host us"] > 0 for row in summary["summary"])
     assert summary["errors"]["online norm p50 |error| worst %"] < 1e-6
     for name in ("summary.csv", "summary.json", "scatter.png", "timeline.png", "stages.csv"):

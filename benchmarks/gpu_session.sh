@@ -22,6 +22,8 @@
 #                                           (kernel and shipped profiles), calibration against serving conditions
 #                                           for the two smallest unseen shapes, their unseen-matrix runs again
 #                                           -> benchmarks/results/host/
+#   bash benchmarks/gpu_session.sh sequence stages timed alone (as calibration does) against queued back to back as
+#                                           served, for small shapes and a shipped one -> benchmarks/results/host/
 #   bash benchmarks/gpu_session.sh hostvar  the host's time per launch of one configuration run alone twice, then
 #                                           after four others in the same process -> benchmarks/results/host/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
@@ -29,8 +31,8 @@
 set -u
 phase=${1:-}
 case $phase in
-  spin | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar" >&2; exit 2 ;;
+  spin | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -90,6 +92,16 @@ case $phase in
     run 240 validate-unseen python3 cli.py validate --matrix calibration/matrices/unseen-h200.json \
       --only "${ONLY:-$small}" \
       --out "$work/unseen"
+    ;;
+  sequence)  # does a stage run slower inside a serving sequence than replayed alone?
+    for point in unseen-huginn-2048:1:3072 unseen-huginn-2048:8:3072 unseen-ouro-1536:1:3072 huginn-3.5b:1:1024 \
+                 unseen-huginn-2048:1:3072:exiting unseen-huginn-2048:8:3072:exiting; do
+      IFS=: read -r name batch context exiting <<< "$point"
+      arch=$name; [ -f "calibration/archs/$name.json" ] && arch="calibration/archs/$name.json"
+      [ "${ONLY_EXITING:-0}" = 1 ] && [ -z "$exiting" ] && continue  # ONLY_EXITING=1: the exiting points alone
+      run 90 "sequence-$name-B$batch$exiting" python3 benchmarks/probe_launch_sequence.py --arch "$arch" \
+        --batch "$batch" --context "$context" ${exiting:+--exiting} --out "$work/sequence-$name-B$batch$exiting.json"
+    done
     ;;
   hostvar)  # is the host's time per launch a property of the machine or of the process's history?
     (lscpu; uptime; nproc) > "$work/host-machine.txt" 2>&1

@@ -59,12 +59,14 @@ LAUNCH_COLUMNS = ("index", "stage", "size", "padded", "items", "context", "longe
                   "active", "kv_used")
 # what RunRecorder keeps of each launch: one packed row of whole numbers (the stage as its index in STAGES,
 # and how many loop steps the launch lists) and times
-_ROW = np.dtype([(name, "<i8") for name in ("index", "stage", "size", "padded", "items", "context", "longest",
-                                            "kv_copies", "exits", "tokens", "queue_waiting", "queue_core",
-                                            "queue_coda", "active", "kv_used", "steps")]
+# (int32 but for the context, a sum over a launch's items; the columns are int64)
+_ROW = np.dtype([(name, "<i8" if name == "context" else "<i4")
+                 for name in ("index", "stage", "size", "padded", "items", "context", "longest", "kv_copies", "exits",
+                              "tokens", "queue_waiting", "queue_core", "queue_coda", "active", "kv_used", "steps")]
                 + [(name, "<f8") for name in ("start", "end", "host_s")])
-_PACK = struct.Struct("<" + "q" * 16 + "d" * 3)
+_PACK = struct.Struct("<" + "i" * 5 + "q" + "i" * 10 + "d" * 3)
 _CHUNK_ROWS = 8192
+_MIX_CHUNK = 1 << 15  # launches whose step mixes are counted at once
 _STAGE_CODE = {stage: code for code, stage in enumerate(STAGES)}
 _STAGE_NAME = np.array([stage.value for stage in STAGES], dtype=object)
 
@@ -145,13 +147,21 @@ class RunRecorder:
         self._producers, self._steps = [], []
 
     def finish(self, meta: dict | None = None) -> RunLog:
-        # column by column straight from the packed buffers, which are then let go: a run of a million
-        # launches holds its rows once as buffers and once as columns, never more at a time
-        parts = [np.frombuffer(chunk, dtype=_ROW) for chunk in self._chunks]
-        parts.append(np.frombuffer(self._buffer, dtype=_ROW, count=self._offset // _PACK.size))
-        column = {name: np.concatenate([part[name] for part in parts]) for name in _ROW.names}
-        del parts
+        # column by column straight from the packed buffers, each let go once copied: a run of a million
+        # launches holds its rows once as columns and one buffer more
+        chunks = [*self._chunks, self._buffer[:self._offset]]
         self._chunks, self._buffer, self._offset = [], bytearray(), 0
+        rows = sum(len(chunk) for chunk in chunks) // _PACK.size
+        column = {name: np.empty(rows, dtype=np.float64 if _ROW[name].kind == "f" else np.int64)
+                  for name in _ROW.names}
+        row = 0
+        for k, chunk in enumerate(chunks):
+            part = np.frombuffer(chunk, dtype=_ROW)
+            for name, values in column.items():
+                values[row:row + len(part)] = part[name]
+            row += len(part)
+            del part
+            chunks[k] = bytearray()  # let each buffer go once copied
         if len(column["index"]) == 1 and type(self._first_start) is int:
             column["start"] = column["start"].astype(np.int64)  # a lone prefill at t = 0 keeps its int start
         column["stage"] = _STAGE_NAME[column["stage"]]
@@ -160,9 +170,11 @@ class RunRecorder:
         column["step_mix"] = (_step_mixes(steps, counts) if self.keep_step_mix
                               else np.full(len(counts), "", dtype=object))
         launches = pd.DataFrame({name: column[name] for name in LAUNCH_COLUMNS}, copy=False)
+        ends, tokens = column["end"], column["tokens"]
+        del column, counts, steps  # the frame holds its own copy: a large run keeps one copy at a time
         producers = np.concatenate([*self._done_producers, np.array(self._producers, dtype=np.int32)])
-        times_of, first, last = _token_times(producers, np.repeat(column["end"], column["tokens"]),
-                                             len(self.requests))
+        self._done_producers, self._producers, self._done_steps, self._steps = [], [], [], []
+        times_of, first, last = _token_times(producers, ends, tokens, len(self.requests))
         reqs = self.requests
         requests = pd.DataFrame({
             "request_id": [r.request_id for r in reqs],
@@ -176,12 +188,15 @@ class RunRecorder:
         return RunLog(launches=launches, requests=requests, token_times=times_of, meta=dict(meta or {}))
 
 
-def _token_times(producers: np.ndarray, ends: np.ndarray, n: int) -> tuple[list[np.ndarray], np.ndarray,
-                                                                             np.ndarray]:
+def _token_times(producers: np.ndarray, launch_ends: np.ndarray, tokens: np.ndarray,
+                 n: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """Each request's token times (views of one array), its first and its last (NaN without tokens), from
-    the request and the time of every token produced, in launch order."""
-    times = np.ascontiguousarray(ends[_stable_order(producers)], dtype=np.float64)
+    the request of every token produced, in launch order, and each launch's end and tokens produced."""
+    order = _stable_order(producers)
     counts = np.bincount(producers, minlength=n)
+    # the launch of each token as int32, not its end as float64: the largest arrays here are per token
+    times = launch_ends[np.repeat(np.arange(len(tokens), dtype=np.int32), tokens)[order]]
+    del order
     bounds = np.cumsum(counts)
     starts = bounds - counts
     per_request = [times[a:b] for a, b in zip(starts.tolist(), bounds.tolist(), strict=True)]
@@ -195,10 +210,12 @@ def _token_times(producers: np.ndarray, ends: np.ndarray, n: int) -> tuple[list[
 
 def _stable_order(keys: np.ndarray) -> np.ndarray:
     """The stable sorting order of non-negative ``keys`` below 2**32, by 16-bit radix passes (numpy sorts
-    16-bit keys by radix, several times faster than its merge sort of wider ones)."""
-    low = (keys & 0xFFFF).astype(np.uint16)
-    order = np.argsort(low, kind="stable")
+    16-bit keys by radix, several times faster than its merge sort of wider ones); int32 where it fits, to
+    halve the largest array of a long run's token times."""
+    order = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
     if len(keys) and int(keys.max()) > 0xFFFF:
+        if len(keys) < 1 << 31:
+            order = order.astype(np.int32)
         high = (keys[order] >> 16).astype(np.uint16)
         order = order[np.argsort(high, kind="stable")]
     return order
@@ -213,8 +230,14 @@ def _step_mixes(steps: np.ndarray, counts: np.ndarray) -> np.ndarray:
     if not len(listed):
         return out
     width = int(steps.max()) + 1
-    row = np.repeat(np.arange(len(listed)), counts[listed])
-    table = np.bincount(row * width + steps, minlength=len(listed) * width).reshape(len(listed), width)
+    table = np.empty((len(listed), width), dtype=np.int64)
+    sizes = counts[listed]
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    for a in range(0, len(listed), _MIX_CHUNK):  # in slices: one row index per step would be 8 bytes a step
+        b = min(a + _MIX_CHUNK, len(listed))
+        row = np.repeat(np.arange(b - a), sizes[a:b])
+        table[a:b] = np.bincount(row * width + steps[bounds[a]:bounds[b]], minlength=(b - a) * width).reshape(
+            b - a, width)
     # the distinct mixes: sort the rows, mark where a row differs from the one before
     order = np.lexsort(table.T[::-1])
     ordered = table[order]

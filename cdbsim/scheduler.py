@@ -381,9 +381,9 @@ class Scheduler:
                 self.stalled.append((i, head))
         self.decoding -= len(retire)
         if self._loops and staged:
-            last, exit_steps, prompt = table.last, table.exit_steps, table.prompt
+            last, exit_steps, base = table.last, table.exit_steps, table.exit_base
             for i in staged:
-                last[i] = exit_steps[i][position[i] - prompt[i]]
+                last[i] = exit_steps[base[i] + position[i]]
         self._enqueue(staged, head)
         return positions
 

@@ -71,14 +71,30 @@ def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: 
     """
     if rows <= 0 or longest <= mean * 1.0001:
         return float(mean)
-    splits = decode_splits(padded, heads)
+    # the helpers below (decode_splits, critical_positions, first_context_reaching) written out in place:
+    # the simulator calls this once per mixed launch, and the calls cost more than the arithmetic
+    splits = TARGET_PROGRAMS // max(padded * heads, 1)
+    splits = 1 if splits < 1 else MAX_SPLITS if splits > MAX_SPLITS else splits
     per_position = heads * rows / slots  # positions per program of one extra position in every row
-    target = max(critical_positions(longest, splits), per_position * mean)
-    if max(critical_positions(math.ceil(mean), splits), per_position * mean) >= target:
+    spread = per_position * mean
+    per = -(-longest // splits)
+    per = -(-(per if per > MIN_SPLIT_POSITIONS else MIN_SPLIT_POSITIONS) // PAGE) * PAGE
+    critical = per if per < longest else longest
+    target = critical if critical >= spread else spread
+    if spread >= target:
+        return float(mean)
+    uniform = math.ceil(mean)
+    per = -(-uniform // splits)
+    per = -(-(per if per > MIN_SPLIT_POSITIONS else MIN_SPLIT_POSITIONS) // PAGE) * PAGE
+    if (per if per < uniform else uniform) >= target:
         return float(mean)
     # the uniform length's time, max(critical path, per_position x L), first reaches the target where
-    # either term does: closed forms of both (this runs once per mixed launch in the simulator)
-    length = min(target / per_position, float(first_context_reaching(target, splits)))
+    # either term does: closed forms of both
+    if target <= MIN_SPLIT_POSITIONS:
+        reaching = max(1, math.ceil(target))
+    else:
+        reaching = max(math.ceil(target), splits * PAGE * (math.ceil(target / PAGE) - 1) + 1)
+    length = min(target / per_position, float(reaching))
     return min(max(length, float(mean)), float(longest))
 
 

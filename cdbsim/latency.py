@@ -262,8 +262,11 @@ class LatencyModel:
         (Called once per simulated launch: lookups are kept to the few this needs.)"""
         stage = launch.stage
         table = self.tables.get(stage)
-        if table is not None:
-            t = table(launch.padded, self.attended_length(launch))
+        if table is not None:  # attended_length, written out in place
+            padded, size, longest, slots = launch.padded, launch.size, launch.longest, self.attention_slots
+            mean = launch.context / size
+            t = table(padded, mean if slots is None or longest <= 0
+                      else equivalent_length(mean, longest, size, padded, self._heads, slots))
             copies = launch.kv_copies
             if copies:
                 cost = self.costs[stage]

@@ -19,6 +19,7 @@ start), ``first_token, finish``, and ``token_times`` (the time each output token
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from dataclasses import dataclass, field
 from itertools import compress
@@ -59,12 +60,14 @@ LAUNCH_COLUMNS = ("index", "stage", "size", "padded", "items", "context", "longe
                   "active", "kv_used")
 # what RunRecorder keeps of each launch: one packed row of whole numbers (the stage as its index in STAGES,
 # and how many loop steps the launch lists) and times
-_ROW = np.dtype([(name, "<i8") for name in ("index", "stage", "size", "padded", "items", "context", "longest",
-                                            "kv_copies", "exits", "tokens", "queue_waiting", "queue_core",
-                                            "queue_coda", "active", "kv_used", "steps")]
+# (int32 but for the context, a sum over a launch's items; the columns are int64)
+_ROW = np.dtype([(name, "<i8" if name == "context" else "<i4")
+                 for name in ("index", "stage", "size", "padded", "items", "context", "longest", "kv_copies", "exits",
+                              "tokens", "queue_waiting", "queue_core", "queue_coda", "active", "kv_used", "steps")]
                 + [(name, "<f8") for name in ("start", "end", "host_s")])
-_PACK = struct.Struct("<" + "q" * 16 + "d" * 3)
+_PACK = struct.Struct("<" + "i" * 5 + "q" + "i" * 10 + "d" * 3)
 _CHUNK_ROWS = 8192
+_MIX_CHUNK = 1 << 12  # launches whose step mixes are counted at once
 _STAGE_CODE = {stage: code for code, stage in enumerate(STAGES)}
 _STAGE_NAME = np.array([stage.value for stage in STAGES], dtype=object)
 
@@ -90,18 +93,18 @@ class RunRecorder:
 
     Which requests produced a token is kept in launch order; a request's tokens come out of its launches
     in that order, so its token times are the ends of those launches, read back by a stable sort by
-    request. Loop steps are kept laid end to end and become the step-mix strings at the end."""
+    request. Loop steps are kept laid end to end and become the step-mix strings buffer by buffer."""
 
     def __init__(self, requests: list[Request], keep_step_mix: bool = True) -> None:
         self.requests = requests
         self.keep_step_mix = keep_step_mix
-        self._chunks: list[bytearray] = []       # full buffers of _CHUNK_ROWS rows
-        self._buffer = bytearray(_PACK.size * _CHUNK_ROWS)
+        self._chunks: list[mmap.mmap] = []       # full buffers of _CHUNK_ROWS rows
+        self._buffer = _row_buffer()
         self._offset = 0
         self._producers: list[int] = []           # request of each token produced, in launch order
         self._steps: list[int] = []               # loop steps of the launches that list them, in order
-        self._done_producers: list[np.ndarray] = []  # earlier parts of both, as (narrow) arrays
-        self._done_steps: list[np.ndarray] = []
+        self._done_producers: list[np.ndarray] = []  # earlier parts: producers as a narrow array, and
+        self._done_mixes: list[np.ndarray] = []      # the step-mix strings of each full buffer's launches
         self._scheduled: list[float] = [np.nan] * len(requests)
         self._first_start: float | None = None
 
@@ -123,11 +126,11 @@ class RunRecorder:
             produced = len(requests)
         else:
             produced = 0
+        if self._offset == len(self._buffer):
+            self._next_chunk()
         steps, exits = launch.steps, launch.exits
         if steps:
             self._steps += steps
-        if self._offset == len(self._buffer):
-            self._next_chunk()
         _PACK.pack_into(
             self._buffer, self._offset, launch.index, _STAGE_CODE[stage], launch.size, launch.padded,
             len(requests), launch.context, launch.longest, launch.kv_copies, exits.count(True) if exits else 0,
@@ -136,33 +139,50 @@ class RunRecorder:
         self._offset += _PACK.size
 
     def _next_chunk(self) -> None:
-        """The buffer is full: keep it, start another, and turn the pending token and step lists into arrays."""
-        self._chunks.append(self._buffer)
-        self._buffer = bytearray(len(self._buffer))
+        """The buffer is full: keep it, start another, turn the pending tokens into an array and the pending
+        loop steps into the step mixes of the buffer's launches."""
+        full = self._buffer
+        self._chunks.append(full)
+        self._buffer = _row_buffer()
         self._offset = 0
         self._done_producers.append(np.array(self._producers, dtype=np.int32))
-        self._done_steps.append(np.array(self._steps, dtype=np.int16))
+        self._done_mixes.append(self._mixes(np.frombuffer(full, dtype=_ROW)["steps"].copy()))
         self._producers, self._steps = [], []
 
+    def _mixes(self, counts: np.ndarray) -> np.ndarray:
+        """The step mixes of the launches whose step counts are ``counts`` and whose steps are pending."""
+        if not self.keep_step_mix:
+            return np.full(len(counts), "", dtype=object)
+        return _step_mixes(np.array(self._steps, dtype=np.int16), counts)
+
     def finish(self, meta: dict | None = None) -> RunLog:
-        # column by column straight from the packed buffers, which are then let go: a run of a million
-        # launches holds its rows once as buffers and once as columns, never more at a time
-        parts = [np.frombuffer(chunk, dtype=_ROW) for chunk in self._chunks]
-        parts.append(np.frombuffer(self._buffer, dtype=_ROW, count=self._offset // _PACK.size))
-        column = {name: np.concatenate([part[name] for part in parts]) for name in _ROW.names}
-        del parts
-        self._chunks, self._buffer, self._offset = [], bytearray(), 0
+        # column by column straight from the packed buffers, each let go once copied: a run of a million
+        # launches holds its rows once as columns and one buffer more
+        chunks: list = [*self._chunks, self._buffer[:self._offset]]
+        self._chunks, self._buffer, self._offset = [], _row_buffer(0), 0
+        rows = sum(len(chunk) for chunk in chunks) // _PACK.size
+        column = {name: np.empty(rows, dtype=np.float64 if _ROW[name].kind == "f" else np.int64)
+                  for name in _ROW.names}
+        row = 0
+        for k, chunk in enumerate(chunks):
+            part = np.frombuffer(chunk, dtype=_ROW)
+            for name, values in column.items():
+                values[row:row + len(part)] = part[name]
+            row += len(part)
+            del part
+            chunks[k] = b""  # let each buffer go once copied
         if len(column["index"]) == 1 and type(self._first_start) is int:
             column["start"] = column["start"].astype(np.int64)  # a lone prefill at t = 0 keeps its int start
         column["stage"] = _STAGE_NAME[column["stage"]]
         counts = column.pop("steps")
-        steps = np.concatenate([*self._done_steps, np.array(self._steps, dtype=np.int16)])
-        column["step_mix"] = (_step_mixes(steps, counts) if self.keep_step_mix
-                              else np.full(len(counts), "", dtype=object))
+        column["step_mix"] = np.concatenate([*self._done_mixes,
+                                             self._mixes(counts[len(self._done_mixes) * _CHUNK_ROWS:])])
         launches = pd.DataFrame({name: column[name] for name in LAUNCH_COLUMNS}, copy=False)
-        producers = np.concatenate([*self._done_producers, np.array(self._producers, dtype=np.int32)])
-        times_of, first, last = _token_times(producers, np.repeat(column["end"], column["tokens"]),
-                                             len(self.requests))
+        ends, tokens = column["end"], column["tokens"]
+        del column, counts  # the frame holds its own copy: a large run keeps one copy at a time
+        producers = [*self._done_producers, np.array(self._producers, dtype=np.int32)]
+        self._done_producers, self._producers, self._done_mixes, self._steps = [], [], [], []
+        times_of, first, last = _token_times(producers, ends, tokens, len(self.requests))
         reqs = self.requests
         requests = pd.DataFrame({
             "request_id": [r.request_id for r in reqs],
@@ -176,12 +196,36 @@ class RunRecorder:
         return RunLog(launches=launches, requests=requests, token_times=times_of, meta=dict(meta or {}))
 
 
-def _token_times(producers: np.ndarray, ends: np.ndarray, n: int) -> tuple[list[np.ndarray], np.ndarray,
-                                                                             np.ndarray]:
+def _row_buffer(rows: int = _CHUNK_ROWS) -> mmap.mmap:
+    """A buffer of ``rows`` launch rows in pages of its own, so that the memory goes back to the system as
+    soon as the buffer is let go (freed heap memory would stay with the process)."""
+    return mmap.mmap(-1, max(rows, 1) * _PACK.size)
+
+
+def _token_times(parts: list[np.ndarray], launch_ends: np.ndarray, tokens: np.ndarray,
+                 n: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """Each request's token times (views of one array), its first and its last (NaN without tokens), from
-    the request and the time of every token produced, in launch order."""
-    times = np.ascontiguousarray(ends[_stable_order(producers)], dtype=np.float64)
+    the request of every token produced, in launch order (``parts`` of it, emptied here: a long run's
+    largest arrays are per token, and each goes as soon as it is used), and each launch's end and tokens
+    produced."""
+    producers = np.concatenate(parts)
+    parts.clear()
     counts = np.bincount(producers, minlength=n)
+    # the stable order by request, by 16-bit radix passes (numpy sorts 16-bit keys by radix, several times
+    # faster than its merge sort of wider ones), each array let go as soon as it is used
+    low = (producers & 0xFFFF).astype(np.uint16)
+    high = (producers >> 16).astype(np.uint16) if len(producers) and int(producers.max()) > 0xFFFF else None
+    del producers
+    order = np.argsort(low, kind="stable")
+    del low
+    if high is not None:
+        order = order.astype(np.int32) if len(order) < 1 << 31 else order
+        high = high[order]
+        order = order[np.argsort(high, kind="stable")]
+        del high
+    # the launch of each token as int32, not its end as float64
+    times = launch_ends[np.repeat(np.arange(len(tokens), dtype=np.int32), tokens)[order]]
+    del order
     bounds = np.cumsum(counts)
     starts = bounds - counts
     per_request = [times[a:b] for a, b in zip(starts.tolist(), bounds.tolist(), strict=True)]
@@ -193,17 +237,6 @@ def _token_times(producers: np.ndarray, ends: np.ndarray, n: int) -> tuple[list[
     return per_request, first, last
 
 
-def _stable_order(keys: np.ndarray) -> np.ndarray:
-    """The stable sorting order of non-negative ``keys`` below 2**32, by 16-bit radix passes (numpy sorts
-    16-bit keys by radix, several times faster than its merge sort of wider ones)."""
-    low = (keys & 0xFFFF).astype(np.uint16)
-    order = np.argsort(low, kind="stable")
-    if len(keys) and int(keys.max()) > 0xFFFF:
-        high = (keys[order] >> 16).astype(np.uint16)
-        order = order[np.argsort(high, kind="stable")]
-    return order
-
-
 def _step_mixes(steps: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Per launch, ``"0:12 1:30"`` (how many items sat at each 0-based loop step), from the launches' loop
     steps laid end to end (``counts`` per launch); "" for launches without steps. Each distinct mix is
@@ -213,8 +246,14 @@ def _step_mixes(steps: np.ndarray, counts: np.ndarray) -> np.ndarray:
     if not len(listed):
         return out
     width = int(steps.max()) + 1
-    row = np.repeat(np.arange(len(listed)), counts[listed])
-    table = np.bincount(row * width + steps, minlength=len(listed) * width).reshape(len(listed), width)
+    table = np.empty((len(listed), width), dtype=np.int64)
+    sizes = counts[listed]
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    for a in range(0, len(listed), _MIX_CHUNK):  # in slices: one row index per step would be 8 bytes a step
+        b = min(a + _MIX_CHUNK, len(listed))
+        row = np.repeat(np.arange(b - a), sizes[a:b])
+        table[a:b] = np.bincount(row * width + steps[bounds[a]:bounds[b]], minlength=(b - a) * width).reshape(
+            b - a, width)
     # the distinct mixes: sort the rows, mark where a row differs from the one before
     order = np.lexsort(table.T[::-1])
     ordered = table[order]

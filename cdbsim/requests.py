@@ -9,6 +9,7 @@ one place that owns them.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from enum import IntEnum
 
@@ -33,7 +34,8 @@ class RequestTable:
     ``prompt``/``output``: prompt and output lengths; ``final``: the position of the request's last token
     (it is finished once its latest token sits there); ``exit_steps``: for each decoded token, the 0-based
     loop step after which it leaves the loop (its depth, the trace's requested depth clamped to
-    ``[r_min, r_max]``, minus one); ``prefill_target``: tokens the current prefill episode covers (the
+    ``[r_min, r_max]``, minus one), every request's laid end to end, request ``i``'s token at position ``p``
+    at ``exit_base[i] + p``; ``prefill_target``: tokens the current prefill episode covers (the
     prompt, or prompt + generated tokens when recomputed after preemption); ``prefilled``: of those, tokens
     already launched; ``position``: position of the latest output token (the next input); ``last``: the
     exit step of the request's current token. Without ``loops`` (token-level batching runs every token at
@@ -45,7 +47,8 @@ class RequestTable:
         self.prompt = [r.prompt_len for r in requests]
         self.output = [r.output_len for r in requests]
         self.final = [r.prompt_len + r.output_len - 1 for r in requests]
-        self.exit_steps = clipped_depths(requests, r_min, r_max, offset=-1) if loops else [[] for _ in range(n)]
+        self.exit_steps, starts = clipped_depths(requests, r_min, r_max, offset=-1) if loops else (array("h"), [0] * n)
+        self.exit_base = [start - p for start, p in zip(starts, self.prompt, strict=True)]
         self.status = [Status.NEW] * n
         self.prefill_target = list(self.prompt)
         self.prefilled = [0] * n
@@ -67,7 +70,7 @@ class RequestTable:
     def start_token(self, i: int, loops: bool) -> None:
         """Request ``i``'s next token enters the loop (with its exit step when ``loops``)."""
         if loops:
-            self.last[i] = self.exit_steps[i][self.position[i] - self.prompt[i]]
+            self.last[i] = self.exit_steps[self.exit_base[i] + self.position[i]]
 
     def restart(self, i: int) -> None:
         """Request ``i`` lost its KV cache: it waits to prefill its prompt and every token it generated."""
@@ -80,17 +83,13 @@ class RequestTable:
         return self.prefilled[i] if self.status[i] == Status.PREFILLING else self.position[i] + 1
 
 
-def clipped_depths(requests: Sequence[Request], r_min: int, r_max: int, offset: int = 0) -> list[list[int]]:
-    """Each request's exit depths clamped to ``[r_min, r_max]`` (plus ``offset``), as plain ints, clipped in
-    one pass (a numpy call per request would cost more than the clipping)."""
+def clipped_depths(requests: Sequence[Request], r_min: int, r_max: int, offset: int = 0) -> tuple[array, list[int]]:
+    """Every request's exit depths clamped to ``[r_min, r_max]`` (plus ``offset``), laid end to end in one
+    int16 array (a list of lists of ints cost 8 bytes a token, 54 MB for 100,000 Alpaca requests), and
+    where each request's depths start in it."""
+    starts = np.cumsum([0] + [len(r.depths) for r in requests]).tolist()
     if not requests:
-        return []
-    depths = np.concatenate([np.asarray(r.depths, dtype=np.int64) for r in requests])
-    flat = (np.clip(depths, r_min, r_max) + offset).tolist()
-    out = []
-    start = 0
-    for r in requests:
-        end = start + len(r.depths)
-        out.append(flat[start:end])
-        start = end
-    return out
+        return array("h"), []
+    depths = np.concatenate([np.asarray(r.depths) for r in requests])
+    flat = np.clip(depths, r_min, r_max).astype(np.int16) + np.int16(offset)
+    return array("h", flat.tobytes()), starts[:-1]

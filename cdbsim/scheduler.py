@@ -364,12 +364,11 @@ class Scheduler:
         table = self.table
         position, final, status = table.position, table.final, table.status
         capacity, allocate = self.kv.capacity, self.kv.allocate
-        positions: list[int] = []
+        positions = [position[i] for i in batch]
         staged: list[int] = []
-        add_position, stage, finish = positions.append, staged.append, retire.append
-        for i in batch:
-            p = position[i]
-            add_position(p)
+        stage, finish = staged.append, retire.append
+        loops, last, exit_steps, base = self._loops, table.last, table.exit_steps, table.exit_base
+        for i, p in zip(batch, positions, strict=True):
             p += 1
             position[i] = p
             if p >= final[i]:
@@ -377,13 +376,11 @@ class Scheduler:
                 finish(i)
             elif p < capacity[i] or allocate(i, p + 1):
                 stage(i)
+                if loops:  # the token's exit step (RequestTable.start_token)
+                    last[i] = exit_steps[base[i] + p]
             else:
                 self.stalled.append((i, head))
         self.decoding -= len(retire)
-        if self._loops and staged:
-            last, exit_steps, prompt = table.last, table.exit_steps, table.prompt
-            for i in staged:
-                last[i] = exit_steps[i][position[i] - prompt[i]]
         self._enqueue(staged, head)
         return positions
 

@@ -109,7 +109,8 @@ class Simulation:
             while must_wait():
                 end = pipeline.oldest
                 if end > now:
-                    yield Late(env, end)
+                    if self._next_arrival <= end:  # else nothing can happen before it: no SimPy round trip
+                        yield Late(env, end)
                     now = end
                 complete_oldest()
             if s.done:
@@ -120,6 +121,11 @@ class Simulation:
                     yield Late(env, now)
             launch = s.plan()
             if launch is None:
+                if len(pipeline) and self._next_arrival > max(now, pipeline.oldest) \
+                        and not self._wake_host.triggered:  # only the oldest launch's end can come next
+                    now = max(now, pipeline.oldest)
+                    complete_oldest()
+                    continue
                 if env.now < now:
                     yield Late(env, now)
                 if len(pipeline):

@@ -74,6 +74,27 @@ def test_equivalent_length_is_bounded_by_mean_and_longest(contexts: list[int], s
     assert mean - 1e-9 <= length <= max(contexts)
 
 
+@given(st.floats(1, 20000), st.integers(1, 20000), st.integers(1, 512), st.sampled_from([1, 7, 16, 64, 256]),
+       st.integers(1, 64), st.floats(16, 1e6))
+def test_equivalent_length_equals_its_definition_by_the_named_helpers(mean: float, longest: int, rows: int,
+                                                                      padded: int, heads: int,
+                                                                      slots: float) -> None:
+    """equivalent_length writes decode_splits, critical_positions and first_context_reaching out in place
+    for speed; it must return exactly what composing them returns."""
+    if rows <= 0 or longest <= mean * 1.0001:
+        expected = float(mean)
+    else:
+        splits = decode_splits(padded, heads)
+        per_position = heads * rows / slots
+        target = max(critical_positions(longest, splits), per_position * mean)
+        if max(critical_positions(math.ceil(mean), splits), per_position * mean) >= target:
+            expected = float(mean)
+        else:
+            length = min(target / per_position, float(first_context_reaching(target, splits)))
+            expected = min(max(length, float(mean)), float(longest))
+    assert equivalent_length(mean, longest, rows, padded, heads, slots) == expected
+
+
 @given(st.floats(0.5, 20000), st.integers(1, MAX_SPLITS))
 def test_first_context_reaching_is_the_shortest(positions: float, splits: int) -> None:
     n = first_context_reaching(positions, splits)

@@ -47,6 +47,39 @@ def test_exit_model_pmf_mean_is_exact() -> None:
         ExitModel("gate")
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 31, 63])
+def test_exit_pmfs_are_scipy_stats_to_the_bit(n: int) -> None:
+    """The exit model computes the binomial and beta-binomial pmf without importing scipy.stats; they must be
+    scipy.stats' values exactly, or seeded traces would change."""
+    from scipy import stats
+
+    from traces.exits import beta_binomial_pmf, binomial_pmf
+
+    k = np.arange(n + 1)
+    for p in (0.0, 0.013, 0.25, 0.5, 0.61, 0.999, 1.0):
+        assert np.array_equal(binomial_pmf(n, p), stats.binom.pmf(k, n, p))
+    for dispersion in (0.01, 0.3, 0.5, 0.97):
+        scale = 1.0 / dispersion - 1.0
+        for frac in (0.013, 0.25, 0.5, 0.61, 0.999):
+            a, b = frac * scale, (1.0 - frac) * scale
+            assert np.array_equal(beta_binomial_pmf(n, a, b), stats.betabinom.pmf(k, n, a, b))
+
+
+def test_ar1_filter_is_lfilter_to_the_bit(rng: np.random.Generator) -> None:
+    """The correlated depths filter their draws without importing scipy.signal; the result must be
+    lfilter's exactly, or seeded traces would change."""
+    from scipy.signal import lfilter
+
+    from traces.exits import ar1_filter
+
+    for rho in (0.1, 0.7, 0.95):
+        x = rng.standard_normal((37, 129))
+        state = rho * rng.standard_normal(37)
+        gain = np.sqrt(1.0 - rho * rho)
+        expected, _ = lfilter([gain], [1.0, -rho], x, axis=1, zi=state[:, None])
+        assert np.array_equal(ar1_filter(x, gain, rho, state), expected)
+
+
 def test_trace_roundtrip_csv_and_parquet(tmp_path) -> None:
     requests = build_trace("alpaca", 50, r_max=4, r_min=2, exits=ExitModel(mean=3), rate=5.0, seed=3)
     for name in ("t.csv", "t.parquet"):

@@ -20,8 +20,8 @@ its exit depth is replayed from the trace, clamped to ``[r_min, r_max]``. Polici
 * ``norefill`` (Algorithm 1): prefill while admitted, then one lock-step wave: prelude -> core steps over
   a shrinking batch -> one coda for the whole wave.
 * ``cb``: prefill if admitted, else one fused full-depth decode step over up to W requests.
-* ``adaptive``: refill's queues, but a prelude or coda launches only when :mod:`cdbsim.adaptive`'s rule
-  finds it worth a launch now, from the step costs observed so far in the run (:meth:`Scheduler.observe`);
+* ``adaptive``: refill's queues, but the coda (the prelude follows it) launches only when :mod:`cdbsim.adaptive`'s
+  rule finds it due, from the step costs and exit rates observed so far in the run (:meth:`Scheduler.observe`);
   otherwise the core steps on and more tokens gather (a coda batch K that moves with the load).
 
 Admission, chunking, queue order and KV pressure follow ``reference/cdb-engine-spec.md``: a prompt is

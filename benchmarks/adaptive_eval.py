@@ -13,6 +13,7 @@ its median gain over the paper's rule at the points where that rule is not the b
 
     python benchmarks/adaptive_eval.py                      # writes benchmarks/results/adaptive/
     python benchmarks/adaptive_eval.py --part grid --quick  # a few points, to check the script
+    python benchmarks/adaptive_eval.py --part grid --seed 11  # the held-out grid: the same points, new draws
     python benchmarks/adaptive_eval.py --part shift         # the shifting loads alone
     python benchmarks/adaptive_eval.py --part matrix        # the GPU matrix (after --part shift)
 
@@ -57,6 +58,7 @@ class Point:
     width: int
     workload: str
     mean_depth: float
+    seed: int = 7
 
     @property
     def requests(self) -> int:
@@ -65,7 +67,7 @@ class Point:
     def experiment(self, rate: float | None = None) -> Experiment:
         name, split = ARCHS[self.arch]
         return Experiment(arch={"name": name, "split": split}, serve={"width": self.width},
-                          workload={"name": self.workload, "requests": self.requests, "rate": rate, "seed": 7},
+                          workload={"name": self.workload, "requests": self.requests, "rate": rate, "seed": self.seed},
                           exits={"mean_depth": self.mean_depth})
 
     def choices(self) -> dict[str, dict]:
@@ -79,11 +81,11 @@ class Point:
         return "refill K=1" if self.arch.startswith("ouro") else f"refill K={max(1, self.width // 4)}"
 
 
-def points(quick: bool) -> list[Point]:
+def points(quick: bool, seed: int = 7) -> list[Point]:
     out = []
     for arch, width, workload in itertools.product(ARCHS, WIDTHS, WORKLOADS):
         for depth in DEPTHS["ouro-1.4b" if arch.startswith("ouro") else "huginn"]:
-            out.append(Point(arch, width, workload, depth))
+            out.append(Point(arch, width, workload, depth, seed))
     return out[::12] if quick else out
 
 
@@ -189,8 +191,8 @@ def shifting_load(name: str) -> dict:
                 min(v["normalized_s_mean"] for v in fixed) / mine["normalized_s_mean"] - 1}
 
 
-def run_grid(quick: bool, jobs: int) -> None:
-    grid = points(quick)
+def run_grid(quick: bool, jobs: int, seed: int) -> None:
+    grid = points(quick, seed)
     start = time.perf_counter()
     with ProcessPoolExecutor(jobs) as pool:
         rows = [row for part in pool.map(evaluate, grid) for row in part]
@@ -198,10 +200,10 @@ def run_grid(quick: bool, jobs: int) -> None:
     import pandas as pd
 
     summary = summarise(rows)
-    suffix = "-quick" if quick else ""
+    suffix = f"-seed{seed}" + ("-quick" if quick else "")
     pd.DataFrame(rows).to_csv(OUT / f"grid{suffix}.csv", index=False)
     (OUT / f"grid-summary{suffix}.json").write_text(json.dumps(
-        {"command": "python benchmarks/adaptive_eval.py --part grid" + (" --quick" if quick else ""),
+        {"command": f"python benchmarks/adaptive_eval.py --part grid --seed {seed}" + (" --quick" if quick else ""),
          "machine": MACHINE, "wall_s": grid_s, **summary}, indent=2, default=float))
     print(f"{summary['points']} points in {grid_s:.0f} s: adaptive within 1% of the best fixed choice at "
           f"{summary['within_1pct_of_best']:.0%} (offline {summary['within_1pct_by_load']['offline']:.0%}, online "
@@ -302,10 +304,11 @@ def main() -> None:
     parser.add_argument("--part", choices=["grid", "shift", "matrix", "all"], default="all")
     parser.add_argument("--quick", action="store_true", help="every 12th point of the grid only")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--seed", type=int, default=7, help="the grid's request draws (7: the first evaluation's)")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     if args.part in ("grid", "all"):
-        run_grid(args.quick, args.jobs)
+        run_grid(args.quick, args.jobs, args.seed)
     if args.part in ("shift", "all"):
         run_shifts()
     if args.part in ("matrix", "all"):

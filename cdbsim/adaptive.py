@@ -1,33 +1,38 @@
-"""The adaptive CDB policy's rule: when a boundary stage (coda, prelude) is worth launching.
+"""The adaptive CDB policy's rule: when a coda (with the prelude after it) is due.
 
-Refill's fixed coda batch K trades two costs. A coda launch pays its weight reads (the head; Huginn's coda
-layers too) however few tokens it carries, so waiting for more exits amortises that fixed cost; but a token
-waiting for its coda (or, after it, for its prelude) is missing from the core steps that run meanwhile, and
-while a core step is bound by its weight reads (batch below B*), a missing token is lost work at no saving.
-The best K therefore moves with the model (how expensive a boundary stage is next to a core step), the
-exit rate and the load; the paper found K = 1 best for Ouro and K = W/4 for Huginn 2-4-2.
+Refill's fixed coda batch K trades two costs, as an order quantity does: a boundary launch pays its weight
+reads however few tokens it carries (the order cost), and a token waiting for it is missing from the core
+steps that run meanwhile (the holding cost). With ``n`` tokens waiting, ``e`` of them expected to join per
+core step, an order cost ``F`` and a holding cost ``h`` per token and core step, launching whenever ``Q``
+have gathered costs ``F e / Q + h Q / 2`` per core step, least at ``Q* = sqrt(2 F e / h)``. So:
 
-The rule, for a boundary stage with ``n`` tokens waiting while ``b`` tokens wait for a core step:
+    launch the coda now  if  n^2 * h >= 2 * F * e      (or nothing else can run)
 
-    launch now  if  fixed(stage) <= n * t_core(b + n) / (b + n)      (or nothing else can run)
+* ``F = fixed(coda) + fixed(prelude)``: each token that leaves the loop pays both launches before it can
+  loop again, and the prelude runs right after each coda, so one launch fewer saves both stages' time at one
+  token (their weight reads and launch overhead).
+* ``e``: the exits the next core step is expected to bring, the sum over the tokens waiting for it of the
+  exit rate observed so far at each one's loop step. If no token is going to exit, waiting gains nothing
+  and the coda runs at once; a wave of tokens just past their prelude does not hold the codas back.
+* ``h``, what a token costs for each core step it sits out. While requests wait for a resident slot the run
+  is bound by its slots: the core step's weight reads, ``delta_core``, are shared by the ``b`` tokens in it,
+  and a token missing from it loses its share, ``delta_core / b`` (its own ``gamma_core`` is not lost, it
+  is paid when the token runs). When every request has a slot, latency is what waiting loses: the token's
+  request is a whole core step later, ``t_core(b)``, against a launch that delays every one of the ``b + n``
+  tokens in the loop, so per token of the launch ``h = t_core(b) / (b + n)``.
 
-``fixed(stage)`` is the stage's time at one token (its weight reads and launch), ``t_core(b + n) / (b + n)``
-what one token's share of a core step costs at the batch the core would run with them. The left side is
-what waiting would save (one launch of the stage), the right side what the waiting tokens cost per core
-step they sit out. Prelude launches follow the same rule, so a model with an expensive prelude (Huginn's
-two prelude layers) lets freed slots fill in larger groups, towards no-refill's one prelude per wave,
-while Ouro's cheap embedding refills every slot at once. The constants are the latency of the stages
-themselves: nothing is tuned to an evaluation grid.
-
-The step costs come from :class:`OnlineCosts`, a least-squares line ``t = delta + gamma * B`` per stage fitted
-to the launches this run has completed (with forgetting, so it follows contexts growing), so the same rule
-runs in the simulator and on a GPU nobody calibrated. Until a stage has been seen at two batch sizes, its
-boundary stages launch at once (refill with K = 1).
+Every term is a cost or a rate of this run: nothing is tuned to an evaluation grid. The step costs come
+from :class:`OnlineCosts`, a least-squares line ``t = delta + gamma * B`` per stage fitted to the launches
+this run has completed, and the exit rates from the core steps it has completed, all weighted
+down with age (so they follow contexts growing and a load that shifts). The same rule therefore runs in
+the simulator and on a GPU nobody calibrated. Until a stage has been observed, its launches are due at once
+(refill with K = 1).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from cdbsim.launch import Launch, Stage
 
@@ -43,21 +48,20 @@ class _Line:
     y: float = 0.0
     xx: float = 0.0
     xy: float = 0.0
-    sizes: set[int] = field(default_factory=set)
 
     def add(self, batch: float, seconds: float) -> None:
         f = FORGET
         self.n, self.x, self.y = f * self.n + 1, f * self.x + batch, f * self.y + seconds
         self.xx, self.xy = f * self.xx + batch * batch, f * self.xy + batch * seconds
-        if len(self.sizes) < 2:
-            self.sizes.add(int(batch))
 
     @property
     def ready(self) -> bool:
-        return len(self.sizes) >= 2
+        return self.n > 0
 
     def coefficients(self) -> tuple[float, float]:
-        """``(delta, gamma)``, both >= 0."""
+        """``(delta, gamma)``, both >= 0; while a single padded size has been seen (a CUDA graph pads a core step
+        of 9-16 tokens to 16), the whole time counts as fixed: at small batches a launch is bound by its weight
+        reads."""
         var = self.n * self.xx - self.x * self.x
         gamma = max((self.n * self.xy - self.x * self.y) / var, 0.0) if var > 0 else 0.0
         delta = max((self.y - gamma * self.x) / self.n, 0.0)
@@ -68,30 +72,64 @@ class _Line:
         return delta + gamma * batch
 
 
+class _Hazard:
+    """Per loop step, the exponentially weighted share of tokens at that step that left the loop after it."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, float] = {}
+        self.left: dict[int, float] = {}
+        self.stamp: dict[int, int] = {}
+        self.launches = 0
+        self.all_seen = self.all_left = 0.0
+
+    def add(self, steps: Sequence[int], exits: Sequence[bool]) -> None:
+        self.launches += 1
+        now, seen, left, stamp = self.launches, self.seen, self.left, self.stamp
+        for s, out in zip(steps, exits, strict=True):
+            if s in seen:
+                fade = FORGET ** (now - stamp[s])
+                seen[s], left[s] = fade * seen[s] + 1, fade * left[s] + out
+            else:
+                seen[s], left[s] = 1.0, float(out)
+            stamp[s] = now
+        f = FORGET
+        self.all_seen, self.all_left = f * self.all_seen + len(exits), f * self.all_left + sum(exits)
+
+    def expected_exits(self, steps: Sequence[int]) -> float:
+        """Tokens expected to leave the loop after one core step over tokens at ``steps`` (a step not seen yet
+        counts at the rate over all steps)."""
+        if not self.all_seen:
+            return 0.0
+        seen, left, overall = self.seen, self.left, self.all_left / self.all_seen
+        return sum(left[s] / seen[s] if s in seen else overall for s in steps)
+
+
 class OnlineCosts:
-    """Per-stage step costs learnt from the launches of this run (see the module docstring)."""
+    """Per-stage step costs and per-step exit rates learnt from the launches of this run (see the module
+    docstring)."""
 
     def __init__(self) -> None:
         self.lines = {stage: _Line() for stage in (Stage.PRELUDE, Stage.CORE, Stage.CODA)}
+        self.hazard = _Hazard()
 
     def observe(self, launch: Launch, seconds: float) -> None:
+        if launch.stage is Stage.CORE:
+            self.hazard.add(launch.steps, launch.exits)
         line = self.lines.get(launch.stage)
         if line is not None and seconds > 0:
             line.add(launch.padded, seconds)
 
-    def worth_launching(self, stage: Stage, waiting: int, core_waiting: int) -> bool:
-        """Whether a boundary stage with ``waiting`` tokens should run now rather than after more core steps
-        (the rule of the module docstring); always True until the costs are known."""
-        line, core = self.lines[stage], self.lines[Stage.CORE]
-        if waiting <= 0 or core_waiting <= 0 or not (line.ready and core.ready):
+    def coda_due(self, waiting: int, core_steps: Sequence[int], slots_wanted: bool) -> bool:
+        """Whether the coda (and after it the prelude) should run now for ``waiting`` exited tokens, rather than
+        after another core step over tokens at ``core_steps``; ``slots_wanted``: requests wait for a resident
+        slot. The rule of the module docstring; True while the costs are unknown or nothing else can run."""
+        coda, prelude, core = self.lines[Stage.CODA], self.lines[Stage.PRELUDE], self.lines[Stage.CORE]
+        batch = len(core_steps)
+        if waiting <= 0 or batch == 0 or not (coda.ready and core.ready):
             return True
-        fixed = line(1)
-        batch = core_waiting + waiting
-        return fixed <= waiting * core(batch) / batch
+        exits = self.hazard.expected_exits(core_steps)
+        order = coda(1) + (prelude(1) if prelude.ready else 0.0)
+        delta, gamma = core.coefficients()
+        hold = delta / batch if slots_wanted else (delta + gamma * batch) / (batch + waiting)
+        return waiting * waiting * hold >= 2 * order * exits
 
-    def effective_k(self, stage: Stage, core_waiting: int, width: int) -> int:
-        """The smallest number of waiting tokens the rule launches ``stage`` for (for reports and plots)."""
-        for n in range(1, width + 1):
-            if self.worth_launching(stage, n, core_waiting):
-                return n
-        return width

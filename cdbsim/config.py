@@ -14,8 +14,8 @@ class Policy(Choice):
     """CB: token-level continuous batching (every token at full depth, fused step).
     NOREFILL: CDB with lock-step decode waves (freed slots wait for the wave's coda).
     REFILL: CDB that refills loop slots every launch (coda >= K > prefill > core).
-    ADAPTIVE: refill whose coda and prelude launch when the rule of :mod:`cdbsim.adaptive` says they are
-    worth it, from step costs observed during the run (a coda batch K that moves)."""
+    ADAPTIVE: refill whose coda (and the prelude after it) launches when the rule of :mod:`cdbsim.adaptive`
+    finds it due, from step costs and exit rates observed during the run (a coda batch K that moves)."""
 
     CB = "cb"
     NOREFILL = "norefill"

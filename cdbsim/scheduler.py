@@ -20,8 +20,8 @@ its exit depth is replayed from the trace, clamped to ``[r_min, r_max]``. Polici
 * ``norefill`` (Algorithm 1): prefill while admitted, then one lock-step wave: prelude -> core steps over
   a shrinking batch -> one coda for the whole wave.
 * ``cb``: prefill if admitted, else one fused full-depth decode step over up to W requests.
-* ``adaptive``: refill's queues, but a prelude or coda launches only when :mod:`cdbsim.adaptive`'s rule
-  finds it worth a launch now, from the step costs observed so far in the run (:meth:`Scheduler.observe`);
+* ``adaptive``: refill's queues, but the coda (the prelude follows it) launches only when :mod:`cdbsim.adaptive`'s
+  rule finds it due, from the step costs and exit rates observed so far in the run (:meth:`Scheduler.observe`);
   otherwise the core steps on and more tokens gather (a coda batch K that moves with the load).
 
 Admission, chunking, queue order and KV pressure follow ``reference/cdb-engine-spec.md``: a prompt is
@@ -185,13 +185,13 @@ class Scheduler:
         return self._plan_core_first(can_coda)
 
     def _plan_adaptive(self) -> Launch | None:
-        """Refill's order, with each boundary stage launched only when the rule says waiting costs more
-        than one more launch of it (or when nothing else can run)."""
-        worth, waiting = self.costs.worth_launching, len(self.ready)  # type: ignore[union-attr]
-        if self.prelude_queue and worth(Stage.PRELUDE, len(self.prelude_queue), waiting):
+        """Refill's order, with the coda launched only when the rule finds it due (or nothing else can run);
+        the prelude follows each coda at once, so the rule prices the two launches together."""
+        if self.prelude_queue:
             return self._launch_prelude()
         can_coda = self.coda_in_flight < self._max_coda
-        if can_coda and self.coda_queue and worth(Stage.CODA, len(self.coda_queue), waiting):
+        if can_coda and self.coda_queue and self.costs.coda_due(  # type: ignore[union-attr]
+                len(self.coda_queue), self._ready_steps, len(self.waiting) > self._width - self.active):
             return self._flush_coda()
         return self._plan_core_first(can_coda)
 

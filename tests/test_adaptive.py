@@ -36,15 +36,43 @@ def test_the_fit_recovers_each_stage_line() -> None:
     assert not costs.lines[Stage.PRELUDE].ready
 
 
-def test_rule_launches_when_waiting_costs_more_than_a_launch() -> None:
-    # core 1 ms flat, coda 0.25 ms: a coda pays once n / (b + n) of a core step reaches 0.25
-    costs = costs_from({Stage.CORE: (1e-3, 0.0), Stage.CODA: (2.5e-4, 0.0)})
-    assert not costs.worth_launching(Stage.CODA, 4, 20)
-    assert costs.worth_launching(Stage.CODA, 8, 20)
-    assert costs.effective_k(Stage.CODA, 24, 64) == 8
-    assert costs.worth_launching(Stage.CODA, 1, 0), "nothing else can run"
-    # unknown costs: launch at once, as refill with K = 1
-    assert OnlineCosts().worth_launching(Stage.CODA, 1, 60)
+def core_step(steps: list[int], exits: list[bool]) -> Launch:
+    return Launch(index=0, stage=Stage.CORE, requests=list(range(len(steps))), positions=[0] * len(steps),
+                  steps=steps, exits=exits, size=len(steps), padded=len(steps))
+
+
+def known_costs() -> OnlineCosts:
+    """Core 1 ms flat, coda and prelude 0.25 ms each; tokens leave the loop after step 3, never before."""
+    costs = costs_from({Stage.CORE: (1e-3, 0.0), Stage.CODA: (2.5e-4, 0.0), Stage.PRELUDE: (2.5e-4, 0.0)})
+    for _ in range(20):
+        costs.observe(core_step([0, 1, 2, 3], [False, False, False, True]), 1e-3)
+    return costs
+
+
+def test_coda_waits_for_the_order_quantity_of_its_exits() -> None:
+    costs = known_costs()
+    four_exit = [3] * 4 + [1] * 12  # 16 tokens in the next core step, 4 of them leaving the loop after it
+    # slots wanted: h = 1 ms / 16, F = 0.5 ms, e = 4: n^2 >= 2 * 0.5 * 4 * 16 = 64
+    assert not costs.coda_due(7, four_exit, slots_wanted=True)
+    assert costs.coda_due(8, four_exit, slots_wanted=True)
+    # every request resident: h = 1 ms / (16 + n): n^2 >= 4 (16 + n), n >= 10.2
+    assert not costs.coda_due(10, four_exit, slots_wanted=False)
+    assert costs.coda_due(11, four_exit, slots_wanted=False)
+
+
+def test_coda_runs_at_once_when_no_exit_is_coming_or_nothing_else_can_run() -> None:
+    costs = known_costs()
+    assert costs.coda_due(1, [0] * 16, slots_wanted=True), "tokens at step 0 never leave after it"
+    assert costs.coda_due(1, [], slots_wanted=True), "nothing else can run"
+    assert OnlineCosts().coda_due(1, [3] * 16, slots_wanted=True), "unknown costs: refill with K = 1"
+
+
+def test_the_exit_rate_follows_a_shift_in_depth() -> None:
+    costs = known_costs()
+    assert costs.hazard.expected_exits([1, 3]) == pytest.approx(1.0)
+    for _ in range(2000):  # tokens now leave after step 1
+        costs.observe(core_step([0, 1], [False, True]), 1e-3)
+    assert costs.hazard.expected_exits([1]) == pytest.approx(1.0, abs=1e-3)
 
 
 def test_without_observed_costs_adaptive_is_refill_with_k_1() -> None:

@@ -95,12 +95,15 @@ case $phase in
     ;;
   sequence)  # does a stage run slower inside a serving sequence than replayed alone?
     for point in unseen-huginn-2048:1:3072 unseen-huginn-2048:8:3072 unseen-ouro-1536:1:3072 huginn-3.5b:1:1024 \
-                 unseen-huginn-2048:1:3072:exiting unseen-huginn-2048:8:3072:exiting; do
-      IFS=: read -r name batch context exiting <<< "$point"
+                 unseen-huginn-2048:1:3072:exiting unseen-huginn-2048:8:3072:exiting \
+                 unseen-huginn-2048:1:3072:wide unseen-huginn-2048:8:3072:wide; do
+      IFS=: read -r name batch context variant <<< "$point"
       arch=$name; [ -f "calibration/archs/$name.json" ] && arch="calibration/archs/$name.json"
-      [ "${ONLY_EXITING:-0}" = 1 ] && [ -z "$exiting" ] && continue  # ONLY_EXITING=1: the exiting points alone
-      run 90 "sequence-$name-B$batch$exiting" python3 benchmarks/probe_launch_sequence.py --arch "$arch" \
-        --batch "$batch" --context "$context" ${exiting:+--exiting} --out "$work/sequence-$name-B$batch$exiting.json"
+      [ -n "${ONLY_VARIANT:-}" ] && [ "$variant" != "$ONLY_VARIANT" ] && continue  # e.g. ONLY_VARIANT=wide
+      extra=""; [ "$variant" = exiting ] && extra="--exiting"
+      [ "$variant" = wide ] && extra="--table-context 8116"  # tables as wide as the ShareGPT run's (508 blocks)
+      run 90 "sequence-$name-B$batch$variant" python3 benchmarks/probe_launch_sequence.py --arch "$arch" \
+        --batch "$batch" --context "$context" $extra --out "$work/sequence-$name-B$batch$variant.json"
     done
     ;;
   hostvar)  # is the host's time per launch a property of the machine or of the process's history?

@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=3072)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--table-context", type=int, default=None,
+                        help="positions the block tables are sized for (a serving run: its longest request; "
+                             "default: --context)")
     parser.add_argument("--exiting", action="store_true",
                         help="every core token exits, so the core launch also fills its later KV slots")
     parser.add_argument("--out", help="write the times as JSON")
@@ -70,15 +73,18 @@ def main(argv: list[str] | None = None) -> int:
     arch = PRESETS[args.arch] if args.arch in PRESETS else load_arch(args.arch)
     device = torch.device("cuda")
     timer = Timer(device, args.repeats, 3)
-    bench = UnitBench(arch, args.batch, args.context + 1, 65536, KVLayout.DEPTH, device, timer, scatter=True)
+    table_context = max(args.table_context or 0, args.context) + 1
+    bench = UnitBench(arch, args.batch, table_context, 65536, KVLayout.DEPTH, device, timer, scatter=True)
     launches = [(s, bench.graph(s, args.batch, args.context, exiting=args.exiting and s is Stage.CORE,
                                 mixed_steps=s is Stage.CORE, with_copy=True)) for s in STAGES]
     t0 = time.perf_counter()
     results = {"alone": {s.value: timer(fn) for s, fn in launches},
                "sequence": queued(launches, args.rounds)}
     results["same"] = {s.value: queued([(s, fn)], args.rounds)[s.value] for s, fn in launches}
+    width = bench.graphs.width
     bench.close()
-    print(f"{arch.name}, B = {args.batch}, L = {args.context}{', core tokens exiting' if args.exiting else ''}: "
+    print(f"{arch.name}, B = {args.batch}, L = {args.context}{', core tokens exiting' if args.exiting else ''}, "
+          f"tables {width} blocks wide: "
           f"median us per launch ({time.perf_counter() - t0:.0f} s)")
     print(f"{'':<10}" + "".join(f"{s.value:>12}" for s in STAGES))
     for way, times in results.items():
@@ -86,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "arch": arch.name,
                 "batch": args.batch, "context": args.context, "repeats": args.repeats, "rounds": args.rounds,
-                "exiting": args.exiting}
+                "exiting": args.exiting, "table_blocks": width}
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "seconds": results}, f, indent=2)
     return 0

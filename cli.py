@@ -39,6 +39,17 @@ def error_line(message: str) -> None:
                                soft_wrap=True)
 
 
+def refuse_empty_values(argv: list[str]) -> None:
+    """An option given an empty value (``--save-logs ''``, ``--out=``) is a slip, never a choice: a path
+    would silently become the current directory. Refused before the command line is parsed."""
+    for i, token in enumerate(argv):
+        option, eq, value = token.partition("=")
+        if token.startswith("--") and eq and not value:
+            raise UsageFailure(f"{option}: empty value")
+        if token == "" and i > 0 and argv[i - 1].startswith("--") and "=" not in argv[i - 1]:
+            raise UsageFailure(f"{argv[i - 1]}: empty value")
+
+
 class OneLineErrors(TyperGroup):
     """The command group, with click's own usage errors (an option that does not parse, a missing value,
     an unknown option) printed as the same one-line ``error: ...`` with exit code 2 as every other bad
@@ -48,6 +59,7 @@ class OneLineErrors(TyperGroup):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
+            refuse_empty_values(list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:]))
             code = super().main(*args, standalone_mode=False, **kwargs)
         except UsageFailure as exc:
             error_line(exc.format_message())

@@ -89,7 +89,9 @@ BAD = [
     ("calibrate --out IN/a_file --device cpu", "--out IN/a_file: is a file, not a directory"),
     ("schedule -n 5 --from-stage decode", "--from-stage decode: this run has no decode launch"),
     ("schedule -n 5 --from-stage nowhere", "unknown stage 'nowhere'"),
-    ("rate-sweep -n 5 --rates ''", "--rates must be comma-separated numbers, got ''"),
+    ("rate-sweep -n 5 --rates ''", "--rates: empty value"),
+    ("predict -n 5 --save-logs ''", "--save-logs: empty value"),  # not the current directory
+    ("trace -n 5 --out=", "--out: empty value"),
     ("predict -n 5 --matmul-tflops 1e-300", "latency.matmul_tflops must be >= 0.001 and finite"),
     ("predict -n 5 --launch-us 1e300", "latency.launch_us: must be <= 1,000,000"),
     ("validate --matrix IN/list.json --out v", "IN/list.json: not a validation matrix"),

@@ -37,6 +37,7 @@ import torch
 
 from calibration.measure import Timer, UnitBench
 from cdbsim.arch import PRESETS, ArchSpec, load_arch
+from cdbsim.errors import ConfigError
 from cdbsim.kvlayout import KVLayout
 from cdbsim.launch import Stage
 
@@ -89,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("probe_calibration_gap: needs a CUDA GPU, and none is available", file=sys.stderr)
         return 2
-    arch = PRESETS[args.arch] if args.arch in PRESETS else load_arch(args.arch)
+    try:
+        arch = load_arch(args.arch)  # a preset or a file
+    except ConfigError as exc:
+        print(f"probe_calibration_gap: {exc}", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     results: dict[str, dict[str, float]] = {}
     for variant in VARIANTS:  # each variant is printed and saved as it finishes: a cut-short run keeps them

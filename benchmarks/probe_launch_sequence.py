@@ -27,7 +27,8 @@ import time
 import torch
 
 from calibration.measure import Timer, UnitBench
-from cdbsim.arch import PRESETS, load_arch
+from cdbsim.arch import load_arch
+from cdbsim.errors import ConfigError
 from cdbsim.kvlayout import KVLayout
 from cdbsim.launch import Stage
 
@@ -70,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("probe_launch_sequence: needs a CUDA GPU, and none is available", file=sys.stderr)
         return 2
-    arch = PRESETS[args.arch] if args.arch in PRESETS else load_arch(args.arch)
+    try:
+        arch = load_arch(args.arch)  # a preset or a file
+    except ConfigError as exc:
+        print(f"probe_launch_sequence: {exc}", file=sys.stderr)
+        return 2
     device = torch.device("cuda")
     timer = Timer(device, args.repeats, 3)
     table_context = max(args.table_context or 0, args.context) + 1

@@ -230,7 +230,7 @@ def compare(entries: list[Entry], measured: dict[str, RunLog],
             own = simulate(arch, config, requests, latency.with_host(host), entry.kv_blocks())
             comparison.own_host = summarize(own, arch, requests, r_min)
         width = table_width(requests, config.block_size)
-        comparison.stages = stage_errors(real, functools.partial(latency_for(arch).launch_time, table_width=width))
+        comparison.stages = stage_errors(real, functools.partial(latency.launch_time, table_width=width))
         comparisons.append(comparison)
     return comparisons
 

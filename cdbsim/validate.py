@@ -91,9 +91,8 @@ def host_points(launches: object) -> list[list[float]]:
     """Rows ``[items, 0, median host seconds]`` of a launch log's decode-type launches, one per item count
     seen at least three times: what the host component of a profile is fitted to, from a calibration's
     serving run or from any executor run (the host's speed on the day of a run)."""
-    decode = launches[launches["stage"] != "prefill"]
     return [[float(items), 0.0, float(group["host_s"].median())]
-            for items, group in decode.groupby("items") if len(group) >= 3]
+            for items, group in _decode_type(launches).groupby("items") if len(group) >= 3]
 
 
 def run_host(log: RunLog) -> tuple[Fit, float] | None:
@@ -102,9 +101,12 @@ def run_host(log: RunLog) -> tuple[Fit, float] | None:
     points = host_points(log.launches)
     if len(points) < 2:
         return None
-    launches = log.launches
-    median = float(launches.loc[launches["stage"] != "prefill", "host_s"].median())
+    median = float(_decode_type(log.launches)["host_s"].median())
     return fit_points(np.asarray(points, dtype=float), with_context=False), median
+
+
+def _decode_type(launches: object) -> object:
+    return launches[launches["stage"] != "prefill"]
 
 
 @dataclass

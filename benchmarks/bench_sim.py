@@ -10,6 +10,9 @@ looped core (the items of core launches; CB's fused steps count r_max each). ``-
 default) uses the measured H200 profiles of ``calibration/profiles`` (interpolated tables, the mixed-context
 lookup and the metadata copy); ``roofline`` the analytic profile.
 
+The header names the build: the hot modules compiled by ``pip install`` (:mod:`cdbsim.native`), or the pure
+Python source (``CDBSIM_PURE=1 python benchmarks/bench_sim.py --out benchmarks/results/sim_speed_pure.json``).
+
 ``--memory N`` (default 100,000 requests) also simulates N Alpaca requests of ouro-1.4b under refill in a
 fresh process and reports its peak resident memory (``ru_maxrss``: imports, trace, simulation and logs).
 """
@@ -31,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from cdbsim import native  # noqa: E402
 from cdbsim.arch import PRESETS  # noqa: E402
 from cdbsim.config import ServeConfig  # noqa: E402
 from cdbsim.latency import LatencyModel, roofline_profile  # noqa: E402
@@ -116,7 +120,8 @@ def main() -> None:
         parser.error("--repeat must be >= 1")
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     load = os.getloadavg()[0]  # other processes on the machine slow a core down even in CPU time
-    print(f"simulator speed on {machine()}, {when}, load average {load:.1f}")
+    build = "compiled (mypyc)" if native.compiled() else "pure Python"
+    print(f"simulator speed on {machine()}, {when}, load average {load:.1f}, {build} build")
     print(f"CPU time of simulate, min of {args.repeat} runs, {args.profile} profile, one core")
     print(f"{'case':40s} {'launches':>9s} {'loop steps':>11s} {'CPU s':>7s} {'us/launch':>9s} {'target':>6s} "
           f"{'steps/s':>11s}")
@@ -139,7 +144,7 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"machine": machine(), "date": when, "load_average": load,
-                                        "profile": args.profile,
+                                        "build": build, "profile": args.profile,
                                         "repeat": args.repeat, "clock": "process_time (CPU), min of repeats",
                                         "results": results, "memory": memory}, indent=2) + "\n")
         print(f"results: {args.out}")

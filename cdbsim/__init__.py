@@ -20,7 +20,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from cdbsim import native
+
 __version__ = "0.1.0"
+native.guard()  # the compiled hot modules only while they match their source (cdbsim/native.py)
 
 _LAZY = {  # public name -> the module that defines it
     "Experiment": "cdbsim.experiment",

@@ -136,7 +136,8 @@ def _extend_along_batch(curves: list[tuple[np.ndarray, np.ndarray]], knots: np.n
     return rows
 
 
-def along_length(lengths: Sequence[float], values: Sequence[float], length: float, slope_above: float) -> float:
+def along_length(lengths: Sequence[float], values: Sequence[float] | np.ndarray, length: float,
+                 slope_above: float) -> float:
     """Linear in L between ``lengths`` (ascending); ``slope_above`` past the last; the first value below the
     first (lengths start at 0, so only a negative length is below)."""
     j = bisect_right(lengths, length)

@@ -20,7 +20,6 @@ matmul rate and per-kernel launch cost, so a user can ask what a GPU with other 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -181,6 +180,7 @@ class LatencyModel:
 
     def __init__(self, arch: ArchSpec, profile: Profile, force: bool = False) -> None:
         self.arch = arch
+        self._given = (profile, force)  # what this model was built from (with_host builds another)
         self.warnings: list[str] = []
         if profile.kind is ProfileKind.KERNELS:  # composed for this architecture from measured kernels
             from cdbsim.kernels import compose_profile
@@ -248,7 +248,7 @@ class LatencyModel:
         lengths: dict[Stage, list[float]] = {}
         for stage in decode_types:
             terms = [(surfaces[c], count) for c, count in recipe(stage, a) if count]
-            stage_time[stage] = lambda b, n, terms=terms: sum(count * s(b, n) for s, count in terms)
+            stage_time[stage] = summed(terms)
             lengths[stage] = measured_lengths
         for stage in self.measured_stages - {Stage.PREFILL}:
             surface = Surface(comps[model_stage_name(a, stage)])
@@ -283,7 +283,9 @@ class LatencyModel:
 
     def _copy_time(self, padded: int, width: int) -> float:
         """The metadata copy of a launch, memoised: a run has a handful of padded sizes and one width."""
-        t = self._copy_times[(padded, width)] = self.meta_copy(metadata_bytes(padded, width))
+        fit = self.meta_copy
+        assert fit is not None  # launch_time asks only where the profile measured the copy
+        t = self._copy_times[(padded, width)] = fit(metadata_bytes(padded, width))
         return t
 
     def attended_length(self, launch: Launch) -> float:
@@ -297,7 +299,7 @@ class LatencyModel:
 
     def with_host(self, host: Fit) -> LatencyModel:
         """The same device model with another host line (a run's own host speed, for instance)."""
-        other = copy.copy(self)
+        other = LatencyModel(self.arch, *self._given)
         other.host = host
         return other
 
@@ -310,3 +312,8 @@ class LatencyModel:
         """B*(L) of a stage: the batch at which the weight-read floor stops dominating."""
         cost = self.costs[stage]
         return saturation_batch(cost.delta, cost.gamma, cost.alpha, context_len)
+
+
+def summed(terms: list[tuple[Surface, int]]) -> Callable[[float, float], float]:
+    """A stage's time at (batch, context): the sum of its kernels' surfaces, each times its count."""
+    return lambda b, n: sum(count * s(b, n) for s, count in terms)

@@ -162,7 +162,7 @@ class RunRecorder:
         self._chunks, self._buffer, self._offset = [], _row_buffer(0), 0
         rows = sum(len(chunk) for chunk in chunks) // _PACK.size
         column = {name: np.empty(rows, dtype=np.float64 if _ROW[name].kind == "f" else np.int64)
-                  for name in _ROW.names}
+                  for name in _ROW.names or ()}
         row = 0
         for k, chunk in enumerate(chunks):
             part = np.frombuffer(chunk, dtype=_ROW)

@@ -50,9 +50,10 @@ class HostPipeline(Generic[Handle]):
         self._added = 0          # launches added so far; the oldest in flight is number ``_completed``
         self._completed = 0
         self._newest_core = -1   # number of the newest core launch added
-        # the rule, chosen once (drivers ask before every launch)
-        self.must_wait = {Timing.SYNC: self._sync_waits, Timing.ASYNC: self._async_waits,
-                          Timing.LOOKAHEAD: self._lookahead_waits}[timing]
+        # True if the host has to wait for the oldest launch in flight before planning the next one: the
+        # rule of the timing, chosen once (drivers ask before every launch)
+        self.must_wait: Callable[[], bool] = {Timing.SYNC: self._sync_waits, Timing.ASYNC: self._async_waits,
+                                              Timing.LOOKAHEAD: self._lookahead_waits}[timing]
 
     def __len__(self) -> int:
         return len(self._launches)
@@ -69,10 +70,6 @@ class HostPipeline(Generic[Handle]):
     def oldest(self) -> Handle:
         """The handle of the oldest launch in flight."""
         return self._handles[0]
-
-    def must_wait(self) -> bool:
-        """True if the host has to wait for the oldest launch in flight before planning the next one."""
-        raise NotImplementedError  # replaced per instance by the rule of its timing
 
     def _sync_waits(self) -> bool:
         return bool(self._launches)

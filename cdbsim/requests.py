@@ -47,6 +47,7 @@ class RequestTable:
         self.prompt = [r.prompt_len for r in requests]
         self.output = [r.output_len for r in requests]
         self.final = [r.prompt_len + r.output_len - 1 for r in requests]
+        self.exit_steps: array
         self.exit_steps, starts = clipped_depths(requests, r_min, r_max, offset=-1) if loops else (array("h"), [0] * n)
         self.exit_base = [start - p for start, p in zip(starts, self.prompt, strict=True)]
         self.status = [Status.NEW] * n

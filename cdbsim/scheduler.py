@@ -341,13 +341,13 @@ class Scheduler:
         if not requests:
             return None
         recomputed = [target[i] - table.prompt[i] for i in requests] if self.share_blocks else ()
-        done = [i for i, final in zip(requests, finishes, strict=True) if final]
-        for i in done:
+        prefilled_all = [i for i, final in zip(requests, finishes, strict=True) if final]
+        for i in prefilled_all:
             self.prefilling.remove(i)
             status[i] = DECODING
-        self.decoding += len(done)
+        self.decoding += len(prefilled_all)
         retire: list[int] = []
-        self._produce(done, retire, head=False)
+        self._produce(prefilled_all, retire, head=False)
         if retire:
             self._retire[self.launches] = retire
         tokens = sum(lens)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 
 import simpy
 
@@ -30,9 +30,8 @@ from cdbsim.metadata import table_width
 from cdbsim.pipeline import HostPipeline
 from cdbsim.quiet_gc import paused_gc
 from cdbsim.scheduler import Scheduler
+from cdbsim.timeouts import Late
 from traces.request import Request
-
-LATE = simpy.events.NORMAL + 1  # after SimPy's URGENT and NORMAL events of the same time
 
 
 class Simulation:
@@ -63,7 +62,7 @@ class Simulation:
                                              clock="simulated"))
 
     # ----- processes -----------------------------------------------------------------------------
-    def _arrivals(self):
+    def _arrivals(self) -> Generator[simpy.Event, object, None]:
         env, s = self.env, self.scheduler
         order = sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival)
         for i in order:
@@ -79,7 +78,7 @@ class Simulation:
         if not self._wake_host.triggered:
             self._wake_host.succeed()
 
-    def _host(self):
+    def _host(self) -> Generator[simpy.Event, object, None]:
         """Wait as the pipeline rule says, plan, hand over. A launch planned at ``t`` is ready on the
         device at ``t + host time``, and the host is busy until then.
 
@@ -161,29 +160,6 @@ class Simulation:
                 yield Late(env, end)
                 now = end
             complete_oldest()
-
-
-class Late(simpy.Timeout):
-    """A timeout at the absolute time ``at`` that SimPy processes after every other event due then, so that
-    the host, woken by one, has seen every request arriving at that time (SimPy orders the events of one
-    time by priority, then by when they were scheduled)."""
-
-    def __init__(self, env: simpy.Environment, at: float) -> None:
-        now = env.now
-        delay = at - now  # SimPy schedules at now + delay, which may miss ``at`` by a rounding step
-        if now + delay != at:
-            while now + delay < at:
-                delay = math.nextafter(delay, math.inf)
-            while now + delay > at:
-                delay = math.nextafter(delay, -math.inf)
-        if delay < 0:
-            raise ValueError(f"negative delay {delay}")
-        self.env = env
-        self.callbacks = []
-        self._value = None
-        self._delay = delay
-        self._ok = True
-        env.schedule(self, LATE, delay)
 
 
 def simulate(arch: ArchSpec, config: ServeConfig, requests: Sequence[Request], latency: LatencyModel,

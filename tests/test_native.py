@@ -1,0 +1,103 @@
+"""The compiled build of the simulator's hot modules: used only while it matches its source, and it
+simulates exactly what the source does."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cdbsim import native
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the compiled modules' sources, with one fake extension beside them."""
+    monkeypatch.delenv(native.PURE_ENV, raising=False)
+    for name in native.COMPILED:
+        target = native.source_file(name, tmp_path)
+        target.write_bytes(native.source_file(name).read_bytes())
+    return tmp_path
+
+
+def _add_extension(package: Path) -> None:
+    (package / f"scheduler{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+
+
+def test_without_extensions_the_source_runs_silently(package: Path) -> None:
+    assert native.stale_reason(package) is None
+
+
+def test_a_build_without_its_stamp_is_not_used(package: Path) -> None:
+    _add_extension(package)
+    assert native.stale_reason(package) == "the compiled build is incomplete"
+
+
+def test_a_matching_stamp_lets_the_build_run(package: Path) -> None:
+    _add_extension(package)
+    (package / native.STAMP).write_text(json.dumps(native.source_hashes(package)))
+    assert native.stale_reason(package) is None
+
+
+def test_an_edited_source_turns_the_build_off(package: Path) -> None:
+    _add_extension(package)
+    (package / native.STAMP).write_text(json.dumps(native.source_hashes(package)))
+    with native.source_file("cdbsim.blocks", package).open("a") as fh:
+        fh.write("\n# edited\n")
+    assert native.stale_reason(package) == "their source was edited after the build"
+
+
+def test_the_environment_switch_turns_the_build_off(package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _add_extension(package)
+    (package / native.STAMP).write_text(json.dumps(native.source_hashes(package)))
+    monkeypatch.setenv(native.PURE_ENV, "1")
+    assert native.stale_reason(package) == f"{native.PURE_ENV} is set"
+    monkeypatch.setenv(native.PURE_ENV, "0")
+    assert native.stale_reason(package) is None
+
+
+RUN = """
+import hashlib, sys
+from cdbsim import native
+from cdbsim.arch import PRESETS
+from cdbsim.config import ServeConfig
+from cdbsim.latency import LatencyModel
+from cdbsim.shipped import resolve_profile
+from cdbsim.sim import simulate
+from traces import ExitModel, build_trace
+
+arch = PRESETS["huginn-3.5b"]
+requests = build_trace("sharegpt", 120, arch.r_max, 2, ExitModel(mean=6.0), rate=4.0, seed=3)
+latency = LatencyModel(arch, resolve_profile("auto", arch))
+digest = hashlib.sha256()
+for policy, k in (("refill", 4), ("norefill", 1), ("cb", 1), ("adaptive", 1)):
+    log = simulate(arch, ServeConfig(policy=policy, width=32, coda_batch=k), requests, latency, kv_blocks=4000)
+    digest.update(log.launches.to_csv().encode())
+    digest.update(log.requests.to_csv().encode())
+print(native.compiled(), digest.hexdigest())
+"""
+
+
+def _run(pure: bool) -> tuple[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != native.PURE_ENV}
+    if pure:
+        env[native.PURE_ENV] = "1"
+    out = subprocess.run([sys.executable, "-c", RUN], cwd=ROOT, env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    return out[0], out[1]
+
+
+def test_compiled_and_source_runs_log_the_same_launches() -> None:
+    compiled, compiled_digest = _run(pure=False)
+    if compiled != "True":
+        pytest.skip("this install has no compiled build (pure Python): nothing to compare")
+    source, source_digest = _run(pure=True)
+    assert source == "False"
+    assert compiled_digest == source_digest

@@ -104,20 +104,55 @@ class _Hazard:
         return sum(left[s] / seen[s] if s in seen else overall for s in steps)
 
 
+class _ArrivalRate:
+    """Requests arriving per second of device time: the gaps between arrivals, in the seconds of the launches
+    that ran between them, weighted down with age per arrival (about the last 200 count). A gap that ends at
+    an idle device is left out (the idle time is not seen); the gap still open counts, so the rate falls
+    when arrivals stop."""
+
+    def __init__(self) -> None:
+        self.arrivals = 0.0
+        self.gaps = 0.0
+        self.open = 0.0  # device seconds since the last arrival
+
+    def arrive(self, busy: bool) -> None:
+        if busy:
+            self.arrivals, self.gaps = FORGET * self.arrivals + 1, FORGET * self.gaps + self.open
+        self.open = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.open += seconds
+
+    def __call__(self) -> float:
+        seconds = self.gaps + self.open
+        return self.arrivals / seconds if seconds > 0 else 0.0
+
+
 class OnlineCosts:
-    """Per-stage step costs and per-step exit rates learnt from the launches of this run (see the module
+    """Per-stage step costs, per-step exit rates and the arrival rate learnt from this run (see the module
     docstring)."""
 
     def __init__(self) -> None:
-        self.lines = {stage: _Line() for stage in (Stage.PRELUDE, Stage.CORE, Stage.CODA)}
+        self.lines = {stage: _Line() for stage in (Stage.PREFILL, Stage.PRELUDE, Stage.CORE, Stage.CODA)}
         self.hazard = _Hazard()
+        self.arrival_rate = _ArrivalRate()
 
     def observe(self, launch: Launch, seconds: float) -> None:
         if launch.stage is Stage.CORE:
             self.hazard.add(launch.steps, launch.exits)
         line = self.lines.get(launch.stage)
-        if line is not None and seconds > 0:
-            line.add(launch.padded, seconds)
+        if seconds > 0:
+            self.arrival_rate.add(seconds)
+            if line is not None:
+                line.add(launch.padded, seconds)
+
+    def prefill_due(self, waiting: int, resident: int, free_slots: int) -> bool:
+        """Whether ``waiting`` arrived requests should be prefilled now, rather than after another core step
+        over the ``resident`` requests' tokens, with ``free_slots`` resident slots free."""
+        prefill = self.lines[Stage.PREFILL]
+        if waiting > free_slots or not prefill.ready:
+            return True
+        return waiting * (waiting + 1) >= 2 * prefill(1) * self.arrival_rate() * (resident + waiting)
 
     def coda_due(self, waiting: int, core_steps: Sequence[int], slots_wanted: bool) -> bool:
         """Whether the coda (and after it the prelude) should run now for ``waiting`` exited tokens, rather than

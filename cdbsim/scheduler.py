@@ -136,6 +136,8 @@ class Scheduler:
         status[i] = WAITING
         self.waiting.append(i)
         self.arrived += 1
+        if self.costs is not None:
+            self.costs.arrival_rate.arrive(busy=self.in_flight > 0)
 
     @property
     def has_work(self) -> bool:
@@ -193,6 +195,9 @@ class Scheduler:
         if can_coda and self.coda_queue and self.costs.coda_due(  # type: ignore[union-attr]
                 len(self.coda_queue), self._ready_steps, len(self.waiting) > self._width - self.active):
             return self._flush_coda()
+        if self.ready and self.waiting and not self.prefilling and not self.costs.prefill_due(  # type: ignore[union-attr]
+                len(self.waiting), self.active, self._width - self.active):
+            return self._launch_core()
         return self._plan_core_first(can_coda)
 
     def _plan_core_first(self, can_coda: bool) -> Launch | None:

@@ -166,5 +166,5 @@ class OnlineCosts:
         order = coda(1) + (prelude(1) if prelude.ready else 0.0)
         delta, gamma = core.coefficients()
         hold = delta / batch if slots_wanted else (delta + gamma * batch) / (batch + waiting)
-        return waiting * waiting * hold >= 2 * order * exits
+        return waiting * (waiting + exits) * hold >= 2 * order * exits
 

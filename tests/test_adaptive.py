@@ -52,12 +52,12 @@ def known_costs() -> OnlineCosts:
 def test_coda_waits_for_the_order_quantity_of_its_exits() -> None:
     costs = known_costs()
     four_exit = [3] * 4 + [1] * 12  # 16 tokens in the next core step, 4 of them leaving the loop after it
-    # slots wanted: h = 1 ms / 16, F = 0.5 ms, e = 4: n^2 >= 2 * 0.5 * 4 * 16 = 64
-    assert not costs.coda_due(7, four_exit, slots_wanted=True)
-    assert costs.coda_due(8, four_exit, slots_wanted=True)
-    # every request resident: h = 1 ms / (16 + n): n^2 >= 4 (16 + n), n >= 10.2
-    assert not costs.coda_due(10, four_exit, slots_wanted=False)
-    assert costs.coda_due(11, four_exit, slots_wanted=False)
+    # slots wanted: h = 1 ms / 16, F = 0.5 ms, e = 4: n (n + 4) >= 2 * 0.5 * 4 * 16 = 64
+    assert not costs.coda_due(6, four_exit, slots_wanted=True)
+    assert costs.coda_due(7, four_exit, slots_wanted=True)
+    # every request resident: h = 1 ms / (16 + n): n (n + 4) >= 4 (16 + n), n >= 8
+    assert not costs.coda_due(7, four_exit, slots_wanted=False)
+    assert costs.coda_due(8, four_exit, slots_wanted=False)
 
 
 def test_coda_runs_at_once_when_no_exit_is_coming_or_nothing_else_can_run() -> None:

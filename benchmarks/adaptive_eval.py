@@ -14,6 +14,7 @@ its median gain over the paper's rule at the points where that rule is not the b
     python benchmarks/adaptive_eval.py                      # writes benchmarks/results/adaptive/
     python benchmarks/adaptive_eval.py --part grid --quick  # a few points, to check the script
     python benchmarks/adaptive_eval.py --part grid --seed 11  # the held-out grid: the same points, new draws
+    python benchmarks/adaptive_eval.py --part grid --only "W=256 alpaca"  # a subset, rows printed, nothing written
     python benchmarks/adaptive_eval.py --part shift         # the shifting loads alone
     python benchmarks/adaptive_eval.py --part matrix        # the GPU matrix (after --part shift)
 
@@ -61,6 +62,10 @@ class Point:
     seed: int = 7
 
     @property
+    def label(self) -> str:
+        return f"{self.arch} W={self.width} {self.workload} d={self.mean_depth:g}"
+
+    @property
     def requests(self) -> int:
         return max(MIN_REQUESTS, int(PER_SLOT[self.workload] * self.width))
 
@@ -81,11 +86,14 @@ class Point:
         return "refill K=1" if self.arch.startswith("ouro") else f"refill K={max(1, self.width // 4)}"
 
 
-def points(quick: bool, seed: int = 7) -> list[Point]:
+def points(quick: bool, seed: int = 7, only: str | None = None) -> list[Point]:
+    """The grid (every 12th point if ``quick``; those whose label holds ``only``, e.g. "W=256 alpaca")."""
     out = []
     for arch, width, workload in itertools.product(ARCHS, WIDTHS, WORKLOADS):
         for depth in DEPTHS["ouro-1.4b" if arch.startswith("ouro") else "huginn"]:
             out.append(Point(arch, width, workload, depth, seed))
+    if only is not None:
+        out = [p for p in out if only in p.label]
     return out[::12] if quick else out
 
 
@@ -191,8 +199,9 @@ def shifting_load(name: str) -> dict:
                 min(v["normalized_s_mean"] for v in fixed) / mine["normalized_s_mean"] - 1}
 
 
-def run_grid(quick: bool, jobs: int, seed: int) -> None:
-    grid = points(quick, seed)
+def run_grid(quick: bool, jobs: int, seed: int, only: str | None = None) -> None:
+    """The grid's points in ``jobs`` processes; a subset (``only``) prints its rows and writes nothing."""
+    grid = points(quick, seed, only)
     start = time.perf_counter()
     with ProcessPoolExecutor(jobs) as pool:
         rows = [row for part in pool.map(evaluate, grid) for row in part]
@@ -200,11 +209,16 @@ def run_grid(quick: bool, jobs: int, seed: int) -> None:
     import pandas as pd
 
     summary = summarise(rows)
-    suffix = f"-seed{seed}" + ("-quick" if quick else "")
-    pd.DataFrame(rows).to_csv(OUT / f"grid{suffix}.csv", index=False)
-    (OUT / f"grid-summary{suffix}.json").write_text(json.dumps(
-        {"command": f"python benchmarks/adaptive_eval.py --part grid --seed {seed}" + (" --quick" if quick else ""),
-         "machine": MACHINE, "wall_s": grid_s, **summary}, indent=2, default=float))
+    if only is not None:
+        for r in rows:
+            print(f"{r['arch']} W={r['W']} {r['workload']} d={r['mean_depth']:g} {r['load']}: best {r['best_fixed']}, "
+                  f"adaptive {r['vs_best']:+.1%} (mean coda {r['adaptive_mean_coda']:.1f})")
+    else:
+        suffix = f"-seed{seed}" + ("-quick" if quick else "")
+        pd.DataFrame(rows).to_csv(OUT / f"grid{suffix}.csv", index=False)
+        (OUT / f"grid-summary{suffix}.json").write_text(json.dumps(
+            {"command": f"python benchmarks/adaptive_eval.py --part grid --seed {seed}" + (" --quick" if quick else ""),
+             "machine": MACHINE, "wall_s": grid_s, **summary}, indent=2, default=float))
     print(f"{summary['points']} points in {grid_s:.0f} s: adaptive within 1% of the best fixed choice at "
           f"{summary['within_1pct_of_best']:.0%} (offline {summary['within_1pct_by_load']['offline']:.0%}, online "
           f"{summary['within_1pct_by_load']['online']:.0%}); worst {summary['worst_vs_best']:+.1%}, median "
@@ -305,10 +319,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="every 12th point of the grid only")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=7, help="the grid's request draws (7: the first evaluation's)")
+    parser.add_argument("--only", metavar="TEXT", help='grid points whose label holds TEXT (e.g. "W=256 alpaca"): '
+                        "printed per row, no files written")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     if args.part in ("grid", "all"):
-        run_grid(args.quick, args.jobs, args.seed)
+        run_grid(args.quick, args.jobs, args.seed, args.only)
     if args.part in ("shift", "all"):
         run_shifts()
     if args.part in ("matrix", "all"):

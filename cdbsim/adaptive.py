@@ -1,12 +1,16 @@
-"""The adaptive CDB policy's rule: when a coda (with the prelude after it) is due.
+"""The adaptive CDB policy's rule: when a coda (with the prelude after it) is due, and when arrivals are.
 
-Refill's fixed coda batch K trades two costs, as an order quantity does: a boundary launch pays its weight
-reads however few tokens it carries (the order cost), and a token waiting for it is missing from the core
-steps that run meanwhile (the holding cost). With ``n`` tokens waiting, ``e`` of them expected to join per
-core step, an order cost ``F`` and a holding cost ``h`` per token and core step, launching whenever ``Q``
-have gathered costs ``F e / Q + h Q / 2`` per core step, least at ``Q* = sqrt(2 F e / h)``. So:
+Two launches pay their weight reads however few tokens they carry, and tokens gather for them: the coda (and
+the prelude after it), which exited tokens wait for, and the full-depth prefill, which arrived requests wait
+for. Each is an order quantity: with an order cost ``F`` per launch, demand ``e`` per period and a holding cost
+``h`` per waiting unit and period, launching whenever ``Q`` have gathered costs ``F e / Q`` in orders plus
+holding. Lots are whole units, so the lot grows while the order cost it saves exceeds the holding it adds;
+with units arriving ``a`` at a time, one more period is worth waiting while ``n (n + a) h < 2 F e``:
 
-    launch the coda now  if  n^2 * h >= 2 * F * e      (or nothing else can run)
+    launch the coda now      if  n (n + e) * h >= 2 * F * e        (or nothing else can run)
+    prefill the arrivals now if  m (m + 1)     >= 2 * F_p * lam * (b + m)   (or they would fill the free slots)
+
+**The coda.** The period is one core step; exits come in bulk, ``e`` per step (``a = e``).
 
 * ``F = fixed(coda) + fixed(prelude)``: each token that leaves the loop pays both launches before it can
   loop again, and the prelude runs right after each coda, so one launch fewer saves both stages' time at one
@@ -17,16 +21,28 @@ have gathered costs ``F e / Q + h Q / 2`` per core step, least at ``Q* = sqrt(2 
 * ``h``, what a token costs for each core step it sits out. While requests wait for a resident slot the run
   is bound by its slots: the core step's weight reads, ``delta_core``, are shared by the ``b`` tokens in it,
   and a token missing from it loses its share, ``delta_core / b`` (its own ``gamma_core`` is not lost, it
-  is paid when the token runs). When every request has a slot, latency is what waiting loses: the token's
+  is paid when it runs). When every request has a slot, latency is what waiting loses: the token's
   request is a whole core step later, ``t_core(b)``, against a launch that delays every one of the ``b + n``
   tokens in the loop, so per token of the launch ``h = t_core(b) / (b + n)``.
 
+**The prefill.** The period is a second of device time; requests arrive one at a time (``a = 1``), ``lam``
+per second. Counted in request-seconds of latency:
+
+* ``F_p (b + m)``: a prefill launch's one-token time ``F_p = fixed(prefill)`` (its full-depth weight reads)
+  delays each of the ``b`` resident requests and the ``m`` waiting ones; one launch fewer saves that.
+* ``h = 1``: a waiting request's latency grows by its wait.
+* ``lam``: requests arriving per second of device time, observed over the recent arrivals.
+* Slots: a held request keeps a resident slot empty. The lot can only gather while every arrival finds a
+  free slot, so the arrivals are prefilled at once when the ``m`` waiting fill the free slots (or more wait
+  than fit: the run is bound by its slots). The gate is also passed when nothing else can run (no token is
+  ready for a core step) and while a prompt is part way through its chunks.
+
 Every term is a cost or a rate of this run: nothing is tuned to an evaluation grid. The step costs come
 from :class:`OnlineCosts`, a least-squares line ``t = delta + gamma * B`` per stage fitted to the launches
-this run has completed, and the exit rates from the core steps it has completed, all weighted
-down with age (so they follow contexts growing and a load that shifts). The same rule therefore runs in
-the simulator and on a GPU nobody calibrated. Until a stage has been observed, its launches are due at once
-(refill with K = 1).
+this run has completed, the exit rates from the core steps it has completed, and the arrival rate from the
+device time between arrivals, all weighted down with age (so they follow contexts growing and a load that
+shifts). The same rule therefore runs in the simulator and on a GPU nobody calibrated. Until a stage has
+been observed, its launches are due at once (refill with K = 1).
 """
 
 from __future__ import annotations
@@ -104,20 +120,56 @@ class _Hazard:
         return sum(left[s] / seen[s] if s in seen else overall for s in steps)
 
 
+class _ArrivalRate:
+    """Requests arriving per second of device time: the gaps between arrivals, in the seconds of the launches
+    that ran between them, weighted down with age per arrival (about the last 200 count). A gap that ends at
+    an idle device is left out (the idle time is not seen); the gap still open counts, so the rate falls
+    when arrivals stop."""
+
+    def __init__(self) -> None:
+        self.arrivals = 0.0
+        self.gaps = 0.0
+        self.open = 0.0  # device seconds since the last arrival
+
+    def arrive(self, busy: bool) -> None:
+        if busy:
+            self.arrivals, self.gaps = FORGET * self.arrivals + 1, FORGET * self.gaps + self.open
+        self.open = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.open += seconds
+
+    def __call__(self) -> float:
+        seconds = self.gaps + self.open
+        return self.arrivals / seconds if seconds > 0 else 0.0
+
+
 class OnlineCosts:
-    """Per-stage step costs and per-step exit rates learnt from the launches of this run (see the module
+    """Per-stage step costs, per-step exit rates and the arrival rate learnt from this run (see the module
     docstring)."""
 
     def __init__(self) -> None:
-        self.lines = {stage: _Line() for stage in (Stage.PRELUDE, Stage.CORE, Stage.CODA)}
+        self.lines = {stage: _Line() for stage in (Stage.PREFILL, Stage.PRELUDE, Stage.CORE, Stage.CODA)}
         self.hazard = _Hazard()
+        self.arrival_rate = _ArrivalRate()
 
     def observe(self, launch: Launch, seconds: float) -> None:
         if launch.stage is Stage.CORE:
             self.hazard.add(launch.steps, launch.exits)
         line = self.lines.get(launch.stage)
-        if line is not None and seconds > 0:
-            line.add(launch.padded, seconds)
+        if seconds > 0:
+            self.arrival_rate.add(seconds)
+            if line is not None:
+                line.add(launch.padded, seconds)
+
+    def prefill_due(self, waiting: int, resident: int, free_slots: int) -> bool:
+        """Whether ``waiting`` arrived requests should be prefilled now, rather than after another core step
+        over the ``resident`` requests' tokens, with ``free_slots`` resident slots free. The rule of the module
+        docstring; True while the prefill's cost is unknown."""
+        prefill = self.lines[Stage.PREFILL]
+        if waiting >= free_slots or not prefill.ready:
+            return True
+        return waiting * (waiting + 1) >= 2 * prefill(1) * self.arrival_rate() * (resident + waiting)
 
     def coda_due(self, waiting: int, core_steps: Sequence[int], slots_wanted: bool) -> bool:
         """Whether the coda (and after it the prelude) should run now for ``waiting`` exited tokens, rather than
@@ -131,5 +183,5 @@ class OnlineCosts:
         order = coda(1) + (prelude(1) if prelude.ready else 0.0)
         delta, gamma = core.coefficients()
         hold = delta / batch if slots_wanted else (delta + gamma * batch) / (batch + waiting)
-        return waiting * waiting * hold >= 2 * order * exits
+        return waiting * (waiting + exits) * hold >= 2 * order * exits
 

@@ -21,8 +21,9 @@ its exit depth is replayed from the trace, clamped to ``[r_min, r_max]``. Polici
   a shrinking batch -> one coda for the whole wave.
 * ``cb``: prefill if admitted, else one fused full-depth decode step over up to W requests.
 * ``adaptive``: refill's queues, but the coda (the prelude follows it) launches only when :mod:`cdbsim.adaptive`'s
-  rule finds it due, from the step costs and exit rates observed so far in the run (:meth:`Scheduler.observe`);
-  otherwise the core steps on and more tokens gather (a coda batch K that moves with the load).
+  rule finds it due, and arrived requests are prefilled only when it finds them due, from the step costs,
+  exit rates and arrival rate observed so far in the run (:meth:`Scheduler.observe`); otherwise the core
+  steps on and more tokens, or arrivals, gather (a coda batch K and a prefill batch that move with the load).
 
 Admission, chunking, queue order and KV pressure follow ``reference/cdb-engine-spec.md``: a prompt is
 admitted when no request decodes or more than ``kv_margin`` of the KV blocks are free, and at least
@@ -136,6 +137,8 @@ class Scheduler:
         status[i] = WAITING
         self.waiting.append(i)
         self.arrived += 1
+        if self.costs is not None:
+            self.costs.arrival_rate.arrive(busy=self.in_flight > 0)
 
     @property
     def has_work(self) -> bool:
@@ -186,13 +189,17 @@ class Scheduler:
 
     def _plan_adaptive(self) -> Launch | None:
         """Refill's order, with the coda launched only when the rule finds it due (or nothing else can run);
-        the prelude follows each coda at once, so the rule prices the two launches together."""
+        the prelude follows each coda at once, so the rule prices the two launches together. Arrivals wait for
+        their prefill while the rule finds it not due and a core step can run instead."""
         if self.prelude_queue:
             return self._launch_prelude()
         can_coda = self.coda_in_flight < self._max_coda
         if can_coda and self.coda_queue and self.costs.coda_due(  # type: ignore[union-attr]
                 len(self.coda_queue), self._ready_steps, len(self.waiting) > self._width - self.active):
             return self._flush_coda()
+        if self.ready and self.waiting and not self.prefilling and not self.costs.prefill_due(  # type: ignore[union-attr]
+                len(self.waiting), self.active, self._width - self.active):
+            return self._launch_core()  # the arrivals gather for one prefill
         return self._plan_core_first(can_coda)
 
     def _plan_core_first(self, can_coda: bool) -> Launch | None:

@@ -52,12 +52,12 @@ def known_costs() -> OnlineCosts:
 def test_coda_waits_for_the_order_quantity_of_its_exits() -> None:
     costs = known_costs()
     four_exit = [3] * 4 + [1] * 12  # 16 tokens in the next core step, 4 of them leaving the loop after it
-    # slots wanted: h = 1 ms / 16, F = 0.5 ms, e = 4: n^2 >= 2 * 0.5 * 4 * 16 = 64
-    assert not costs.coda_due(7, four_exit, slots_wanted=True)
-    assert costs.coda_due(8, four_exit, slots_wanted=True)
-    # every request resident: h = 1 ms / (16 + n): n^2 >= 4 (16 + n), n >= 10.2
-    assert not costs.coda_due(10, four_exit, slots_wanted=False)
-    assert costs.coda_due(11, four_exit, slots_wanted=False)
+    # slots wanted: h = 1 ms / 16, F = 0.5 ms, e = 4: n (n + 4) >= 2 * 0.5 * 4 * 16 = 64
+    assert not costs.coda_due(6, four_exit, slots_wanted=True)
+    assert costs.coda_due(7, four_exit, slots_wanted=True)
+    # every request resident: h = 1 ms / (16 + n): n (n + 4) >= 4 (16 + n), n >= 8
+    assert not costs.coda_due(7, four_exit, slots_wanted=False)
+    assert costs.coda_due(8, four_exit, slots_wanted=False)
 
 
 def test_coda_runs_at_once_when_no_exit_is_coming_or_nothing_else_can_run() -> None:
@@ -100,3 +100,58 @@ def test_simulated_durations_reach_the_rule_and_hold_huginn_codas() -> None:
     refill = Simulation(arch, ServeConfig(policy="refill", width=32), requests, latency, 8000).run().launches
     assert coda.mean() > 1.5 * refill[refill["stage"] == "coda"]["size"].mean()
     assert log.launches["end"].max() <= refill["end"].max() * 1.01
+
+
+def arrivals_every(seconds: float, count: int = 50) -> OnlineCosts:
+    """A 15 ms prefill (its weight reads at full depth, flat in tokens) and an arrival after every
+    ``seconds`` of 1 ms core steps."""
+    costs = costs_from({Stage.PREFILL: (15e-3, 0.0), Stage.CORE: (1e-3, 0.0)})
+    costs.arrival_rate.arrive(busy=False)  # the first arrival finds the device idle: no gap seen yet
+    for _ in range(count):
+        for _ in range(round(seconds / 1e-3)):
+            costs.observe(core_step([1], [False]), 1e-3)
+        costs.arrival_rate.arrive(busy=True)
+    return costs
+
+
+def test_prefill_gathers_arrivals_to_their_order_quantity_while_slots_are_free() -> None:
+    frequent = arrivals_every(0.01)  # 100 req/s
+    assert frequent.arrival_rate() == pytest.approx(100, rel=0.01)
+    # 50 resident: m (m + 1) >= 2 * 15 ms * 100/s * (50 + m), m >= 13.8
+    assert not frequent.prefill_due(1, resident=50, free_slots=200), "a lone arrival waits for others"
+    assert not frequent.prefill_due(13, resident=50, free_slots=200)
+    assert frequent.prefill_due(14, resident=50, free_slots=200)
+    # scarce slots: a held arrival would keep a slot empty that the next one needs
+    assert frequent.prefill_due(1, resident=15, free_slots=1)
+    assert frequent.prefill_due(4, resident=12, free_slots=4)
+    assert not frequent.prefill_due(4, resident=12, free_slots=5)
+    # rare arrivals (1 req/s): 2 >= 2 * 15 ms * 1/s * 51, the lone arrival is prefilled at once
+    assert arrivals_every(1.0, count=5).prefill_due(1, resident=50, free_slots=200)
+    assert OnlineCosts().prefill_due(1, resident=50, free_slots=200), "unknown prefill cost: at once"
+
+
+def test_the_arrival_rate_leaves_out_idle_gaps_and_falls_when_arrivals_stop() -> None:
+    costs = arrivals_every(0.01)
+    costs.arrival_rate.arrive(busy=False)  # the gap that ended at an idle device is not a gap seen
+    assert costs.arrival_rate() == pytest.approx(100, rel=0.01)
+    for _ in range(500):  # half a second of core steps, nobody arrives
+        costs.observe(core_step([1], [False]), 1e-3)
+    assert costs.arrival_rate() < 50
+
+
+def test_simulated_arrivals_gather_into_fewer_prefills_at_a_wide_width() -> None:
+    """Huginn's full-depth prefill is dear next to its core step: at W = 128 under frequent arrivals the
+    gate prefills several requests per launch where refill prefills each as it comes, and latency falls."""
+    arch = PRESETS["huginn-3.5b"]
+    latency = LatencyModel(arch, resolve_profile("auto", arch))
+    requests = build_trace("alpaca", 160, arch.r_max, 2, ExitModel(mean=5), rate=40.0, seed=3)
+
+    def run(policy: str):
+        log = Simulation(arch, ServeConfig(policy=policy, width=128), requests, latency, 40000).run()
+        prefills = log.launches[log.launches["stage"] == "prefill"]
+        normalized = (log.requests["finish"] - log.requests["arrival"]) / log.requests["output_len"]
+        return prefills["items"].mean(), normalized.mean()
+
+    (gathered, adaptive_latency), (single, refill_latency) = run("adaptive"), run("refill")
+    assert gathered > 1.5 * single
+    assert adaptive_latency < refill_latency

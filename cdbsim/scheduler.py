@@ -294,17 +294,19 @@ class Scheduler:
         exits: list[bool] = []
         survivors: list[int] = []
         survivor_steps: list[int] = []
-        add_exit, survive, survive_step, leave = exits.append, survivors.append, survivor_steps.append, exited.append
         copies = 0
-        for i, s in zip(batch, steps, strict=True):
+        # indexed lists and direct appends, not zip and bound methods: compiled (cdbsim.native), these are
+        # native list operations
+        for k in range(len(batch)):
+            i, s = batch[k], steps[k]
             if s >= last[i]:
-                add_exit(True)
-                leave(i)
+                exits.append(True)
+                exited.append(i)
                 copies += fill[s]
             else:
-                add_exit(False)
-                survive(i)
-                survive_step(s + 1)
+                exits.append(False)
+                survivors.append(i)
+                survivor_steps.append(s + 1)
         return exits, copies, survivors, survivor_steps
 
     def _try_prefill(self) -> Launch | None:
@@ -370,19 +372,20 @@ class Scheduler:
         Returns the positions of the tokens that were the inputs (the launch's positions)."""
         table = self.table
         position, final, status = table.position, table.final, table.status
-        capacity, allocate = self.kv.capacity, self.kv.allocate
+        kv = self.kv
+        capacity = kv.capacity
         positions = [position[i] for i in batch]
         staged: list[int] = []
-        stage, finish = staged.append, retire.append
         loops, last, exit_steps, base = self._loops, table.last, table.exit_steps, table.exit_base
-        for i, p in zip(batch, positions, strict=True):
-            p += 1
+        for k in range(len(batch)):
+            i = batch[k]
+            p = positions[k] + 1
             position[i] = p
             if p >= final[i]:
                 status[i] = FINISHED
-                finish(i)
-            elif p < capacity[i] or allocate(i, p + 1):
-                stage(i)
+                retire.append(i)
+            elif p < capacity[i] or kv.allocate(i, p + 1):
+                staged.append(i)
                 if loops:  # the token's exit step (RequestTable.start_token)
                     last[i] = exit_steps[base[i] + p]
             else:

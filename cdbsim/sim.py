@@ -91,15 +91,15 @@ class Simulation:
         ``now`` is the host's clock. Nothing but an arrival can change what the host plans next, so while
         no request arrives before the host is done being busy, the host moves its clock on without a SimPy
         timeout, and SimPy's clock catches up when the host next waits for an event."""
-        env, s, latency, record = self.env, self.scheduler, self.latency, self.recorder.record
-        launch_time, host_time, width, gap = (latency.launch_time, latency.host_time, self.table_width,
-                                              latency.launch_gap)
+        # methods are called on their objects, not through local aliases: compiled, those are native calls
+        env, s, latency, recorder = self.env, self.scheduler, self.latency, self.recorder
+        width, gap = self.table_width, latency.launch_gap
         # handle: the launch's end; an adaptive scheduler also observes each launch's device time (the
         # pipeline completes launches oldest first, so their times queue in that order)
         durations: deque[float] | None = deque() if s.costs is not None else None
         pipeline: HostPipeline[float] = HostPipeline(
             s, self.config.timing, seconds=None if durations is None else lambda _end: durations.popleft())
-        must_wait, complete_oldest = pipeline.must_wait, pipeline.complete_oldest
+        must_wait = pipeline.must_wait
         now = env.now
         busy_until = 0.0
         device_free = -math.inf  # when the device finishes the last launch handed to it
@@ -111,7 +111,7 @@ class Simulation:
                     if self._next_arrival <= end:  # else nothing can happen before it: no SimPy round trip
                         yield Late(env, end)
                     now = end
-                complete_oldest()
+                pipeline.complete_oldest()
             if s.done:
                 break
             if now < busy_until:
@@ -123,7 +123,7 @@ class Simulation:
                 if len(pipeline) and self._next_arrival > max(now, pipeline.oldest) \
                         and not self._wake_host.triggered:  # only the oldest launch's end can come next
                     now = max(now, pipeline.oldest)
-                    complete_oldest()
+                    pipeline.complete_oldest()
                     continue
                 if env.now < now:
                     yield Late(env, now)
@@ -133,7 +133,7 @@ class Simulation:
                         yield Late(env, end) | self._wake_host
                         now = env.now
                     if end <= now:
-                        complete_oldest()
+                        pipeline.complete_oldest()
                 else:
                     self._wake_host = env.event()
                     yield self._wake_host
@@ -141,12 +141,12 @@ class Simulation:
                 if self._wake_host.triggered:
                     self._wake_host = env.event()
                 continue
-            host_s = host_time(launch)
+            host_s = latency.host_time(launch)
             busy_until = now + host_s
             taken = now if device_free <= now else device_free
             start = max(taken + gap, busy_until)
-            end = taken + (start - taken + launch_time(launch, width))
-            record(launch, start, end, host_s)
+            end = taken + (start - taken + latency.launch_time(launch, width))
+            recorder.record(launch, start, end, host_s)
             if durations is not None:
                 durations.append(end - start)
             device_free = end
@@ -159,7 +159,7 @@ class Simulation:
             if end > now:
                 yield Late(env, end)
                 now = end
-            complete_oldest()
+            pipeline.complete_oldest()
 
 
 def simulate(arch: ArchSpec, config: ServeConfig, requests: Sequence[Request], latency: LatencyModel,

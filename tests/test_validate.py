@@ -188,3 +188,30 @@ def test_device_idle_is_predicted_from_the_launch_gap(tmp_path, name: str) -> No
     assert comparison.predicted.device_idle == pytest.approx(comparison.measured.device_idle, rel=0.1)
     assert fit_launch_gap([measured.launches]) == pytest.approx(latency.launch_gap, rel=0.02)
     assert launch_gaps(measured.launches).max() < 10e-6
+
+
+def test_validate_reads_an_archive_of_saved_logs(tmp_path) -> None:
+    import tarfile
+
+    entry = Entry(name="refill", requests=30)
+    matrix = tmp_path / "matrix.json"
+    matrix.write_text(json.dumps({"configs": [entry.__dict__]}))
+    requests, rate = requests_for(entry, latency_for(entry.spec()))
+    log = simulate(entry.spec(), entry.config(), requests, latency_for(entry.spec()), entry.kv_blocks())
+    log.meta["rate"] = rate
+    log.save(tmp_path / "logs" / entry.name)
+    archive = tmp_path / "measured-logs.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tmp_path / "logs", arcname=".")
+    args = ["validate", "--matrix", str(matrix), "--out", str(tmp_path / "out"), "--profile", "roofline", "--json"]
+    result = CliRunner().invoke(app, [*args, "--measured", str(archive)])
+    assert result.exit_code == 0, result.output
+    assert abs(json.loads(result.stdout)[0]["summary"][0]["tok/s error %"]) < 1e-6
+
+    escaping = tmp_path / "escaping.tgz"  # a member outside the directory is refused, with one line
+    with tarfile.open(escaping, "w:gz") as tar:
+        tar.add(matrix, arcname="../outside.json")
+    result = CliRunner().invoke(app, [*args, "--measured", str(escaping)])
+    assert result.exit_code == 2
+    assert "cannot unpack" in result.output and "Traceback" not in result.output
+    assert not (tmp_path.parent / "outside.json").exists()

@@ -6,7 +6,8 @@ Parts (each bounded; ``--quick`` keeps the whole run to a few minutes):
                    for each model, replayed as CUDA graphs, against the weight-read roofline (weight bytes
                    one pass reads / measured copy bandwidth) and the weight+KV roofline.
 (b) ``attention``  the paged decode-attention kernel at B = 64, L = 4096: KV bytes actually read / time,
-                   against the measured copy bandwidth.
+                   against the measured copy bandwidth (``--attention-sweep``: also over the kernel's tile
+                   and warps, and two more head shapes).
 (c) ``throughput`` offline output-token throughput of CB, no-refill and refill on a small Alpaca trace
                    (``--workload sharegpt`` for ShareGPT lengths) with synthetic exits (mean 2.5 for Ouro,
                    8 for Huginn) and without exits, in lookahead mode (full runs add sync), with the
@@ -188,7 +189,8 @@ def _stage_row(arch: ArchSpec, stage: str, b: int, context: int, ms: float, weig
 
 # ----- (b) decode attention --------------------------------------------------------------------------
 def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, batch: int, length: int,
-                        bandwidth: float, iters: int, repeats: int, with_torch: bool) -> list[dict]:
+                        bandwidth: float, iters: int, repeats: int, with_torch: bool,
+                        sweep: bool = False) -> list[dict]:
     from executor import ops as torch_ops
     from executor import triton_kernels as tk
 
@@ -210,6 +212,11 @@ def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, bat
         for splits in (1, 2, 4, 8, 16):
             impls.append((f"triton-splits{splits}", lambda splits=splits: tk.decode_attention(
                 q, cache, table, base, 0, seq, scale, splits=splits)))
+        if sweep:  # the tile's positions and the warps per program, at the default split count
+            for block in (32, 64, 128):
+                for warps in (2, 4, 8):
+                    impls.append((f"triton-block{block}-warps{warps}", lambda block=block, warps=warps:
+                                  tk.decode_attention(q, cache, table, base, 0, seq, scale, block=block, warps=warps)))
         # with the new token's RoPE and KV write: the fused kernel against the two-kernel composition
         from executor.ops import RopeTable
 
@@ -330,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="exit models of the throughput runs (none: every token at r_max)")
     parser.add_argument("--budget-s", type=float, help="skip parts that would start after this many seconds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attention-sweep", action="store_true",
+                        help="attention part: also sweep the tile's positions and warps, and add head shapes "
+                             "55x128 and 16x96 (which of heads and head_dim sets the bandwidth)")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script itself: tiny same-style models, float32, CPU unless CUDA is there")
     args = parser.parse_args(argv)
@@ -384,13 +394,16 @@ def main(argv: list[str] | None = None) -> int:
 
     if "attention" in args.parts:
         shapes = [("ouro-mha-16x128", 16, 16, 128), ("huginn-mha-55x96", 55, 55, 96)]
+        if args.attention_sweep:
+            shapes += [("mha-55x128", 55, 55, 128), ("mha-16x96", 16, 16, 96)]
         sizes = [(4, 256)] if args.smoke else [(64, 4096), (1, 512)]  # the bandwidth target; a B = 1 step's
         for name, h, kvh, d in shapes:
             for batch, length in sizes:
                 part(f"attention {name} B={batch} L={length}",
                      lambda name=name, h=h, kvh=kvh, d=d, batch=batch, length=length: results["attention"].extend(
                          attention_bandwidth(name, h, kvh, d, batch, length, bandwidth, iters, repeats,
-                                             with_torch=args.smoke or not quick)))
+                                             with_torch=args.smoke or not quick,
+                                             sweep=args.attention_sweep and batch > 1)))
 
     models = {}
     for name in args.models:  # stage latencies of every model first: the cheapest, most reused numbers

@@ -26,13 +26,16 @@
 #                                           served, for small shapes and a shipped one -> benchmarks/results/host/
 #   bash benchmarks/gpu_session.sh hostvar  the host's time per launch of one configuration run alone twice, then
 #                                           after four others in the same process -> benchmarks/results/host/
+#   bash benchmarks/gpu_session.sh attention decode attention swept over tile, warps and splits for four head
+#                                           shapes (which of heads and head_dim sets the bandwidth)
+#                                           -> benchmarks/results/attention-sweep/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-sessions.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence" >&2; exit 2 ;;
+  spin | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -71,6 +74,10 @@ case $phase in
     run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
     run 420 validate-paper python3 cli.py validate --matrix calibration/matrices/paper-huginn-h200.json \
       ${ONLY:+--only "$ONLY"} --out "$work/paper"
+    ;;
+  attention)  # decode attention over the kernel's tile, warps and split counts, four head shapes
+    run 300 bench-attention python3 benchmarks/bench_executor.py --parts attention --quick --attention-sweep \
+      --out "$work/attention"
     ;;
   adaptive)  # adaptive and the fixed policies on identical requests, steady and shifting load
     run 560 validate-adaptive python3 cli.py validate --matrix calibration/matrices/adaptive-h200.json \

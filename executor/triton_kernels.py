@@ -447,9 +447,11 @@ def _splits_and_partials(n: int, heads: int, d: int, splits: int | None, out: to
 
 def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Tensor,
                      layer_base: torch.Tensor, layer: int, seq_len: torch.Tensor, scale: float,
-                     splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS) -> torch.Tensor:
+                     splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS, block: int = BLOCK_N,
+                     warps: int = 4) -> torch.Tensor:
     """See :func:`executor.ops.decode_attention`. ``splits`` overrides the grid's split count
-    (:func:`cdbsim.attention.decode_splits`), ``min_split`` the fewest positions a split covers."""
+    (:func:`cdbsim.attention.decode_splits`), ``min_split`` the fewest positions a split covers; ``block``
+    (positions per tile) and ``warps`` override the kernel's launch shape (a benchmark sweeps them)."""
     q = q.contiguous()
     n, heads, d = q.shape
     geo = cache.geometry
@@ -460,7 +462,7 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
     _decode_attn_kernel[(n, heads, splits)](
         q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, out, layer, geo.pages_per_layer,
         scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, BLOCK_D=triton.next_power_of_2(d),
-        PAGE=geo.block_size, BLOCK=BLOCK_N, SPLITS=splits, MIN_PER=min_split, PDL=pdl, num_warps=4,
+        PAGE=geo.block_size, BLOCK=block, SPLITS=splits, MIN_PER=min_split, PDL=pdl, num_warps=warps,
         **launch_options(pdl))
     if splits > 1:
         _decode_attn_merge[(n, heads)](mid_o, mid_l, out, H=heads, D=d, BLOCK_D=triton.next_power_of_2(d),

@@ -35,9 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-from calibration.measure import Timer, UnitBench
-from cdbsim.arch import PRESETS, ArchSpec, load_arch
-from cdbsim.errors import ConfigError
+from calibration.measure import Timer, UnitBench, probe_arch
+from cdbsim.arch import PRESETS, ArchSpec
 from cdbsim.kvlayout import KVLayout
 from cdbsim.launch import Stage
 
@@ -87,13 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", help="write the times as JSON")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("probe_calibration_gap: needs a CUDA GPU, and none is available", file=sys.stderr)
-        return 2
-    try:
-        arch = load_arch(args.arch)  # a preset or a file
-    except ConfigError as exc:
-        print(f"probe_calibration_gap: {exc}", file=sys.stderr)
+    arch = probe_arch("probe_calibration_gap", args.arch)
+    if arch is None:
         return 2
     t0 = time.perf_counter()
     results: dict[str, dict[str, float]] = {}

@@ -26,9 +26,7 @@ import time
 
 import torch
 
-from calibration.measure import Timer, UnitBench
-from cdbsim.arch import load_arch
-from cdbsim.errors import ConfigError
+from calibration.measure import Timer, UnitBench, probe_arch
 from cdbsim.kvlayout import KVLayout
 from cdbsim.launch import Stage
 
@@ -68,13 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="every core token exits, so the core launch also fills its later KV slots")
     parser.add_argument("--out", help="write the times as JSON")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("probe_launch_sequence: needs a CUDA GPU, and none is available", file=sys.stderr)
-        return 2
-    try:
-        arch = load_arch(args.arch)  # a preset or a file
-    except ConfigError as exc:
-        print(f"probe_launch_sequence: {exc}", file=sys.stderr)
+    arch = probe_arch("probe_launch_sequence", args.arch)
+    if arch is None:
         return 2
     device = torch.device("cuda")
     timer = Timer(device, args.repeats, 3)

@@ -42,8 +42,9 @@ import torch
 import torch.nn.functional as F
 
 from calibration.fit import attention_skew_name
-from cdbsim.arch import ArchSpec
+from cdbsim.arch import ArchSpec, load_arch
 from cdbsim.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
+from cdbsim.errors import ConfigError
 from cdbsim.kvlayout import KVLayout
 from cdbsim.launch import Stage, decode_launch, prefill_launch
 from cdbsim.recipes import Component, model_stage_name
@@ -245,6 +246,21 @@ class UnitBench:
 
 META_COPY_BYTES = tuple(int(4 * 2 ** k) for k in range(10, 21))  # 4 KB .. 4 MB
 META_SPIN_S = 2e-3  # the host fills the pinned buffer before it queues the copy: up to ~1 ms at 4 MB
+
+
+def probe_arch(prog: str, name: str) -> ArchSpec | None:
+    """The architecture a GPU probe script measures (a preset or a file), or None after a one-line error on
+    stderr when there is no CUDA GPU or the name does not load."""
+    import sys
+
+    if not torch.cuda.is_available():
+        print(f"{prog}: needs a CUDA GPU, and none is available", file=sys.stderr)
+        return None
+    try:
+        return load_arch(name)
+    except ConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
 
 
 def measure_meta_copy(device: torch.device, timer: Timer,

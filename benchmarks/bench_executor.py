@@ -55,6 +55,7 @@ from traces.request import Request  # noqa: E402
 
 DEVICE = torch.device("cuda")
 DTYPE = torch.bfloat16
+MAX_KV_TOKENS = 64 * 4096  # rows x context of the stage bench's cache (every layer's KV: ~50 GB for Ouro-1.4B)
 
 
 def sync() -> None:
@@ -130,11 +131,11 @@ def stage_latency(arch: ArchSpec, model, sizes: list[int], context: int, prefill
     from executor.graphs import StageGraphs
 
     rows = max(sizes)
-    prompt = max(context, *prefill_tokens)
+    prompt = max([context, *prefill_tokens])
     per_row = need_blocks(context + 1, 2)  # decode rows attend context + 1 positions
-    prefill_blocks = need_blocks(max(prefill_tokens), 2)  # the prefill chunk (request 0) gets its own pages
+    prefill_blocks = need_blocks(max(prefill_tokens, default=1), 2)  # the prefill chunk (request 0) gets its own pages
     requests = [Request(i, prompt, 2) for i in range(rows)]
-    config = ServeConfig(policy="refill", width=rows, prefill_budget=max(rows, *prefill_tokens),
+    config = ServeConfig(policy="refill", width=rows, prefill_budget=max([rows, *prefill_tokens]),
                          layout=KVLayout.SHARED, graph_sizes=tuple(sizes))
     engine = Engine(model, config, requests, rows * per_row + prefill_blocks)
     engine.fill_random()
@@ -184,7 +185,8 @@ def _stage_row(arch: ArchSpec, stage: str, b: int, context: int, ms: float, weig
     roof_wkv = (weight_bytes + kv_bytes) / bandwidth * 1e3
     return {"model": arch.name, "stage": stage, "batch": b, "context": context, "ms": ms,
             "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "roofline_weights_ms": roof_w,
-            "roofline_weights_kv_ms": roof_wkv, "x_roofline": ms / roof_w if roof_w > 0 else math.nan}
+            "roofline_weights_kv_ms": roof_wkv, "x_roofline": ms / roof_w if roof_w > 0 else math.nan,
+            "x_roofline_weights_kv": ms / roof_wkv if roof_wkv > 0 else math.nan}
 
 
 # ----- (b) decode attention --------------------------------------------------------------------------
@@ -212,11 +214,24 @@ def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, bat
         for splits in (1, 2, 4, 8, 16):
             impls.append((f"triton-splits{splits}", lambda splits=splits: tk.decode_attention(
                 q, cache, table, base, 0, seq, scale, splits=splits)))
-        if sweep:  # the tile's positions and the warps per program, at the default split count
-            for block in (32, 64, 128):
-                for warps in (2, 4, 8):
-                    impls.append((f"triton-block{block}-warps{warps}", lambda block=block, warps=warps:
-                                  tk.decode_attention(q, cache, table, base, 0, seq, scale, block=block, warps=warps)))
+        if sweep:  # the tile's positions, the warps per program and the head's parts, at the default split count
+            import triton
+
+            padded = (triton.next_power_of_2(head_dim), 0)
+            part_choices = {tk.head_parts(head_dim): "", padded: "-padded"}
+            for block in (16, 32, 64, 128):
+                for warps in (1, 2, 4, 8):
+                    for parts, label in part_choices.items():
+                        impls.append((f"triton-block{block}-warps{warps}{label}",
+                                      lambda block=block, warps=warps, parts=parts: tk.decode_attention(
+                                          q, cache, table, base, 0, seq, scale, block=block, warps=warps,
+                                          parts=parts)))
+            for evict in ("evict_first", "evict_last"):  # the KV stream's L2 policy, the built tile
+                impls.append((f"triton-{evict}", lambda evict=evict: tk.decode_attention(
+                    q, cache, table, base, 0, seq, scale, evict=evict)))
+            for stages in (1, 2, 4):  # Triton's software pipelining depth
+                impls.append((f"triton-stages{stages}", lambda stages=stages: tk.decode_attention(
+                    q, cache, table, base, 0, seq, scale, stages=stages)))
         # with the new token's RoPE and KV write: the fused kernel against the two-kernel composition
         from executor.ops import RopeTable
 
@@ -332,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="run batches of at most this many rows on the chained skinny-matmul path "
                              "(executor.chain; default: the engine's own cut, 0: never)")
     parser.add_argument("--sizes", type=int, nargs="+", help="batch sizes of the decode-type stages")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[512],
+                        help="context lengths of the decode-type stages (sizes whose KV would exceed "
+                             f"{MAX_KV_TOKENS:,} tokens are left out)")
+    parser.add_argument("--prefill-tokens", type=int, nargs="+", help="prefill chunk sizes of the stage part")
     parser.add_argument("--k", type=int, help="refill's coda batch K (default: 1 for Ouro, W/4 for Huginn)")
     parser.add_argument("--exits", nargs="+", default=["synthetic", "none"], choices=["synthetic", "none"],
                         help="exit models of the throughput runs (none: every token at r_max)")
@@ -414,12 +433,15 @@ def main(argv: list[str] | None = None) -> int:
         results["meta"]["fuse_rows"] = models[name][1].ops.fuse_rows
         if "stages" in args.parts:
             sizes = args.sizes or ([1, 16, 64] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256])
-            prefill = [128 if args.smoke else 512] if quick else [256, 1024, 4096]
-            context = 64 if args.smoke else 512
+            prefill = args.prefill_tokens or ([128 if args.smoke else 512] if quick else [256, 1024, 4096])
             arch, model = models[name]
-            part(f"stages {name}", lambda arch=arch, model=model, sizes=sizes, prefill=prefill, context=context:
-                 results["stages"].extend(stage_latency(arch, model, sizes, context, prefill, bandwidth, iters,
-                                                        repeats)))
+            for i, context in enumerate([64] if args.smoke else args.contexts):
+                fits = [b for b in sizes if b * context <= MAX_KV_TOKENS]  # the cache holds every layer's KV
+                if fits != sizes:
+                    print(f"stages {name} L={context}: B > {max(fits)} left out (over {MAX_KV_TOKENS:,} KV tokens)")
+                part(f"stages {name} L={context}", lambda arch=arch, model=model, sizes=fits, context=context,
+                     prefill=prefill if i == 0 else []: results["stages"].extend(stage_latency(
+                         arch, model, sizes, context, prefill, bandwidth, iters, repeats)))
     if "throughput" in args.parts:
         n = args.requests or (8 if args.smoke else 64 if quick else 256)
         max_len = args.max_len

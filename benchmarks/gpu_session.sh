@@ -3,6 +3,8 @@
 #   bash benchmarks/gpu_session.sh spin     GPU tests, the calibration timer bench (bench_timer.py), calibration
 #                                           of the three shipped models -> calibration/profiles/,
 #                                           benchmarks/results/calibration-timer/shipped/
+#   bash benchmarks/gpu_session.sh rebuild  after a kernel change: the shipped profiles (MODELS=... only those), the
+#                                           validation matrix, decode attention and probes into the kernel profile
 #   bash benchmarks/gpu_session.sh matrix   the 20-configuration validation matrix against the shipped profiles
 #                                           -> benchmarks/results/validation/
 #   bash benchmarks/gpu_session.sh last     GPU tests, stage and attention bench, no-exit throughput of the three
@@ -26,16 +28,16 @@
 #                                           served, for small shapes and a shipped one -> benchmarks/results/host/
 #   bash benchmarks/gpu_session.sh hostvar  the host's time per launch of one configuration run alone twice, then
 #                                           after four others in the same process -> benchmarks/results/host/
-#   bash benchmarks/gpu_session.sh attention decode attention swept over tile, warps and splits for four head
-#                                           shapes (which of heads and head_dim sets the bandwidth)
-#                                           -> benchmarks/results/attention-sweep/
+#   bash benchmarks/gpu_session.sh attention GPU tests; decode attention swept over tile, warps, head parts and
+#                                           splits for four head shapes; every stage at B = 1 ... 256, L = 512
+#                                           and 4,096 against its roofline -> benchmarks/results/attention-sweep/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-sessions.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -75,9 +77,14 @@ case $phase in
     run 420 validate-paper python3 cli.py validate --matrix calibration/matrices/paper-huginn-h200.json \
       ${ONLY:+--only "$ONLY"} --out "$work/paper"
     ;;
-  attention)  # decode attention over the kernel's tile, warps and split counts, four head shapes
+  attention)  # decode attention over the kernel's tile, warps, head parts and split counts, four head shapes;
+    # then every stage of both models at B = 1 ... 256 and contexts 512 and 4,096 against its roofline
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
     run 300 bench-attention python3 benchmarks/bench_executor.py --parts attention --quick --attention-sweep \
       --out "$work/attention"
+    run 300 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick \
+      --parts stages --sizes 1 2 4 8 16 32 64 128 256 --contexts 512 4096 --prefill-tokens 512 2048 4096 \
+      --budget-s 280 --out "$work/stages"
     ;;
   adaptive)  # adaptive and the fixed policies on identical requests, steady and shifting load
     run 560 validate-adaptive python3 cli.py validate --matrix calibration/matrices/adaptive-h200.json \
@@ -128,8 +135,19 @@ case $phase in
     run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
     run 60 bench-timer python3 benchmarks/bench_timer.py --out "$work/timer.json"
     for model in ouro-1.4b ouro-2.6b huginn-3.5b; do
-      run 150 "calibrate-$model" python3 cli.py calibrate --arch "$model" --out "$work/profiles"
+      run 150 "calibrate-$model" python3 cli.py calibrate --arch "$model" --no-kernels --out "$work/profiles"
     done
+    ;;
+  rebuild)  # after a kernel change: the shipped profiles (MODELS: those alone), the validation matrix on them,
+    # decode attention and the probes re-measured into the kernel profile
+    for model in ${MODELS:-ouro-1.4b ouro-2.6b huginn-3.5b}; do
+      run 150 "calibrate-$model" python3 cli.py calibrate --arch "$model" --no-kernels --out "$work/profiles"
+      cp "$work/profiles/h200-$model.json" "$work/profiles/h200-$model.png" calibration/profiles/
+    done
+    run 400 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
+      --out "$work/validation"
+    run 200 kernels-update python3 cli.py calibrate --kernels --families attention,probes \
+      --update calibration/profiles/h200-kernels.json --out "$work/profiles"
     ;;
   matrix)  # the validation matrix against the shipped profiles
     run 560 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \

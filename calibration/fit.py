@@ -6,6 +6,7 @@ Pure Python (no torch), so profiles can be refitted and plotted on any machine f
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +32,7 @@ def attention_skew_name(arch: ArchSpec) -> str:
 
 
 SLOT_GRID = 2.0 ** np.arange(5, 16.01, 0.125)  # 32 .. 65536 programs
+SHARPNESS_GRID = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, math.inf)  # p of the p-norm of the two attention bounds
 
 
 def fit_attention_slots(arch: ArchSpec, core: Fit, rows: list[list[float]]) -> dict:
@@ -39,35 +41,38 @@ def fit_attention_slots(arch: ArchSpec, core: Fit, rows: list[list[float]]) -> d
 
 
 def fit_slots(heads: int, stage_time: Callable[[float, float], float], rows: list[list[float]]) -> dict:
-    """The decode-attention width (programs the device runs at once) that best predicts core steps whose
-    rows have different context lengths (``rows`` from ``attention_skew_name``), given the core stage's
-    measured surface at uniform lengths; see :func:`cdbsim.attention.equivalent_length`.
+    """The decode-attention width (programs the device runs at once) and the sharpness with which the
+    spread and the critical path combine that best predict core steps whose rows have different context
+    lengths (``rows`` from ``attention_skew_name``), given the core stage's measured surface at uniform
+    lengths; see :func:`cdbsim.attention.equivalent_length`. A grid search over both (eight points, two
+    numbers): the sharpness takes the p-norm's usual values, infinite being the larger term alone.
 
-    Returns the profile's ``attention`` record: the slots, the points, and each point's error with the
-    fitted slots and with the plain mean length, so the gain is on record next to the number. Slots stay
-    unset when the mean length predicts the points at least as well.
+    Returns the profile's ``attention`` record: the slots, the sharpness, the points, and each point's
+    error with the fitted pair and with the plain mean length, so the gain is on record next to the
+    numbers. Slots stay unset when the mean length predicts the points at least as well.
     """
     surface = stage_time
     measured = np.array([r[-1] for r in rows])
 
-    def errors(slots: float | None) -> np.ndarray:
+    def errors(slots: float | None, sharpness: float = math.inf) -> np.ndarray:
         predicted = []
         for r in rows:
             padded, contexts = int(r[0]), [int(c) for c in r[1:-1]]
             mean = sum(contexts) / len(contexts)
-            length = (mean if slots is None
-                      else equivalent_length(mean, max(contexts), len(contexts), padded, heads, slots))
+            length = (mean if slots is None else equivalent_length(
+                mean, max(contexts), len(contexts), padded, heads, slots, sharpness))
             predicted.append(surface(padded, length))
         return np.asarray(predicted) / measured - 1
 
-    def loss(slots: float | None) -> float:
-        return float(np.mean(np.log1p(errors(slots)) ** 2))
+    def loss(pair: tuple[float | None, float]) -> float:
+        return float(np.mean(np.log1p(errors(*pair)) ** 2))
 
-    best = min(SLOT_GRID, key=loss)
-    slots = float(best) if loss(best) < loss(None) else None
-    return {"slots": slots, "heads": heads, "points": [list(map(float, r)) for r in rows],
+    best = min(((float(s), p) for p in SHARPNESS_GRID for s in SLOT_GRID), key=loss)
+    slots, sharpness = best if loss(best) < loss((None, math.inf)) else (None, math.inf)
+    return {"slots": slots, "sharpness": None if sharpness == math.inf else sharpness, "heads": heads,
+            "points": [list(map(float, r)) for r in rows],
             "error_with_mean_length_pct": (100 * errors(None)).round(2).tolist(),
-            "error_with_slots_pct": (100 * errors(slots)).round(2).tolist()}
+            "error_with_slots_pct": (100 * errors(slots, sharpness)).round(2).tolist()}
 
 
 def attention_rows(profile: Profile) -> list[dict]:
@@ -124,12 +129,17 @@ def build_profile(name: str, device: dict, versions: dict, points: dict[str, lis
 
 
 def refit_profile(profile: Profile) -> Profile:
-    """The same measured profile with every component fitted afresh from its raw points (after a change
-    to the fitting, no GPU needed); the attention record, device, versions and date are kept."""
+    """The same measured profile with every component, and the attention width from its mixed-length
+    points, fitted afresh from the raw points (after a change to the fitting, no GPU needed); device,
+    versions and date are kept."""
     require(profile.kind is ProfileKind.MEASURED, f"profile {profile.name} is {profile.kind}: only measured profiles "
                                         "have raw points to refit")
     components = fit_components({name: fit.points for name, fit in profile.components.items()})
-    return replace(profile, components=components)
+    attention = profile.attention
+    core = [fit for name, fit in components.items() if name.startswith(f"{Stage.CORE.value}/")]
+    if attention.get("points") and len(core) == 1:
+        attention = fit_slots(int(attention["heads"]), Surface(core[0]), attention["points"])
+    return replace(profile, components=components, attention=attention)
 
 
 def quality_rows(profile: Profile) -> list[dict]:

@@ -277,11 +277,11 @@ class AttentionBench:
 
 
 def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
-                      ) -> tuple[dict[str, list[list[float]]], dict[str, float]]:
-    """The RoPE/KV-write, decode-attention and chained-attention tables, and the attention width
-    (programs at once) per head size from core steps with mixed contexts."""
+                      ) -> tuple[dict[str, list[list[float]]], dict[str, dict]]:
+    """The RoPE/KV-write, decode-attention and chained-attention tables, and per head size the attention
+    width (programs at once) and sharpness fitted on core steps with mixed contexts."""
     tables: dict[str, list[list[float]]] = {"rope_kv": [], "decode_attention": [], "chained_attention": []}
-    slots: dict[str, float] = {}
+    slots: dict[str, dict] = {}
     h8 = plan.attention_heads
     longest = max(plan.attention_lengths)
     for d, g in itertools.product(plan.head_dims, plan.groups):
@@ -336,9 +336,9 @@ def measure_prefill_attention(plan: KernelPlan, chain: ChainTimer, progress: Cal
 
 
 def _fit_slots(plan: KernelPlan, bench: AttentionBench, chain: ChainTimer, uniform: list[list[float]], d: int,
-               progress: Callable[[str], None]) -> float:
-    """The attention width for head size ``d``: core steps whose rows attend different contexts, against
-    the uniform-context table (see :func:`calibration.fit.fit_slots`)."""
+               progress: Callable[[str], None]) -> dict:
+    """The attention record for head size ``d`` (width, sharpness, points): core steps whose rows attend
+    different contexts, against the uniform-context table (see :func:`calibration.fit.fit_slots`)."""
     from cdbsim.kernel_table import KernelTable
 
     h8 = plan.attention_heads
@@ -353,7 +353,7 @@ def _fit_slots(plan: KernelPlan, bench: AttentionBench, chain: ChainTimer, unifo
         progress(f"attention width d={d}: {n_long} of {b} rows at {long}")
         rows.append([b, *contexts, chain(bench.calls("decode_attention", b, contexts))])
     fitted = fit_slots(h8, lambda padded, length: table(padded * h8, max(length, 1.0)), rows)
-    return float(fitted["slots"] or 0.0)
+    return fitted
 
 
 def measure_elementwise(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
@@ -543,9 +543,11 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     family("gemv", lambda: tables.update(gemv=measure_gemv(plan, chain, progress)))
 
     def attention() -> None:
-        found, slots = measure_attention(plan, chain, progress)
+        found, fits = measure_attention(plan, chain, progress)
         tables.update({k: v for k, v in found.items() if v})
-        record["attention_slots"] = slots
+        record["attention_slots"] = {d: float(fit["slots"] or 0.0) for d, fit in fits.items()}
+        record["attention_sharpness"] = {d: fit["sharpness"] for d, fit in fits.items() if fit["sharpness"]}
+        record["attention_points"] = {d: fit["points"] for d, fit in fits.items()}
 
     family("attention", attention)
     family("prefill", lambda: tables.update(prefill_attention=measure_prefill_attention(plan, chain, progress)))

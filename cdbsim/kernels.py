@@ -244,6 +244,15 @@ class KernelModel:
         w = (math.log(d) - math.log(lo)) / (math.log(hi) - math.log(lo))
         return math.exp((1 - w) * math.log(slots[lo]) + w * math.log(slots[hi]))
 
+    def attention_sharpness(self, arch: ArchSpec) -> float:
+        """The p of the two attention bounds' p-norm for the nearest measured head size (infinite where
+        none was fitted: a record from before the sharpness was)."""
+        sharpness = {float(k): float(v) for k, v in self.record.get("attention_sharpness", {}).items() if v}
+        if not sharpness:
+            return math.inf
+        d = float(arch.layer.head_dim)
+        return sharpness[min(sharpness, key=lambda k: abs(k - d))]
+
     # ----- the component fits for one architecture ----------------------------------------------
     def components(self, arch: ArchSpec, max_batch: int = 1024) -> dict[str, Fit]:
         """Component fits of ``arch`` (:mod:`cdbsim.recipes` keys) with points on the executor's padded
@@ -316,7 +325,9 @@ def compose_profile(profile: Profile, arch: ArchSpec) -> tuple[Profile, list[str
                         "roofline")
     if target is not None:
         remark += ", scaled to another GPU: not validated"
-    composed = replace(profile, components=components, attention={"slots": slots} if slots else {},
+    sharpness = model.attention_sharpness(arch)
+    attention = {"slots": slots, "sharpness": None if sharpness == math.inf else sharpness} if slots else {}
+    composed = replace(profile, components=components, attention=attention,
                        remark=remark)
     return composed, warnings
 

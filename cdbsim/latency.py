@@ -195,6 +195,7 @@ class LatencyModel:
         self.meta_copy = comps.get(META_COPY)
         self._copy_times: dict[tuple[int, int], float] = {}
         self.attention_slots = profile.attention_slots
+        self.attention_sharpness = profile.attention_sharpness
         self._heads = arch.layer.heads
         self.tables: dict[Stage, StageTable] = {}
         if profile.kind is ProfileKind.CONSTANT:
@@ -266,7 +267,7 @@ class LatencyModel:
             padded, size, longest, slots = launch.padded, launch.size, launch.longest, self.attention_slots
             mean = launch.context / size
             t = table(padded, mean if slots is None or longest <= 0
-                      else equivalent_length(mean, longest, size, padded, self._heads, slots))
+                      else equivalent_length(mean, longest, size, padded, self._heads, slots, self.attention_sharpness))
             copies = launch.kv_copies
             if copies:
                 cost = self.costs[stage]
@@ -295,7 +296,8 @@ class LatencyModel:
         mean = launch.context / launch.size
         if self.attention_slots is None or launch.longest <= 0:
             return mean
-        return equivalent_length(mean, launch.longest, launch.size, launch.padded, self._heads, self.attention_slots)
+        return equivalent_length(mean, launch.longest, launch.size, launch.padded, self._heads, self.attention_slots,
+                                 self.attention_sharpness)
 
     def with_host(self, host: Fit) -> LatencyModel:
         """The same device model with another host line (a run's own host speed, for instance)."""

@@ -144,6 +144,14 @@ class Profile:
         slots = self.attention.get("slots")
         return float(slots) if slots else None
 
+    @property
+    def attention_sharpness(self) -> float:
+        """How the two bounds of a mixed batch's attention combine (the p of their p-norm, see
+        :func:`cdbsim.attention.equivalent_length`), fitted with the slots; infinite (the larger bound
+        alone) for a profile fitted before it was."""
+        sharpness = self.attention.get("sharpness")
+        return float(sharpness) if sharpness else math.inf
+
     def component(self, name: str) -> Fit | None:
         return self.components.get(name)
 

@@ -8,18 +8,32 @@ importing calibration (imports point from calibration to cdbsim, never back) and
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from cdbsim.arch import ArchSpec
-from cdbsim.errors import unknown
+from cdbsim.errors import ConfigError, unknown
 from cdbsim.latency import H200, DeviceSpec, roofline_profile
 from cdbsim.launch import Stage
 from cdbsim.profile import Profile, ProfileKind, load_profile_file
 from cdbsim.recipes import components_for, model_stage_name
 
+PROFILES_ENV = "CDBSIM_PROFILES"
+
 
 def profile_dir() -> Path:
-    """Where the shipped profiles are installed: ``calibration/profiles/`` next to ``cdbsim/``."""
+    """Where the profiles ``auto`` and profile names resolve from: the folder in ``$CDBSIM_PROFILES`` if
+    set, else the shipped ones, ``calibration/profiles/`` next to ``cdbsim/``.
+
+    A saved measurement is re-predicted with the profiles of the executor build that made it: after a
+    kernel change the shipped profiles describe the new build, and the old ones are kept in a results
+    folder that this variable points at (e.g. ``benchmarks/results/profiles-tile64``)."""
+    chosen = os.environ.get(PROFILES_ENV)
+    if chosen:
+        path = Path(chosen)
+        if not path.is_dir() or not any(path.glob("*.json")):
+            raise ConfigError(f"{PROFILES_ENV}={chosen}: not a folder of profile JSON files")
+        return path
     return Path(__file__).resolve().parents[1] / "calibration" / "profiles"
 
 

@@ -37,7 +37,12 @@ from executor.chain import launch_options, pdl_enabled, wait_for_predecessor
 from executor.kv_cache import PagedKVCache
 from executor.ops import RopeTable
 
-BLOCK_N = 64
+BLOCK_N = 64  # positions per tile of the fused single-row kernel (rope_decode_attention)
+# the many-row kernel's launch shape: on the H200 (B = 64, L = 4,096) 32-position tiles with 2 warps read KV
+# faster than 64 with 4 for every head shape swept (benchmarks/results/attention-sweep/)
+DECODE_BLOCK = 32
+DECODE_WARPS = 2
+DECODE_EVICT = ""
 
 
 # ----- norms and activation --------------------------------------------------------------------------
@@ -215,72 +220,113 @@ def _split_range(seq, split, SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: 
 
 
 @triton.jit
-def _kv_tile(KC, VC, BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH: tl.constexpr, D: tl.constexpr,
-             BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr, SKIP_OWN: tl.constexpr):
-    """K and V of positions ``t0 .. t0 + BLOCK`` (``[BLOCK, BLOCK_D]``, cache dtype; zero past ``end`` and,
-    with ``SKIP_OWN``, at ``pos``: that row is this launch's own token, not read from the cache)."""
+def _tile_rows(BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH: tl.constexpr, D: tl.constexpr,
+               PAGE: tl.constexpr, BLOCK: tl.constexpr, SKIP_OWN: tl.constexpr):
+    """Where the cache rows of positions ``t0 .. t0 + BLOCK`` start for KV head ``kvh`` (element offsets)
+    and which of them to read: none past ``end`` and, with ``SKIP_OWN``, not ``pos`` (the launch's own
+    token, which is not read from the cache)."""
     t = t0 + tl.arange(0, BLOCK)
     tm = t < end
     blk = tl.load(BT + b * bt_stride + t // PAGE, mask=tm, other=0).to(tl.int64)
     row = (page_base + blk) * PAGE + t % PAGE
-    d = tl.arange(0, BLOCK_D)
-    off = row[:, None] * (KVH * D) + kvh * D + d[None, :]
     if SKIP_OWN:
         tm = tm & (t != pos)
-    km = tm[:, None] & (d < D)[None, :]
-    return tl.load(KC + off, mask=km, other=0.0), tl.load(VC + off, mask=km, other=0.0)
+    return row * (KVH * D) + kvh * D, tm
 
 
 @triton.jit
-def _softmax_step(k, v, t, end, q, s_own, v_new, pos, m_i, l_i, acc, OWN: tl.constexpr):
-    """Fold one K/V tile (positions ``t``) into the online softmax ``(m_i, l_i, acc)``."""
-    s = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
+def _kv_part(KC, VC, base, tm, D: tl.constexpr, D0: tl.constexpr, DW: tl.constexpr, EVICT: tl.constexpr):
+    """Columns ``D0 .. D0 + DW`` of the K and V rows at ``base`` (``[BLOCK, DW]``, cache dtype, zero where
+    masked or past the head's ``D``), loaded with eviction policy ``EVICT``."""
+    d = D0 + tl.arange(0, DW)
+    off = base[:, None] + d[None, :]
+    km = tm[:, None] & (d < D)[None, :]
+    return (tl.load(KC + off, mask=km, other=0.0, eviction_policy=EVICT),
+            tl.load(VC + off, mask=km, other=0.0, eviction_policy=EVICT))
+
+
+@triton.jit
+def _kv_tile(KC, VC, BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH: tl.constexpr, D: tl.constexpr,
+             BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr, SKIP_OWN: tl.constexpr):
+    """K and V of positions ``t0 .. t0 + BLOCK`` as one padded ``[BLOCK, BLOCK_D]`` tile (see
+    :func:`_tile_rows`)."""
+    base, tm = _tile_rows(BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH, D, PAGE, BLOCK, SKIP_OWN)
+    return _kv_part(KC, VC, base, tm, D, 0, BLOCK_D, "")
+
+
+@triton.jit
+def _softmax_step(ka, va, kb, vb, t, end, qa, qb, s_own, v_new, pos, m_i, l_i, acc_a, acc_b, DB: tl.constexpr,
+                  OWN: tl.constexpr):
+    """Fold one K/V tile (positions ``t``) into the online softmax ``(m_i, l_i, acc_a, acc_b)``; the head's
+    columns come in two parts ``a`` and ``b`` (``DB == 0``: ``a`` alone)."""
+    s = tl.sum(ka.to(tl.float32) * qa[None, :], axis=1)
+    if DB > 0:
+        s += tl.sum(kb.to(tl.float32) * qb[None, :], axis=1)
     if OWN:
         s = tl.where(t == pos, s_own, s)
     s = tl.where(t < end, s, -float("inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=0))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(s - m_new)
-    acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+    acc_a = acc_a * alpha + tl.sum(p[:, None] * va.to(tl.float32), axis=0)
+    if DB > 0:
+        acc_b = acc_b * alpha + tl.sum(p[:, None] * vb.to(tl.float32), axis=0)
     if OWN:
-        acc += tl.sum(tl.where(t == pos, p, 0.0), axis=0) * v_new
-    return m_new, l_i * alpha + tl.sum(p, axis=0), acc
+        acc_a += tl.sum(tl.where(t == pos, p, 0.0), axis=0) * v_new
+    return m_new, l_i * alpha + tl.sum(p, axis=0), acc_a, acc_b
 
 
 @triton.jit
-def _attend(q, k_new, v_new, pos, k, v, start, end, KC, VC, BT, MO, ML, CNT, OUT, b, h, split, kvh, page_base,
-            bt_stride, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-            PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, OWN: tl.constexpr,
-            PEEL: tl.constexpr, MERGE_HERE: tl.constexpr):
-    """One (row, head, split) of split-KV decode attention with the scaled fp32 query ``q``: the online
-    softmax over ``start .. end``, stored as the output (one split) or as a partial, which the last split
-    merges with ``MERGE_HERE`` and :func:`_decode_attn_merge` otherwise. Tiles are loaded in the loop and
-    used at once (one tile live: few registers, many programs per SM); with ``PEEL`` the first one is ``k,
-    v``, loaded early by the caller. ``OWN``: position ``pos`` is the launch's own token,
-    ``k_new``/``v_new`` (fp32, in registers)."""
-    d = tl.arange(0, BLOCK_D)
-    dm = d < D
-    s_own = tl.sum(k_new * q, axis=0)
+def _store_part(DST, x, D: tl.constexpr, D0: tl.constexpr, DW: tl.constexpr):
+    d = D0 + tl.arange(0, DW)
+    tl.store(DST + d, x.to(DST.dtype.element_ty), mask=d < D)
+
+
+@triton.jit
+def _attend(qa, qb, k_new, v_new, pos, k, v, start, end, KC, VC, BT, MO, ML, CNT, OUT, b, h, split, kvh,
+            page_base, bt_stride, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, DA: tl.constexpr,
+            DB: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, OWN: tl.constexpr,
+            PEEL: tl.constexpr, MERGE_HERE: tl.constexpr, EVICT: tl.constexpr):
+    """One (row, head, split) of split-KV decode attention with the scaled fp32 query ``qa`` (columns
+    ``0 .. DA``) and ``qb`` (``DA .. DA + DB``; ``DB == 0``: none, ``qa`` is the whole padded head): the
+    online softmax over ``start .. end``, stored as the output (one split) or as a partial, which the last
+    split merges with ``MERGE_HERE`` and :func:`_decode_attn_merge` otherwise. Tiles are loaded in the loop
+    and used at once (one tile live: few registers, many programs per SM); with ``PEEL`` the first one is
+    ``k, v``, loaded early by the caller. ``OWN`` (one part only): position ``pos`` is the launch's own
+    token, ``k_new``/``v_new`` (fp32, in registers)."""
+    tl.static_assert(DB == 0 or not (OWN or PEEL), "the launch's own token and a peeled tile take one part")
+    s_own = tl.sum(k_new * qa, axis=0)
     m_i = -float("inf")
     l_i = 0.0
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    acc_a = tl.zeros([DA], dtype=tl.float32)
+    acc_b = acc_a
+    if DB > 0:
+        acc_b = tl.zeros([DB], dtype=tl.float32)
     first = start
     if PEEL:
         if start < end:
-            m_i, l_i, acc = _softmax_step(k, v, start + tl.arange(0, BLOCK), end, q, s_own, v_new, pos, m_i, l_i,
-                                          acc, OWN)
+            m_i, l_i, acc_a, acc_b = _softmax_step(k, v, k, v, start + tl.arange(0, BLOCK), end, qa, qb, s_own,
+                                                   v_new, pos, m_i, l_i, acc_a, acc_b, DB, OWN)
         first = start + BLOCK
     for t0 in range(first, end, BLOCK):
-        kt, vt = _kv_tile(KC, VC, BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH, D, BLOCK_D, PAGE, BLOCK, OWN)
-        m_i, l_i, acc = _softmax_step(kt, vt, t0 + tl.arange(0, BLOCK), end, q, s_own, v_new, pos, m_i, l_i, acc,
-                                      OWN)
+        base, tm = _tile_rows(BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH, D, PAGE, BLOCK, OWN)
+        ka, va = _kv_part(KC, VC, base, tm, D, 0, DA, EVICT)
+        kb, vb = ka, va
+        if DB > 0:
+            kb, vb = _kv_part(KC, VC, base, tm, D, DA, DB, EVICT)
+        m_i, l_i, acc_a, acc_b = _softmax_step(ka, va, kb, vb, t0 + tl.arange(0, BLOCK), end, qa, qb, s_own, v_new,
+                                               pos, m_i, l_i, acc_a, acc_b, DB, OWN)
     if SPLITS == 1:
-        tl.store(OUT + (b * H + h) * D + d, (acc / l_i).to(OUT.dtype.element_ty), mask=dm)
+        _store_part(OUT + (b * H + h) * D, acc_a / l_i, D, 0, DA)
+        if DB > 0:
+            _store_part(OUT + (b * H + h) * D, acc_b / l_i, D, DA, DB)
     else:
         idx = (b * H + h) * SPLITS + split
         nonempty = l_i > 0.0  # an empty split writes a zero weight (log-sum-exp -inf) for the merge
         safe = tl.where(nonempty, l_i, 1.0)
-        tl.store(MO + idx * D + d, acc / safe, mask=dm)
+        _store_part(MO + idx * D, acc_a / safe, D, 0, DA)
+        if DB > 0:
+            _store_part(MO + idx * D, acc_b / safe, D, DA, DB)
         tl.store(ML + idx, tl.where(nonempty, m_i + tl.log(safe), -float("inf")))
         if MERGE_HERE:
             # the last split of (row, head) to finish merges them all: its partial stores, then a gpu-scope
@@ -288,15 +334,15 @@ def _attend(q, k_new, v_new, pos, k, v, start, end, KC, VC, BT, MO, ML, CNT, OUT
             tl.debug_barrier()
             done = tl.atomic_add(CNT + b * H + h, 1, sem="acq_rel", scope="gpu")
             if done == SPLITS - 1:
-                _merge_splits(MO, ML, OUT, b, h, H, D, BLOCK_D, SPLITS, ".cg")
+                _merge_splits(MO, ML, OUT, b, h, H, D, DA, SPLITS, ".cg")
                 tl.store(CNT + b * H + h, 0)  # ready for the next launch
 
 
 @triton.jit(do_not_specialize=["layer"])
 def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_layer, scale, bt_stride,
-                        H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                        H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
                         PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, MIN_PER: tl.constexpr,
-                        PDL: tl.constexpr):
+                        PDL: tl.constexpr, EVICT: tl.constexpr):
     wait_for_predecessor(PDL)  # before any cache read: the predecessor (rope_write_kv) writes this launch's k/v
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -304,10 +350,14 @@ def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_lay
     kvh = h // (H // KVH)
     start, end = _split_range(tl.load(SL + b), split, SPLITS, MIN_PER, PAGE)
     page_base = (tl.load(LB + b).to(tl.int64) + layer) * pages_per_layer
-    d = tl.arange(0, BLOCK_D)
-    q = tl.load(Q + (b * H + h) * D + d, mask=d < D, other=0.0).to(tl.float32) * scale
-    _attend(q, q, q, 0, q, q, start, end, KC, VC, BT, MO, ML, ML, OUT, b, h, split, kvh, page_base, bt_stride, H,
-            KVH, D, BLOCK_D, PAGE, BLOCK, SPLITS, False, False, False)
+    da = tl.arange(0, DA)
+    qa = tl.load(Q + (b * H + h) * D + da, mask=da < D, other=0.0).to(tl.float32) * scale
+    qb = qa
+    if DB > 0:
+        db = DA + tl.arange(0, DB)
+        qb = tl.load(Q + (b * H + h) * D + db, mask=db < D, other=0.0).to(tl.float32) * scale
+    _attend(qa, qb, qa, qa, 0, qa, qa, start, end, KC, VC, BT, MO, ML, ML, OUT, b, h, split, kvh, page_base,
+            bt_stride, H, KVH, D, DA, DB, PAGE, BLOCK, SPLITS, False, False, False, EVICT)
 
 
 @triton.jit
@@ -382,8 +432,9 @@ def _rope_decode_attn_kernel(QKV, QB, KB, POS, COS, SIN, ROW0, FILL, KC, VC, BT,
             dst = (row + j * slot_stride) * (KVH * D) + kvh * D + d
             tl.store(KC + dst, k_new, mask=dm)
             tl.store(VC + dst, v_new, mask=dm)
-    _attend(q, k_new.to(tl.float32), v_new.to(tl.float32), pos, k, v, start, end, KC, VC, BT, MO, ML, CNT, OUT, b, h,
-            split, kvh, page_base, bt_stride, H, KVH, D, BLOCK_D, PAGE, BLOCK, SPLITS, True, True, True)
+    _attend(q, q, k_new.to(tl.float32), v_new.to(tl.float32), pos, k, v, start, end, KC, VC, BT, MO, ML, CNT, OUT,
+            b, h, split, kvh, page_base, bt_stride, H, KVH, D, BLOCK_D, 0, PAGE, BLOCK, SPLITS, True, True, True,
+            "")
 
 
 @triton.jit
@@ -445,25 +496,42 @@ def _splits_and_partials(n: int, heads: int, d: int, splits: int | None, out: to
             split_counters(out.device, n * heads) if counters else out)
 
 
+def head_parts(d: int) -> tuple[int, int]:
+    """Column widths of the two power-of-two parts a ``d``-wide head is loaded in (``(a, 0)``: one part).
+
+    A 96-wide head in one 128-lane tile leaves a quarter of every load idle: on the H200 at B = 64, L = 4,096
+    such heads read KV at 60-72% of copy bandwidth against 89-94% for 128-wide ones
+    (``benchmarks/results/attention-sweep/``). Two parts, 64 + 32, keep every lane busy; a width that two
+    parts cannot cover with fewer lanes than one padded tile (e.g. 112 = 64 + 64) stays one part."""
+    padded = triton.next_power_of_2(d)
+    a = padded // 2
+    if a >= 16 and d > a and a + triton.next_power_of_2(d - a) < padded:
+        return a, triton.next_power_of_2(d - a)
+    return padded, 0
+
+
 def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Tensor,
                      layer_base: torch.Tensor, layer: int, seq_len: torch.Tensor, scale: float,
-                     splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS, block: int = BLOCK_N,
-                     warps: int = 4) -> torch.Tensor:
+                     splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS, block: int = DECODE_BLOCK,
+                     warps: int = DECODE_WARPS, parts: tuple[int, int] | None = None, evict: str = DECODE_EVICT,
+                     stages: int | None = None) -> torch.Tensor:
     """See :func:`executor.ops.decode_attention`. ``splits`` overrides the grid's split count
     (:func:`cdbsim.attention.decode_splits`), ``min_split`` the fewest positions a split covers; ``block``
-    (positions per tile) and ``warps`` override the kernel's launch shape (a benchmark sweeps them)."""
+    (positions per tile), ``warps``, ``parts`` (:func:`head_parts`), ``evict`` (the KV loads' eviction policy)
+    and ``stages`` (Triton's ``num_stages``) override the kernel's launch shape (a benchmark sweeps them)."""
     q = q.contiguous()
     n, heads, d = q.shape
     geo = cache.geometry
     assert geo.block_size == PAGE, "split boundaries are whole KV pages"
     out = torch.empty_like(q)
     splits, mid_o, mid_l, _ = _splits_and_partials(n, heads, d, splits, out, counters=False)
+    da, db = parts or head_parts(d)
     pdl = pdl_enabled(q)
     _decode_attn_kernel[(n, heads, splits)](
         q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, out, layer, geo.pages_per_layer,
-        scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, BLOCK_D=triton.next_power_of_2(d),
-        PAGE=geo.block_size, BLOCK=block, SPLITS=splits, MIN_PER=min_split, PDL=pdl, num_warps=warps,
-        **launch_options(pdl))
+        scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, DA=da, DB=db, PAGE=geo.block_size,
+        BLOCK=block, SPLITS=splits, MIN_PER=min_split, PDL=pdl, EVICT=evict, num_warps=warps,
+        **({} if stages is None else {"num_stages": stages}), **launch_options(pdl))
     if splits > 1:
         _decode_attn_merge[(n, heads)](mid_o, mid_l, out, H=heads, D=d, BLOCK_D=triton.next_power_of_2(d),
                                        SPLITS=splits, PDL=pdl, num_warps=1, **launch_options(pdl))

@@ -122,12 +122,50 @@ def test_equivalent_length_is_where_the_uniform_batch_first_takes_as_long(contex
         assert length - 1 < mean or time_at(length - 1) < target
 
 
-def _synthetic_core(slots: float, heads: int = 16) -> tuple[Fit, list[list[float]]]:
-    """A core stage whose attention costs c x max(critical path, H x sum(L) / slots), on a dense grid."""
+@given(st.lists(st.integers(1, 20000), min_size=2, max_size=64), st.floats(16, 1e6),
+       st.sampled_from([1.0, 1.5, 2.0, 3.0, 8.0]), st.sampled_from([1, 16, 55]))
+def test_blended_length_is_where_the_uniform_batch_first_does_as_much_work(contexts: list[int], slots: float,
+                                                                          sharpness: float, heads: int) -> None:
+    """With a finite sharpness the spread work and the critical path combine as a p-norm: at the returned
+    length a uniform batch's combined work reaches the mixed batch's, and a token shorter it does not
+    (unless that is below the mean, or the length sits on a page boundary where the work jumps)."""
+    rows = len(contexts)
+    mean, longest = sum(contexts) / rows, max(contexts)
+    splits = decode_splits(rows, heads)
+    per_position = heads * rows / slots
+
+    def work(spread: float, critical: float) -> float:
+        return (spread ** sharpness + critical ** sharpness) ** (1 / sharpness)
+
+    def work_at(length: float) -> float:
+        return work(per_position * length, min(length, split_positions(math.ceil(length), splits)))
+
+    target = work(per_position * mean, critical_positions(longest, splits))
+    length = equivalent_length(mean, longest, rows, rows, heads, slots, sharpness)
+    assert mean - 1e-9 <= length <= longest
+    if mean < length < longest:
+        on_boundary = length % (splits * 16) == 0  # the work jumps just past it: reached there
+        assert work_at(length + 1 if on_boundary else length) >= target * (1 - 1e-6)
+        assert length - 1 < mean or on_boundary or work_at(length - 1) < target
+
+
+def test_a_sharper_blend_approaches_the_larger_bound() -> None:
+    contexts = [2300] * 10 + [6800] * 3 + [900] * 2  # a ShareGPT-like core step of 15 rows at W = 16
+    mean, longest = sum(contexts) / 15, max(contexts)
+    lengths = [equivalent_length(mean, longest, 15, 16, 16, 790.0, p) for p in (1.0, 2.0, 8.0, 64.0)]
+    assert lengths == sorted(lengths, reverse=True)  # the p-norm shrinks toward the max as p grows
+    assert lengths[-1] == pytest.approx(equivalent_length(mean, longest, 15, 16, 16, 790.0), rel=0.02)
+    assert lengths[0] > 1.1 * mean  # where spread and critical path are close, the blend exceeds the mean
+
+
+def _synthetic_core(slots: float, heads: int = 16, sharpness: float = math.inf) -> tuple[Fit, list[list[float]]]:
+    """A core stage whose attention costs c x (critical path, H x sum(L) / slots) combined as a p-norm
+    (infinite: the larger), on a dense grid."""
 
     def t(rows: int, contexts: list[int]) -> float:
         splits = decode_splits(rows, heads)
-        work = max(max(critical_positions(c, splits) for c in contexts), heads * sum(contexts) / slots)
+        bounds = np.array([max(critical_positions(c, splits) for c in contexts), heads * sum(contexts) / slots])
+        work = bounds.max() if sharpness == math.inf else float((bounds ** sharpness).sum() ** (1 / sharpness))
         return 1e-3 + 2e-6 * rows + 4e-7 * work
 
     points = [[b, b * c, t(b, [c] * b)] for b in (2, 4, 8, 16, 32, 64) for c in range(64, 4097, 64)]
@@ -147,6 +185,32 @@ def test_calibration_recovers_the_attention_width(slots: float) -> None:
         assert fitted["slots"] == pytest.approx(slots, rel=0.2)
     assert np.max(np.abs(fitted["error_with_slots_pct"])) < np.max(np.abs(fitted["error_with_mean_length_pct"]))
     assert np.max(np.abs(fitted["error_with_slots_pct"])) < 3
+
+
+@pytest.mark.parametrize("sharpness", [1.5, 2.0, 4.0])
+def test_calibration_recovers_the_sharpness(sharpness: float) -> None:
+    core, skew = _synthetic_core(1024.0, sharpness=sharpness)
+    fitted = fit_attention_slots(PRESETS["ouro-1.4b"], core, skew)
+    assert fitted["sharpness"] == sharpness
+    assert fitted["slots"] == pytest.approx(1024.0, rel=0.2)
+    assert np.max(np.abs(fitted["error_with_slots_pct"])) < 1
+
+
+def test_refit_fits_the_attention_record_again() -> None:
+    from dataclasses import replace
+
+    from calibration.fit import refit_profile
+    from cdbsim.profile import Profile, ProfileKind
+    from cdbsim.recipes import model_stage_name
+
+    core, skew = _synthetic_core(1024.0, sharpness=2.0)
+    arch = PRESETS["ouro-1.4b"]
+    old = {"slots": 512.0, "heads": 16, "points": skew}  # fitted before the sharpness was
+    profile = Profile(name="synthetic", kind=ProfileKind.MEASURED, device={},
+                      components={model_stage_name(arch, Stage.CORE): core}, attention=old)
+    assert profile.attention_sharpness == math.inf
+    refitted = refit_profile(replace(profile))
+    assert refitted.attention_sharpness == 2.0 and refitted.attention_slots == pytest.approx(1024.0, rel=0.2)
 
 
 def test_latency_model_looks_up_mixed_batches_at_their_equivalent_length() -> None:

@@ -244,3 +244,27 @@ def test_validate_refuses_settings_the_executor_would_not_run(tmp_path) -> None:
     result = runner.invoke(app, ["validate", "--out", str(tmp_path), "--set", "serve.prefill_budget=4096"])
     assert result.exit_code == 2
     assert "validate cannot run serve.prefill_budget = 4096 on the executor" in result.stderr
+
+
+def test_profiles_folder_from_the_environment(tmp_path, monkeypatch) -> None:
+    """CDBSIM_PROFILES points auto at another build's profiles (saved results re-predict with theirs);
+    a folder without profiles is refused in one line."""
+    import json
+
+    from cdbsim.shipped import profile_dir
+
+    shipped = profile_dir() / "h200-ouro-1.4b.json"
+    record = json.loads(shipped.read_text())
+    record["name"] = "older-build-ouro-1.4b"
+    (tmp_path / "h200-ouro-1.4b.json").write_text(json.dumps(record))
+    args = ["predict", "--requests", "20", "--no-baseline", "--json"]
+    monkeypatch.setenv("CDBSIM_PROFILES", str(tmp_path))
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "older-build-ouro-1.4b" in result.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("CDBSIM_PROFILES", str(empty))
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and result.output.strip().count("\n") == 0
+    assert "CDBSIM_PROFILES" in result.output

@@ -36,7 +36,8 @@ silu_mul                 an intermediate size spanning several blocks
 rope_write_kv            rotate-half and interleaved RoPE x with/without q/k bias; GQA; last-exited fill
                          of 0-2 deeper slots; rows at and across page boundaries (positions 0, 15, 16, 40, 47)
 decode_attention         1 split (direct store); 2 and 4 splits with the merge kernel; splits past a row's
-                         context (empty: -inf weight); 128-position splits; the automatic split count
+                         context (empty: -inf weight); 128-position splits; the automatic split count;
+                         a head in two parts (24 = 16 + 8) and in one padded part; tiles of 16-64 positions
 rope_decode_attention    the same split counts with the in-kernel merge (counters back to zero), own k/v
                          from registers (peeled first tile), fill writes, writing to the trash block
 prefill_attention        a cached prefix, a chunk spanning two work items, a one-token chunk, padding items
@@ -125,10 +126,13 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
     q = randn(rows, heads, d)
     want = torch_ops.decode_attention(q, caches[1], table, layer_base, 1, seq_len, 1 / math.sqrt(d))
     # min_split 16 splits these short rows over up to 3 pages, leaving some splits past a row's context
-    for splits, min_split in ((1, 16), (2, 16), (4, 16), (4, 128), (None, 16)):
+    # head_dim 24 loads in two parts (16 + 8, as 96 = 64 + 32); (32, 0) is one padded part, as 128
+    for splits, min_split, parts, block in ((1, 16, None, 32), (2, 16, None, 16), (4, 16, None, 32),
+                                            (4, 128, None, 32), (None, 16, None, 32), (2, 16, (32, 0), 64),
+                                            (1, 16, (32, 0), 32)):
         got = tk.decode_attention(q, caches[0], table, layer_base, 1, seq_len, 1 / math.sqrt(d), splits=splits,
-                                  min_split=min_split)
-        _close(got, want, atol * 10, f"decode_attention splits={splits} min_split={min_split}")
+                                  min_split=min_split, parts=parts, block=block)
+        _close(got, want, atol * 10, f"decode_attention splits={splits} min_split={min_split} parts={parts}")
         _counters_back_to_zero(tk, device)
     # RoPE + KV write + attention in one kernel: the new k/v come from registers at each row's position
     # (the cache there holds noise until the launch writes it), so heads 1 and 3 (no writer of their

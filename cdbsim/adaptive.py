@@ -144,6 +144,23 @@ class _ArrivalRate:
         return self.arrivals / seconds if seconds > 0 else 0.0
 
 
+class _OutputWeight:
+    """What a resident request's delay weighs in normalized latency against a waiting arrival's, from the output
+    lengths ``L`` of the requests finished so far, weighted down with age per finished request (about the last
+    200 count): ``1 / (mean(L) * mean(1/L))``, 1 until a request has finished (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.count = self.tokens = self.inverse = 0.0
+
+    def finish(self, output_len: int) -> None:
+        f = FORGET
+        self.count, self.tokens = f * self.count + 1, f * self.tokens + output_len
+        self.inverse = f * self.inverse + 1 / output_len
+
+    def __call__(self) -> float:
+        return self.count * self.count / (self.tokens * self.inverse) if self.count else 1.0
+
+
 class OnlineCosts:
     """Per-stage step costs, per-step exit rates and the arrival rate learnt from this run (see the module
     docstring)."""
@@ -152,6 +169,7 @@ class OnlineCosts:
         self.lines = {stage: _Line() for stage in (Stage.PREFILL, Stage.PRELUDE, Stage.CORE, Stage.CODA)}
         self.hazard = _Hazard()
         self.arrival_rate = _ArrivalRate()
+        self.resident_weight = _OutputWeight()
 
     def observe(self, launch: Launch, seconds: float) -> None:
         if launch.stage is Stage.CORE:
@@ -169,7 +187,8 @@ class OnlineCosts:
         prefill = self.lines[Stage.PREFILL]
         if waiting >= free_slots or not prefill.ready:
             return True
-        return waiting * (waiting + 1) >= 2 * prefill(1) * self.arrival_rate() * (resident + waiting)
+        delayed = resident * self.resident_weight() + waiting
+        return waiting * (waiting + 1) >= 2 * prefill(1) * self.arrival_rate() * delayed
 
     def coda_due(self, waiting: int, core_steps: Sequence[int], slots_wanted: bool) -> bool:
         """Whether the coda (and after it the prelude) should run now for ``waiting`` exited tokens, rather than

@@ -13,7 +13,7 @@ its median gain over the paper's rule at the points where that rule is not the b
 
     python benchmarks/adaptive_eval.py                      # writes benchmarks/results/adaptive/
     python benchmarks/adaptive_eval.py --part grid --quick  # a few points, to check the script
-    python benchmarks/adaptive_eval.py --part grid --seed 11  # the held-out grid: the same points, new draws
+    python benchmarks/adaptive_eval.py --part grid --seed 17  # the held-out grid: the same points, new draws
     python benchmarks/adaptive_eval.py --part grid --only "W=256 alpaca"  # a subset, rows printed, nothing written
     python benchmarks/adaptive_eval.py --part shift         # the shifting loads alone
     python benchmarks/adaptive_eval.py --part matrix        # the GPU matrix (after --part shift)

@@ -8,7 +8,7 @@ holding. Lots are whole units, so the lot grows while the order cost it saves ex
 with units arriving ``a`` at a time, one more period is worth waiting while ``n (n + a) h < 2 F e``:
 
     launch the coda now      if  n (n + e) * h >= 2 * F * e        (or nothing else can run)
-    prefill the arrivals now if  m (m + 1)     >= 2 * F_p * lam * (b + m)   (or they would fill the free slots)
+    prefill the arrivals now if  m (m + 1)     >= 2 * F_p * lam * (b * w + m)  (or they fill the free slots)
 
 **The coda.** The period is one core step; exits come in bulk, ``e`` per step (``a = e``).
 
@@ -23,14 +23,23 @@ with units arriving ``a`` at a time, one more period is worth waiting while ``n 
   and a token missing from it loses its share, ``delta_core / b`` (its own ``gamma_core`` is not lost, it
   is paid when it runs). When every request has a slot, latency is what waiting loses: the token's
   request is a whole core step later, ``t_core(b)``, against a launch that delays every one of the ``b + n``
-  tokens in the loop, so per token of the launch ``h = t_core(b) / (b + n)``.
+  tokens in the loop, so per token of the launch ``h = t_core(b) / (b + n)``. Every token here is a
+  resident request's, so weighting each by its latency per output token (as the prefill does) changes
+  nothing in this trade.
 
 **The prefill.** The period is a second of device time; requests arrive one at a time (``a = 1``), ``lam``
-per second. Counted in request-seconds of latency:
+per second. Counted in what the online figure of merit sums, latency per output token, in units of a waiting
+arrival's (a second of its wait adds ``1 / L`` for its output length ``L``, ``mean(1/L)`` expected):
 
-* ``F_p (b + m)``: a prefill launch's one-token time ``F_p = fixed(prefill)`` (its full-depth weight reads)
-  delays each of the ``b`` resident requests and the ``m`` waiting ones; one launch fewer saves that.
-* ``h = 1``: a waiting request's latency grows by its wait.
+* ``F_p (b * w + m)``: a prefill launch's one-token time ``F_p = fixed(prefill)`` (its full-depth weight
+  reads) delays each of the ``b`` resident requests and the ``m`` waiting ones; one launch fewer saves that.
+* ``w = 1 / (mean(L) * mean(1/L))``: what a resident request's delay weighs against an arrival's. Residents
+  are not drawn like arrivals: a request stays resident in proportion to its output, so residents are a
+  length-biased draw whose mean ``1/L`` is ``1 / mean(L)``. ``L`` are the output lengths of the requests
+  finished so far (``w = 1``, every request alike, until one has finished); ``w < 1`` whenever the lengths
+  differ, most where outputs are mostly short and a few long: the saved prefill time then goes to long
+  requests, for which it is little per token, while the wait falls on short ones.
+* ``h = 1``: a waiting arrival's latency grows by its wait.
 * ``lam``: requests arriving per second of device time, observed over the recent arrivals.
 * Slots: a held request keeps a resident slot empty. The lot can only gather while every arrival finds a
   free slot, so the arrivals are prefilled at once when the ``m`` waiting fill the free slots (or more wait
@@ -39,10 +48,10 @@ per second. Counted in request-seconds of latency:
 
 Every term is a cost or a rate of this run: nothing is tuned to an evaluation grid. The step costs come
 from :class:`OnlineCosts`, a least-squares line ``t = delta + gamma * B`` per stage fitted to the launches
-this run has completed, the exit rates from the core steps it has completed, and the arrival rate from the
-device time between arrivals, all weighted down with age (so they follow contexts growing and a load that
-shifts). The same rule therefore runs in the simulator and on a GPU nobody calibrated. Until a stage has
-been observed, its launches are due at once (refill with K = 1).
+this run has completed, the exit rates from the core steps it has completed, the arrival rate from the
+device time between arrivals and ``w`` from the requests finished, all weighted down with age (so they follow
+contexts growing and a load that shifts). The same rule therefore runs in the simulator and on a GPU nobody
+calibrated. Until a stage has been observed, its launches are due at once (refill with K = 1).
 """
 
 from __future__ import annotations
@@ -144,14 +153,32 @@ class _ArrivalRate:
         return self.arrivals / seconds if seconds > 0 else 0.0
 
 
+class _OutputWeight:
+    """What a resident request's delay weighs in normalized latency against a waiting arrival's, from the output
+    lengths ``L`` of the requests finished so far, weighted down with age per finished request (about the last
+    200 count): ``1 / (mean(L) * mean(1/L))``, 1 until a request has finished (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.count = self.tokens = self.inverse = 0.0
+
+    def finish(self, output_len: int) -> None:
+        f = FORGET
+        self.count, self.tokens = f * self.count + 1, f * self.tokens + output_len
+        self.inverse = f * self.inverse + 1 / output_len
+
+    def __call__(self) -> float:
+        return self.count * self.count / (self.tokens * self.inverse) if self.count else 1.0
+
+
 class OnlineCosts:
-    """Per-stage step costs, per-step exit rates and the arrival rate learnt from this run (see the module
-    docstring)."""
+    """Per-stage step costs, per-step exit rates, the arrival rate and the resident requests' output weight
+    learnt from this run (see the module docstring)."""
 
     def __init__(self) -> None:
         self.lines = {stage: _Line() for stage in (Stage.PREFILL, Stage.PRELUDE, Stage.CORE, Stage.CODA)}
         self.hazard = _Hazard()
         self.arrival_rate = _ArrivalRate()
+        self.resident_weight = _OutputWeight()
 
     def observe(self, launch: Launch, seconds: float) -> None:
         if launch.stage is Stage.CORE:
@@ -169,7 +196,8 @@ class OnlineCosts:
         prefill = self.lines[Stage.PREFILL]
         if waiting >= free_slots or not prefill.ready:
             return True
-        return waiting * (waiting + 1) >= 2 * prefill(1) * self.arrival_rate() * (resident + waiting)
+        delayed = resident * self.resident_weight() + waiting
+        return waiting * (waiting + 1) >= 2 * prefill(1) * self.arrival_rate() * delayed
 
     def coda_due(self, waiting: int, core_steps: Sequence[int], slots_wanted: bool) -> bool:
         """Whether the coda (and after it the prelude) should run now for ``waiting`` exited tokens, rather than

@@ -172,6 +172,10 @@ class Scheduler:
                 free(i)
             self.active -= len(done)
             self.finished += len(done)
+            if self.costs is not None:
+                output, finish = self.table.output, self.costs.resident_weight.finish
+                for i in done:
+                    finish(output[i])
             self.block_new = False
         elif self.in_flight:
             return []

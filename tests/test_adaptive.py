@@ -130,6 +130,35 @@ def test_prefill_gathers_arrivals_to_their_order_quantity_while_slots_are_free()
     assert OnlineCosts().prefill_due(1, resident=50, free_slots=200), "unknown prefill cost: at once"
 
 
+def test_short_finished_outputs_make_resident_requests_weigh_less_and_arrivals_wait_less() -> None:
+    """Normalized latency: a resident request is a length-biased draw, so where finished outputs are mostly
+    short and a few long, a prefill's delay to the residents weighs little against a waiting arrival's."""
+    uniform, spread = arrivals_every(0.01), arrivals_every(0.01)
+    for _ in range(4):
+        uniform.resident_weight.finish(50)
+    assert uniform.resident_weight() == pytest.approx(1.0)
+    assert not uniform.prefill_due(13, resident=50, free_slots=200)  # as with no output seen: m >= 13.8
+    for length in (10, 10, 10, 1000):
+        spread.resident_weight.finish(length)
+    # 1 / (mean L * mean 1/L) = 1 / (257.5 * 0.07525) = 0.0516; m (m + 1) >= 3 * (50 * 0.0516 + m): m >= 3.9
+    assert spread.resident_weight() == pytest.approx(0.0516, rel=0.01)
+    assert not spread.prefill_due(3, resident=50, free_slots=200)
+    assert spread.prefill_due(4, resident=50, free_slots=200)
+
+
+def test_every_finished_request_reaches_the_output_weight() -> None:
+    arch = tiny_arch(r_max=4)
+    requests = make_requests([(5, 6), (9, 4), (3, 7)], depths=[[1, 4, 2, 3, 2], [4, 4, 1], [2, 2, 3, 1, 4, 4]])
+    scheduler = Scheduler(arch, ServeConfig(policy="adaptive", width=4, prefill_budget=16, timing="sync"),
+                          requests, 64)
+    for _ in drive(scheduler):
+        pass
+    weight = scheduler.costs.resident_weight
+    assert weight.count == pytest.approx(1 + 0.995 + 0.995**2)
+    mean_len, mean_inverse = (6 + 4 + 7) / 3, (1 / 6 + 1 / 4 + 1 / 7) / 3
+    assert weight() == pytest.approx(1 / (mean_len * mean_inverse), rel=0.01)
+
+
 def test_the_arrival_rate_leaves_out_idle_gaps_and_falls_when_arrivals_stop() -> None:
     costs = arrivals_every(0.01)
     costs.arrival_rate.arrive(busy=False)  # the gap that ended at an idle device is not a gap seen

@@ -45,6 +45,11 @@ arrival's (a second of its wait adds ``1 / L`` for its output length ``L``, ``me
   free slot, so the arrivals are prefilled at once when the ``m`` waiting fill the free slots (or more wait
   than fit: the run is bound by its slots). The gate is also passed when nothing else can run (no token is
   ready for a core step) and while a prompt is part way through its chunks.
+* Cold start: ``F_p`` is the prefill line's fixed part, which one padded size cannot separate from the
+  per-token part (a first 5,000-token prompt would count whole as fixed cost, hundreds of ms where the line
+  later finds a fraction of one). The coda can price a single size as all fixed, since its tokens are few and
+  its weight reads dominate; a prefill's are not. So arrivals are prefilled at once until prefills of two
+  padded sizes have been seen.
 
 Every term is a cost or a rate of this run: nothing is tuned to an evaluation grid. The step costs come
 from :class:`OnlineCosts`, a least-squares line ``t = delta + gamma * B`` per stage fitted to the launches
@@ -82,6 +87,11 @@ class _Line:
     @property
     def ready(self) -> bool:
         return self.n > 0
+
+    @property
+    def identified(self) -> bool:
+        """Whether two padded sizes have been seen, so the line's fixed part is measured, not assumed."""
+        return self.n * self.xx - self.x * self.x > 1e-9 * self.n * self.xx
 
     def coefficients(self) -> tuple[float, float]:
         """``(delta, gamma)``, both >= 0; while a single padded size has been seen (a CUDA graph pads a core step
@@ -192,9 +202,9 @@ class OnlineCosts:
     def prefill_due(self, waiting: int, resident: int, free_slots: int) -> bool:
         """Whether ``waiting`` arrived requests should be prefilled now, rather than after another core step
         over the ``resident`` requests' tokens, with ``free_slots`` resident slots free. The rule of the module
-        docstring; True while the prefill's cost is unknown."""
+        docstring; True until the prefill's fixed cost is identified."""
         prefill = self.lines[Stage.PREFILL]
-        if waiting >= free_slots or not prefill.ready:
+        if waiting >= free_slots or not prefill.identified:
             return True
         delayed = resident * self.resident_weight() + waiting
         return waiting * (waiting + 1) >= 2 * prefill(1) * self.arrival_rate() * delayed

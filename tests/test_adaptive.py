@@ -130,6 +130,29 @@ def test_prefill_gathers_arrivals_to_their_order_quantity_while_slots_are_free()
     assert OnlineCosts().prefill_due(1, resident=50, free_slots=200), "unknown prefill cost: at once"
 
 
+def test_one_prefill_size_seen_leaves_the_gate_open() -> None:
+    """Cold start: a single long first prompt would count whole as the prefill's fixed cost and hold the next
+    arrival for hundreds of ms; until prefills of two padded sizes are seen, arrivals are prefilled at once."""
+
+    def after(prefills: list[tuple[int, float]]) -> OnlineCosts:
+        costs = OnlineCosts()
+        for padded, seconds in prefills:
+            costs.observe(launch(Stage.PREFILL, padded), seconds)
+        costs.arrival_rate.arrive(busy=False)
+        for _ in range(20):  # then arrivals every 10 ms of 1 ms core steps: 100 req/s
+            for _ in range(10):
+                costs.observe(core_step([1], [False]), 1e-3)
+            costs.arrival_rate.arrive(busy=True)
+        return costs
+
+    first = [(5120, 0.565)]  # one 5,120-token prefill: 565 ms, all of it "fixed" while alone
+    assert after(first).prefill_due(1, resident=20, free_slots=200)
+    assert after(first * 2).prefill_due(1, resident=20, free_slots=200)  # the same size again: no better
+    known = after([*first, (64, 0.0151)])  # a second size: the fixed part comes out ~ 8 ms
+    assert known.lines[Stage.PREFILL].identified
+    assert not known.prefill_due(1, resident=20, free_slots=200)  # 2 < 2 * 8 ms * 100/s * 21: it may hold
+
+
 def test_short_finished_outputs_make_resident_requests_weigh_less_and_arrivals_wait_less() -> None:
     """Normalized latency: a resident request is a length-biased draw, so where finished outputs are mostly
     short and a few long, a prefill's delay to the residents weighs little against a waiting arrival's."""

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cdbsim.experiment import Experiment  # noqa: E402
+from cdbsim.shipped import PROFILES_ENV  # noqa: E402
 from cdbsim.study import run_one  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "adaptive"
@@ -84,6 +85,10 @@ class Point:
 
     def paper_rule(self) -> str:
         return "refill K=1" if self.arch.startswith("ouro") else f"refill K={max(1, self.width // 4)}"
+
+
+# the profiles the points ran on, as part of each result's command (another build's: $CDBSIM_PROFILES)
+PROFILES_SET = f"{PROFILES_ENV}={os.environ[PROFILES_ENV]} " if os.environ.get(PROFILES_ENV) else ""
 
 
 def points(quick: bool, seed: int = 7, only: str | None = None) -> list[Point]:
@@ -217,8 +222,9 @@ def run_grid(quick: bool, jobs: int, seed: int, only: str | None = None) -> None
         suffix = f"-seed{seed}" + ("-quick" if quick else "")
         pd.DataFrame(rows).to_csv(OUT / f"grid{suffix}.csv", index=False)
         (OUT / f"grid-summary{suffix}.json").write_text(json.dumps(
-            {"command": f"python benchmarks/adaptive_eval.py --part grid --seed {seed}" + (" --quick" if quick else ""),
-             "machine": MACHINE, "wall_s": grid_s, **summary}, indent=2, default=float))
+            {"command": PROFILES_SET + f"python benchmarks/adaptive_eval.py --part grid --seed {seed}"
+             + (" --quick" if quick else ""), "machine": MACHINE, "wall_s": grid_s, **summary}, indent=2,
+            default=float))
     print(f"{summary['points']} points in {grid_s:.0f} s: adaptive within 1% of the best fixed choice at "
           f"{summary['within_1pct_of_best']:.0%} (offline {summary['within_1pct_by_load']['offline']:.0%}, online "
           f"{summary['within_1pct_by_load']['online']:.0%}); worst {summary['worst_vs_best']:+.1%}, median "
@@ -232,7 +238,7 @@ def run_shifts() -> None:
     start = time.perf_counter()
     shifts = {name: shifting_load(name) for name in SHIFTS}
     (OUT / "shift.json").write_text(json.dumps(
-        {"command": "python benchmarks/adaptive_eval.py --part shift", "machine": MACHINE,
+        {"command": PROFILES_SET + "python benchmarks/adaptive_eval.py --part shift", "machine": MACHINE,
          "wall_s": time.perf_counter() - start, **shifts}, indent=2, default=float))
     for name, shift in shifts.items():
         print(f"{name}: " + ", ".join(f"{k} {v['output_tps']:.1f} tok/s {v['normalized_s_mean'] * 1e3:.2f} ms"

@@ -105,6 +105,16 @@ def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: 
     return min(max(length, float(mean)), float(longest))
 
 
+def _power(x: float, p: float) -> float:
+    """``x ** p``, without a general power for the sharpnesses calibration fits most (1 and 2)."""
+    return x if p == 1.0 else x * x if p == 2.0 else x ** p
+
+
+def _root(x: float, p: float) -> float:
+    """``x ** (1 / p)``, likewise."""
+    return x if p == 1.0 else math.sqrt(x) if p == 2.0 else x ** (1.0 / p)
+
+
 def _blended_length(mean: float, longest: int, rows: int, padded: int, heads: int, slots: float,
                     p: float) -> float:
     """:func:`equivalent_length` with a finite ``p``: the uniform length ``L`` whose work ``((a L)^p +
@@ -117,16 +127,16 @@ def _blended_length(mean: float, longest: int, rows: int, padded: int, heads: in
     splits = 1 if splits < 1 else MAX_SPLITS if splits > MAX_SPLITS else splits
     per_position = heads * rows / slots
     critical = critical_positions(longest, splits)
-    work_p = (per_position * mean) ** p + float(critical) ** p
+    work_p = _power(per_position * mean, p) + _power(float(critical), p)
     least = float(MIN_SPLIT_POSITIONS)
-    length = (work_p / (per_position ** p + 1.0)) ** (1.0 / p)  # the whole row is one program's walk
+    length = _root(work_p / (_power(per_position, p) + 1.0), p)  # the whole row is one program's walk
     if length > least and splits > 1:  # (one split: the whole row is always one program's walk)
-        length = max(work_p - least ** p, 0.0) ** (1.0 / p) / per_position  # every split walks m
+        length = _root(max(work_p - _power(least, p), 0.0), p) / per_position  # every split walks m
         if length > splits * least:  # a split's share: first without its page rounding (an upper bound),
-            unrounded = (work_p / (per_position ** p + float(splits) ** -p)) ** (1.0 / p)
+            unrounded = _root(work_p / (_power(per_position, p) + _power(1.0 / splits, p)), p)
             pages = math.ceil(unrounded / (splits * PAGE))  # then in the pages that bound holds
-            rest = work_p - float(PAGE * pages) ** p
-            length = max(rest ** (1.0 / p) / per_position if rest > 0 else 0.0, float(splits * PAGE * (pages - 1)))
+            rest = work_p - _power(float(PAGE * pages), p)
+            length = max(_root(rest, p) / per_position if rest > 0 else 0.0, float(splits * PAGE * (pages - 1)))
     return min(max(length, float(mean)), float(longest))
 
 

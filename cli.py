@@ -906,6 +906,8 @@ def calibrate(
             profile.save(path)
             emit(quality_rows(profile), f"{profile.label()}: refitted fits", False, False,
                  caption=f"written to {path}")
+            if profile.attention.get("points"):
+                emit(attention_rows(profile), _mixed_context_title(profile.label(), profile), False, False)
         return
     check_dir(out, "--out")
     specs = [] if kernels else [load_arch(name.strip()) for name in arch.split(",") if name.strip()]
@@ -930,10 +932,16 @@ def calibrate(
     for spec, profile in zip(specs, profiles, strict=True):
         emit(quality_rows(profile), f"{profile.label()}: fits", False, False)
         if profile.attention:
-            emit(attention_rows(profile), f"{spec.name}: core steps with mixed context lengths "
-                 f"(attention width {profile.attention_slots or 'not fitted'})", False, False)
+            emit(attention_rows(profile), _mixed_context_title(spec.name, profile), False, False)
         emit(saturation_rows(profile, spec), f"{spec.name}: core stage and B*(L)", False, False,
              caption=f"written to {out / (profile.name + '.json')} and .png")
+
+
+def _mixed_context_title(name: str, profile) -> str:
+    """The title of a profile's mixed-context table: the attention width and sharpness it fitted."""
+    slots = profile.attention_slots
+    return (f"{name}: core steps with mixed context lengths (attention width "
+            f"{f'{slots:,.0f}' if slots else 'not fitted'}, sharpness {profile.attention_sharpness:g})")
 
 
 def main() -> None:  # pragma: no cover - console entry point alias

@@ -581,5 +581,7 @@ def summary_rows(profile: Profile) -> list[dict]:
             rows.append({"table": f"gap {style} {path} (us per kernel)", "points": 1e6 * gap})
     for d, slots in record.get("attention_slots", {}).items():
         rows.append({"table": f"attention width d={d}", "points": slots})
+    for d, sharpness in record.get("attention_sharpness", {}).items():
+        rows.append({"table": f"attention sharpness d={d}", "points": sharpness})
     return rows
 

@@ -143,7 +143,9 @@ def test_calibrate_refit_rewrites_a_profile_from_its_raw_points(tmp_path) -> Non
     layer = "layer/ouro-h2048-i5632-a16x128-kv16"
     assert after.components[layer].delta == pytest.approx(before.components[layer].delta)
     assert all(after.components[n].points == before.components[n].points for n in before.components)
-    assert after.attention == before.attention
+    assert after.attention == before.attention  # the stored mixed-context points give the same width and p
+    title = f"attention width {before.attention_slots:,.0f}, sharpness {before.attention_sharpness:g}"
+    assert title in " ".join(result.output.split())
     missing = runner.invoke(app, ["calibrate", "--refit", str(tmp_path / "none.json")])
     assert missing.exit_code == 2 and "does not exist" in missing.output
 

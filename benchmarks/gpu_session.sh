@@ -3,8 +3,8 @@
 #   bash benchmarks/gpu_session.sh spin     GPU tests, the calibration timer bench (bench_timer.py), calibration
 #                                           of the three shipped models -> calibration/profiles/,
 #                                           benchmarks/results/calibration-timer/shipped/
-#   bash benchmarks/gpu_session.sh rebuild  after a kernel change: the shipped profiles (MODELS=... only those), the
-#                                           validation matrix, decode attention and probes into the kernel profile
+#   bash benchmarks/gpu_session.sh rebuild  after a kernel change: the shipped profiles (MODELS=... only those), then
+#                                           the validation matrix on them -> calibration/profiles/, .../validation/
 #   bash benchmarks/gpu_session.sh matrix   the 20-configuration validation matrix against the shipped profiles
 #                                           -> benchmarks/results/validation/
 #   bash benchmarks/gpu_session.sh last     GPU tests, stage and attention bench, no-exit throughput of the three
@@ -13,8 +13,8 @@
 #                                           -> benchmarks/results/throughput-noexit/k1-chained/
 #   bash benchmarks/gpu_session.sh kernels  GPU tests, the kernel-level calibration -> calibration/profiles/
 #                                           h200-kernels.json, benchmarks/results/kernels/
-#   bash benchmarks/gpu_session.sh unseen   probes and prefill attention re-measured into the kernel profile,
-#                                           then the unseen-shape validation matrix -> benchmarks/results/unseen/
+#   bash benchmarks/gpu_session.sh unseen   decode and prefill attention and the probes re-measured into the kernel
+#                                           profile, then the unseen-shape matrix -> benchmarks/results/unseen/
 #                                           (ONLY=name,name runs those configurations of the matrix alone)
 #   bash benchmarks/gpu_session.sh paper    GPU tests, then Huginn W = 64 under the authors' per-step core launches
 #                                           -> benchmarks/results/paper/
@@ -66,7 +66,7 @@ case $phase in
     cp "$work/profiles/h200-kernels.json" "$OUT/" 2>/dev/null
     ;;
   unseen)  # the kernel profile's probes and prefill attention, then shapes no profile measured whole
-    run 150 kernels-update python3 cli.py calibrate --kernels --families probes,prefill \
+    run 250 kernels-update python3 cli.py calibrate --kernels --families attention,probes,prefill \
       --update calibration/profiles/h200-kernels.json --out "$work/profiles"
     cp "$work/profiles/h200-kernels.json" calibration/profiles/h200-kernels.json && cp "$work/profiles/h200-kernels.json" "$OUT/"
     run 420 validate-unseen python3 cli.py validate --matrix calibration/matrices/unseen-h200.json \
@@ -138,16 +138,14 @@ case $phase in
       run 150 "calibrate-$model" python3 cli.py calibrate --arch "$model" --no-kernels --out "$work/profiles"
     done
     ;;
-  rebuild)  # after a kernel change: the shipped profiles (MODELS: those alone), the validation matrix on them,
-    # decode attention and the probes re-measured into the kernel profile
+  rebuild)  # after a kernel change: the shipped profiles (MODELS: those alone), then the validation matrix on
+    # them (the three models and the matrix take about 8 minutes; the kernel profile: the unseen phase)
     for model in ${MODELS:-ouro-1.4b ouro-2.6b huginn-3.5b}; do
       run 150 "calibrate-$model" python3 cli.py calibrate --arch "$model" --no-kernels --out "$work/profiles"
       cp "$work/profiles/h200-$model.json" "$work/profiles/h200-$model.png" calibration/profiles/
     done
     run 400 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
       --out "$work/validation"
-    run 200 kernels-update python3 cli.py calibrate --kernels --families attention,probes \
-      --update calibration/profiles/h200-kernels.json --out "$work/profiles"
     ;;
   matrix)  # the validation matrix against the shipped profiles
     run 560 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \

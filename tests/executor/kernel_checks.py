@@ -37,7 +37,8 @@ rope_write_kv            rotate-half and interleaved RoPE x with/without q/k bia
                          of 0-2 deeper slots; rows at and across page boundaries (positions 0, 15, 16, 40, 47)
 decode_attention         1 split (direct store); 2 and 4 splits with the merge kernel; splits past a row's
                          context (empty: -inf weight); 128-position splits; the automatic split count;
-                         a head in two parts (24 = 16 + 8) and in one padded part; tiles of 16-64 positions
+                         a head in two parts (24 = 16 + 8, 96 = 64 + 32) and in one padded part; tiles of
+                         16-64 positions
 rope_decode_attention    the same split counts with the in-kernel merge (counters back to zero), own k/v
                          from registers (peeled first tile), fill writes, writing to the trash block
 prefill_attention        a cached prefix, a chunk spanning two work items, a one-token chunk, padding items
@@ -134,6 +135,7 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
                                   min_split=min_split, parts=parts, block=block)
         _close(got, want, atol * 10, f"decode_attention splits={splits} min_split={min_split} parts={parts}")
         _counters_back_to_zero(tk, device)
+    _check_wide_head_parts(tk, device, dtype, atol)
     # RoPE + KV write + attention in one kernel: the new k/v come from registers at each row's position
     # (the cache there holds noise until the launch writes it), so heads 1 and 3 (no writer of their
     # group) and splits past the first must still see them
@@ -165,6 +167,24 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
                                          table, seq_len, 1 / math.sqrt(d), splits=splits, min_split=min_split)
         _close(alone, want, atol * 10, what + " (own k/v from registers)")
         _counters_back_to_zero(tk, device)
+
+
+def _check_wide_head_parts(tk, device: str, dtype: torch.dtype, atol: float) -> None:
+    """Huginn's head width, 96 = 64 + 32, against the torch backend and against one padded 128-lane part."""
+    assert tk.head_parts(96) == (64, 32) and tk.head_parts(128) == (128, 0) and tk.head_parts(64) == (64, 0)
+    gen = torch.Generator(device=device).manual_seed(3)
+    geo = CacheGeometry(0, 1, 0, 1, KVLayout.SHARED, num_blocks=6)
+    cache = PagedKVCache(geo, 1, 96, device=device, dtype=dtype)
+    cache.k.copy_(torch.randn(*cache.k.shape, generator=gen, device=device).to(dtype))
+    cache.v.copy_(torch.randn(*cache.v.shape, generator=gen, device=device).to(dtype))
+    table = torch.tensor([[4, 1, 2], [0, 5, 3]], dtype=torch.int32, device=device)
+    seq = torch.tensor([40, 33], dtype=torch.int32, device=device)
+    base = torch.zeros(2, dtype=torch.int32, device=device)
+    q = torch.randn(2, 2, 96, generator=gen, device=device).to(dtype)
+    want = torch_ops.decode_attention(q, cache, table, base, 0, seq, 96 ** -0.5)
+    for parts in (None, (128, 0)):
+        got = tk.decode_attention(q, cache, table, base, 0, seq, 96 ** -0.5, splits=2, min_split=16, parts=parts)
+        _close(got, want, atol * 10, f"decode_attention head_dim 96 parts={parts}")
 
 
 def _counters_back_to_zero(tk, device: str) -> None:

@@ -8,8 +8,9 @@
   kernel, one program per (row, head); an exiting token with ``fill = f`` writes its K/V into its slot and
   the ``f`` deeper slots (the last-exited fill) in the same program.
 * ``decode_attention``: split-KV paged decode attention (after SGLang's decode_attention and vLLM's unified
-  attention). Program (row, head, split) walks its share of the row's positions in tiles of ``BLOCK_N``
-  tokens, translating each through the row's own block-table row and cache layer (``layer_base[row] +
+  attention). Program (row, head, split) walks its share of the row's positions in tiles of
+  ``DECODE_BLOCK`` tokens (a head that is no power of two wide in two power-of-two column parts,
+  :func:`head_parts`), translating each through the row's own block-table row and cache layer (``layer_base[row] +
   layer``) - so one launch mixes rows at different loop steps - and keeps an online softmax; a second small
   kernel merges the splits by their log-sum-exp. The grid's split count comes from rows x heads only (never
   from lengths), so the launch shape is fixed for a CUDA graph; how many splits of a row do work depends on

@@ -88,16 +88,20 @@ class _Line:
     def ready(self) -> bool:
         return self.n > 0
 
+    def _spread(self) -> float:
+        """``n`` times the weighted variance of the padded sizes seen: 0 while only one size has been."""
+        return self.n * self.xx - self.x * self.x
+
     @property
     def identified(self) -> bool:
         """Whether two padded sizes have been seen, so the line's fixed part is measured, not assumed."""
-        return self.n * self.xx - self.x * self.x > 1e-9 * self.n * self.xx
+        return self._spread() > 1e-9 * self.n * self.xx
 
     def coefficients(self) -> tuple[float, float]:
         """``(delta, gamma)``, both >= 0; while a single padded size has been seen (a CUDA graph pads a core step
         of 9-16 tokens to 16), the whole time counts as fixed: at small batches a launch is bound by its weight
         reads."""
-        var = self.n * self.xx - self.x * self.x
+        var = self._spread()
         gamma = max((self.n * self.xy - self.x * self.y) / var, 0.0) if var > 0 else 0.0
         delta = max((self.y - gamma * self.x) / self.n, 0.0)
         return delta, gamma

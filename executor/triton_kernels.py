@@ -279,6 +279,7 @@ def _softmax_step(ka, va, kb, vb, t, end, qa, qb, s_own, v_new, pos, m_i, l_i, a
 
 @triton.jit
 def _store_part(DST, x, D: tl.constexpr, D0: tl.constexpr, DW: tl.constexpr):
+    """Store ``x`` as columns ``D0 .. D0 + DW`` of the row at ``DST`` (none past the head's ``D``)."""
     d = D0 + tl.arange(0, DW)
     tl.store(DST + d, x.to(DST.dtype.element_ty), mask=d < D)
 

@@ -15,7 +15,8 @@
 #                                           h200-kernels.json, benchmarks/results/kernels/
 #   bash benchmarks/gpu_session.sh unseen   decode and prefill attention and the probes re-measured into the kernel
 #                                           profile, then the unseen-shape matrix -> benchmarks/results/unseen/
-#                                           (ONLY=name,name runs those configurations of the matrix alone)
+#                                           (ONLY=name,name runs those configurations of the matrix alone;
+#                                           PART=kernels or PART=matrix one of the two halves)
 #   bash benchmarks/gpu_session.sh paper    GPU tests, then Huginn W = 64 under the authors' per-step core launches
 #                                           -> benchmarks/results/paper/
 #   bash benchmarks/gpu_session.sh adaptive the adaptive policy against fixed ones on the same requests
@@ -32,7 +33,7 @@
 #                                           splits for four head shapes; every stage at B = 1 ... 256, L = 512
 #                                           and 4,096 against its roofline -> benchmarks/results/attention-sweep/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
-# limit so the archive is written even when one step runs long. docs/gpu-sessions.md says more.
+# limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
 phase=${1:-}
 case $phase in
@@ -57,7 +58,7 @@ run() {  # run LIMIT_S NAME CMD...: time-limited step with its log kept; the arc
   timeout "$limit" "$@" > "$work/$name.log" 2>&1
   echo "$name: exit $? after $((SECONDS - t0)) s" | tee -a "$work/steps.txt"
   tail -n 25 "$work/$name.log"
-  tar czf "$OUT/session-$phase.tgz" -C "$work" .
+  tar czf "$OUT/session-$phase.tgz" --exclude=trace.json.gz -C "$work" .
 }
 case $phase in
   kernels)  # the kernel-level profile (copied out as soon as it exists: the calibration rewrites it per family)
@@ -66,11 +67,14 @@ case $phase in
     cp "$work/profiles/h200-kernels.json" "$OUT/" 2>/dev/null
     ;;
   unseen)  # the kernel profile's probes and prefill attention, then shapes no profile measured whole
-    run 250 kernels-update python3 cli.py calibrate --kernels --families attention,probes,prefill \
-      --update calibration/profiles/h200-kernels.json --out "$work/profiles"
-    cp "$work/profiles/h200-kernels.json" calibration/profiles/h200-kernels.json && cp "$work/profiles/h200-kernels.json" "$OUT/"
-    run 420 validate-unseen python3 cli.py validate --matrix calibration/matrices/unseen-h200.json \
-      ${ONLY:+--only "$ONLY"} --out "$work/unseen"
+    # (PART=kernels or PART=matrix runs one half: together they can pass one call's ten minutes)
+    if [ "${PART:-kernels}" = kernels ]; then
+      run 250 kernels-update python3 cli.py calibrate --kernels --families attention,probes,prefill \
+        --update calibration/profiles/h200-kernels.json --out "$work/profiles"
+      cp "$work/profiles/h200-kernels.json" calibration/profiles/h200-kernels.json && cp "$work/profiles/h200-kernels.json" "$OUT/"
+    fi
+    [ "${PART:-matrix}" = matrix ] && run 560 validate-unseen python3 cli.py validate \
+      --matrix calibration/matrices/unseen-h200.json ${ONLY:+--only "$ONLY"} --out "$work/unseen"
     ;;
   paper)  # the executor under the new scheduler, then the authors' launch behaviour on Huginn
     run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
@@ -164,5 +168,5 @@ case $phase in
       --requests 128 --k 1 --budget-s 130 --out "$work/bench-throughput-k1"
     ;;
 esac
-tar czf "$OUT/session-$phase.tgz" -C "$work" .
+tar czf "$OUT/session-$phase.tgz" --exclude=trace.json.gz -C "$work" .
 cat "$work/steps.txt"

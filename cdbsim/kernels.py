@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
+from scipy.optimize import isotonic_regression
+
 from cdbsim.arch import ArchSpec, LayerStyle
 from cdbsim.config import decode_graph_sizes
 from cdbsim.kernel_table import KernelTable, Lookup
@@ -262,15 +264,15 @@ class KernelModel:
         comps: dict[str, Fit] = {}
 
         def decode(fn: Callable[[int, float], float], with_context: bool) -> Fit:
-            """Points at every batch and length; a launch never gets faster for a bigger batch (a kernel
-            can measure a little faster at a larger size where it switches tiles: the larger size then
-            takes the smaller one's time)."""
+            """Points at every batch and length; a launch never gets faster for a bigger batch. Composed
+            times can dip where a kernel measured a little slower at a smaller size (cuBLAS picks another
+            kernel at one row; each table point is one measurement), so each length's times over the
+            batches are made non-decreasing by isotonic regression: a dip is averaged with its
+            neighbours rather than every larger batch taking the one slow point's time."""
             rows = []
             for n in lengths if with_context else [0]:
-                slowest = 0.0
-                for b in batches:
-                    slowest = max(slowest, fn(b, n))
-                    rows.append([b, b * n, slowest])
+                times = isotonic_regression([fn(b, n) for b in batches]).x
+                rows.extend([b, b * n, float(t)] for b, t in zip(batches, times, strict=True))
             return fit_points(rows, with_context=with_context)
 
         comps[Component.LAYER.key(arch)] = decode(lambda b, n: self.layer(arch, b, n), True)

@@ -104,3 +104,24 @@ def test_device_presets_order_memory_bound_decode_by_bandwidth() -> None:
              for name in ("a100-80gb", "h100-sxm", "h200", "b200")}
     assert times["a100-80gb"] > times["h100-sxm"] > times["h200"] > times["b200"]
     assert times["h100-sxm"] / times["h200"] == pytest.approx(4.8 / 3.35, rel=0.15)  # mostly weight reads
+
+
+def test_one_slow_small_batch_is_averaged_not_carried_to_every_larger_batch(monkeypatch) -> None:
+    """A kernel that measured slow at one row (cuBLAS picks another kernel there) must not set the time of
+    every larger batch: the composed times over the batches are made non-decreasing by isotonic regression,
+    not by a running maximum."""
+    from cdbsim.kernels import KernelModel
+    from cdbsim.recipes import Component
+
+    arch = ArchSpec(name="wide", layer=LayerShape(hidden=5120, intermediate=13824, heads=40, kv_heads=8,
+                                                 head_dim=128, style=LayerStyle.OURO),
+                    vocab=32000, prelude=0, core=4, coda=0, r_max=4)
+    model = KernelModel(kernel_profile().kernels)
+    # one slow point at B = 1 (120 us), then a flat 100 us that grows from B = 64 on
+    monkeypatch.setattr(KernelModel, "layer", lambda self, a, rows, length: 1.2e-4 if rows == 1
+                        else 1e-4 * max(1.0, rows / 64))
+    points = {(int(b), round(c / b)): t for b, c, t in model.components(arch)[Component.LAYER.key(arch)].points}
+    times = [points[(b, 512)] for b in (1, 2, 4, 8, 16, 32, 64, 128)]
+    assert all(a <= b for a, b in itertools.pairwise(times))
+    assert 1e-4 < times[0] < 1.2e-4 and times[4] < 1.1e-4   # averaged with its neighbours
+    assert times[-1] == pytest.approx(2e-4)                 # the larger batches keep their own times

@@ -818,14 +818,12 @@ def validate(
     as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
     """Run configurations on the GPU executor and in the simulator on identical requests; show the errors."""
-    import tarfile
-
     from calibration import validation as val
 
     check_dir(out, "--out", ("measured",))
     unpacked = contextlib.ExitStack()
-    if measured is not None and measured.is_file() and tarfile.is_tarfile(measured):
-        measured = _unpack_logs(measured, unpacked)  # a committed archive of logs re-predicts as it is
+    if measured is not None:  # a committed archive of logs re-predicts as it is
+        measured = unpacked.enter_context(val.unpacked_logs(measured))
     if measured is not None and not measured.is_dir():
         raise ConfigError(f"--measured {measured}: not a directory of saved executor logs (or a .tgz of one)")
     if matrix is not None:
@@ -855,22 +853,6 @@ def validate(
         emit(result.summary, f"validation: {len(entries)} configurations", False, False,
              caption=" | ".join(f"{k}: {v:.3g}" for k, v in result.errors.items())
              + f" | predicted with profile {profiles} | files in {out}")
-
-
-def _unpack_logs(archive: Path, stack: contextlib.ExitStack) -> Path:
-    """``archive`` (a tar of saved run logs, one directory per configuration) unpacked into a temporary
-    directory that ``stack`` removes."""
-    import tarfile
-    import tempfile
-
-    target = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cdbsim-measured-")))
-    try:
-        with tarfile.open(archive) as tar:
-            tar.extractall(target, filter="data")  # paths outside the directory and links are refused
-    except (tarfile.TarError, OSError) as exc:
-        stack.close()
-        raise ConfigError(f"--measured {archive}: cannot unpack ({exc})") from None
-    return target
 
 
 @app.command()

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from calibration.validation import load_matrix, requests_for
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from calibration.validation import load_matrix, requests_for, unpacked_logs
 from cdbsim.latency import LatencyModel
 from cdbsim.launch import Stage
 from cdbsim.logs import RunLog
@@ -71,12 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, default=Path("calibration/profiles/h200-ouro-1.4b.json"))
     parser.add_argument("--out", type=Path, help="write the table as CSV")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        logs = args.logs
-        if logs.is_file():
-            with tarfile.open(logs) as archive:
-                archive.extractall(tmp, filter="data")
-            logs = Path(tmp)
+    with unpacked_logs(args.logs, "--logs") as logs:
         table = spread_table(args.config, logs, args.matrix, args.profile)
     print(f"{args.config}: core launches by max/mean context (replayed schedule matches the log)")
     print(table.round(3).to_string(index=False))

@@ -15,16 +15,19 @@ be redone anywhere from them (``--measured DIR``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import json
-from collections.abc import Callable, Iterable
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from cdbsim.arch import ArchSpec, load_arch
 from cdbsim.config import ServeConfig
-from cdbsim.errors import read_json, require
+from cdbsim.errors import ConfigError, read_json, require
 from cdbsim.experiment import Experiment, plain, settings
 from cdbsim.kv import capacity_blocks
 from cdbsim.latency import LatencyModel
@@ -288,3 +291,20 @@ def write_results(entries: list[Entry], comparisons: list[Comparison], out: Path
         with atomic_file(out / "timeline.png") as path:
             plot_timelines(first.measured_log, first.predicted_log, path, title=first.name)
     return Validation(comparisons, summary, errors)
+
+
+@contextlib.contextmanager
+def unpacked_logs(path: Path, option: str = "--measured") -> Iterator[Path]:
+    """A directory of saved run logs (one directory per configuration): ``path`` itself, or a tar of them
+    (as committed under ``benchmarks/results/``) unpacked into a temporary directory that is removed
+    afterwards; paths outside it and links are refused."""
+    if not (path.is_file() and tarfile.is_tarfile(path)):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="cdbsim-measured-") as tmp:
+        try:
+            with tarfile.open(path) as tar:
+                tar.extractall(tmp, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            raise ConfigError(f"{option} {path}: cannot unpack ({exc})") from None
+        yield Path(tmp)

@@ -1,0 +1,85 @@
+"""Where served stages run longer than the latency model says: measured over predicted device time, grouped.
+
+A launch in a serving run can differ from the same launch in calibration by what ran before it (another
+stage, a KV fill), by an idle gap before it (the device waited for the host), by its padded batch or by its
+context. Grouping the measured/predicted ratio of every decode-type launch of saved executor logs by each
+of these shows which one the error follows. Runs anywhere (no GPU):
+
+    python benchmarks/analyze_served_gap.py --config huginn-2048-sharegpt-refill \\
+        --matrix calibration/matrices/unseen-h200.json --logs benchmarks/results/unseen/measured-logs.tgz
+
+The latency model is the one ``cdbsim validate`` uses for that configuration (``--profile``: the matrix
+entry's, by default ``auto``), with the run's block-table width.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from calibration.validation import load_matrix, unpacked_logs
+from cdbsim.latency import LatencyModel
+from cdbsim.logs import RunLog
+from cdbsim.metadata import table_width
+from cdbsim.shipped import resolve_profile
+from cdbsim.validate import launch_from_row
+
+IDLE_S = 2e-6          # a start more than this after the previous launch's end: the device waited
+LENGTH_BINS = [0, 256, 1024, 2048, 4096, 1 << 20]
+
+
+def ratios(config: str, logs: Path, matrix: Path, profile: str) -> pd.DataFrame:
+    """Every decode-type launch of ``config``'s log with its measured and predicted seconds and the
+    features the ratio is grouped by."""
+    entry = {e.name: e for e in load_matrix(matrix)}[config]
+    arch = entry.spec()
+    model = LatencyModel(arch, resolve_profile(profile, arch))
+    log = RunLog.load(logs / config)
+    width = table_width(log.requests.itertuples(index=False), entry.config().block_size)
+    d = log.launches.copy()
+    d["predicted_s"] = [model.launch_time(launch_from_row(r), width) for r in d.itertuples(index=False)]
+    d["measured_s"] = d["end"] - d["start"]
+    d["after"] = d["stage"].shift(1).fillna("-")
+    d["idle_before"] = (d["start"] - d["end"].shift(1)).fillna(0.0) > IDLE_S
+    d["length"] = pd.cut(d["context"] / d["size"], LENGTH_BINS).astype(str)
+    return d[d["stage"] != "prefill"]
+
+
+def grouped(d: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Launches and measured/predicted (summed seconds) per stage and ``by``."""
+    table = d.groupby(["stage", by], observed=True).agg(
+        launches=("measured_s", "size"), measured_s=("measured_s", "sum"), predicted_s=("predicted_s", "sum"))
+    table["measured/predicted"] = table["measured_s"] / table["predicted_s"]
+    return table.drop(columns=["measured_s", "predicted_s"]).reset_index().rename(columns={by: "group"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="a configuration of the matrix with a saved log")
+    parser.add_argument("--matrix", type=Path, default=Path("calibration/matrices/unseen-h200.json"))
+    parser.add_argument("--logs", type=Path, default=Path("benchmarks/results/unseen/measured-logs.tgz"),
+                        help="directory or .tgz of saved logs")
+    parser.add_argument("--profile", default="auto", help="profile name or file (default: auto)")
+    args = parser.parse_args(argv)
+    with unpacked_logs(args.logs, "--logs") as logs:
+        d = ratios(args.config, logs, args.matrix, args.profile)
+    total = d.groupby("stage").agg(launches=("measured_s", "size"), measured_s=("measured_s", "sum"),
+                                   predicted_s=("predicted_s", "sum"))
+    total["measured/predicted"] = total["measured_s"] / total["predicted_s"]
+    print(f"{args.config}: measured over predicted device time ({args.profile} profile)")
+    print(total[["launches", "measured/predicted"]].round(3).to_string())
+    for by, title in (("padded", "by padded batch"), ("after", "by the launch before"),
+                      ("idle_before", f"by an idle gap (> {IDLE_S * 1e6:g} us) before"),
+                      ("length", "by attended length per row")):
+        print(f"\n{title}")
+        print(grouped(d, by).round(3).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

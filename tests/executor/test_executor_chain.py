@@ -9,21 +9,16 @@ programmatic dependent launch, eagerly and replayed from a CUDA graph.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from .triton_interpreter import patch_loop_bounds  # noqa: E402
+from .triton_interpreter import report_checks, run_interpreted  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 EPS = 1e-6
 OPS = ("gemv", "rmsnorm", "residual-sandwich", "residual-plain", "swiglu-sandwich", "swiglu-plain")
 
@@ -117,30 +112,14 @@ def checks(device: str = "cpu", dtype=None, atol: float = 1e-4, rtol: float = 1e
 
 
 def _main() -> int:
-    """Run every check under the interpreter; one JSON line: check name -> "ok" or the error."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        print("run with TRITON_INTERPRET=1", file=sys.stderr)
-        return 2
-    patch_loop_bounds()
-    results = {}
-    for name, fn in checks().items():
-        try:
-            fn()
-            results[name] = "ok"
-        except Exception as exc:  # reported per check by the tests
-            results[name] = f"{type(exc).__name__}: {exc}"
-    print(json.dumps(results))
-    return 0
+    """Run every check under the interpreter (see :func:`triton_interpreter.report_checks`)."""
+    return report_checks(checks())
 
 
 # ----- the tests -------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def interpreted() -> dict[str, str]:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-m", "tests.executor.test_executor_chain"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_interpreted("tests.executor.test_executor_chain")
 
 
 CHECK_NAMES = [f"{op}-{kind}" for op in OPS for kind in ("tiles", "one-piece-default")]

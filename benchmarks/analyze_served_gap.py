@@ -47,6 +47,7 @@ def ratios(config: str, logs: Path, matrix: Path, profile: str) -> pd.DataFrame:
     d["after"] = d["stage"].shift(1).fillna("-")
     d["idle_before"] = (d["start"] - d["end"].shift(1)).fillna(0.0) > IDLE_S
     d["length"] = pd.cut(d["context"] / d["size"], LENGTH_BINS).astype(str)
+    d["all"] = "all"
     return d[d["stage"] != "prefill"]
 
 
@@ -68,16 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with unpacked_logs(args.logs, "--logs") as logs:
         d = ratios(args.config, logs, args.matrix, args.profile)
-    total = d.groupby("stage").agg(launches=("measured_s", "size"), measured_s=("measured_s", "sum"),
-                                   predicted_s=("predicted_s", "sum"))
-    total["measured/predicted"] = total["measured_s"] / total["predicted_s"]
     print(f"{args.config}: measured over predicted device time ({args.profile} profile)")
-    print(total[["launches", "measured/predicted"]].round(3).to_string())
-    for by, title in (("padded", "by padded batch"), ("after", "by the launch before"),
+    for by, title in (("all", "every launch"), ("padded", "by padded batch"), ("after", "by the launch before"),
                       ("idle_before", f"by an idle gap (> {IDLE_S * 1e6:g} us) before"),
                       ("length", "by attended length per row")):
-        print(f"\n{title}")
-        print(grouped(d, by).round(3).to_string(index=False))
+        print(f"{title}")
+        print(grouped(d, by).round(3).to_string(index=False) + "\n")
     return 0
 
 

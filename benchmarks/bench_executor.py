@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         from executor.chain import MAX_ROWS
 
         if not 0 <= args.fuse_rows <= MAX_ROWS:
-            parser.error(f"--fuse-rows must be 0..{MAX_ROWS}: the chained path takes at most {MAX_ROWS} rows")
+            parser.error(f"--fuse-rows must be 0..{MAX_ROWS}: the chained path takes single-row launches")
     global DEVICE, DTYPE
     if args.smoke:
         DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -29,9 +29,6 @@
 #                                           served, for small shapes and a shipped one -> benchmarks/results/host/
 #   bash benchmarks/gpu_session.sh hostvar  the host's time per launch of one configuration run alone twice, then
 #                                           after four others in the same process -> benchmarks/results/host/
-#   bash benchmarks/gpu_session.sh rows     the chained path at 2-32 rows (executor/chain.py): GPU checks, an
-#                                           Ouro and a Huginn layer's projections, stages at B = 1-32 on it,
-#                                           and the few-row configs -> benchmarks/results/chain/rows/
 #   bash benchmarks/gpu_session.sh attention GPU tests; decode attention swept over tile, warps, head parts and
 #                                           splits for four head shapes; every stage at B = 1 ... 256, L = 512
 #                                           and 4,096 against its roofline -> benchmarks/results/attention-sweep/
@@ -40,8 +37,8 @@
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | rows) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, rows" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -92,14 +89,6 @@ case $phase in
     run 300 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick \
       --parts stages --sizes 1 2 4 8 16 32 64 128 256 --contexts 512 4096 --prefill-tokens 512 2048 4096 \
       --budget-s 280 --out "$work/stages"
-    ;;
-  rows)  # the chained path at 2-32 rows against the default (cuBLAS) path
-    run 130 gpu-tests python3 -m pytest tests/executor/test_executor_chain.py tests/executor/test_executor_gpu.py \
-      -m gpu -q -x -p no:cacheprovider -n 0
-    run 400 chain-rows python3 benchmarks/bench_chain.py --parts sweep layers --rows 2 16 --layer-rows 1 2 4 8 16 32 --shapes ouro.wqkv \
-      ouro.wo ouro.gate_up ouro.down huginn.wqkv huginn.wo huginn.gate_up huginn.down --out "$work/rows.json"
-    [ "${STAGES:-0}" = 1 ] && run 140 stages-rows python3 benchmarks/bench_executor.py --models ouro-1.4b \
-      huginn-3.5b --quick --parts stages --sizes 1 2 4 8 16 32 --contexts 512 --out "$work/stages-rows"
     ;;
   adaptive)  # adaptive and the fixed policies on identical requests, steady and shifting load
     run 560 validate-adaptive python3 cli.py validate --matrix calibration/matrices/adaptive-h200.json \

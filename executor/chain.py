@@ -38,14 +38,6 @@ read from registers per row) lost to cuBLAS from two rows on (a core step at B =
 and for Huginn-3.5B (hidden 5280) even one row loses (a core step at B = 1: 1.03-1.04 against 0.98-1.00 ms),
 so :func:`executor.model.chained_rows` turns it on for single rows of models no wider than 2048.
 
-From two rows on, ``_chain_rows_kernel`` takes the same ops on the tensor cores (rows padded to 16, a
-``BLOCK_K`` loop, the first weight step loaded before the wait, the norms' row sums in extra passes over
-the activations). Measured on the H200 (``bash benchmarks/gpu_session.sh rows``,
-``benchmarks/results/chain/rows/``): with PDL it beats cuBLAS on the plain projections of Ouro-1.4B (O:
-5.5 against 6.3 us; down: 9.9-10.4 against 11.0-11.2 us) but loses where a norm prologue is fused (QKV:
-16.8 against 11.5 us for the norm kernel and cuBLAS), so the engine does not use it
-(:func:`executor.model.chained_rows`).
-
 Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (without PDL; how the tests check it).
 """
 
@@ -111,34 +103,7 @@ def config_for(op: str, n: int, k: int, swiglu: bool = False, sms: int = 132) ->
             or default_config(n, k, swiglu, sms))
 
 
-MAX_ROWS = 32  # rows a launch takes: one on the CUDA-core kernel, 2..MAX_ROWS on the tensor-core one
-MMA_ROWS = 16  # the tensor cores' smallest M: fewer rows are padded to it (masked loads, no traffic)
-
-
-class RowsConfig(NamedTuple):
-    """A launch of the few-row kernel: output columns per program, weight columns per step, warps, stages."""
-
-    block_n: int
-    block_k: int
-    num_warps: int = 4
-    num_stages: int = 4
-
-
-# (op, N, K) -> config of the few-row kernel, as CONFIGS; shapes not listed use default_rows_config.
-ROWS_CONFIGS: dict[tuple[str, int, int], RowsConfig] = {}
-
-
-def default_rows_config(n: int, k: int, sms: int = 132) -> RowsConfig:
-    """The widest column block (64, 32 or 16) that still gives every SM a program; steps of 128 weight
-    columns (fewer for a narrow ``K``)."""
-    block_n = next((b for b in (64, 32) if triton.cdiv(n, b) >= sms), 16)
-    return RowsConfig(block_n, min(128, max(16, triton.next_power_of_2(k))))
-
-
-def rows_config_for(op: str, n: int, k: int, swiglu: bool = False, sms: int = 132) -> RowsConfig:
-    """The table entry of ``(op, n, k)``, else the plain entry of the shape, else the default."""
-    return (ROWS_CONFIGS.get(("swiglu" if swiglu else op, n, k)) or ROWS_CONFIGS.get(("gemv", n, k))
-            or default_rows_config(n, k, sms))
+MAX_ROWS = 1  # rows a launch takes: batches of one (measured: at 2+ rows cuBLAS wins, see the module notes)
 
 
 @functools.cache
@@ -309,116 +274,14 @@ def _chain_gemv_kernel(X, BR, WP, WN, W, OUT, XO, eps, N: tl.constexpr, K: tl.co
         rows = following
 
 
-
-# ----- a few rows: tensor cores ---------------------------------------------------------------------------
-@triton.jit
-def _rows_operand(X, BR, WP, WN, offs, m, cols, col_ok, inv1, inv, PROLOGUE: tl.constexpr,
-                  SANDWICH: tl.constexpr, DT: tl.constexpr):
-    """The matmul operand of rows ``offs`` (``[BLOCK_M, BLOCK_K]`` element offsets, mask ``m``) in ``DT``:
-    ``x``, ``norm(x)``, or ``norm(x_new)`` of the residual prologue (``inv1`` and ``inv`` per row)."""
-    x = tl.load(X + offs, mask=m, other=0.0).to(tl.float32)
-    if PROLOGUE == 2:
-        br = tl.load(BR + offs, mask=m, other=0.0).to(tl.float32)
-        wp = tl.load(WP + cols, mask=col_ok, other=0.0).to(tl.float32)
-        x = _residual(x, br, wp[None, :], inv1[:, None], SANDWICH).to(DT).to(tl.float32)
-    if PROLOGUE != 0:
-        wn = tl.load(WN + cols, mask=col_ok, other=0.0).to(tl.float32)
-        x = x * inv[:, None] * wn[None, :]
-    return x.to(DT)
-
-
-@triton.jit
-def _rows_sum_of_squares(X, BR, WP, XO, rows, row_ok, inv1, write, K: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_K: tl.constexpr, PASS: tl.constexpr, SANDWICH: tl.constexpr, DT: tl.constexpr):
-    """Per row, the sum of squares a norm of the prologue needs: pass 0 of ``x`` (RMSNorm prologue);
-    pass 1 of what the post-norm normalises (``branch``, or ``branch + x``); pass 2 of ``x_new`` (rounded
-    to ``DT``), which the writing program also stores. The loop is unrolled so that a pass costs one trip
-    to L2, not one per chunk."""
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in tl.static_range(0, K, BLOCK_K):  # unrolled: every chunk's load in flight at once
-        cols = k0 + tl.arange(0, BLOCK_K)
-        col_ok = cols < K
-        m = row_ok[:, None] & col_ok[None, :]
-        offs = rows[:, None] * K + cols[None, :]
-        v = tl.load(X + offs, mask=m, other=0.0).to(tl.float32)
-        if PASS != 0:
-            br = tl.load(BR + offs, mask=m, other=0.0).to(tl.float32)
-            if PASS == 1:
-                v = br if SANDWICH else br + v
-            else:
-                wp = tl.load(WP + cols, mask=col_ok, other=0.0).to(tl.float32)
-                x_new = _residual(v, br, wp[None, :], inv1[:, None], SANDWICH).to(DT)
-                tl.store(XO + offs, x_new, mask=m & write)
-                v = x_new.to(tl.float32)
-        ss += tl.sum(v * v, axis=1)
-    return ss
-
-
-@triton.jit
-def _chain_rows_kernel(X, BR, WP, WN, W, OUT, XO, M, eps, N: tl.constexpr, K: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       PROLOGUE: tl.constexpr, SANDWICH: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr,
-                       PRECISION: tl.constexpr):
-    """``OUT[:M, cols] = a @ W[cols].T`` for this program's ``BLOCK_N`` columns, ``a`` the prologue's
-    operand of the ``M`` rows (padded to ``BLOCK_M`` for the tensor cores; padding rows load nothing);
-    with ``SWIGLU`` ``silu(gate) * up`` of the columns ``cols`` and ``N + cols``.
-
-    The first ``BLOCK_K`` weight columns are loaded before the wait for the predecessor; the norms' row
-    sums are taken after it, in extra passes over the activations (a few rows: they come from L2)."""
-    pid = tl.program_id(0)
-    dt = OUT.dtype.element_ty
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    w_ptrs = W + cols.to(tl.int64)[None, :] * K + ks[:, None]  # the weight tile transposed: [BLOCK_K, BLOCK_N]
-    w_ok = (cols < N)[None, :]
-    b = tl.load(w_ptrs, mask=w_ok & (ks < K)[:, None], other=0.0, eviction_policy="evict_first")
-    u = b
-    if SWIGLU:
-        u = tl.load(w_ptrs + N * K, mask=w_ok & (ks < K)[:, None], other=0.0, eviction_policy="evict_first")
-    wait_for_predecessor(PDL)
-    rows = tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    write = pid == 0
-    inv1 = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    inv = inv1
-    if PROLOGUE == 2:
-        inv1 = tl.rsqrt(_rows_sum_of_squares(X, BR, WP, XO, rows, row_ok, inv1, write, K, BLOCK_M, BLOCK_K, 1,
-                                             SANDWICH, dt) / K + eps)
-        inv = tl.rsqrt(_rows_sum_of_squares(X, BR, WP, XO, rows, row_ok, inv1, write, K, BLOCK_M, BLOCK_K, 2,
-                                            SANDWICH, dt) / K + eps)
-    if PROLOGUE == 1:
-        inv = tl.rsqrt(_rows_sum_of_squares(X, BR, WP, XO, rows, row_ok, inv1, write, K, BLOCK_M, BLOCK_K, 0,
-                                            SANDWICH, dt) / K + eps)
-    a = _rows_operand(X, BR, WP, WN, rows[:, None] * K + ks[None, :], row_ok[:, None] & (ks < K)[None, :], ks,
-                      ks < K, inv1, inv, PROLOGUE, SANDWICH, dt)
-    acc = tl.dot(a, b, input_precision=PRECISION)
-    up = acc
-    if SWIGLU:
-        up = tl.dot(a, u, input_precision=PRECISION)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        kc = k0 + ks
-        k_ok = kc < K
-        b = tl.load(w_ptrs + k0, mask=w_ok & k_ok[:, None], other=0.0, eviction_policy="evict_first")
-        a = _rows_operand(X, BR, WP, WN, rows[:, None] * K + kc[None, :], row_ok[:, None] & k_ok[None, :], kc,
-                          k_ok, inv1, inv, PROLOGUE, SANDWICH, dt)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        if SWIGLU:
-            u = tl.load(w_ptrs + N * K + k0, mask=w_ok & k_ok[:, None], other=0.0, eviction_policy="evict_first")
-            up = tl.dot(a, u, up, input_precision=PRECISION)
-    if SWIGLU:
-        gate = acc.to(dt).to(tl.float32)
-        acc = gate / (1.0 + tl.exp(-gate)) * up.to(dt).to(tl.float32)
-    tl.store(OUT + rows[:, None] * N + cols[None, :], acc.to(dt), mask=row_ok[:, None] & (cols < N)[None, :])
-
-
 # ----- host side ---------------------------------------------------------------------------------------
 def _check(x: torch.Tensor, w: torch.Tensor, *vectors: torch.Tensor) -> None:
     """Shapes, dtypes and contiguity (metadata only: no device work, no sync)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.dtype != w.dtype:
         raise ValueError(f"chain gemv: activation {tuple(x.shape)} {x.dtype} does not fit weight "
                          f"{tuple(w.shape)} {w.dtype}")
-    if not 1 <= x.shape[0] <= MAX_ROWS:
-        raise ValueError(f"chain gemv: takes 1..{MAX_ROWS} rows, got {x.shape[0]}")
+    if x.shape[0] != MAX_ROWS:
+        raise ValueError(f"chain gemv: takes a single row, got {x.shape[0]}")
     if any(v.shape != (w.shape[1],) for v in vectors):
         raise ValueError(f"chain gemv: norm weights must have shape ({w.shape[1]},)")
     if not all(t.is_contiguous() for t in (x, w, *vectors)):
@@ -428,38 +291,29 @@ def _check(x: torch.Tensor, w: torch.Tensor, *vectors: torch.Tensor) -> None:
 def _launch(op: str, x: torch.Tensor, w: torch.Tensor, *, branch: torch.Tensor | None = None,
             w_post: torch.Tensor | None = None, w_norm: torch.Tensor | None = None,
             x_out: torch.Tensor | None = None, eps: float = 0.0, sandwich: bool = False, swiglu: bool = False,
-            config: ChainConfig | RowsConfig | None = None) -> torch.Tensor:
-    """One launch: the CUDA-core kernel for a single row, the tensor-core one for more."""
-    m, k = x.shape
+            config: ChainConfig | None = None) -> torch.Tensor:
+    k = x.shape[1]
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    cfg = config or config_for(op, n, k, swiglu, sm_count(x.device))
+    k1, k2 = split_k(k)
+    out = torch.empty((1, n), device=x.device, dtype=x.dtype)
     pdl = pdl_enabled(x)
-    tensors = (x, x if branch is None else branch, x if w_post is None else w_post, x if w_norm is None else w_norm,
-               w, out, x if x_out is None else x_out)
-    flags = dict(PROLOGUE=OPS[op], SANDWICH=sandwich, SWIGLU=swiglu, PDL=pdl, **launch_options(pdl))
-    if m == 1 and not isinstance(config, RowsConfig):
-        cfg = config or config_for(op, n, k, swiglu, sm_count(x.device))
-        k1, k2 = split_k(k)
-        _chain_gemv_kernel[(triton.cdiv(n, cfg.block_n * cfg.tiles),)](
-            *tensors, eps, N=n, K=k, K1=k1, K2=k2, BLOCK_N=cfg.block_n, TILES=cfg.tiles,
-            num_warps=cfg.num_warps, num_stages=1, **flags)
-        return out
-    rows_cfg = config if isinstance(config, RowsConfig) else rows_config_for(op, n, k, swiglu, sm_count(x.device))
-    _chain_rows_kernel[(triton.cdiv(n, rows_cfg.block_n),)](
-        *tensors, m, eps, N=n, K=k, BLOCK_M=max(MMA_ROWS, triton.next_power_of_2(m)), BLOCK_N=rows_cfg.block_n,
-        BLOCK_K=rows_cfg.block_k, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=rows_cfg.num_warps, num_stages=rows_cfg.num_stages, **flags)
+    _chain_gemv_kernel[(triton.cdiv(n, cfg.block_n * cfg.tiles),)](
+        x, x if branch is None else branch, x if w_post is None else w_post, x if w_norm is None else w_norm, w, out,
+        x if x_out is None else x_out, eps, N=n, K=k, K1=k1, K2=k2, BLOCK_N=cfg.block_n, TILES=cfg.tiles,
+        PROLOGUE=OPS[op], SANDWICH=sandwich, SWIGLU=swiglu, PDL=pdl, num_warps=cfg.num_warps, num_stages=1,
+        **launch_options(pdl))
     return out
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, config: ChainConfig | RowsConfig | None = None) -> torch.Tensor:
+def gemv(x: torch.Tensor, w: torch.Tensor, config: ChainConfig | None = None) -> torch.Tensor:
     """``x @ w.T`` (``F.linear(x, w)``) for ``x`` ``[M, K]``, ``w`` ``[N, K]``."""
     _check(x, w)
     return _launch("gemv", x, w, config=config)
 
 
 def gemv_rmsnorm(x: torch.Tensor, w_norm: torch.Tensor, eps: float, w: torch.Tensor,
-                 config: ChainConfig | RowsConfig | None = None) -> torch.Tensor:
+                 config: ChainConfig | None = None) -> torch.Tensor:
     """``rms_norm(x, w_norm) @ w.T`` (the norm rounded to ``x.dtype`` first)."""
     _check(x, w, w_norm)
     return _launch("rmsnorm", x, w, w_norm=w_norm, eps=eps, config=config)
@@ -467,7 +321,7 @@ def gemv_rmsnorm(x: torch.Tensor, w_norm: torch.Tensor, eps: float, w: torch.Ten
 
 def gemv_residual(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor,
                   eps: float, sandwich: bool, w: torch.Tensor, swiglu: bool = False,
-                  config: ChainConfig | RowsConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  config: ChainConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``residual_norm(branch, x, w_post, w_next, eps, sandwich)`` then its ``h @ w.T`` (``silu_mul`` of it
     with ``swiglu``): returns ``(that, x_new)``; ``x_new`` is a new tensor (the inputs are left as they are)."""
     _check(x, w, w_post, w_next)

@@ -29,6 +29,8 @@
 #                                           served, for small shapes and a shipped one -> benchmarks/results/host/
 #   bash benchmarks/gpu_session.sh hostvar  the host's time per launch of one configuration run alone twice, then
 #                                           after four others in the same process -> benchmarks/results/host/
+#   bash benchmarks/gpu_session.sh prefill  GPU tests; a full-depth prefill's device time by kernel family
+#                                           -> benchmarks/results/prefill-profile/
 #   bash benchmarks/gpu_session.sh attention GPU tests; decode attention swept over tile, warps, head parts and
 #                                           splits for four head shapes; every stage at B = 1 ... 256, L = 512
 #                                           and 4,096 against its roofline -> benchmarks/results/attention-sweep/
@@ -37,8 +39,8 @@
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -89,6 +91,10 @@ case $phase in
     run 300 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick \
       --parts stages --sizes 1 2 4 8 16 32 64 128 256 --contexts 512 4096 --prefill-tokens 512 2048 4096 \
       --budget-s 280 --out "$work/stages"
+    ;;
+  prefill)  # where a full-depth prefill's time goes, against the matmul rate
+    run 200 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider -n 0
+    run 200 prefill-profile python3 benchmarks/profile_prefill.py --out "$work/prefill"
     ;;
   adaptive)  # adaptive and the fixed policies on identical requests, steady and shifting load
     run 560 validate-adaptive python3 cli.py validate --matrix calibration/matrices/adaptive-h200.json \

@@ -130,38 +130,41 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 # ----- RoPE + KV write -------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["layer"])
-def _rope_kv_kernel(QKV, QB, KB, POS, COS, SIN, QO, KC, VC, ROW0, LB, FILL,
+def _rope_kv_kernel(QKV, QB, KB, POS, COS, SIN, QO, KC, VC, ROW0, LB, FILL, n,
                     layer, rows_per_layer, slot_stride, qkv_stride,
                     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-                    BLOCK_HALF: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr,
-                    PDL: tl.constexpr):
+                    BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    INTERLEAVED: tl.constexpr, PDL: tl.constexpr):
+    """``BLOCK_T`` rows of one head: q rotated into ``QO``, or k rotated and v written to the cache (at the
+    row's slot and ``FILL`` deeper ones)."""
     wait_for_predecessor(PDL)
-    b = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
+    bm = b < n
     i = tl.arange(0, BLOCK_HALF)
-    m = i < HALF
-    pos = tl.load(POS + b).to(tl.int64)
-    c = tl.load(COS + pos * HALF + i, mask=m, other=0.0)
-    s = tl.load(SIN + pos * HALF + i, mask=m, other=0.0)
+    m = bm[:, None] & (i < HALF)[None, :]
+    pos = tl.load(POS + b, mask=bm, other=0).to(tl.int64)
+    c = tl.load(COS + pos[:, None] * HALF + i[None, :], mask=m, other=0.0)
+    s = tl.load(SIN + pos[:, None] * HALF + i[None, :], mask=m, other=0.0)
     if INTERLEAVED:
-        o0 = 2 * i
-        o1 = 2 * i + 1
+        o0 = 2 * i[None, :]
+        o1 = 2 * i[None, :] + 1
     else:
-        o0 = i
-        o1 = i + HALF
+        o0 = i[None, :]
+        o1 = i[None, :] + HALF
     if h < H:
-        src = QKV + b * qkv_stride + h * D
+        src = QKV + b[:, None] * qkv_stride + h * D
         x0 = tl.load(src + o0, mask=m, other=0.0).to(tl.float32)
         x1 = tl.load(src + o1, mask=m, other=0.0).to(tl.float32)
         if HAS_BIAS:
             x0 += tl.load(QB + h * D + o0, mask=m, other=0.0).to(tl.float32)
             x1 += tl.load(QB + h * D + o1, mask=m, other=0.0).to(tl.float32)
-        dst = QO + (b * H + h) * D
+        dst = QO + (b[:, None] * H + h) * D
         tl.store(dst + o0, (x0 * c - x1 * s).to(QO.dtype.element_ty), mask=m)
         tl.store(dst + o1, (x1 * c + x0 * s).to(QO.dtype.element_ty), mask=m)
     else:
         kh = h - H
-        src = QKV + b * qkv_stride + (H + kh) * D
+        src = QKV + b[:, None] * qkv_stride + (H + kh) * D
         x0 = tl.load(src + o0, mask=m, other=0.0).to(tl.float32)
         x1 = tl.load(src + o1, mask=m, other=0.0).to(tl.float32)
         if HAS_BIAS:
@@ -169,24 +172,31 @@ def _rope_kv_kernel(QKV, QB, KB, POS, COS, SIN, QO, KC, VC, ROW0, LB, FILL,
             x1 += tl.load(KB + kh * D + o1, mask=m, other=0.0).to(tl.float32)
         k0 = (x0 * c - x1 * s).to(KC.dtype.element_ty)
         k1 = (x1 * c + x0 * s).to(KC.dtype.element_ty)
-        vsrc = QKV + b * qkv_stride + (H + KVH + kh) * D
+        vsrc = QKV + b[:, None] * qkv_stride + (H + KVH + kh) * D
         v0 = tl.load(vsrc + o0, mask=m, other=0.0).to(VC.dtype.element_ty)
         v1 = tl.load(vsrc + o1, mask=m, other=0.0).to(VC.dtype.element_ty)
-        cache_layer = tl.load(LB + b).to(tl.int64) + layer
-        row = cache_layer * rows_per_layer + tl.load(ROW0 + b).to(tl.int64)
-        fill = tl.load(FILL + b)
-        for j in range(0, fill + 1):
-            dst = (row + j * slot_stride) * (KVH * D) + kh * D
-            tl.store(KC + dst + o0, k0, mask=m)
-            tl.store(KC + dst + o1, k1, mask=m)
-            tl.store(VC + dst + o0, v0, mask=m)
-            tl.store(VC + dst + o1, v1, mask=m)
+        cache_layer = tl.load(LB + b, mask=bm, other=0).to(tl.int64) + layer
+        row = cache_layer * rows_per_layer + tl.load(ROW0 + b, mask=bm, other=0).to(tl.int64)
+        fill = tl.load(FILL + b, mask=bm, other=0)
+        for j in range(0, tl.max(fill, axis=0) + 1):  # every row its own slot, then up to its fill
+            dst = ((row + j * slot_stride) * (KVH * D) + kh * D)[:, None]
+            mj = m & (j <= fill)[:, None]
+            tl.store(KC + dst + o0, k0, mask=mj)
+            tl.store(KC + dst + o1, k1, mask=mj)
+            tl.store(VC + dst + o0, v0, mask=mj)
+            tl.store(VC + dst + o1, v1, mask=mj)
+
+
+ROPE_ROWS = 16  # rows per program of rope_write_kv: one row each left a 2,048-token prefill's launch at
+# 65,536 programs, latency-bound (80 us per layer for Ouro-1.4B, 15% of the prefill; profile_prefill.py)
 
 
 def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.Tensor | None,
                   pos: torch.Tensor, rope: RopeTable, cache: PagedKVCache, row0: torch.Tensor,
-                  layer_base: torch.Tensor, layer: int, fill: torch.Tensor, max_fill: int) -> torch.Tensor:
-    """See :func:`executor.ops.rope_write_kv`; ``max_fill`` is not needed (each row reads its own fill)."""
+                  layer_base: torch.Tensor, layer: int, fill: torch.Tensor, max_fill: int,
+                  block_rows: int | None = None) -> torch.Tensor:
+    """See :func:`executor.ops.rope_write_kv`; ``max_fill`` is not needed (each row reads its own fill).
+    ``block_rows``: rows per program (default ``ROPE_ROWS``, fewer for a smaller launch)."""
     qkv = qkv.contiguous()
     kvh, d = cache.kv_heads, cache.head_dim
     n = qkv.shape[0]
@@ -196,11 +206,13 @@ def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.
     half = d // 2
     has_bias = q_bias is not None
     pdl = pdl_enabled(qkv)
-    _rope_kv_kernel[(n, heads + kvh)](
+    block = block_rows or min(ROPE_ROWS, triton.next_power_of_2(max(n, 1)))
+    _rope_kv_kernel[(triton.cdiv(n, block), heads + kvh)](
         qkv, q_bias if has_bias else qkv, k_bias if has_bias else qkv, pos, rope.cos, rope.sin, q,
-        cache.k, cache.v, row0, layer_base, fill, layer, geo.rows_per_layer, geo.core * geo.rows_per_layer,
-        qkv.stride(0), H=heads, KVH=kvh, D=d, HALF=half, BLOCK_HALF=triton.next_power_of_2(half),
-        HAS_BIAS=has_bias, INTERLEAVED=rope.interleaved, PDL=pdl, num_warps=1, **launch_options(pdl))
+        cache.k, cache.v, row0, layer_base, fill, n, layer, geo.rows_per_layer, geo.core * geo.rows_per_layer,
+        qkv.stride(0), H=heads, KVH=kvh, D=d, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_T=block,
+        HAS_BIAS=has_bias, INTERLEAVED=rope.interleaved, PDL=pdl, num_warps=1 if block <= 2 else 4,
+        **launch_options(pdl))
     return q
 
 

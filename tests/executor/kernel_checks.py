@@ -116,7 +116,9 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
         for bias in (False, True):
             qkv = randn(rows, (heads + 2 * kv_heads) * d)
             qb, kb = (randn(heads * d), randn(kv_heads * d)) if bias else (None, None)
-            q1 = tk.rope_write_kv(qkv, qb, kb, pos, rope, caches[0], row0, layer_base, 1, fill, 2)
+            # two rows per program on the interleaved pass: three programs, the last one half past the rows
+            q1 = tk.rope_write_kv(qkv, qb, kb, pos, rope, caches[0], row0, layer_base, 1, fill, 2,
+                                  block_rows=2 if interleaved else None)
             q2 = torch_ops.rope_write_kv(qkv, qb, kb, pos, rope, caches[1], row0, layer_base, 1, fill, 2)
             _close(q1, q2, atol, f"rope q interleaved={interleaved}")
             # trash rows hold whatever padded rows wrote last; compare every other row

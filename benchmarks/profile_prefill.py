@@ -1,0 +1,103 @@
+"""Where a full-depth prefill spends its device time, kernel by kernel (PyTorch profiler, CUDA activity).
+
+A prefill chunk of ``T`` tokens runs every layer at r_max, so its matmul work is 2 flops per weight per
+token; the issue's measure of prefill speed divides that by the whole launch. This splits the launch into
+kernel families (cuBLAS GEMMs, the paged prefill-attention kernel, norms, SwiGLU, RoPE/KV write, the
+rest) and gives each family's share, and the GEMMs' own rate, so it says how much of the gap to the
+matmul peak is in the GEMMs and how much around them.
+
+    python benchmarks/profile_prefill.py --models ouro-1.4b huginn-3.5b --tokens 2048 4096 --out DIR
+
+Writes ``DIR/prefill-profile.csv`` (model, tokens, family, kernels, device ms, share) and prints a table.
+Needs a CUDA GPU; runs the launch eagerly (graph replays time the same kernels without the host between
+them; the device-time shares are what this is for).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "benchmarks"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+from bench_executor import build_model  # noqa: E402
+
+from cdbsim.arch import PRESETS  # noqa: E402
+from cdbsim.config import ServeConfig  # noqa: E402
+from cdbsim.kv import need_blocks  # noqa: E402
+from cdbsim.kvlayout import KVLayout  # noqa: E402
+from cdbsim.launch import prefill_launch  # noqa: E402
+from executor.engine import Engine  # noqa: E402
+from traces.request import Request  # noqa: E402
+
+# kernel-name fragments of each family, first match wins (cuBLAS/CUTLASS GEMMs carry one of the first)
+FAMILIES = {"gemm": ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas"), "prefill attention": ("_prefill_attn",),
+            "norms": ("_rms_norm", "_residual_norm"), "swiglu": ("_silu_mul",), "rope / kv write": ("rope",)}
+
+
+def family(name: str) -> str:
+    low = name.lower()
+    return next((f for f, keys in FAMILIES.items() if any(k in low for k in keys)), "other")
+
+
+def profile(model_name: str, tokens: int, repeats: int = 3) -> list[dict]:
+    """Device time per kernel family of one full-depth prefill launch of ``tokens`` tokens."""
+    arch = PRESETS[model_name]
+    model = build_model(arch, device=torch.device("cuda"), dtype=torch.bfloat16, seed=0)
+    blocks = need_blocks(tokens, 2)
+    config = ServeConfig(policy="refill", width=1, prefill_budget=tokens, layout=KVLayout.SHARED)
+    engine = Engine(model, config, [Request(0, tokens, 2)], blocks)
+    engine.admit([0])
+    prepared = engine.prepare(prefill_launch([0], [0], [tokens], [list(range(blocks))], tokens))
+    with torch.inference_mode():
+        for _ in range(2):
+            engine.run_eager(prepared)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(repeats):
+                engine.run_eager(prepared)
+            torch.cuda.synchronize()
+    per_family: dict[str, list[float]] = {}
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", 0.0) or getattr(event, "self_cuda_time_total", 0.0)
+        if device_us > 0 and event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = per_family.setdefault(family(event.key), [0.0, 0.0])
+            entry[0] += device_us / 1e3 / repeats
+            entry[1] += event.count / repeats
+    total = sum(ms for ms, _ in per_family.values())
+    flops = 2 * tokens * sum(arch.weight_bytes()[part] / arch.dtype_bytes * loops
+                             for part, loops in (("prelude", 1), ("core", arch.r_max), ("coda", 1)))
+    del engine, model
+    torch.cuda.empty_cache()
+    return [{"model": model_name, "tokens": tokens, "family": name, "kernels": round(count), "device_ms": ms,
+             "share": ms / total, "launch_device_ms": total, "weight_tflops_launch": flops / total / 1e9,
+             "weight_tflops_gemm": flops / per_family["gemm"][0] / 1e9 if "gemm" in per_family else float("nan")}
+            for name, (ms, count) in sorted(per_family.items(), key=lambda kv: -kv[1][0])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["ouro-1.4b", "huginn-3.5b"], choices=sorted(PRESETS))
+    parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 4096])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: profile_prefill.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows = [row for m in args.models for t in args.tokens for row in profile(m, t)]
+    table = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "prefill-profile.csv", index=False)
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
+    print(table.round(3).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

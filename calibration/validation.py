@@ -307,4 +307,8 @@ def unpacked_logs(path: Path, option: str = "--measured") -> Iterator[Path]:
                 tar.extractall(tmp, filter="data")
         except (tarfile.TarError, OSError) as exc:
             raise ConfigError(f"{option} {path}: cannot unpack ({exc})") from None
-        yield Path(tmp)
+        root = Path(tmp)
+        entries = list(root.iterdir())
+        if len(entries) == 1 and entries[0].is_dir() and not RunLog.saved_in(entries[0]):
+            root = entries[0]  # packed with one wrapping directory (``tar czf x.tgz measured/``)
+        yield root

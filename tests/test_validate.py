@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -172,16 +173,13 @@ def test_stage_errors_see_each_launch_as_the_simulator_did(tmp_path) -> None:
 def test_device_idle_is_predicted_from_the_launch_gap(tmp_path, name: str) -> None:
     """Under the lookahead gate the executor's idle time is the gap between consecutive launches; the
     simulator predicts it within 10% from the saved H200 logs (it used to predict 0)."""
-    import tarfile
-
     from calibration.fit import fit_launch_gap, launch_gaps
+    from calibration.validation import unpacked_logs
     from cdbsim.logs import RunLog
     from cdbsim.shipped import resolve_profile
 
-    with tarfile.open("benchmarks/results/validation/measured-logs.tgz") as archive:
-        members = [m for m in archive.getmembers() if m.name.startswith(f"./{name}/")]
-        archive.extractall(tmp_path, members=members, filter="data")
-    measured = RunLog.load(tmp_path / name)
+    with unpacked_logs(Path("benchmarks/results/validation/measured-logs.tgz")) as logs:
+        measured = RunLog.load(logs / name)
     entry = next(e for e in load_matrix("calibration/matrices/validation-h200.json") if e.name == name)
     latency = LatencyModel(entry.spec(), resolve_profile("auto", entry.spec()))
     comparison = compare([entry], {name: measured}, lambda arch: latency)[0]
@@ -207,6 +205,12 @@ def test_validate_reads_an_archive_of_saved_logs(tmp_path) -> None:
     result = CliRunner().invoke(app, [*args, "--measured", str(archive)])
     assert result.exit_code == 0, result.output
     assert abs(json.loads(result.stdout)[0]["summary"][0]["tok/s error %"]) < 1e-6
+
+    wrapped = tmp_path / "wrapped.tgz"  # packed with one directory around the runs: read the same
+    with tarfile.open(wrapped, "w:gz") as tar:
+        tar.add(tmp_path / "logs", arcname="measured")
+    result = CliRunner().invoke(app, [*args, "--measured", str(wrapped)])
+    assert result.exit_code == 0, result.output
 
     escaping = tmp_path / "escaping.tgz"  # a member outside the directory is refused, with one line
     with tarfile.open(escaping, "w:gz") as tar:

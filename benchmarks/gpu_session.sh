@@ -29,8 +29,9 @@
 #                                           served, for small shapes and a shipped one -> benchmarks/results/host/
 #   bash benchmarks/gpu_session.sh hostvar  the host's time per launch of one configuration run alone twice, then
 #                                           after four others in the same process -> benchmarks/results/host/
-#   bash benchmarks/gpu_session.sh prefill  GPU tests; a full-depth prefill's device time by kernel family
-#                                           -> benchmarks/results/prefill-profile/
+#   bash benchmarks/gpu_session.sh prefill  GPU tests; prefill attention swept over its launch shape (SWEEP=0:
+#                                           not), a full-depth prefill's device time by kernel family
+#                                           -> benchmarks/results/prefill-profile/, .../prefill-attention/
 #   bash benchmarks/gpu_session.sh attention GPU tests; decode attention swept over tile, warps, head parts and
 #                                           splits for four head shapes; every stage at B = 1 ... 256, L = 512
 #                                           and 4,096 against its roofline -> benchmarks/results/attention-sweep/
@@ -94,6 +95,8 @@ case $phase in
     ;;
   prefill)  # where a full-depth prefill's time goes, against the matmul rate
     run 200 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider -n 0
+    [ "${SWEEP:-1}" = 1 ] && run 300 prefill-attention python3 benchmarks/bench_prefill_attention.py \
+      --out "$work/prefill-attention"  # SWEEP=0 leaves the launch-shape sweep out
     run 200 prefill-profile python3 benchmarks/profile_prefill.py --out "$work/prefill"
     ;;
   adaptive)  # adaptive and the fixed policies on identical requests, steady and shifting load

@@ -104,10 +104,10 @@ def scratch_prefill(layout: PrefillLayout, scratch_token: int, trash_block: int,
     return buf
 
 
-def work_items(lens: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(chunk, first query) of every attention work item: ``BLOCK_M`` queries of one chunk each."""
-    chunk = np.concatenate([np.full(-(-n // BLOCK_M), c) for c, n in enumerate(lens)] or [np.zeros(0)])
-    q0 = np.concatenate([np.arange(0, n, BLOCK_M) for n in lens] or [np.zeros(0)])
+def work_items(lens: list[int], block_m: int = BLOCK_M) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk, first query) of every attention work item: ``block_m`` queries of one chunk each."""
+    chunk = np.concatenate([np.full(-(-n // block_m), c) for c, n in enumerate(lens)] or [np.zeros(0)])
+    q0 = np.concatenate([np.arange(0, n, block_m) for n in lens] or [np.zeros(0)])
     return chunk.astype(np.int32), q0.astype(np.int32)
 
 

@@ -29,6 +29,8 @@ Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests che
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -129,6 +131,53 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 # ----- RoPE + KV write -------------------------------------------------------------------------------
+@triton.jit
+def _load_pairs(src, rows_ok, HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                INTERLEAVED: tl.constexpr):
+    """The rotation pairs ``(x0, x1)`` (``[BLOCK_T, BLOCK_HALF]`` each) of the heads at ``src`` (``[BLOCK_T, 1]``
+    pointers): elements ``2i, 2i + 1`` (interleaved) or ``i, i + HALF`` (rotate-half). Interleaved heads are
+    read whole and split in registers: two stride-2 loads made Huginn's 2,048-token launch 7x slower."""
+    if INTERLEAVED:
+        d = tl.arange(0, 2 * BLOCK_HALF)
+        x = tl.load(src + d[None, :], mask=rows_ok[:, None] & (d < 2 * HALF)[None, :], other=0.0)
+        x0, x1 = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_HALF, 2]))
+    else:
+        i = tl.arange(0, BLOCK_HALF)
+        m = rows_ok[:, None] & (i < HALF)[None, :]
+        x0 = tl.load(src + i[None, :], mask=m, other=0.0)
+        x1 = tl.load(src + HALF + i[None, :], mask=m, other=0.0)
+    return x0, x1
+
+
+@triton.jit
+def _store_pairs(dst, x0, x1, rows_ok, HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                 INTERLEAVED: tl.constexpr):
+    """Store pairs as :func:`_load_pairs` reads them (interleaved: joined back, one contiguous store)."""
+    if INTERLEAVED:
+        d = tl.arange(0, 2 * BLOCK_HALF)
+        x = tl.reshape(tl.join(x0, x1), [BLOCK_T, 2 * BLOCK_HALF])
+        tl.store(dst + d[None, :], x.to(dst.dtype.element_ty), mask=rows_ok[:, None] & (d < 2 * HALF)[None, :])
+    else:
+        i = tl.arange(0, BLOCK_HALF)
+        m = rows_ok[:, None] & (i < HALF)[None, :]
+        tl.store(dst + i[None, :], x0.to(dst.dtype.element_ty), mask=m)
+        tl.store(dst + HALF + i[None, :], x1.to(dst.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _rotated_pairs(src, bias, rows_ok, c, s, HAS_BIAS: tl.constexpr, HALF: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """One head of q or k for ``BLOCK_T`` rows (plus ``bias``), rotated: fp32 pairs."""
+    x0, x1 = _load_pairs(src, rows_ok, HALF, BLOCK_T, BLOCK_HALF, INTERLEAVED)
+    x0, x1 = x0.to(tl.float32), x1.to(tl.float32)
+    if HAS_BIAS:
+        b0, b1 = _load_pairs(bias + tl.zeros([BLOCK_T, 1], dtype=tl.int32), rows_ok, HALF, BLOCK_T, BLOCK_HALF,
+                             INTERLEAVED)
+        x0 += b0.to(tl.float32)
+        x1 += b1.to(tl.float32)
+    return x0 * c - x1 * s, x1 * c + x0 * s
+
+
 @triton.jit(do_not_specialize=["layer"])
 def _rope_kv_kernel(QKV, QB, KB, POS, COS, SIN, QO, KC, VC, ROW0, LB, FILL, n,
                     layer, rows_per_layer, slot_stride, qkv_stride,
@@ -146,45 +195,24 @@ def _rope_kv_kernel(QKV, QB, KB, POS, COS, SIN, QO, KC, VC, ROW0, LB, FILL, n,
     pos = tl.load(POS + b, mask=bm, other=0).to(tl.int64)
     c = tl.load(COS + pos[:, None] * HALF + i[None, :], mask=m, other=0.0)
     s = tl.load(SIN + pos[:, None] * HALF + i[None, :], mask=m, other=0.0)
-    if INTERLEAVED:
-        o0 = 2 * i[None, :]
-        o1 = 2 * i[None, :] + 1
-    else:
-        o0 = i[None, :]
-        o1 = i[None, :] + HALF
+    row_src = QKV + b[:, None] * qkv_stride
     if h < H:
-        src = QKV + b[:, None] * qkv_stride + h * D
-        x0 = tl.load(src + o0, mask=m, other=0.0).to(tl.float32)
-        x1 = tl.load(src + o1, mask=m, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            x0 += tl.load(QB + h * D + o0, mask=m, other=0.0).to(tl.float32)
-            x1 += tl.load(QB + h * D + o1, mask=m, other=0.0).to(tl.float32)
-        dst = QO + (b[:, None] * H + h) * D
-        tl.store(dst + o0, (x0 * c - x1 * s).to(QO.dtype.element_ty), mask=m)
-        tl.store(dst + o1, (x1 * c + x0 * s).to(QO.dtype.element_ty), mask=m)
+        q0, q1 = _rotated_pairs(row_src + h * D, QB + h * D, bm, c, s, HAS_BIAS, HALF, BLOCK_T, BLOCK_HALF,
+                                INTERLEAVED)
+        _store_pairs(QO + (b[:, None] * H + h) * D, q0, q1, bm, HALF, BLOCK_T, BLOCK_HALF, INTERLEAVED)
     else:
         kh = h - H
-        src = QKV + b[:, None] * qkv_stride + (H + kh) * D
-        x0 = tl.load(src + o0, mask=m, other=0.0).to(tl.float32)
-        x1 = tl.load(src + o1, mask=m, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            x0 += tl.load(KB + kh * D + o0, mask=m, other=0.0).to(tl.float32)
-            x1 += tl.load(KB + kh * D + o1, mask=m, other=0.0).to(tl.float32)
-        k0 = (x0 * c - x1 * s).to(KC.dtype.element_ty)
-        k1 = (x1 * c + x0 * s).to(KC.dtype.element_ty)
-        vsrc = QKV + b[:, None] * qkv_stride + (H + KVH + kh) * D
-        v0 = tl.load(vsrc + o0, mask=m, other=0.0).to(VC.dtype.element_ty)
-        v1 = tl.load(vsrc + o1, mask=m, other=0.0).to(VC.dtype.element_ty)
+        k0, k1 = _rotated_pairs(row_src + (H + kh) * D, KB + kh * D, bm, c, s, HAS_BIAS, HALF, BLOCK_T,
+                                BLOCK_HALF, INTERLEAVED)
+        v0, v1 = _load_pairs(row_src + (H + KVH + kh) * D, bm, HALF, BLOCK_T, BLOCK_HALF, INTERLEAVED)
         cache_layer = tl.load(LB + b, mask=bm, other=0).to(tl.int64) + layer
         row = cache_layer * rows_per_layer + tl.load(ROW0 + b, mask=bm, other=0).to(tl.int64)
         fill = tl.load(FILL + b, mask=bm, other=0)
         for j in range(0, tl.max(fill, axis=0) + 1):  # every row its own slot, then up to its fill
             dst = ((row + j * slot_stride) * (KVH * D) + kh * D)[:, None]
-            mj = m & (j <= fill)[:, None]
-            tl.store(KC + dst + o0, k0, mask=mj)
-            tl.store(KC + dst + o1, k1, mask=mj)
-            tl.store(VC + dst + o0, v0, mask=mj)
-            tl.store(VC + dst + o1, v1, mask=mj)
+            mj = bm & (j <= fill)
+            _store_pairs(KC + dst, k0, k1, mj, HALF, BLOCK_T, BLOCK_HALF, INTERLEAVED)
+            _store_pairs(VC + dst, v0, v1, mj, HALF, BLOCK_T, BLOCK_HALF, INTERLEAVED)
 
 
 ROPE_ROWS = 16  # rows per program of rope_write_kv: one row each left a 2,048-token prefill's launch at
@@ -581,11 +609,64 @@ def rope_decode_attention(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias
 
 
 # ----- packed prefill attention ----------------------------------------------------------------------
+@triton.jit
+def _load_cols(ptr, rows_ok, D0: tl.constexpr, DW: tl.constexpr, D: tl.constexpr, MASK_ROWS: tl.constexpr):
+    """Columns ``D0 .. D0 + DW`` of the rows at ``ptr`` (``[rows, 1]`` pointers), zero past the head's ``D``
+    and, with ``MASK_ROWS``, in rows where ``rows_ok`` is false. A mask the shape makes true is left out."""
+    d = D0 + tl.arange(0, DW)
+    if MASK_ROWS:
+        if D0 + DW <= D:
+            x = tl.load(ptr + d[None, :], mask=rows_ok[:, None], other=0.0)
+        else:
+            x = tl.load(ptr + d[None, :], mask=rows_ok[:, None] & (d < D)[None, :], other=0.0)
+    else:
+        if D0 + DW <= D:  # noqa: SIM108 (a static branch of the kernel, not a runtime choice)
+            x = tl.load(ptr + d[None, :])
+        else:
+            x = tl.load(ptr + d[None, :], mask=(d < D)[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def _prefill_tile(qa, qb, KC, VC, BT, c, bt_stride, page_base, kvh, j0, end, q_pos, qk_scale, m_i, l_i, acc_a,
+                  acc_b, KVH: tl.constexpr, D: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
+                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """Fold keys ``j0 .. j0 + BLOCK_N`` into the tile's online softmax (base 2). ``MASKED``: the tile reaches
+    the causal diagonal or the chunk's end; otherwise every query sees every key and nothing is masked."""
+    j = j0 + tl.arange(0, BLOCK_N)
+    jm = j < end
+    if MASKED:
+        blk = tl.load(BT + c * bt_stride + j // PAGE, mask=jm, other=0).to(tl.int64)
+    else:
+        blk = tl.load(BT + c * bt_stride + j // PAGE).to(tl.int64)
+    row = ((page_base + blk) * PAGE + j % PAGE) * (KVH * D) + kvh * D
+    ka = _load_cols(KC + row[:, None], jm, 0, DA, D, MASKED)
+    s = tl.dot(qa, tl.trans(ka), input_precision=PRECISION)
+    if DB > 0:
+        kb = _load_cols(KC + row[:, None], jm, DA, DB, D, MASKED)
+        s = tl.dot(qb, tl.trans(kb), acc=s, input_precision=PRECISION)
+    s = s * qk_scale
+    if MASKED:  # every row sees key 0 (in its first tile), so the running max is finite from there on
+        s = tl.where((j[None, :] <= q_pos[:, None]) & jm[None, :], s, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    va = _load_cols(VC + row[:, None], jm, 0, DA, D, MASKED)
+    acc_a = tl.dot(p.to(va.dtype), va, acc=acc_a * alpha[:, None], input_precision=PRECISION)
+    if DB > 0:
+        vb = _load_cols(VC + row[:, None], jm, DA, DB, D, MASKED)
+        acc_b = tl.dot(p.to(vb.dtype), vb, acc=acc_b * alpha[:, None], input_precision=PRECISION)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc_a, acc_b
+
+
 @triton.jit(do_not_specialize=["layer"])
-def _prefill_attn_kernel(Q, KC, VC, OUT, BT, START, LEN, QOFF, ICHUNK, IQ0, layer, pages_per_layer, scale,
-                         bt_stride, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                         PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _prefill_attn_kernel(Q, KC, VC, OUT, BT, START, LEN, QOFF, ICHUNK, IQ0, layer, pages_per_layer, qk_scale,
+                         bt_stride, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, DA: tl.constexpr,
+                         DB: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          PRECISION: tl.constexpr):
+    """One work item (up to ``BLOCK_M`` queries of one chunk) of one head. Keys below the item's first
+    query are seen by all its queries: those tiles skip every mask; the rest (diagonal, chunk end) mask.
+    The head's columns come in two parts ``DA`` + ``DB`` (:func:`prefill_head_parts`)."""
     item = tl.program_id(0)
     h = tl.program_id(1)
     chunk = tl.load(ICHUNK + item)
@@ -598,42 +679,67 @@ def _prefill_attn_kernel(Q, KC, VC, OUT, BT, START, LEN, QOFF, ICHUNK, IQ0, laye
         kvh = h // (H // KVH)
         i = q0 + tl.arange(0, BLOCK_M)
         im = i < length
-        d = tl.arange(0, BLOCK_D)
-        dm = d < D
-        q_rows = (qoff + i).to(tl.int64)
-        q = tl.load(Q + (q_rows[:, None] * H + h) * D + d[None, :], mask=im[:, None] & dm[None, :], other=0.0)
+        q_ptr = Q + ((qoff + i).to(tl.int64) * H + h)[:, None] * D
+        qa = _load_cols(q_ptr, im, 0, DA, D, True)
+        qb = qa
+        if DB > 0:
+            qb = _load_cols(q_ptr, im, DA, DB, D, True)
         q_pos = start + i
-        end = tl.minimum(start + q0 + BLOCK_M, start + length)  # keys this tile can see: 0 .. end - 1
+        end = tl.minimum(start + q0 + BLOCK_M, start + length)  # keys this item can see: 0 .. end - 1
         page_base = layer.to(tl.int64) * pages_per_layer
         m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        for j0 in range(0, end, BLOCK_N):
-            j = j0 + tl.arange(0, BLOCK_N)
-            jm = j < end
-            blk = tl.load(BT + c * bt_stride + j // PAGE, mask=jm, other=0).to(tl.int64)
-            row = (page_base + blk) * PAGE + j % PAGE
-            off = row[:, None] * (KVH * D) + kvh * D + d[None, :]
-            kvm = jm[:, None] & dm[None, :]
-            k = tl.load(KC + off, mask=kvm, other=0.0)
-            v = tl.load(VC + off, mask=kvm, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-            # every row sees key 0 (its first tile), so the running max is finite after the first tile
-            s = tl.where((j[None, :] <= q_pos[:, None]) & jm[None, :], s, -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            m_i = m_new
-        out = acc / l_i[:, None]
-        tl.store(OUT + (q_rows[:, None] * H + h) * D + d[None, :], out.to(OUT.dtype.element_ty),
-                 mask=im[:, None] & dm[None, :])
+        acc_a = tl.zeros([BLOCK_M, DA], dtype=tl.float32)
+        acc_b = tl.zeros([BLOCK_M, DB if DB > 0 else 16], dtype=tl.float32)
+        full = (start + q0) // BLOCK_N * BLOCK_N
+        for j0 in range(0, full, BLOCK_N):
+            m_i, l_i, acc_a, acc_b = _prefill_tile(qa, qb, KC, VC, BT, c, bt_stride, page_base, kvh, j0, end,
+                                                   q_pos, qk_scale, m_i, l_i, acc_a, acc_b, KVH, D, DA, DB,
+                                                   PAGE, BLOCK_N, False, PRECISION)
+        for j0 in range(full, end, BLOCK_N):
+            m_i, l_i, acc_a, acc_b = _prefill_tile(qa, qb, KC, VC, BT, c, bt_stride, page_base, kvh, j0, end,
+                                                   q_pos, qk_scale, m_i, l_i, acc_a, acc_b, KVH, D, DA, DB,
+                                                   PAGE, BLOCK_N, True, PRECISION)
+        o_ptr = OUT + ((qoff + i).to(tl.int64) * H + h)[:, None] * D
+        _store_rows(o_ptr, acc_a / l_i[:, None], im, 0, DA, D)
+        if DB > 0:
+            _store_rows(o_ptr, acc_b / l_i[:, None], im, DA, DB, D)
 
 
-def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta, layer: int, scale: float) -> torch.Tensor:
+@triton.jit
+def _store_rows(ptr, x, rows_ok, D0: tl.constexpr, DW: tl.constexpr, D: tl.constexpr):
+    """Store ``x`` as columns ``D0 .. D0 + DW`` of the rows at ``ptr`` where ``rows_ok`` (none past ``D``)."""
+    d = D0 + tl.arange(0, DW)
+    tl.store(ptr + d[None, :], x.to(ptr.dtype.element_ty), mask=rows_ok[:, None] & (d < D)[None, :])
+
+
+@dataclass(frozen=True)
+class PrefillTiles:
+    """Launch shape of the prefill attention kernel: keys per tile, warps, pipeline stages (the query tile
+    is :data:`executor.prefill.BLOCK_M`, the metadata's work-item height)."""
+
+    block_n: int = 64
+    warps: int = 4
+    stages: int = 2
+
+
+PREFILL_TILES = PrefillTiles()
+LOG2E = 1.4426950408889634
+
+
+def prefill_head_parts(d: int) -> tuple[int, int]:
+    """:func:`head_parts`, except that a part narrower than 16 columns (too narrow for ``tl.dot``) is not
+    split off: the head is then loaded as one padded part."""
+    a, b = head_parts(d)
+    return (a, b) if b == 0 or b >= 16 else (triton.next_power_of_2(d), 0)
+
+
+def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta, layer: int, scale: float,
+                      tiles: PrefillTiles | None = None, block_m: int | None = None) -> torch.Tensor:
     """See :func:`executor.ops.prefill_attention`; one program per (work item, head), no host sync, so
-    it runs inside a CUDA graph. ``meta`` is an :class:`executor.prefill.PrefillMeta`."""
+    it runs inside a CUDA graph. ``meta`` is an :class:`executor.prefill.PrefillMeta` whose work items
+    are ``block_m`` queries high (default :data:`executor.prefill.BLOCK_M`); ``tiles`` overrides the launch
+    shape (a benchmark sweeps it)."""
     from executor.prefill import BLOCK_M
 
     q = q.contiguous()
@@ -641,9 +747,11 @@ def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta, layer: int, sc
     geo = cache.geometry
     out = torch.zeros_like(q)
     table = meta.block_table
+    tiles = tiles or PREFILL_TILES
+    da, db = prefill_head_parts(d)
     _prefill_attn_kernel[(meta.item_chunk.shape[0], heads)](
         q, cache.k, cache.v, out, table, meta.start, meta.length, meta.qoff, meta.item_chunk, meta.item_q0,
-        layer, geo.pages_per_layer, scale, table.stride(0), H=heads, KVH=cache.kv_heads, D=d,
-        BLOCK_D=max(16, triton.next_power_of_2(d)), PAGE=geo.block_size, BLOCK_M=BLOCK_M, BLOCK_N=64,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2)
+        layer, geo.pages_per_layer, scale * LOG2E, table.stride(0), H=heads, KVH=cache.kv_heads, D=d, DA=da,
+        DB=db, PAGE=geo.block_size, BLOCK_M=block_m or BLOCK_M, BLOCK_N=tiles.block_n,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=tiles.warps, num_stages=tiles.stages)
     return out.reshape(tokens, heads * d)

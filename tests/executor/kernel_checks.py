@@ -11,9 +11,11 @@ through an 8-token prefill budget.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 
@@ -41,7 +43,9 @@ decode_attention         1 split (direct store); 2 and 4 splits with the merge k
                          16-64 positions
 rope_decode_attention    the same split counts with the in-kernel merge (counters back to zero), own k/v
                          from registers (peeled first tile), fill writes, writing to the trash block
-prefill_attention        a cached prefix, a chunk spanning two work items, a one-token chunk, padding items
+prefill_attention        a cached prefix, a chunk spanning two work items, a one-token chunk, padding items;
+                         a head in one padded part (24) and two (48 = 32 + 16); unmasked tiles below the
+                         diagonal and several masked ones (16 x 16 tiles)
 end to end               Ouro refill K=2 depth-KV and Huginn no-refill first-shared KV through CUDA graphs
                          (static buffers) with chunked prefill; Ouro and Huginn refill at width 1 on the
                          chained skinny-matmul path (:mod:`executor.chain`)
@@ -197,28 +201,37 @@ def _counters_back_to_zero(tk, device: str) -> None:
 
 
 def check_prefill_attention(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: float = 1e-5) -> None:
-    """Packed prefill chunks (a cached prefix, a chunk spanning two work items, a one-token chunk, padding)."""
+    """Packed prefill chunks (a cached prefix, a chunk spanning two work items, a one-token chunk, padding)
+    for a head loaded in one padded part (24) and in two (48 = 32 + 16), at the shipped tiles and at tiles
+    small enough that items have several unmasked tiles below the diagonal and several on it."""
     import numpy as np
 
     from executor import triton_kernels as tk
-    from executor.prefill import Chunk, PrefillLayout, pack, prefill_views
+    from executor.prefill import BLOCK_M, Chunk, PrefillLayout, pack, prefill_views, work_items
 
-    heads, kv_heads, d = 4, 2, 24
+    assert tk.prefill_head_parts(24)[1] == 0 and tk.prefill_head_parts(48) == (32, 16)
     geo = CacheGeometry(1, 2, 1, 3, KVLayout.DEPTH, num_blocks=16)
-    gen = torch.Generator(device=device).manual_seed(2)
-    cache = PagedKVCache(geo, kv_heads, d, device=device, dtype=dtype)
-    cache.k.copy_(torch.randn(*cache.k.shape, generator=gen, device=device).to(dtype))
-    cache.v.copy_(torch.randn(*cache.v.shape, generator=gen, device=device).to(dtype))
     blocks = np.random.default_rng(3).permutation(geo.num_blocks)
     chunks = [Chunk(20, 70, blocks[:6], 0, True), Chunk(0, 9, blocks[6:7], 100, False),
               Chunk(5, 1, blocks[7:8], 200, True)]
     layout = PrefillLayout(96, 4, 6)
-    meta = prefill_views(torch.from_numpy(pack(layout, chunks, 999, geo.trash_block, geo.block_size)).to(device),
-                         layout)
-    q = torch.randn(layout.tokens, heads, d, generator=gen, device=device).to(dtype)
-    want = torch_ops.prefill_attention(q, cache, meta, 2, 1 / math.sqrt(d))
-    got = tk.prefill_attention(q, cache, meta, 2, 1 / math.sqrt(d))
-    _close(got, want, atol * 10, "prefill_attention")
+    packed = torch.from_numpy(pack(layout, chunks, 999, geo.trash_block, geo.block_size)).to(device)
+    for d, (block_m, tiles) in itertools.product((24, 48), ((BLOCK_M, None), (16, tk.PrefillTiles(16, 1, 1)))):
+        heads, kv_heads = 4, 2
+        gen = torch.Generator(device=device).manual_seed(d)
+        cache = PagedKVCache(geo, kv_heads, d, device=device, dtype=dtype)
+        cache.k.copy_(torch.randn(*cache.k.shape, generator=gen, device=device).to(dtype))
+        cache.v.copy_(torch.randn(*cache.v.shape, generator=gen, device=device).to(dtype))
+        meta = prefill_views(packed, layout)
+        if block_m != BLOCK_M:  # work items of the smaller tile (padding items: chunk -1)
+            chunk, q0 = work_items([c.length for c in chunks], block_m)
+            items = torch.full((2, len(chunk) + 2), -1, dtype=packed.dtype)
+            items[0, : len(chunk)], items[1, : len(chunk)] = torch.from_numpy(chunk), torch.from_numpy(q0)
+            meta = replace(meta, item_chunk=items[0].to(device), item_q0=items[1].to(device))
+        q = torch.randn(layout.tokens, heads, d, generator=gen, device=device).to(dtype)
+        want = torch_ops.prefill_attention(q, cache, meta, 2, 1 / math.sqrt(d))
+        got = tk.prefill_attention(q, cache, meta, 2, 1 / math.sqrt(d), tiles=tiles, block_m=block_m)
+        _close(got, want, atol * 10, f"prefill_attention d={d} block_m={block_m}")
 
 
 END_TO_END = [("ouro", "refill", 2, "depth", 2, 0), ("huginn", "norefill", 1, "first-shared", 2, 0),

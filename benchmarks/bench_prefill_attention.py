@@ -1,0 +1,119 @@
+"""The packed prefill attention kernel swept over its launch shape, per head shape, against the matmul rate.
+
+Prefill attention is a quarter to two fifths of a full-depth Ouro-1.4B prefill (profile_prefill.py); this
+times the kernel alone on one causal chunk of ``T`` tokens (and a chunk after a cached prefix) for every
+query tile (work-item height), key tile, warp count and pipeline depth, so the shipped launch shape
+(:data:`executor.triton_kernels.PREFILL_TILES`, :data:`executor.prefill.BLOCK_M`) is a measured choice.
+
+    python benchmarks/bench_prefill_attention.py --out DIR [--quick]
+
+Writes ``DIR/prefill-attention.csv`` (shape, tokens, prefix, tile, ms, TFLOP/s of the causal work) and prints
+the best shape per head layout next to the shipped one. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from cdbsim.kvlayout import KVLayout  # noqa: E402
+from executor import triton_kernels as tk  # noqa: E402
+from executor.kv_cache import CacheGeometry, PagedKVCache  # noqa: E402
+from executor.prefill import BLOCK_M, Chunk, PrefillLayout, pack, prefill_views, work_items  # noqa: E402
+
+# (name, query heads, KV heads, head_dim): Ouro-1.4B/2.6B, Huginn-3.5B, a GQA head of 64 (unseen matrix)
+HEADS = (("ouro", 16, 16, 128), ("huginn", 55, 55, 96), ("gqa-64", 32, 8, 64))
+
+
+def causal_flops(tokens: int, prefix: int, heads: int, d: int) -> float:
+    """Two matmuls of 2 flops per (query, visible key, column)."""
+    pairs = tokens * prefix + tokens * (tokens + 1) / 2
+    return 4 * pairs * heads * d
+
+
+def setup(heads: int, kv_heads: int, d: int, tokens: int, prefix: int, device: str = "cuda",
+          dtype: torch.dtype = torch.bfloat16):
+    """A one-layer cache holding the chunk's prefix and its own K/V, the chunk's metadata and queries."""
+    total = prefix + tokens
+    pages = -(-total // 16)
+    geo = CacheGeometry(1, 0, 0, 1, KVLayout.DEPTH, num_blocks=pages)
+    cache = PagedKVCache(geo, kv_heads, d, device=device, dtype=dtype)
+    cache.k.normal_()
+    cache.v.normal_()
+    blocks = np.random.default_rng(0).permutation(pages)
+    layout = PrefillLayout(tokens, 1, pages)
+    packed = pack(layout, [Chunk(prefix, tokens, blocks, 0, True)], 0, geo.trash_block, geo.block_size)
+    meta = prefill_views(torch.from_numpy(packed).to(device), layout)
+    q = torch.randn(tokens, heads, d, device=device, dtype=dtype)
+    return cache, meta, q
+
+
+def with_items(meta, tokens: int, block_m: int):
+    """``meta`` with work items ``block_m`` queries high."""
+    chunk, q0 = work_items([tokens], block_m)
+    device = meta.start.device
+    return replace(meta, item_chunk=torch.from_numpy(chunk).to(device), item_q0=torch.from_numpy(q0).to(device))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 4096])
+    parser.add_argument("--prefix", type=int, default=2048, help="cached positions before the second chunk")
+    parser.add_argument("--quick", action="store_true", help="fewer launch shapes")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/prefill-attention"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    block_ms, block_ns, warps, stages = (64, 128), (32, 64, 128), (4, 8), (2, 3, 4)
+    if args.quick:
+        block_ns, stages = (64, 128), (2, 3)
+    shipped = (BLOCK_M, tk.PREFILL_TILES.block_n, tk.PREFILL_TILES.warps, tk.PREFILL_TILES.stages)
+    rows = []
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)
+    for (name, heads, kvh, d), tokens, prefix in itertools.product(HEADS, args.tokens, (0, args.prefix)):
+        cache, meta, q = setup(heads, kvh, d, tokens, prefix)
+        flops = causal_flops(tokens, prefix, heads, d)
+        for bm, bn, w, st in itertools.product(block_ms, block_ns, warps, stages):
+            tiles = tk.PrefillTiles(bn, w, st)
+            launch = functools.partial(tk.prefill_attention, q, cache, with_items(meta, tokens, bm), 0,
+                                       1 / math.sqrt(d), tiles, bm)
+            try:
+                ms = triton.testing.do_bench(launch, warmup=10, rep=40)
+            except Exception as exc:  # a shape that does not fit shared memory: recorded, not fatal
+                print(f"{name} T={tokens} prefix={prefix} {bm}x{bn} w{w} s{st}: {type(exc).__name__}", flush=True)
+                continue
+            rows.append(dict(shape=name, heads=heads, kv_heads=kvh, head_dim=d, tokens=tokens, prefix=prefix,
+                             block_m=bm, block_n=bn, warps=w, stages=st, shipped=(bm, bn, w, st) == shipped,
+                             ms=ms, tflops=flops / ms / 1e9))
+        best = max((r for r in rows if r["shape"] == name and r["tokens"] == tokens and r["prefix"] == prefix),
+                   key=lambda r: r["tflops"])
+        print(f"{name:7s} T={tokens} prefix={prefix}: best {best['block_m']}x{best['block_n']} w{best['warps']} "
+              f"s{best['stages']} {best['tflops']:.0f} TFLOP/s", flush=True)
+    table = pd.DataFrame(rows)
+    table.to_csv(args.out / "prefill-attention.csv", index=False)
+    # one launch shape for all: the best geometric-mean rate over every (head shape, tokens, prefix)
+    keys = ["block_m", "block_n", "warps", "stages"]
+    score = table.groupby(keys)["tflops"].apply(lambda x: float(np.exp(np.log(x).mean())))
+    print("\nlaunch shapes by geometric-mean TFLOP/s over all cases (top 8):")
+    print(score.sort_values(ascending=False).head(8).to_string())
+    cases = table.pivot_table(index=keys, columns=["shape", "tokens", "prefix"], values="tflops")
+    print("\nshipped and best shape per case, TFLOP/s:")
+    print(cases.loc[[shipped, score.idxmax()]].round(0).to_string() if shipped in cases.index
+          else cases.loc[[score.idxmax()]].round(0).to_string())
+
+
+if __name__ == "__main__":
+    main()

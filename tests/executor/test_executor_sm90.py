@@ -1,0 +1,36 @@
+"""The kernels compile for the H200 (sm_90) at their shipped launch shapes, with no register spills and
+within a block's shared memory: what the interpreter-run checks cannot see, checked on a CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+from executor import sm90  # noqa: E402
+from executor import triton_kernels as tk  # noqa: E402
+from executor.prefill import BLOCK_M  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sm90.available(), reason="this Triton has no NVIDIA compiler")
+
+
+@pytest.mark.parametrize("heads,kv_heads,d", [(16, 16, 128), (55, 55, 96), (32, 8, 64)])
+def test_prefill_attention_compiles_at_its_shipped_tiles(heads: int, kv_heads: int, d: int) -> None:
+    da, db = tk.prefill_head_parts(d)
+    tiles = tk.PREFILL_TILES
+    kernel = sm90.compile_sm90(tk._prefill_attn_kernel, sm90.SIGNATURES["prefill"],
+                               dict(H=heads, KVH=kv_heads, D=d, DA=da, DB=db, PAGE=16, BLOCK_M=BLOCK_M,
+                                    BLOCK_N=tiles.block_n, PRECISION="tf32"), tiles.warps, tiles.stages)
+    assert "wgmma" in kernel.asm["ptx"]  # Hopper's tensor-core instruction, not the older mma
+    r = sm90.resources(kernel)
+    assert r.stack == 0 and r.fits, r
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_write_kv_compiles(interleaved: bool) -> None:
+    d = 96
+    kernel = sm90.compile_sm90(tk._rope_kv_kernel, sm90.SIGNATURES["rope_kv"],
+                               dict(H=55, KVH=55, D=d, HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2),
+                                    BLOCK_T=tk.ROPE_ROWS, HAS_BIAS=True, INTERLEAVED=interleaved, PDL=True))
+    assert sm90.resources(kernel).stack == 0

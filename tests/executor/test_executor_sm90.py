@@ -34,3 +34,13 @@ def test_rope_write_kv_compiles(interleaved: bool) -> None:
                                dict(H=55, KVH=55, D=d, HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2),
                                     BLOCK_T=tk.ROPE_ROWS, HAS_BIAS=True, INTERLEAVED=interleaved, PDL=True))
     assert sm90.resources(kernel).stack == 0
+
+
+@pytest.mark.parametrize("heads,d", [(16, 128), (55, 96)])
+def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int) -> None:
+    da, db = tk.head_parts(d)
+    kernel = sm90.compile_sm90(tk._decode_attn_kernel, sm90.SIGNATURES["decode"],
+                               dict(H=heads, KVH=heads, D=d, DA=da, DB=db, PAGE=16, BLOCK=tk.DECODE_BLOCK, SPLITS=8,
+                                    MIN_PER=64, PDL=True, EVICT=tk.DECODE_EVICT), tk.DECODE_WARPS)
+    r = sm90.resources(kernel)
+    assert r.stack == 0 and r.fits, r

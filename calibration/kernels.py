@@ -16,7 +16,7 @@ Families (see ``TABLE_DIMS`` in :mod:`cdbsim.kernels` for each table's dimension
   with SwiGLU) for models up to 2,048 wide;
 * ``rope_kv``, ``decode_attention`` (paged, split-KV, with its merge), ``chained_attention`` (RoPE, KV write
   and attention in one kernel, single rows), ``prefill_attention``: rows x heads, GQA groups 1-8, head
-  sizes 64/96/128, contexts 32-16,384;
+  sizes 64/96/128, contexts 32-16,384 (``rope_kv`` also over prefill launches, past the decode grid);
 * ``rms_norm``, ``residual_norm``, ``silu_mul``: rows x width;
 * ``prelude0``, ``coda0``, ``core_glue``, ``prefill_glue``, ``adapter``: the engine's real stages on unit
   models of each layer style, hidden size and vocabulary (glue = 2 x one-layer - two-layer, so the layer
@@ -261,15 +261,28 @@ class AttentionBench:
                     m.block_table, m.seq_len, e.scale))
         return out
 
-    def prefill_calls(self, tokens: int, chunks: int, prefix: int) -> list[Callable[[], object]]:
-        e, s = self.engine, self.arch.layer
+    def _prefill_views(self, tokens: int, chunks: int, prefix: int):
         per = tokens // chunks
         launch = prefill_launch(list(range(chunks)), [prefix] * chunks, [per] * chunks,
                                 self.bench.blocks_for([prefix + per] * chunks), tokens)
-        prepared = e.prepare(launch, self.bench.graphs.width)
-        meta = e.views(Stage.PREFILL, torch.from_numpy(prepared.meta).to(self.device), tokens, prepared.width)
+        prepared = self.engine.prepare(launch, self.bench.graphs.width)
+        return self.engine.views(Stage.PREFILL, torch.from_numpy(prepared.meta).to(self.device), tokens,
+                                 prepared.width)
+
+    def prefill_calls(self, tokens: int, chunks: int, prefix: int) -> list[Callable[[], object]]:
+        e, s = self.engine, self.arch.layer
+        meta = self._prefill_views(tokens, chunks, prefix)
         q = torch.randn(tokens, s.heads, s.head_dim, device=self.device, dtype=self.dtype)
         return [lambda layer=layer: self.ops.prefill_attention(q, e.cache, meta, layer, e.scale)
+                for layer in range(self.arch.core)]
+
+    def prefill_rope_calls(self, tokens: int) -> list[Callable[[], object]]:
+        """``rope_write_kv`` of a one-chunk prefill launch of ``tokens`` tokens, as the prefill stage calls it."""
+        e = self.engine
+        m = self._prefill_views(tokens, 1, 0)
+        qkv = torch.randn(tokens, self.qkv_width, device=self.device, dtype=self.dtype)
+        return [lambda layer=layer: self.ops.rope_write_kv(qkv, None, None, m.pos, e.rope, e.cache, m.row0, m.zeros,
+                                                           layer, m.zeros, 0)
                 for layer in range(self.arch.core)]
 
     def close(self) -> None:
@@ -317,9 +330,13 @@ def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[s
 
 
 def measure_prefill_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
-                              ) -> list[list[float]]:
-    """``[tokens, chunks, prefix, heads, group, head_dim, t]``: the packed prefill attention kernel."""
-    rows = []
+                              ) -> tuple[list[list[float]], list[list[float]]]:
+    """``[tokens, chunks, prefix, heads, group, head_dim, t]``: the packed prefill attention kernel; and
+    ``rope_kv`` rows ``[tokens x heads, group, head_dim, t]`` of prefill launches larger than the decode
+    grid's largest (:func:`measure_attention` stops at its rows x heads; a 2,048-token prefill of 55 heads
+    is 14 times that)."""
+    rows, rope = [], []
+    decode_units = max(plan.attention_rows) * plan.attention_heads
     longest = max(plan.prefill_prefix) + max(plan.prefill_tokens)
     chunks_max = max(plan.prefill_chunks)
     for heads, d, g in itertools.product(plan.prefill_heads, plan.head_dims, plan.prefill_groups):
@@ -331,8 +348,17 @@ def measure_prefill_attention(plan: KernelPlan, chain: ChainTimer, progress: Cal
                 continue
             progress(f"prefill_attention T={tokens} chunks={chunks} prefix={prefix} heads={heads} d={d} g={g}")
             rows.append([tokens, chunks, prefix, heads, g, d, chain(bench.prefill_calls(tokens, chunks, prefix))])
+        for tokens in plan.prefill_tokens:
+            if tokens * heads > decode_units:
+                progress(f"rope_kv prefill T={tokens} heads={heads} d={d} g={g}")
+                rope.append([tokens * heads, g, d, chain(bench.prefill_rope_calls(tokens))])
         bench.close()
-    return rows
+    return rows, rope
+
+
+def merge_prefill_rope(table: list[list[float]], rope: list[list[float]], decode_units: int) -> list[list[float]]:
+    """The ``rope_kv`` table with its rows beyond the decode grid (``decode_units``) replaced by ``rope``."""
+    return [r for r in table if r[0] <= decode_units] + rope
 
 
 def _fit_slots(plan: KernelPlan, bench: AttentionBench, chain: ChainTimer, uniform: list[list[float]], d: int,
@@ -550,7 +576,13 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
         record["attention_points"] = {d: fit["points"] for d, fit in fits.items()}
 
     family("attention", attention)
-    family("prefill", lambda: tables.update(prefill_attention=measure_prefill_attention(plan, chain, progress)))
+    def prefill() -> None:
+        attention_rows, rope = measure_prefill_attention(plan, chain, progress)
+        tables["prefill_attention"] = attention_rows
+        decode_units = max(plan.attention_rows) * plan.attention_heads
+        tables["rope_kv"] = merge_prefill_rope(tables.get("rope_kv", []), rope, decode_units)
+
+    family("prefill", prefill)
     family("glue", lambda: tables.update(measure_glue(plan, chain, progress)))
     family("adapter", lambda: tables.update(adapter=measure_adapter_table(plan, chain, progress)))
     family("probes", lambda: record.update(probes=measure_probes(plan, chain, progress)))

@@ -115,3 +115,20 @@ def test_held_out_error_of_interpolation() -> None:
     bent[1][2] *= 1.5  # B = 2 at L = 128 off the line: its neighbours cannot predict it
     assert held_out_errors(Fit(delta=1e-3, points=bent))[1] > 0.2
     assert held_out_errors(Fit(delta=1e-3, points=[[1, 0, 0, 1.0]] * 3)).size == 0
+
+
+def test_prefill_family_extends_rope_kv_beyond_the_decode_grid(tmp_path) -> None:
+    """The kernel calibration's prefill family adds prefill-sized RoPE / KV-write launches to ``rope_kv``
+    (only beyond the decode grid's largest), replacing earlier such rows and keeping the decode ones."""
+    from calibration.kernels import KernelPlan, calibrate_kernels, merge_prefill_rope
+
+    decode = [[8, 1, 64, 1e-5], [16, 1, 64, 2e-5]]
+    merged = merge_prefill_rope([*decode, [512, 1, 64, 9.0]], [[512, 1, 64, 1e-4]], 16)
+    assert merged == [*decode, [512, 1, 64, 1e-4]]
+    plan = KernelPlan(attention_rows=(1, 2), prefill_tokens=(1, 16), prefill_chunks=(1,), prefill_prefix=(0,),
+                      prefill_heads=(8,), head_dims=(64,), prefill_groups=(1,), repeats=2, warmup=1)
+    profile = calibrate_kernels(tmp_path, device="cpu", plan=plan, families=("prefill",))
+    tables = profile.kernels["tables"]
+    assert [row[:3] for row in tables["rope_kv"]] == [[128, 1, 64]]  # 16 tokens x 8 heads; 1 x 8 is decode's
+    assert all(row[3] > 0 for row in tables["rope_kv"])
+    assert len(tables["prefill_attention"]) == 2

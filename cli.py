@@ -827,10 +827,7 @@ def validate(
     if measured is not None and not measured.is_dir():
         raise ConfigError(f"--measured {measured}: not a directory of saved executor logs (or a .tgz of one)")
     if matrix is not None:
-        try:
-            entries = val.load_matrix(matrix, only=only.split(",") if only else None)
-        except (AttributeError, KeyError, TypeError) as exc:  # JSON of another shape than a matrix
-            raise ConfigError(f"{matrix}: not a validation matrix ({{\"configs\": [...]}} expected; {exc})") from None
+        entries = val.load_matrix(matrix, only=only.split(",") if only else None)
     else:
         entries = [val.Entry.from_experiment("config", exp, rate_of_capacity)]
     latency_for = functools.cache(exp.latency.model)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from cdbsim.arch import ArchSpec, head_dim_explicit, load_arch
 from cdbsim.config import CoreLaunch, Policy, ServeConfig, Timing
-from cdbsim.errors import ConfigError, require, unknown
+from cdbsim.errors import ConfigError, read_text, require, unknown
 from cdbsim.kvlayout import KVLayout
 from cdbsim.workload import Arrival, WorkloadSpec, default_mean_depth
 from traces import ExitModel
@@ -475,10 +475,9 @@ def settings() -> list[Setting]:
 # ----- the experiment ----------------------------------------------------------------------------
 def read_toml(path: str | Path) -> dict[str, Any]:
     """The parsed TOML of an experiment file; a missing file or bad TOML is a one-line error."""
-    path = Path(path)
-    require(path.is_file(), f"experiment file {path} does not exist")
+    text = read_text(path, "experiment file")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML ({exc})") from None
 

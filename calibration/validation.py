@@ -89,7 +89,9 @@ class Entry:
             require(getattr(self, key) >= low, f"{key} must be >= {low}, got {getattr(self, key)}")
         require(self.rate_of_capacity is None or self.rate_of_capacity > 0,
                 f"rate_of_capacity must be > 0, got {self.rate_of_capacity}")
-        require(self.exits in ENTRY_EXITS, str(unknown("exit model", self.exits, ENTRY_EXITS)))
+        if self.exits not in ENTRY_EXITS:
+            raise unknown("exit model", self.exits, ENTRY_EXITS)
+        require(self.mean_depth is None or self.exits == "synthetic", "mean_depth goes with exits synthetic")
         require(self.trace is None or self.rate_of_capacity is None,
                 f"{self.name}: a trace carries its own arrivals; give trace or rate_of_capacity, not both")
         if self.trace is None:

@@ -84,7 +84,7 @@ BAD = [
     ("sweep --grid serve.width=16 --out /nonexistent/s.parquet", "directory /nonexistent does not exist"),
     ("sweep --grid serve.width=16 --out IN/logs_with_file", "must end in .parquet"),
     ("sweep --grid serve.width=16 --out IN/pareto.parquet", "IN/pareto-pareto.png: is a directory"),
-    ("capacity --tpot-ms 50 --target-rate 0", "--target-rate must be > 0, got 0"),
+    ("capacity --tpot-ms 50 --target-rate 0", "the target rate must be a finite number > 0 req/s, got 0"),
     ("validate --out IN/a_file", "--out IN/a_file: is a file, not a directory"),
     ("calibrate --out IN/a_file --device cpu", "--out IN/a_file: is a file, not a directory"),
     ("schedule -n 5 --from-stage decode", "--from-stage decode: this run has no decode launch"),

@@ -892,10 +892,10 @@ def calibrate(
     from calibration.run import calibrate as run_calibration
     from cdbsim.profile import load_profile_file
 
-    if refit:  # every file checked and read before any is rewritten
-        loaded = [(path, load_profile_file(check_file(path, "--refit", (".json",)))) for path in refit]
-        for path, raw in loaded:
-            profile = refit_profile(raw)
+    if refit:  # every file checked, read and refitted before any is rewritten
+        refitted = [(path, refit_profile(load_profile_file(check_file(path, "--refit", (".json",)))))
+                    for path in refit]
+        for path, profile in refitted:
             profile.save(path)
             emit(quality_rows(profile), f"{profile.label()}: refitted fits", False, False,
                  caption=f"written to {path}")

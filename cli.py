@@ -87,6 +87,15 @@ console = Console(width=None if sys.stdout.isatty() else 150)
 DEFAULT_KV_TOKENS = 327_680  # the CDB paper's KV cache size
 
 
+def comma_list(text: str, option: str) -> list[str]:
+    """The names of a comma-separated option, blanks dropped; none at all (``--policies ,``) is an error,
+    not a silent fall-back to a default or to nothing."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise ConfigError(f"{option}: no names in {text!r}; give one or more, separated by commas")
+    return names
+
+
 def fail(message: str) -> None:
     """Print a one-line error and exit with code 2."""
     error_line(message)
@@ -768,16 +777,16 @@ def capacity_command(
 ) -> None:
     """The highest Poisson request rate per GPU at which the SLOs hold (goodput: a request counts only if it
     meets every limit), per policy, by bisection; and the GPUs a target rate needs."""
-    from cdbsim.capacity_search import SLO, capacity
+    from cdbsim.capacity_search import SLO, capacity, check_target_rate
 
     def seconds(ms: float | None) -> float | None:
         return None if ms is None else ms / 1e3
 
     slo = SLO(ttft_s=ttft_s, tpot_s=seconds(tpot_ms), normalized_s=seconds(norm_ms),
               normalized_mean_s=seconds(norm_mean_ms), attainment=attainment)
-    if target_rate is not None and target_rate <= 0:
-        raise ConfigError(f"--target-rate must be > 0, got {target_rate:g}")
-    chosen = [p.strip() for p in policies.split(",") if p.strip()]
+    if target_rate is not None:
+        check_target_rate(target_rate)
+    chosen = comma_list(policies, "--policies")
     with steps_progress("capacity searches (one per policy)", len(chosen)) as searched:
         results = capacity(exp, slo, chosen, jobs=jobs, dask=dask, progress=searched)
     rows = [r.row(target_rate) for r in results]
@@ -820,6 +829,11 @@ def validate(
     """Run configurations on the GPU executor and in the simulator on identical requests; show the errors."""
     from calibration import validation as val
 
+    if matrix is None and only is not None:
+        raise ConfigError("--only picks configurations of a --matrix file; give --matrix too")
+    if matrix is not None and rate_of_capacity is not None:
+        raise ConfigError("--rate-of-capacity sets the configuration given by options; a --matrix entry sets its "
+                          "own (rate_of_capacity)")
     check_dir(out, "--out", ("measured",))
     unpacked = contextlib.ExitStack()
     if measured is not None:  # a committed archive of logs re-predicts as it is
@@ -827,10 +841,7 @@ def validate(
     if measured is not None and not measured.is_dir():
         raise ConfigError(f"--measured {measured}: not a directory of saved executor logs (or a .tgz of one)")
     if matrix is not None:
-        try:
-            entries = val.load_matrix(matrix, only=only.split(",") if only else None)
-        except (AttributeError, KeyError, TypeError) as exc:  # JSON of another shape than a matrix
-            raise ConfigError(f"{matrix}: not a validation matrix ({{\"configs\": [...]}} expected; {exc})") from None
+        entries = val.load_matrix(matrix, only=comma_list(only, "--only") if only else None)
     else:
         entries = [val.Entry.from_experiment("config", exp, rate_of_capacity)]
     latency_for = functools.cache(exp.latency.model)
@@ -881,10 +892,10 @@ def calibrate(
     from calibration.run import calibrate as run_calibration
     from cdbsim.profile import load_profile_file
 
-    if refit:  # every file checked and read before any is rewritten
-        loaded = [(path, load_profile_file(check_file(path, "--refit", (".json",)))) for path in refit]
-        for path, raw in loaded:
-            profile = refit_profile(raw)
+    if refit:  # every file checked, read and refitted before any is rewritten
+        refitted = [(path, refit_profile(load_profile_file(check_file(path, "--refit", (".json",)))))
+                    for path in refit]
+        for path, profile in refitted:
             profile.save(path)
             emit(quality_rows(profile), f"{profile.label()}: refitted fits", False, False,
                  caption=f"written to {path}")
@@ -892,12 +903,12 @@ def calibrate(
                 emit(attention_rows(profile), _mixed_context_title(profile.label(), profile), False, False)
         return
     check_dir(out, "--out")
-    specs = [] if kernels else [load_arch(name.strip()) for name in arch.split(",") if name.strip()]
+    specs = [] if kernels else [load_arch(name) for name in comma_list(arch, "--arch")]
     if kernels is not False:
         base = load_profile_file(update) if update is not None else None
         from calibration.kernels import FAMILIES, calibrate_kernels, summary_rows
 
-        chosen = tuple(f.strip() for f in families.split(",")) if families else FAMILIES
+        chosen = tuple(comma_list(families, "--families")) if families else FAMILIES
         bad = [f for f in chosen if f not in FAMILIES]
         if bad:
             raise ConfigError(f"unknown kernel families {', '.join(bad)}; choose from: {', '.join(FAMILIES)}")

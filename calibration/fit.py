@@ -16,7 +16,7 @@ import pandas as pd
 
 from cdbsim.arch import ArchSpec
 from cdbsim.attention import equivalent_length
-from cdbsim.errors import require
+from cdbsim.errors import ConfigError, require
 from cdbsim.interp import Surface
 from cdbsim.latency import LatencyModel
 from cdbsim.launch import Stage
@@ -114,8 +114,11 @@ def fit_components(points: dict[str, list[list[float]]]) -> dict[str, Fit]:
         if len(pts) == 1:  # a constant (e.g. a launch term measured once)
             fits[name] = Fit(delta=float(pts[0, 2]), r2=None, max_rel_residual=0.0, points=pts.tolist())
             continue
-        fits[name] = fit_points(pts, with_context=bool(np.ptp(pts[:, 1]) > 0),
-                                relative=not fitted_on_differences(name))
+        try:
+            fits[name] = fit_points(pts, with_context=bool(np.ptp(pts[:, 1]) > 0),
+                                    relative=not fitted_on_differences(name))
+        except ConfigError as exc:
+            raise ConfigError(f"components.{name}: {exc}") from None
     return fits
 
 
@@ -134,11 +137,18 @@ def refit_profile(profile: Profile) -> Profile:
     versions and date are kept."""
     require(profile.kind is ProfileKind.MEASURED, f"profile {profile.name} is {profile.kind}: only measured profiles "
                                         "have raw points to refit")
-    components = fit_components({name: fit.points for name, fit in profile.components.items()})
-    attention = profile.attention
-    core = [fit for name, fit in components.items() if name.startswith(f"{Stage.CORE.value}/")]
-    if attention.get("points") and len(core) == 1:
-        attention = fit_slots(int(attention["heads"]), Surface(core[0]), attention["points"])
+    try:  # a malformed point names the file it came from
+        # a fit made elsewhere (no raw points of its own) is kept as it is
+        components = {**profile.components,
+                      **fit_components({name: fit.points for name, fit in profile.components.items() if fit.points})}
+        attention = profile.attention
+        core = [fit for name, fit in components.items() if name.startswith(f"{Stage.CORE.value}/")]
+        if attention.get("points") and len(core) == 1 and core[0].points:
+            require(isinstance(attention.get("heads"), int), "attention.heads (a whole number) is needed to refit "
+                                                             "the attention width from attention.points")
+            attention = fit_slots(attention["heads"], Surface(core[0]), attention["points"])
+    except ConfigError as exc:
+        raise ConfigError(f"{profile.source or profile.name}: {exc}") from None
     return replace(profile, components=components, attention=attention)
 
 

@@ -522,9 +522,9 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     """Measure every family (or ``families`` only, on top of ``base``'s record), fit the gaps and the
     attention widths, and write the kernel profile (``<device>-kernels.json``); a partial record is
     written after each family."""
-    from calibration.run import device_tag
+    from calibration.run import device_tag, torch_device
 
-    dev = torch.device(device)
+    dev = torch_device(device)
     plan = plan or (KernelPlan.quick() if quick else KernelPlan())
     chain = ChainTimer(dev, plan)
     info, versions = environment(dev)

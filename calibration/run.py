@@ -10,7 +10,7 @@ from pathlib import Path
 
 from calibration.fit import attention_skew_name, build_profile, fit_attention_slots, plot_profile
 from cdbsim.arch import ArchSpec
-from cdbsim.errors import ConfigError
+from cdbsim.errors import ConfigError, unknown
 from cdbsim.launch import Stage
 from cdbsim.profile import Profile
 from cdbsim.recipes import model_stage_name
@@ -22,11 +22,28 @@ def device_tag(name: str) -> str:
     return (words[0] if words else "device").lower()
 
 
+DEVICES = ("cuda", "cpu")  # cuda or cuda:N measures a GPU; cpu runs the tiny test models
+
+
+def torch_device(device: str) -> object:
+    """The torch device to measure on: ``cuda`` (or ``cuda:N``) with a GPU present, or ``cpu``; another
+    name is a one-line error listing these (not torch's own list of device types it was not built for)."""
+    import torch
+
+    if device.split(":")[0] not in DEVICES:
+        raise unknown("device", device, DEVICES)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("cdbsim calibrate needs a CUDA GPU (torch.cuda.is_available() is False); "
+                          "run it on the GPU machine, or use the shipped profiles and --profile roofline here")
+    try:
+        return torch.device(device)
+    except RuntimeError as exc:  # cuda:x, cuda:-1
+        raise ConfigError(f"device {device!r}: {str(exc).splitlines()[0]}") from None
+
+
 def calibrate(archs: list[ArchSpec], out: Path, quick: bool = False, device: str = "cuda",
               progress: Callable[[str], None] = lambda _: None, plan: object | None = None) -> list[Profile]:
     """Measure, fit and save a profile for every architecture in ``archs``; returns the profiles."""
-    import torch
-
     from calibration.measure import (
         META_SPIN_S,
         Plan,
@@ -38,10 +55,7 @@ def calibrate(archs: list[ArchSpec], out: Path, quick: bool = False, device: str
         measure_shape,
     )
 
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("cdbsim calibrate needs a CUDA GPU (torch.cuda.is_available() is False); "
-                          "run it on the GPU machine, or use the shipped profiles and --profile roofline here")
-    dev = torch.device(device)
+    dev = torch_device(device)
     plan = plan or (Plan.quick() if quick else Plan())
     info, versions = environment(dev)
     out.mkdir(parents=True, exist_ok=True)

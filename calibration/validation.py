@@ -19,16 +19,19 @@ import contextlib
 import functools
 import gc
 import json
+import os
 import tarfile
 import tempfile
+import typing
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from cdbsim.arch import ArchSpec, load_arch
 from cdbsim.config import ServeConfig
-from cdbsim.errors import ConfigError, read_json, require
-from cdbsim.experiment import Experiment, plain, settings
+from cdbsim.errors import ConfigError, read_json, require, unknown
+from cdbsim.experiment import Experiment, parse_value, plain, settings
 from cdbsim.kv import capacity_blocks
 from cdbsim.latency import LatencyModel
 from cdbsim.logs import RunLog
@@ -39,8 +42,9 @@ from cdbsim.report import summarize
 from cdbsim.sim import simulate
 from cdbsim.validate import Comparison, error_summary, plot_scatter, plot_timelines, run_host, stage_errors
 from cdbsim.workload import DEFAULT_REQUESTS, WorkloadSpec, default_mean_depth
-from traces import ExitModel, Request
+from traces import ExitModel, Request, length_model
 
+ENTRY_EXITS = ("synthetic", "none")  # an entry carries no fixed depth
 ENTRY_KEYS = {  # experiment field -> the Entry field that carries it to the executor and the simulator
     "arch.name": "arch", "arch.split": "split", "serve.policy": "policy", "serve.coda_batch": "coda_batch",
     "serve.width": "width", "serve.kv_layout": "layout", "serve.timing": "timing", "workload.name": "workload",
@@ -73,8 +77,25 @@ class Entry:
     core_launch: str = "mixed"
 
     def __post_init__(self) -> None:
+        """Each field of its declared type and range (a matrix file's ``"width": "abc"`` or ``"seed": -1``
+        is refused when the file is read, not with a traceback mid-run)."""
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):
+            try:
+                object.__setattr__(self, f.name, parse_value(getattr(self, f.name), hints[f.name]))
+            except ConfigError as exc:
+                raise ConfigError(f"{f.name}: {exc}") from None
+        for key, low in (("requests", 1), ("seed", 0), ("kv_tokens", 1)):
+            require(getattr(self, key) >= low, f"{key} must be >= {low}, got {getattr(self, key)}")
+        require(self.rate_of_capacity is None or self.rate_of_capacity > 0,
+                f"rate_of_capacity must be > 0, got {self.rate_of_capacity}")
+        if self.exits not in ENTRY_EXITS:
+            raise unknown("exit model", self.exits, ENTRY_EXITS)
+        require(self.mean_depth is None or self.exits == "synthetic", "mean_depth goes with exits synthetic")
         require(self.trace is None or self.rate_of_capacity is None,
                 f"{self.name}: a trace carries its own arrivals; give trace or rate_of_capacity, not both")
+        if self.trace is None:
+            length_model(self.workload)  # an unknown workload, with the valid ones
 
     @classmethod
     def from_experiment(cls, name: str, exp: Experiment, rate_of_capacity: float | None = None) -> Entry:
@@ -136,15 +157,24 @@ def load_matrix(path: str | Path, only: Iterable[str] | None = None) -> list[Ent
     """The entries of a matrix file (defaults applied), or those named in ``only``; unknown keys and names
     are refused with the file's name."""
     data = read_json(path, "validation matrix")
+    shape = '{"defaults": {...}, "configs": [{...}, ...]} expected'
+    require(isinstance(data, dict), f"{path}: not a validation matrix ({shape})")
+    defaults, configs = data.get("defaults", {}), data.get("configs", [])
+    require(isinstance(defaults, dict) and isinstance(configs, list), f"{path}: not a validation matrix ({shape})")
     valid = {f.name for f in fields(Entry)}
-    defaults = data.get("defaults", {})
     entries = []
-    for i, raw in enumerate(data.get("configs", [])):
+    for i, raw in enumerate(configs):
+        require(isinstance(raw, dict), f"{path}: config {i} must be an object of settings, got {raw!r:.40}")
         merged = {**defaults, **raw}
         extra = sorted(set(merged) - valid)
         require(not extra, f"{path}: config {i} ({raw.get('name', '?')}) has unknown key(s) {', '.join(extra)}")
         require("name" in merged, f"{path}: config {i} has no name")
-        entries.append(Entry(**merged))
+        try:
+            entry = Entry(**merged)
+            entry.kv_blocks()  # its architecture, serving settings and KV capacity, before any run
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: config {i} ({merged['name']}): {exc}") from None
+        entries.append(entry)
     require(entries, f"{path}: no configs")
     if only is None:
         return entries
@@ -305,10 +335,14 @@ def unpacked_logs(path: Path, option: str = "--measured") -> Iterator[Path]:
         try:
             with tarfile.open(path) as tar:
                 tar.extractall(tmp, filter="data")
-        except (tarfile.TarError, OSError) as exc:
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:  # EOFError: a truncated archive
             raise ConfigError(f"{option} {path}: cannot unpack ({exc})") from None
         root = Path(tmp)
         entries = list(root.iterdir())
         if len(entries) == 1 and entries[0].is_dir() and not RunLog.saved_in(entries[0]):
             root = entries[0]  # packed with one wrapping directory (``tar czf x.tgz measured/``)
-        yield root
+        try:
+            yield root
+        except ConfigError as exc:  # name the archive, not the temporary directory it was unpacked into
+            message = str(exc).replace(f"{root}{os.sep}", f"{path}:").replace(str(root), str(path))
+            raise ConfigError(message) from None

@@ -107,6 +107,9 @@ class ArchSpec:
         require(self.r_max >= 1, f"r_max must be >= 1, got {self.r_max}")
         require(self.r_min >= 1, f"r_min must be >= 1, got {self.r_min}")
         require(self.r_min <= self.r_max, f"r_min ({self.r_min}) must not exceed r_max ({self.r_max})")
+        require(self.dtype_bytes >= 1, f"dtype_bytes must be >= 1, got {self.dtype_bytes}")  # sizes KV and weights
+        require(self.rope_theta > 0, f"rope_theta must be > 0, got {self.rope_theta}")
+        require(self.norm_eps >= 0, f"norm_eps must be >= 0, got {self.norm_eps}")
 
     # ----- structure -----------------------------------------------------------------------------
     @property

@@ -59,7 +59,8 @@ class SLO:
         require(bool(limits) or self.normalized_mean_s is not None,
                 "give at least one SLO (TTFT, TPOT, normalized latency or its mean)")
         for name, value in [*limits.items(), ("mean normalized latency", self.normalized_mean_s)]:
-            require(value is None or value > 0, f"the {name} limit must be > 0, got {value}")
+            require(value is None or (math.isfinite(value) and value > 0),
+                    f"the {name} limit must be a finite number > 0, got {value}")
         require(0 < self.attainment <= 1, f"the attainment must be in (0, 1], got {self.attainment}")
 
     def limits(self) -> dict[str, float]:
@@ -151,7 +152,7 @@ class CapacityResult:
 
     def gpus_for(self, target_rate: float) -> int:
         """GPUs (replicas) needed to serve ``target_rate`` requests/s within the SLOs."""
-        require(target_rate > 0, f"the target rate must be > 0, got {target_rate}")
+        check_target_rate(target_rate)
         require(self.rate > 0, f"{self.policy} cannot meet the SLOs ({self.unreachable})")
         return math.ceil(target_rate / self.rate - 1e-9)
 
@@ -175,6 +176,13 @@ class CapacityResult:
         elif self.too_short:
             row["note"] = f"the SLOs hold at {ABOVE:g}x its offline throughput: too few requests to load the GPU"
         return row
+
+
+def check_target_rate(target_rate: float) -> float:
+    """A rate to size GPUs for: a finite number > 0 (checked before a search, not after its minutes)."""
+    require(math.isfinite(target_rate) and target_rate > 0,
+            f"the target rate must be a finite number > 0 req/s, got {target_rate:g}")
+    return target_rate
 
 
 def simulate_rate(exp: Experiment, rate: float | None, slo: SLO) -> Check:
@@ -254,7 +262,8 @@ def capacity(experiment: Experiment, slo: SLO | None = None, policies: Sequence[
     from cdbsim.parallel import Job, in_order, runner
 
     slo = slo if slo is not None else SLO(**limits)
-    chosen = [Policy.parse(p) for p in policies] if policies else [experiment.serve.policy]
+    chosen = [Policy.parse(p) for p in policies] if policies is not None else [experiment.serve.policy]
+    require(bool(chosen), f"no policy to search; choose from: {', '.join(p.value for p in Policy)}")
     require(len(set(chosen)) == len(chosen), f"a policy is given twice: {', '.join(map(str, chosen))}")
     experiments = [experiment.override({"serve.policy": p}) for p in chosen]
     for exp in experiments:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from cdbsim.arch import ArchSpec, head_dim_explicit, load_arch
 from cdbsim.config import CoreLaunch, Policy, ServeConfig, Timing
-from cdbsim.errors import ConfigError, require, unknown
+from cdbsim.errors import ConfigError, read_text, require, unknown
 from cdbsim.kvlayout import KVLayout
 from cdbsim.workload import Arrival, WorkloadSpec, default_mean_depth
 from traces import ExitModel
@@ -299,7 +299,7 @@ class ServeSection(Section):
     width: int = option(64, "Resident requests and tokens per decode launch.", "--W", "--width",
                         maximum=MAX_WIDTH)
     coda_batch: int | None = option(None, "Coda batch refill waits for (1 <= K <= W; default 1).", "--K",
-                                    "--coda-batch")
+                                    "--coda-batch", minimum=1)
     prefill_budget: int = option(8192, "Prompt tokens per prefill launch.", "--M", "--prefill-budget",
                                  maximum=MAX_PREFILL_BUDGET)
     timing: Timing = option(Timing.LOOKAHEAD, "sync, async or lookahead (lookahead: r_min = 2).")
@@ -338,6 +338,9 @@ class WorkloadSection(Section):
     seed: int = option(0, "Seed for lengths, arrivals and depths (>= 0).", minimum=0)
 
     def spec(self, exits: ExitModel) -> WorkloadSpec:
+        if self.trace is not None and self.rate is not None:
+            raise ConfigError(f"the trace {self.trace} carries its own arrivals; drop --rate {self.rate:g} "
+                              f"(workload.rate)")
         return WorkloadSpec(self.name, self.requests, self.rate, exits, self.seed,
                             str(self.trace) if self.trace else None, self.arrival)
 
@@ -367,6 +370,9 @@ class ExitsSection(Section):
             return ExitModel("synthetic", mean=point.mean_depth, dispersion=DISPERSION, correlation=CORRELATION,
                              source=source)
         require(self.q is None, "--q goes with --exits paper")
+        require(self.depth is None or self.model == "fixed", f"--depth goes with --exits fixed, not {self.model}")
+        require(self.mean_depth is None or self.model == "synthetic",
+                f"--mean-depth goes with --exits synthetic, not {self.model}")
         mean = self.mean_depth if self.mean_depth is not None else default_mean_depth(arch.r_max)
         return ExitModel(self.model, depth=self.depth, mean=mean, dispersion=self.dispersion,
                          correlation=self.correlation)
@@ -475,10 +481,9 @@ def settings() -> list[Setting]:
 # ----- the experiment ----------------------------------------------------------------------------
 def read_toml(path: str | Path) -> dict[str, Any]:
     """The parsed TOML of an experiment file; a missing file or bad TOML is a one-line error."""
-    path = Path(path)
-    require(path.is_file(), f"experiment file {path} does not exist")
+    text = read_text(path, "experiment file")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML ({exc})") from None
 

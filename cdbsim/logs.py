@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from cdbsim.config import Policy
+from cdbsim.errors import ConfigError, read_json, require
 from cdbsim.launch import STAGES, Launch, Stage
 from traces.choice import Choice
 from traces.request import Request
@@ -308,19 +309,49 @@ class RunLog:
 
     @classmethod
     def load(cls, directory: str | Path) -> RunLog:
-        """Read a run saved by :meth:`save`, as Parquet or CSV (older CSV logs included)."""
+        """Read a run saved by :meth:`save`, as Parquet or CSV (older CSV logs included). A file that is
+        missing, unreadable or short of a column is a one-line error naming it (a log copied by hand or cut
+        short is refused here, not met as a traceback inside the comparison)."""
         src = Path(directory)
-        if (src / "launches.parquet").is_file():
-            launches = pd.read_parquet(src / "launches.parquet")
-            req = pd.read_parquet(src / "requests.parquet")
-            times = [np.asarray(t, dtype=float) for t in req.pop("token_times")]
-        else:
-            launches = pd.read_csv(src / "launches.csv", keep_default_na=False, dtype={"step_mix": str})
-            req = pd.read_csv(src / "requests.csv", keep_default_na=False, dtype={"token_times": str})
-            times = [np.array(s.split(), dtype=float) for s in req.pop("token_times")]
+        fmt = LogFormat.PARQUET if (src / "launches.parquet").is_file() else LogFormat.CSV
+        launches = _read_log_table(src / f"launches{fmt.suffix}", SAVED_LAUNCH_COLUMNS, {"step_mix": str})
+        path = src / f"requests{fmt.suffix}"
+        req = _read_log_table(path, REQUEST_LOG_COLUMNS, {"token_times": str})
+        times = []
+        for i, raw in enumerate(req.pop("token_times")):
+            try:
+                times.append(np.array(raw.split() if isinstance(raw, str) else raw, dtype=float).reshape(-1))
+            except (TypeError, ValueError):
+                where = f"{path}:{i + 2}" if fmt is LogFormat.CSV else f"{path}: row {i}"
+                raise ConfigError(f"{where}: token_times must be numbers, got {str(raw)[:40]!r}") from None
         if "longest" not in launches:  # logs written before the column existed: longest item unknown
             launches.insert(LAUNCH_COLUMNS.index("longest"), "longest", 0)
         for col in ("scheduled", "first_token", "finish"):
             req[col] = pd.to_numeric(req[col], errors="coerce")
-        meta = json.loads((src / "meta.json").read_text()) if (src / "meta.json").exists() else {}
+        meta = read_json(src / "meta.json", "run metadata") if (src / "meta.json").exists() else {}
+        require(isinstance(meta, dict), f"{src / 'meta.json'}: expected a JSON object, got {meta!r:.40}")
         return cls(launches=launches, requests=req, token_times=times, meta=meta)
+
+
+SAVED_LAUNCH_COLUMNS = tuple(c for c in LAUNCH_COLUMNS if c not in ("longest", "kv_used"))  # older logs lack these
+REQUEST_LOG_COLUMNS = ("request_id", "prompt_len", "output_len", "arrival", "scheduled", "first_token", "finish",
+                       "token_times")
+TEXT_COLUMNS = ("stage", "step_mix", "token_times", "scheduled", "first_token", "finish")  # not (always) numbers
+
+
+def _read_log_table(path: Path, columns: tuple[str, ...], csv_types: dict[str, type]) -> pd.DataFrame:
+    """One table of a saved run (Parquet or CSV by its suffix), with ``columns``, at least one row, and
+    numbers where numbers belong; anything else is a one-line :class:`ConfigError` naming the file."""
+    require(path.is_file(), f"{path}: missing (a saved run holds launches and requests tables)")
+    try:
+        frame = (pd.read_parquet(path) if path.suffix == ".parquet" else
+                 pd.read_csv(path, keep_default_na=False, dtype=csv_types))
+    except Exception as exc:  # pyarrow's and pandas' many parse errors, bytes that are not UTF-8
+        raise ConfigError(f"{path}: not a readable {path.suffix[1:]} log ({str(exc).splitlines()[0]})") from None
+    missing = [c for c in columns if c not in frame.columns]
+    require(not missing, f"{path}: missing column(s) {', '.join(missing)}")
+    require(len(frame) > 0, f"{path}: no rows")
+    for column in columns:
+        if column not in TEXT_COLUMNS:
+            require(pd.api.types.is_numeric_dtype(frame[column]), f"{path}: column {column} must hold numbers")
+    return frame

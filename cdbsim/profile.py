@@ -212,6 +212,23 @@ def _fit_from_dict(data: object, where: str) -> Fit:
     return Fit(**data)
 
 
+def _check_attention(data: dict, where: str) -> None:
+    """The decode-attention fit's numbers (``slots``, ``sharpness``: > 0 or null; ``heads``; ``points``:
+    rows of numbers), so a hand-edited value is refused when the file is read, not when a launch is priced."""
+    for key in ("slots", "sharpness"):
+        value = data.get(key)
+        require(value is None or (_number(value) and value > 0), f"{where}.{key} must be a finite number > 0 or "
+                                                                   f"null, got {value!r:.40}")
+    heads = data.get("heads")
+    require(heads is None or (isinstance(heads, int) and not isinstance(heads, bool) and heads >= 1),
+            f"{where}.heads must be a whole number >= 1, got {heads!r:.40}")
+    points = data.get("points", [])
+    require(isinstance(points, list), f"{where}.points must be a list of rows of numbers, got {points!r:.40}")
+    for i, row in enumerate(points):
+        require(isinstance(row, list) and len(row) >= 2 and all(_number(v) for v in row),
+                f"{where}.points[{i}] must be a row of finite numbers, got {row!r:.40}")
+
+
 def profile_from_dict(data: dict, source: str = "profile") -> Profile:
     """Parse the JSON form; a wrong format or a malformed value is refused with a one-line error naming
     ``source`` and the key."""
@@ -226,6 +243,7 @@ def profile_from_dict(data: dict, source: str = "profile") -> Profile:
         if key in data:
             require(isinstance(data[key], kind), f"{source}: {key} must be {'text' if kind is str else 'an object'}, "
                                                  f"got {data[key]!r:.60}")
+    _check_attention(data.get("attention", {}), f"{source}: attention")
     memory = data["device"].get("memory_bytes", 0.0)
     require(_number(memory) and memory >= 0, f"{source}: device.memory_bytes must be a finite number >= 0, "
                                              f"got {memory!r}")

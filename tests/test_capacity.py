@@ -85,7 +85,7 @@ def test_gpus_for_a_target_rate() -> None:
 
 @pytest.mark.parametrize("kwargs,message", [
     ({}, "give at least one SLO"),
-    ({"tpot_s": -1.0}, "the TPOT limit must be > 0"),
+    ({"tpot_s": -1.0}, "the TPOT limit must be a finite number > 0"),
     ({"ttft_s": 1.0, "attainment": 1.5}, "the attainment must be in (0, 1]"),
 ])
 def test_bad_slo_is_refused(kwargs: dict, message: str) -> None:

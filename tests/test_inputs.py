@@ -8,6 +8,8 @@ import shlex
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cdbsim.arch import PRESETS
@@ -33,9 +35,56 @@ def write_inputs(directory: Path) -> None:
         (arch[section] if section else arch)[key] = value
         (directory / f"arch_{name}.json").write_text(json.dumps(arch))
     (directory / "a_file").write_text("")
+    write_malformed(directory, profile)
     (directory / "pareto-pareto.png").mkdir()  # a directory where a sweep's plot would go
     (directory / "logs_with_file").mkdir()
     (directory / "logs_with_file" / "run").write_text("")
+
+
+def write_malformed(directory: Path, profile: dict) -> None:
+    """Files with one mistake each: bytes that are not UTF-8, a wrong type or range in a profile, an
+    architecture, a trace or a validation matrix, and saved executor logs that are cut short."""
+    (directory / "binary.json").write_bytes(b'{"name": "\xff\xfe"}')
+    (directory / "latin1.toml").write_bytes(b"[serve]\nwidth = 8  # caf\xe9\n")
+    for name, change in (("kind_list", {"kind": [1, 2]}),
+                         ("slots_text", {"attention": {**profile.get("attention", {}), "slots": "x"}})):
+        (directory / f"{name}.json").write_text(json.dumps({**profile, **change}))
+    for key, value in (("dtype_bytes", 0), ("rope_theta", -1.0)):
+        (directory / f"arch_{key}.json").write_text(json.dumps({**PRESETS["ouro-1.4b"].to_dict(), key: value}))
+    header = "request_id,prompt_len,output_len,arrival_s,exit_depths\n"
+    (directory / "good.csv").write_text(header + "0,8,3,0,2 2\n")
+    (directory / "depth_huge.csv").write_text(header + "0,8,3,0,2 99999999999999999999\n")
+    (directory / "extra_field.csv").write_text(header + "0,8,3,0,2 2,9\n")
+    entry = {"name": "a", "requests": 5}
+    for name, config in (("matrix", entry), ("matrix_width", {**entry, "width": "abc"}),
+                         ("matrix_seed", {**entry, "seed": -1}), ("matrix_rate", {**entry, "rate_of_capacity": -1}),
+                         ("matrix_name", {**entry, "name": 5}), ("matrix_arch", {**entry, "arch": "llama"}),
+                         ("matrix_item", "a")):
+        (directory / f"{name}.json").write_text(json.dumps({"configs": [config]}))
+    from cdbsim.logs import REQUEST_LOG_COLUMNS, SAVED_LAUNCH_COLUMNS
+
+    launches = ",".join(SAVED_LAUNCH_COLUMNS) + "\n" + ",".join(
+        {"stage": "prefill", "step_mix": ""}.get(c, "0") for c in SAVED_LAUNCH_COLUMNS) + "\n"
+    requests = ",".join(REQUEST_LOG_COLUMNS) + "\n0,8,3,0,0,0.1,0.2,0.1 0.15 0.2\n"
+    for name, files in (("logs_garbage", {"launches.parquet": "PAR1 cut short"}),
+                        ("logs_no_requests", {"launches.csv": launches}),
+                        ("logs_columns", {"launches.csv": "index,stage\n0,prefill\n", "requests.csv": requests}),
+                        ("logs_meta", {"launches.csv": launches, "requests.csv": requests, "meta.json": "{"})):
+        (directory / name / "a").mkdir(parents=True)
+        for file, text in files.items():
+            (directory / name / "a" / file).write_text(text)
+    import io
+    import tarfile
+
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+        data = bytes(range(256)) * 2048 + json.dumps(profile).encode()  # compresses poorly: cut mid-member
+        member = tarfile.TarInfo("a/launches.parquet")
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+    (directory / "truncated.tgz").write_bytes(packed.getvalue()[: len(packed.getvalue()) // 2])
+    with tarfile.open(directory / "empty.tgz", "w:gz"):
+        pass
 
 
 BAD = [
@@ -84,7 +133,7 @@ BAD = [
     ("sweep --grid serve.width=16 --out /nonexistent/s.parquet", "directory /nonexistent does not exist"),
     ("sweep --grid serve.width=16 --out IN/logs_with_file", "must end in .parquet"),
     ("sweep --grid serve.width=16 --out IN/pareto.parquet", "IN/pareto-pareto.png: is a directory"),
-    ("capacity --tpot-ms 50 --target-rate 0", "--target-rate must be > 0, got 0"),
+    ("capacity --tpot-ms 50 --target-rate 0", "the target rate must be a finite number > 0 req/s, got 0"),
     ("validate --out IN/a_file", "--out IN/a_file: is a file, not a directory"),
     ("calibrate --out IN/a_file --device cpu", "--out IN/a_file: is a file, not a directory"),
     ("schedule -n 5 --from-stage decode", "--from-stage decode: this run has no decode launch"),
@@ -97,6 +146,46 @@ BAD = [
     ("validate --matrix IN/list.json --out v", "IN/list.json: not a validation matrix"),
     ("validate --measured missing --out v", "--measured missing: not a directory of saved executor logs"),
     ("calibrate --update IN/list.json --kernels --device cpu --out k", "IN/list.json: not a cdbsim profile"),
+    # malformed files: the file and, where there is one, the line
+    ("bound --arch IN/binary.json", "IN/binary.json:1: not UTF-8 text (byte 0xff at offset 10)"),
+    ("predict -n 5 --config IN/latin1.toml", "IN/latin1.toml:2: not UTF-8 text (byte 0xe9"),
+    ("bound --profile IN/kind_list.json", "IN/kind_list.json: malformed profile (unknown profile kind [1, 2]"),
+    ("bound --profile IN/slots_text.json", "IN/slots_text.json: attention.slots must be a finite number > 0"),
+    ("bound --arch IN/arch_dtype_bytes.json", "IN/arch_dtype_bytes.json: dtype_bytes must be >= 1, got 0"),
+    ("bound --arch IN/arch_rope_theta.json", "IN/arch_rope_theta.json: rope_theta must be > 0, got -1.0"),
+    ("predict --trace IN/depth_huge.csv", "IN/depth_huge.csv:2: exit_depths must be space-separated whole numbers"),
+    ("predict --trace IN/extra_field.csv", "IN/extra_field.csv:2: more fields than the header's 5"),
+    ("validate --matrix IN/matrix_width.json --out v", "IN/matrix_width.json: config 0 (a): width: expected an "
+                                                      "integer, got 'abc'"),
+    ("validate --matrix IN/matrix_seed.json --out v", "IN/matrix_seed.json: config 0 (a): seed must be >= 0"),
+    ("validate --matrix IN/matrix_rate.json --out v", "config 0 (a): rate_of_capacity must be > 0, got -1.0"),
+    ("validate --matrix IN/matrix_name.json --out v", "config 0 (5): name: expected text, got 5"),
+    ("validate --matrix IN/matrix_arch.json --out v", "IN/matrix_arch.json: config 0 (a): unknown architecture"),
+    ("validate --matrix IN/matrix_item.json --out v", "IN/matrix_item.json: config 0 must be an object"),
+    ("validate --matrix IN/matrix.json --measured IN/logs_garbage --out v",
+     "IN/logs_garbage/a/launches.parquet: not a readable parquet log"),
+    ("validate --matrix IN/matrix.json --measured IN/logs_no_requests --out v",
+     "IN/logs_no_requests/a/requests.csv: missing"),
+    ("validate --matrix IN/matrix.json --measured IN/logs_columns --out v",
+     "IN/logs_columns/a/launches.csv: missing column(s) size, padded"),
+    ("validate --matrix IN/matrix.json --measured IN/logs_meta --out v", "IN/logs_meta/a/meta.json:1: invalid JSON"),
+    ("validate --matrix IN/matrix.json --measured IN/truncated.tgz --out v", "--measured IN/truncated.tgz: cannot "
+                                                                             "unpack"),
+    ("validate --matrix IN/matrix.json --measured IN/empty.tgz --out v",  # the archive, not a temporary directory
+     "IN/empty.tgz: no saved executor log for a"),
+    # impossible or contradictory settings
+    ("predict -n 5 --K 0", "serve.coda_batch: must be >= 1, got 0"),
+    ("predict -n 5 --exits synthetic --depth 2", "--depth goes with --exits fixed, not synthetic"),
+    ("predict -n 5 --exits none --mean-depth 3", "--mean-depth goes with --exits synthetic, not none"),
+    ("predict --trace IN/good.csv --rate 5", "carries its own arrivals; drop --rate 5 (workload.rate)"),
+    ("capacity --tpot-ms inf", "the TPOT limit must be a finite number > 0, got inf"),
+    ("capacity --tpot-ms 50 --target-rate inf", "the target rate must be a finite number > 0 req/s, got inf"),
+    ("capacity --tpot-ms 50 --policies ,", "--policies: no names in ','"),
+    ("calibrate --arch , --no-kernels --device cpu --out c", "--arch: no names in ','"),
+    ("calibrate --families , --kernels --device cpu --out c", "--families: no names in ','"),
+    ("calibrate --device tpu --no-kernels --out c", "unknown device 'tpu'; choose one of: cpu, cuda"),
+    ("validate --only a --out v", "--only picks configurations of a --matrix file"),
+    ("validate --matrix IN/matrix.json --rate-of-capacity 0.5 --out v", "--rate-of-capacity sets the configuration"),
 ]
 
 
@@ -137,3 +226,42 @@ def test_a_head_size_set_on_purpose_is_allowed(tmp_path) -> None:
 def test_no_command_prints_the_help() -> None:
     result = CliRunner().invoke(app, [])
     assert result.exit_code == 0 and "predict" in result.output
+
+
+def test_refit_rewrites_no_file_when_a_later_one_fails(tmp_path) -> None:
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(SHIPPED.read_text())
+    profile = json.loads(SHIPPED.read_text())
+    first = sorted(profile["components"])[0]
+    profile["components"][first]["points"] = [[1.0, 0.0, 0.0], [2.0, 0.0, 0.0]]  # times of 0 cannot be fitted
+    bad.write_text(json.dumps(profile))
+    result = CliRunner().invoke(app, ["calibrate", "--refit", str(good), "--refit", str(bad)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip() == f"error: {bad}: components.{first}: measured times must be > 0"
+    assert good.read_text() == SHIPPED.read_text()  # the first file was not rewritten either
+
+
+def _valid_inputs() -> dict[str, tuple[str, bytes]]:
+    """A valid file of each kind a command reads, by the option that reads it."""
+    return {"--arch": (".json", json.dumps(PRESETS["ouro-1.4b"].to_dict()).encode()),
+            "--profile": (".json", SHIPPED.read_bytes()),
+            "--config": (".toml", b"[serve]\nwidth = 32\n[workload]\nrequests = 4\n"),
+            "--trace": (".csv", b"request_id,prompt_len,output_len,arrival_s,exit_depths\n0,8,3,0,2 2\n1,9,2,0,3\n")}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(option=st.sampled_from(sorted(_valid_inputs())), cut=st.integers(0, 10**6), noise=st.binary(max_size=64),
+       garbage=st.booleans())
+def test_damaged_input_files_are_one_line_errors(tmp_path, option: str, cut: int, noise: bytes, garbage: bool) -> None:
+    """A valid input cut short and followed by stray bytes (or stray bytes alone) either still reads or is
+    refused with one ``error:`` line and exit code 2, never a traceback."""
+    suffix, valid = _valid_inputs()[option]
+    path = tmp_path / f"damaged{suffix}"
+    path.write_bytes(noise if garbage else valid[: cut % (len(valid) + 1)] + noise)
+    command = "bound" if option in ("--arch", "--profile") else "schedule"
+    result = CliRunner().invoke(app, [command, option, str(path), "--json", *(["--launches", "1"] if
+                                                                              command == "schedule" else [])])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    if result.exit_code != 0:
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.output

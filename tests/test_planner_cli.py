@@ -144,7 +144,7 @@ def test_capacity_prints_rate_per_gpu_and_gpus_needed() -> None:
     ([], "error: give at least one SLO"),
     (["--tpot-ms", "50", "--policies", "cb,fifo"],
      "error: unknown policy 'fifo'; choose one of: adaptive, cb, norefill, refill"),
-    (["--tpot-ms", "50", "--target-rate", "0"], "error: --target-rate must be > 0"),
+    (["--tpot-ms", "50", "--target-rate", "0"], "error: the target rate must be a finite number > 0 req/s, got 0"),
     (["--tpot-ms", "50", "--attainment", "2"], "error: the attainment must be in (0, 1]"),
 ])
 def test_bad_capacity_is_one_line(tmp_path, args: list[str], message: str) -> None:

@@ -29,11 +29,23 @@ def require(condition: bool, message: str) -> None:
         raise InputError(message)
 
 
-def read_json(path: str | Path, what: str) -> Any:
-    """The parsed JSON of ``path``; a missing file or bad JSON is a one-line error naming file and line."""
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of ``path``; a missing file or bytes that are not UTF-8 (a binary file given by
+    mistake) are a one-line error naming the file and the line of the first bad byte."""
     path = Path(path)
     require(path.is_file(), f"{what} {path} does not exist")
+    data = path.read_bytes()
     try:
-        return json.loads(path.read_text())
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"{path}:{line}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})") from None
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """The parsed JSON of ``path``; a missing file or bad JSON is a one-line error naming file and line."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None

@@ -74,6 +74,10 @@ def read_trace(path: str | Path, r_max: int | None = None) -> list[Request]:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False) if fmt == ".csv" else pd.read_parquet(path)
     except Exception as exc:
         raise InputError(f"{path}: not a readable {fmt[1:]} trace ({str(exc).splitlines()[0]})") from None
+    # pandas takes a first data row with one field more than the header as an index column, shifting
+    # every value one column left: refuse it rather than report the shifted values
+    require(isinstance(frame.index, pd.RangeIndex),
+            f"{where(0)}: more fields than the header's {len(frame.columns)}")
     missing = [c for c in COLUMNS if c not in frame.columns]
     require(not missing, f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(COLUMNS)}")
     empty = f"{where(0)}: no requests (the file has only a header)" if fmt == ".csv" else f"{path}: no rows"
@@ -117,7 +121,7 @@ def _parse_depths(raw: object, where: str) -> np.ndarray:
     if isinstance(raw, str):
         try:
             return np.array([int(tok) for tok in raw.split()], dtype=np.int64)
-        except ValueError:
+        except (ValueError, OverflowError):  # not a whole number, or one past int64
             raise InputError(f"{where}: exit_depths must be space-separated whole numbers, "
                              f"got {raw[:40]!r}") from None
     try:

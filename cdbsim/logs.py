@@ -68,6 +68,7 @@ _ROW = np.dtype([(name, "<i8" if name == "context" else "<i4")
 _PACK = struct.Struct("<" + "i" * 5 + "q" + "i" * 10 + "d" * 3)
 _CHUNK_ROWS = 8192
 _MIX_CHUNK = 1 << 12  # launches whose step mixes are counted at once
+_PIECE_TOKENS = 1 << 16  # tokens whose times are placed at once (about: whole launches)
 _STAGE_CODE = {stage: code for code, stage in enumerate(STAGES)}
 _STAGE_NAME = np.array([stage.value for stage in STAGES], dtype=object)
 
@@ -210,9 +211,9 @@ def _token_times(parts: list[np.ndarray], launch_ends: np.ndarray, tokens: np.nd
     the request of every token produced, in launch order, in ``parts`` of ``part_rows`` launches each
     (emptied here), and each launch's end and tokens produced.
 
-    Part by part: a part's tokens are put in stable order by request and each goes to the next free place of
-    its request's run, so the only array as long as the run's tokens is the token times themselves (sorting
-    all the tokens at once held five more of that length)."""
+    A few launches at a time (about :data:`_PIECE_TOKENS` tokens), each token goes to the next free place of its
+    request's run (:func:`_place`): the only array as long as the run's tokens is the token times themselves
+    (sorting all the tokens at once held five more of that length), and what is made per token stays small."""
     counts = np.zeros(n, dtype=np.int64)
     for part in parts:
         counts += np.bincount(part, minlength=n)
@@ -221,24 +222,38 @@ def _token_times(parts: list[np.ndarray], launch_ends: np.ndarray, tokens: np.nd
     times = np.empty(int(bounds[-1]) if n else 0)
     cursor = starts.copy()  # where each request's next token time goes
     for k, part in enumerate(parts):
-        order = _stable_order(part)
-        launches = slice(k * part_rows, (k + 1) * part_rows)
-        ends = np.repeat(launch_ends[launches], tokens[launches])
-        grouped = part[order]
-        # the runs of equal requests in ``grouped``: each token's rank in its run is its place in the part
-        first = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
-        sizes = np.diff(np.append(first, len(grouped)))
-        rank = np.arange(len(grouped)) - np.repeat(first, sizes)
-        times[cursor[grouped] + rank] = ends[order]
-        cursor[grouped[first]] += sizes
+        made = tokens[k * part_rows:(k + 1) * part_rows]
+        ends = launch_ends[k * part_rows:(k + 1) * part_rows]
+        edges = np.concatenate(([0], np.cumsum(made)))  # where each launch's tokens start in the part
+        step = max(1, len(made) * _PIECE_TOKENS // max(len(part), 1))  # launches a piece
+        for a in range(0, len(made), step):
+            b = min(a + step, len(made))
+            _place(part[edges[a]:edges[b]], np.repeat(ends[a:b], made[a:b]), times, cursor)
     parts.clear()
     per_request = [times[a:b] for a, b in zip(starts.tolist(), bounds.tolist(), strict=True)]
     some = counts > 0
-    first_time = np.full(n, np.nan)
-    last_time = np.full(n, np.nan)
-    first_time[some] = times[starts[some]]
-    last_time[some] = times[bounds[some] - 1]
-    return per_request, first_time, last_time
+    first = np.full(n, np.nan)
+    last = np.full(n, np.nan)
+    first[some] = times[starts[some]]
+    last[some] = times[bounds[some] - 1]
+    return per_request, first, last
+
+
+def _place(producers: np.ndarray, ends: np.ndarray, times: np.ndarray, cursor: np.ndarray) -> None:
+    """Write the times ``ends`` of tokens that ``producers`` produced, in launch order, to the next free places
+    of their requests' runs in ``times`` (``cursor``, moved on past them)."""
+    if not len(producers):
+        return
+    order = _stable_order(producers)
+    grouped = producers[order]
+    # the runs of equal requests in ``grouped``: a run's k-th token goes to its request's cursor plus k
+    first = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
+    sizes = np.diff(np.append(first, len(grouped)))
+    run_requests = grouped[first]
+    place = np.repeat(cursor[run_requests] - first, sizes)
+    place += np.arange(len(grouped))
+    times[place] = ends[order]
+    cursor[run_requests] += sizes
 
 
 def _stable_order(keys: np.ndarray) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cdbsim import logs
 from cdbsim.arch import PRESETS
 from cdbsim.config import ServeConfig
 from cdbsim.latency import LatencyModel, roofline_profile
@@ -31,13 +32,17 @@ def test_small_buffers_give_the_same_logs(policy: str) -> None:
     assert all(np.array_equal(a, b) for a, b in zip(small.token_times, whole.token_times, strict=True))
 
 
-def test_token_times_follow_each_request_through_its_launches() -> None:
+@pytest.mark.parametrize("piece", [5, 1 << 16])
+def test_token_times_follow_each_request_through_its_launches(piece: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each request's times are the ends of the launches that produced its tokens, in launch order, with
-    request ids past 16 bits (the second radix pass) and a request with no tokens."""
+    request ids past 16 bits (the second radix pass), a request with no tokens, a buffer of launches that
+    produced none, and buffers placed in several pieces or in one."""
+    monkeypatch.setattr(logs, "_PIECE_TOKENS", piece)
     rng = np.random.default_rng(5)
     n = 70_000
     ids = np.array([3, 65_535, 65_536, 69_999, 12, 0])
     launches = [rng.permutation(ids)[:rng.integers(0, len(ids) + 1)] for _ in range(23)]
+    launches[4:8] = [ids[:0]] * 4
     ends = np.sort(rng.random(len(launches)))
     tokens = np.array([len(batch) for batch in launches])
     rows = 4

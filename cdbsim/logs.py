@@ -94,8 +94,8 @@ class RunRecorder:
 
     Which requests produced a token is kept in launch order; a request's tokens come out of its launches
     in that order, so its token times are the ends of those launches, read back by a stable sort by
-    request, buffer by buffer. Loop steps are kept laid end to end and become the step-mix strings buffer by
-    buffer."""
+    request a few launches at a time (:func:`_token_times`). Loop steps are kept laid end to end and become
+    the step-mix strings buffer by buffer."""
 
     def __init__(self, requests: list[Request], keep_step_mix: bool = True, chunk_rows: int = _CHUNK_ROWS) -> None:
         self.requests = requests

@@ -69,6 +69,7 @@ _ROW = np.dtype([(name, "<i8" if name == "context" else "<i4")
 _PACK = struct.Struct("<" + "i" * 5 + "q" + "i" * 10 + "d" * 3)
 _CHUNK_ROWS = 8192
 _MIX_CHUNK = 1 << 12  # launches whose step mixes are counted at once
+_PIECE_TOKENS = 1 << 16  # tokens whose times are placed at once (about: whole launches)
 _STAGE_CODE = {stage: code for code, stage in enumerate(STAGES)}
 _STAGE_NAME = np.array([stage.value for stage in STAGES], dtype=object)
 
@@ -94,22 +95,26 @@ class RunRecorder:
 
     Which requests produced a token is kept in launch order; a request's tokens come out of its launches
     in that order, so its token times are the ends of those launches, read back by a stable sort by
-    request. Loop steps are kept laid end to end and become the step-mix strings buffer by buffer."""
+    request a few launches at a time (:func:`_token_times`). Loop steps are kept laid end to end and become
+    the step-mix strings buffer by buffer."""
 
-    def __init__(self, requests: list[Request], keep_step_mix: bool = True) -> None:
+    def __init__(self, requests: list[Request], keep_step_mix: bool = True, chunk_rows: int = _CHUNK_ROWS) -> None:
         self.requests = requests
         self.keep_step_mix = keep_step_mix
-        self._chunks: list[mmap.mmap] = []       # full buffers of _CHUNK_ROWS rows
-        self._buffer = _row_buffer()
+        self.chunk_rows = chunk_rows             # launches a buffer holds
+        self._chunks: list[mmap.mmap] = []       # full buffers
+        self._buffer = _row_buffer(chunk_rows)
         self._offset = 0
         self._producers: list[int] = []           # request of each token produced, in launch order
         self._steps: list[int] = []               # loop steps of the launches that list them, in order
-        self._done_producers: list[np.ndarray] = []  # earlier parts: producers as a narrow array, and
-        self._done_mixes: list[np.ndarray] = []      # the step-mix strings of each full buffer's launches
+        self._done_producers: list[np.ndarray] = []  # of each full buffer's launches: producers as a narrow
+        self._done_mixes: list[np.ndarray] = []      # array, and the step-mix strings
         self._scheduled: list[float] = [np.nan] * len(requests)
         self._first_start: float | None = None
 
     def record(self, launch: Launch, start: float, end: float, host_s: float = 0.0) -> None:
+        if self._offset == len(self._buffer):
+            self._next_chunk()
         stage = launch.stage
         requests = launch.requests
         if stage is Stage.PREFILL:
@@ -127,8 +132,6 @@ class RunRecorder:
             produced = len(requests)
         else:
             produced = 0
-        if self._offset == len(self._buffer):
-            self._next_chunk()
         steps, exits = launch.steps, launch.exits
         if steps:
             self._steps += steps
@@ -144,7 +147,7 @@ class RunRecorder:
         loop steps into the step mixes of the buffer's launches."""
         full = self._buffer
         self._chunks.append(full)
-        self._buffer = _row_buffer()
+        self._buffer = _row_buffer(self.chunk_rows)
         self._offset = 0
         self._done_producers.append(np.array(self._producers, dtype=np.int32))
         self._done_mixes.append(self._mixes(np.frombuffer(full, dtype=_ROW)["steps"].copy()))
@@ -177,13 +180,13 @@ class RunRecorder:
         column["stage"] = _STAGE_NAME[column["stage"]]
         counts = column.pop("steps")
         column["step_mix"] = np.concatenate([*self._done_mixes,
-                                             self._mixes(counts[len(self._done_mixes) * _CHUNK_ROWS:])])
+                                             self._mixes(counts[len(self._done_mixes) * self.chunk_rows:])])
         launches = pd.DataFrame({name: column[name] for name in LAUNCH_COLUMNS}, copy=False)
         ends, tokens = column["end"], column["tokens"]
         del column, counts  # the frame holds its own copy: a large run keeps one copy at a time
         producers = [*self._done_producers, np.array(self._producers, dtype=np.int32)]
         self._done_producers, self._producers, self._done_mixes, self._steps = [], [], [], []
-        times_of, first, last = _token_times(producers, ends, tokens, len(self.requests))
+        times_of, first, last = _token_times(producers, ends, tokens, len(self.requests), self.chunk_rows)
         reqs = self.requests
         requests = pd.DataFrame({
             "request_id": [r.request_id for r in reqs],
@@ -197,38 +200,37 @@ class RunRecorder:
         return RunLog(launches=launches, requests=requests, token_times=times_of, meta=dict(meta or {}))
 
 
-def _row_buffer(rows: int = _CHUNK_ROWS) -> mmap.mmap:
+def _row_buffer(rows: int) -> mmap.mmap:
     """A buffer of ``rows`` launch rows in pages of its own, so that the memory goes back to the system as
     soon as the buffer is let go (freed heap memory would stay with the process)."""
     return mmap.mmap(-1, max(rows, 1) * _PACK.size)
 
 
-def _token_times(parts: list[np.ndarray], launch_ends: np.ndarray, tokens: np.ndarray,
-                 n: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+def _token_times(parts: list[np.ndarray], launch_ends: np.ndarray, tokens: np.ndarray, n: int,
+                 part_rows: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """Each request's token times (views of one array), its first and its last (NaN without tokens), from
-    the request of every token produced, in launch order (``parts`` of it, emptied here: a long run's
-    largest arrays are per token, and each goes as soon as it is used), and each launch's end and tokens
-    produced."""
-    producers = np.concatenate(parts)
-    parts.clear()
-    counts = np.bincount(producers, minlength=n)
-    # the stable order by request, by 16-bit radix passes (numpy sorts 16-bit keys by radix, several times
-    # faster than its merge sort of wider ones), each array let go as soon as it is used
-    low = (producers & 0xFFFF).astype(np.uint16)
-    high = (producers >> 16).astype(np.uint16) if len(producers) and int(producers.max()) > 0xFFFF else None
-    del producers
-    order = np.argsort(low, kind="stable")
-    del low
-    if high is not None:
-        order = order.astype(np.int32) if len(order) < 1 << 31 else order
-        high = high[order]
-        order = order[np.argsort(high, kind="stable")]
-        del high
-    # the launch of each token as int32, not its end as float64
-    times = launch_ends[np.repeat(np.arange(len(tokens), dtype=np.int32), tokens)[order]]
-    del order
+    the request of every token produced, in launch order, in ``parts`` of ``part_rows`` launches each
+    (emptied here), and each launch's end and tokens produced.
+
+    A few launches at a time (about :data:`_PIECE_TOKENS` tokens), each token goes to the next free place of its
+    request's run (:func:`_place`): the only array as long as the run's tokens is the token times themselves
+    (sorting all the tokens at once held five more of that length), and what is made per token stays small."""
+    counts = np.zeros(n, dtype=np.int64)
+    for part in parts:
+        counts += np.bincount(part, minlength=n)
     bounds = np.cumsum(counts)
     starts = bounds - counts
+    times = np.empty(int(bounds[-1]) if n else 0)
+    cursor = starts.copy()  # where each request's next token time goes
+    for k, part in enumerate(parts):
+        made = tokens[k * part_rows:(k + 1) * part_rows]
+        ends = launch_ends[k * part_rows:(k + 1) * part_rows]
+        edges = np.concatenate(([0], np.cumsum(made)))  # where each launch's tokens start in the part
+        step = max(1, len(made) * _PIECE_TOKENS // max(len(part), 1))  # launches a piece
+        for a in range(0, len(made), step):
+            b = min(a + step, len(made))
+            _place(part[edges[a]:edges[b]], np.repeat(ends[a:b], made[a:b]), times, cursor)
+    parts.clear()
     per_request = [times[a:b] for a, b in zip(starts.tolist(), bounds.tolist(), strict=True)]
     some = counts > 0
     first = np.full(n, np.nan)
@@ -236,6 +238,33 @@ def _token_times(parts: list[np.ndarray], launch_ends: np.ndarray, tokens: np.nd
     first[some] = times[starts[some]]
     last[some] = times[bounds[some] - 1]
     return per_request, first, last
+
+
+def _place(producers: np.ndarray, ends: np.ndarray, times: np.ndarray, cursor: np.ndarray) -> None:
+    """Write the times ``ends`` of tokens that ``producers`` produced, in launch order, to the next free places
+    of their requests' runs in ``times`` (``cursor``, moved on past them)."""
+    if not len(producers):
+        return
+    order = _stable_order(producers)
+    grouped = producers[order]
+    # the runs of equal requests in ``grouped``: a run's k-th token goes to its request's cursor plus k
+    first = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
+    sizes = np.diff(np.append(first, len(grouped)))
+    run_requests = grouped[first]
+    place = np.repeat(cursor[run_requests] - first, sizes)
+    place += np.arange(len(grouped))
+    times[place] = ends[order]
+    cursor[run_requests] += sizes
+
+
+def _stable_order(keys: np.ndarray) -> np.ndarray:
+    """The stable order of non-negative int32 ``keys``, by 16-bit radix passes (numpy sorts 16-bit keys by radix,
+    several times faster than its merge sort of wider ones)."""
+    order = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
+    if len(keys) and int(keys.max()) > 0xFFFF:
+        high = (keys >> 16).astype(np.uint16)[order]
+        order = order[np.argsort(high, kind="stable")]
+    return order
 
 
 def _step_mixes(steps: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -87,10 +87,13 @@ class RequestTable:
 def clipped_depths(requests: Sequence[Request], r_min: int, r_max: int, offset: int = 0) -> tuple[array, list[int]]:
     """Every request's exit depths clamped to ``[r_min, r_max]`` (plus ``offset``), laid end to end in one
     int16 array (a list of lists of ints cost 8 bytes a token, 54 MB for 100,000 Alpaca requests), and
-    where each request's depths start in it."""
+    where each request's depths start in it. The depths are clamped straight into the array: one more
+    copy of them at a time, not five."""
     starts = np.cumsum([0] + [len(r.depths) for r in requests]).tolist()
     if not requests:
         return array("h"), []
-    depths = np.concatenate([np.asarray(r.depths) for r in requests])
-    flat = np.clip(depths, r_min, r_max).astype(np.int16) + np.int16(offset)
-    return array("h", flat.tobytes()), starts[:-1]
+    flat = array("h", [0]) * starts[-1]
+    view = np.frombuffer(flat, dtype=np.int16)
+    np.clip(np.concatenate([np.asarray(r.depths) for r in requests]), r_min, r_max, out=view, casting="unsafe")
+    view += np.int16(offset)
+    return flat, starts[:-1]

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cdbsim.config import ServeConfig, decode_graph_sizes, prefill_graph_sizes
 from cdbsim.errors import ConfigError
 from cdbsim.launch import Stage
 from cdbsim.replay import drive
+from cdbsim.requests import clipped_depths
 from cdbsim.scheduler import Scheduler
 from tests.conftest import make_requests, tiny_arch
+from traces import Request
 
 
 def stages(launches) -> list[str]:
@@ -164,3 +167,14 @@ def test_mixed_core_launch_takes_the_head_whatever_the_steps() -> None:
 def test_unknown_core_launch_lists_the_valid_ones() -> None:
     with pytest.raises(ConfigError, match="mixed, per-step"):
         ServeConfig(core_launch="split")
+
+
+def test_exit_steps_clamp_depths_of_any_width_before_narrowing_them() -> None:
+    """Depths are clamped to [r_min, r_max] before they are stored as int16: 40,000 or -3 in a wider array
+    becomes r_max or r_min, not a wrapped-around value."""
+    requests = [Request(0, 3, 4, 0.0, np.array([1, 9, -3], dtype=np.int64)),
+                Request(1, 2, 1, 0.0, np.zeros(0, dtype=np.int16)),
+                Request(2, 2, 3, 0.0, np.array([2, 40_000], dtype=np.int32))]
+    steps, starts = clipped_depths(requests, 2, 4, offset=-1)
+    assert steps.typecode == "h" and steps.tolist() == [1, 3, 1, 1, 3] and starts == [0, 3, 3]
+    assert clipped_depths([], 2, 4)[1] == []

@@ -188,6 +188,9 @@ def experiment_options(*selected: str, exclude: tuple[str, ...] = (),
             if config is not None:
                 exp = exp.merge(data, source=str(config))
             exp = exp.override(flags, source=None).override(assignments or [])
+            exp.refuse_unused({*flags, *(f"{section}.{name}" for section, values in data.items()
+                                         if isinstance(values, Mapping) for name in values),
+                               *(a.partition("=")[0].strip() for a in assignments or [])})
             if tables:
                 kwargs["tables"] = FileTables(str(config) if config is not None else None, own_tables)
             return command(exp=exp, **kwargs)

@@ -538,6 +538,19 @@ class Experiment:
             nested.setdefault(section, {})[name] = value
         return self.merge(nested, source)
 
+    def refuse_unused(self, given: Iterable[str]) -> None:
+        """Refuse fields the user set (``given``: ``section.field`` keys from flags, a config file or
+        ``--set``) that this experiment would not use: with a trace, the workload preset, request count,
+        seed and exit model (the trace holds the requests and their depths)."""
+        if self.workload.trace is None:
+            return
+        unused = [s for s in settings() if s.key in set(given)
+                  and (s.section == "exits" or s.key in ("workload.name", "workload.requests", "workload.seed"))]
+        if unused:
+            flags = ", ".join(s.flags[0] for s in unused)
+            raise ConfigError(f"the trace {self.workload.trace} holds the requests and their exit depths; "
+                              f"{flags} would be ignored: drop {'it' if len(unused) == 1 else 'them'}")
+
     @staticmethod
     def _split(assignment: str) -> tuple[str, str]:
         key, eq, value = assignment.partition("=")

@@ -161,12 +161,14 @@ def experiment_options(*selected: str, exclude: tuple[str, ...] = (),
     field, ``"serve.width"``, minus ``exclude``) plus ``--config`` and ``--set``, and call it with the
     assembled :class:`Experiment` as ``exp``. ``defaults`` are this command's own (``{"workload.requests":
     256}``). Precedence: defaults < config file < flags given on the command line < --set. ``tables`` are
-    tables of the config file the command reads itself (``[grid]``): they are passed as ``tables``."""
+    tables of the config file the command reads itself (``[grid]``): they are passed as ``tables``. A command
+    with a ``given`` parameter gets the ``section.field`` keys the user set (flags, config file, ``--set``)."""
     chosen = [s for s in settings() if (s.section in selected or s.key in selected) and s.key not in exclude]
     defaults = dict(defaults or {})
-    passed = ("exp", "tables")
+    passed = ("exp", "tables", "given")
 
     def decorate(command: Callable) -> Callable:
+        accepted = inspect.signature(command).parameters
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
                for p in inspect.signature(command, eval_str=True).parameters.values() if p.name not in passed]
         generated = [_parameter(s, defaults.get(s.key, s.default)) for s in chosen]
@@ -188,9 +190,12 @@ def experiment_options(*selected: str, exclude: tuple[str, ...] = (),
             if config is not None:
                 exp = exp.merge(data, source=str(config))
             exp = exp.override(flags, source=None).override(assignments or [])
-            exp.refuse_unused({*flags, *(f"{section}.{name}" for section, values in data.items()
-                                         if isinstance(values, Mapping) for name in values),
-                               *(a.partition("=")[0].strip() for a in assignments or [])})
+            given = {*flags, *(f"{section}.{name}" for section, values in data.items()
+                               if isinstance(values, Mapping) for name in values),
+                     *(a.partition("=")[0].strip() for a in assignments or [])}
+            exp.refuse_unused(given)
+            if "given" in accepted:
+                kwargs["given"] = frozenset(given)
             if tables:
                 kwargs["tables"] = FileTables(str(config) if config is not None else None, own_tables)
             return command(exp=exp, **kwargs)
@@ -817,6 +822,7 @@ def capacity_command(
                               "serve.kv_tokens": 65536})
 def validate(
     exp: Experiment,
+    given: frozenset[str],
     matrix: Annotated[Path | None, typer.Option("--matrix", help="A validation matrix JSON file (default: one "
                                                                  "configuration from the options below).")] = None,
     only: Annotated[str | None, typer.Option("--only", help="Comma-separated config names of the matrix.")] = None,
@@ -837,6 +843,10 @@ def validate(
     if matrix is not None and rate_of_capacity is not None:
         raise ConfigError("--rate-of-capacity sets the configuration given by options; a --matrix entry sets its "
                           "own (rate_of_capacity)")
+    unused = [s.flags[0] for s in settings() if s.key in given and s.section != "latency"]
+    if matrix is not None and unused:
+        raise ConfigError(f"{', '.join(unused)}: a --matrix entry sets its own configuration; of the options only "
+                          "--profile and --force apply to it")
     check_dir(out, "--out", ("measured",))
     unpacked = contextlib.ExitStack()
     if measured is not None:  # a committed archive of logs re-predicts as it is

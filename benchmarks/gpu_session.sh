@@ -13,7 +13,7 @@
 #                                           -> benchmarks/results/throughput-noexit/k1-chained/
 #   bash benchmarks/gpu_session.sh kernels  GPU tests, the kernel-level calibration -> calibration/profiles/
 #                                           h200-kernels.json, benchmarks/results/kernels/
-#   bash benchmarks/gpu_session.sh unseen   decode and prefill attention and the probes re-measured into the kernel
+#   bash benchmarks/gpu_session.sh unseen   decode and prefill attention, the probes and the host re-measured into the kernel
 #                                           profile, then the unseen-shape matrix -> benchmarks/results/unseen/
 #                                           (ONLY=name,name runs those configurations of the matrix alone;
 #                                           PART=kernels or PART=matrix one of the two halves)
@@ -72,7 +72,7 @@ case $phase in
   unseen)  # the kernel profile's probes and prefill attention, then shapes no profile measured whole
     # (PART=kernels or PART=matrix runs one half: together they can pass one call's ten minutes)
     if [ "${PART:-kernels}" = kernels ]; then
-      run 250 kernels-update python3 cli.py calibrate --kernels --families attention,probes,prefill \
+      run 340 kernels-update python3 cli.py calibrate --kernels --families attention,probes,prefill,host \
         --update calibration/profiles/h200-kernels.json --out "$work/profiles"
       cp "$work/profiles/h200-kernels.json" calibration/profiles/h200-kernels.json && cp "$work/profiles/h200-kernels.json" "$OUT/"
     fi

@@ -121,8 +121,9 @@ class Engine:
         self.row_of: dict[int, int] = {}
         # host mirror of every request's block table, so a launch's table is one numpy gather (refreshed
         # when the scheduler's block list grows, and cleared when it is given back)
-        self._table = np.full((n + 1, self.max_blocks), self.geo.trash_block, dtype=np.int64)
+        self._table = np.full((n + 1, self.max_blocks), self.geo.trash_block, dtype=np.int32)
         self._known = np.zeros(n + 1, dtype=np.int64)
+        self._scratch: dict[tuple[int, int], np.ndarray] = {}  # scratch metadata templates by (rows, width)
         geo = self.geo
         self._slot_base = np.asarray([geo.slot_of_step(s) * geo.core for s in range(geo.r_max)], dtype=np.int64)
         self._fill_of = np.asarray([geo.fill_count(s) for s in range(geo.r_max)], dtype=np.int64)
@@ -152,7 +153,14 @@ class Engine:
                 self.row_of[r] = self._spare_rows.pop()
 
     def scratch_meta(self, rows: int, width: int) -> np.ndarray:
-        """Metadata of ``rows`` padded rows: scratch token and bank row, trash block, one position."""
+        """Metadata of ``rows`` padded rows: scratch token and bank row, trash block, one position (a fresh
+        copy of a template kept per shape: a launch's preparation starts from it)."""
+        template = self._scratch.get((rows, width))
+        if template is None:
+            template = self._scratch[(rows, width)] = self._scratch_meta(rows, width)
+        return template.copy()
+
+    def _scratch_meta(self, rows: int, width: int) -> np.ndarray:
         fields = np.zeros((len(FIELDS), rows), dtype=np.int32)
         fields[_F["tok"]] = self.scratch_token
         fields[_F["bank"]] = self.scratch_row
@@ -183,8 +191,7 @@ class Engine:
         fields = buf[: len(FIELDS) * rows].reshape(len(FIELDS), rows)
         table = buf[len(FIELDS) * rows:].reshape(rows, width)
         blocks = self._table[req]
-        table[:n] = np.where(np.arange(width)[None, :] <= (pos // bs)[:, None], blocks[:, :width],
-                             self.geo.trash_block)
+        table[:n] = blocks[:, :width]  # blocks past a row's position are its own; attention masks them
         fields[_F["tok"], :n] = req * stride + pos
         fields[_F["pos"], :n] = pos
         fields[_F["bank"], :n] = [self.row_of.get(r, self.scratch_row) for r in launch.requests]

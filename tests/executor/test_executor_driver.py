@@ -144,3 +144,25 @@ def test_launch_metadata_is_the_size_the_latency_model_charges() -> None:
     for stage in (Stage.PRELUDE, Stage.CORE, Stage.CODA, Stage.DECODE):
         for rows in (1, 4):
             assert engine.scratch(stage, rows, engine.max_blocks).nbytes == metadata_bytes(rows, engine.max_blocks)
+
+
+def test_decode_metadata_gathers_the_block_table_from_a_fresh_template() -> None:
+    """A decode-type launch's table row is its request's block ids (those past its position included:
+    attention masks them), then the trash block; each launch's buffer is its own copy of the shape's
+    scratch template, so filling one leaves the next launch's padding untouched."""
+    from cdbsim.launch import Stage, decode_launch
+    from executor.engine import FIELDS, Engine
+
+    arch = tiny_arch("ouro")
+    requests = tiny_requests(n=2, seed=2)
+    config = ServeConfig(policy="refill", width=4, layout="depth")
+    engine = Engine(tiny_model(arch), config, requests, 64)
+    width, trash = engine.max_blocks, engine.geo.trash_block
+    blocks = [[7, 3, 9], [5]]  # request 0 holds a block past its position 17 (block 1)
+    prepared = engine.prepare(decode_launch(Stage.CORE, [0, 1], [17, 2], blocks, 4), width)
+    table = prepared.meta[len(FIELDS) * 4:].reshape(4, width)
+    assert table[0].tolist() == [7, 3, 9] + [trash] * (width - 3)
+    assert table[1].tolist() == [5] + [trash] * (width - 1)
+    assert (table[2:] == trash).all()
+    again = engine.prepare(decode_launch(Stage.CORE, [1], [2], [[5]], 4), width)
+    assert (again.meta[len(FIELDS) * 4:].reshape(4, width)[1:] == trash).all()

@@ -123,7 +123,7 @@ class Engine:
         # when the scheduler's block list grows, and cleared when it is given back)
         self._table = np.full((n + 1, self.max_blocks), self.geo.trash_block, dtype=np.int32)
         self._known = np.zeros(n + 1, dtype=np.int64)
-        self._scratch: dict[tuple[int, int], np.ndarray] = {}  # scratch metadata templates by (rows, width)
+        self._scratch: dict[int, np.ndarray] = {}  # scratch metadata at the graphs' width, by padded rows
         geo = self.geo
         self._slot_base = np.asarray([geo.slot_of_step(s) * geo.core for s in range(geo.r_max)], dtype=np.int64)
         self._fill_of = np.asarray([geo.fill_count(s) for s in range(geo.r_max)], dtype=np.int64)
@@ -153,11 +153,14 @@ class Engine:
                 self.row_of[r] = self._spare_rows.pop()
 
     def scratch_meta(self, rows: int, width: int) -> np.ndarray:
-        """Metadata of ``rows`` padded rows: scratch token and bank row, trash block, one position (a fresh
-        copy of a template kept per shape: a launch's preparation starts from it)."""
-        template = self._scratch.get((rows, width))
+        """Metadata of ``rows`` padded rows: scratch token and bank row, trash block, one position. At the
+        graphs' width (``max_blocks``) it is a fresh copy of a template kept per row count, so a launch's
+        preparation starts from one copy; eager launches, as wide as each needs, build theirs."""
+        if width != self.max_blocks:
+            return self._scratch_meta(rows, width)
+        template = self._scratch.get(rows)
         if template is None:
-            template = self._scratch[(rows, width)] = self._scratch_meta(rows, width)
+            template = self._scratch[rows] = self._scratch_meta(rows, width)
         return template.copy()
 
     def _scratch_meta(self, rows: int, width: int) -> np.ndarray:

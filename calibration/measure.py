@@ -244,7 +244,8 @@ class UnitBench:
             torch.cuda.empty_cache()
 
 
-META_COPY_BYTES = tuple(int(4 * 2 ** k) for k in range(10, 21))  # 4 KB .. 4 MB
+META_COPY_BYTES = tuple(int(4 * 2 ** k) for k in range(5, 21))  # 128 B .. 4 MB: one row of a narrow table is
+# a few hundred bytes, a wide batch's megabytes
 META_SPIN_S = 2e-3  # the host fills the pinned buffer before it queues the copy: up to ~1 ms at 4 MB
 
 

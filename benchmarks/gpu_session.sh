@@ -123,12 +123,14 @@ case $phase in
   sequence)  # does a stage run slower inside a serving sequence than replayed alone?
     for point in unseen-huginn-2048:1:3072 unseen-huginn-2048:8:3072 unseen-ouro-1536:1:3072 huginn-3.5b:1:1024 \
                  unseen-huginn-2048:1:3072:exiting unseen-huginn-2048:8:3072:exiting \
-                 unseen-huginn-2048:1:3072:wide unseen-huginn-2048:8:3072:wide; do
+                 unseen-huginn-2048:1:3072:wide unseen-huginn-2048:8:3072:wide \
+                 unseen-ouro-2560:8:3072:bigcore unseen-ouro-2560:8:3072; do
       IFS=: read -r name batch context variant <<< "$point"
       arch=$name; [ -f "calibration/archs/$name.json" ] && arch="calibration/archs/$name.json"
       [ -n "${ONLY_VARIANT:-}" ] && [ "$variant" != "$ONLY_VARIANT" ] && continue  # e.g. ONLY_VARIANT=wide
       extra=""; [ "$variant" = exiting ] && extra="--exiting"
       [ "$variant" = wide ] && extra="--table-context 8116"  # tables as wide as the ShareGPT run's (508 blocks)
+      [ "$variant" = bigcore ] && extra="--core-batch 64"  # prelude and coda behind a 64-row core step
       run 90 "sequence-$name-B$batch$variant" python3 benchmarks/probe_launch_sequence.py --arch "$arch" \
         --batch "$batch" --context "$context" $extra --out "$work/sequence-$name-B$batch$variant.json"
     done

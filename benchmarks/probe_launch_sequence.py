@@ -10,7 +10,8 @@ between two events. This script times the same launches of one architecture both
 ``same``       each stage's launch queued ``--rounds`` times in a row the same way (no other graph between)
 
 so a difference between ``sequence`` and ``same`` is what switching between graphs costs, and between
-``same`` and ``alone`` what running back to back costs.
+``same`` and ``alone`` what running back to back costs. ``--core-batch N`` makes the core launch N rows
+wide while prelude and coda keep ``--batch`` (as served, a prelude follows a core step of the whole batch).
 
     python benchmarks/probe_launch_sequence.py --arch calibration/archs/unseen-huginn-2048.json \\
         --batch 1 --context 3072 --out sequence.json                  # on a CUDA GPU, under a minute
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table-context", type=int, default=None,
                         help="positions the block tables are sized for (a serving run: its longest request; "
                              "default: --context)")
+    parser.add_argument("--core-batch", type=int, default=None,
+                        help="rows of the core launch (default: --batch): a served prelude or coda follows a core "
+                             "step of another batch, whose data leaves the caches as they are")
     parser.add_argument("--exiting", action="store_true",
                         help="every core token exits, so the core launch also fills its later KV slots")
     parser.add_argument("--out", help="write the times as JSON")
@@ -72,16 +76,21 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda")
     timer = Timer(device, args.repeats, 3)
     table_context = max(args.table_context or 0, args.context) + 1
-    bench = UnitBench(arch, args.batch, table_context, 65536, KVLayout.DEPTH, device, timer, scatter=True)
-    launches = [(s, bench.graph(s, args.batch, args.context, exiting=args.exiting and s is Stage.CORE,
-                                mixed_steps=s is Stage.CORE, with_copy=True)) for s in STAGES]
+    core_batch = args.core_batch or args.batch
+    rows = max(args.batch, core_batch)
+    bench = UnitBench(arch, rows, table_context, max(65536, rows * table_context), KVLayout.DEPTH, device, timer,
+                      scatter=True)
+    launches = [(s, bench.graph(s, core_batch if s is Stage.CORE else args.batch, args.context,
+                                exiting=args.exiting and s is Stage.CORE, mixed_steps=s is Stage.CORE,
+                                with_copy=True)) for s in STAGES]
     t0 = time.perf_counter()
     results = {"alone": {s.value: timer(fn) for s, fn in launches},
                "sequence": queued(launches, args.rounds)}
     results["same"] = {s.value: queued([(s, fn)], args.rounds)[s.value] for s, fn in launches}
     width = bench.graphs.width
     bench.close()
-    print(f"{arch.name}, B = {args.batch}, L = {args.context}{', core tokens exiting' if args.exiting else ''}, "
+    print(f"{arch.name}, B = {args.batch} (core {core_batch}), L = {args.context}"
+          f"{', core tokens exiting' if args.exiting else ''}, "
           f"tables {width} blocks wide: "
           f"median us per launch ({time.perf_counter() - t0:.0f} s)")
     print(f"{'':<10}" + "".join(f"{s.value:>12}" for s in STAGES))
@@ -89,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{way:<10}" + "".join(f"{1e6 * times[s.value]:>12.1f}" for s in STAGES))
     if args.out:
         meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "arch": arch.name,
-                "batch": args.batch, "context": args.context, "repeats": args.repeats, "rounds": args.rounds,
-                "exiting": args.exiting, "table_blocks": width}
+                "batch": args.batch, "core_batch": core_batch, "context": args.context, "repeats": args.repeats,
+                "rounds": args.rounds, "exiting": args.exiting, "table_blocks": width}
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "seconds": results}, f, indent=2)
     return 0

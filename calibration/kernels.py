@@ -110,6 +110,11 @@ class KernelPlan:
     repeats: int = 7
     warmup: int = 2
 
+    @property
+    def decode_units(self) -> int:
+        """Rows x heads of the decode grid's largest launch (``rope_kv`` rows beyond it come from prefill)."""
+        return max(self.attention_rows) * self.attention_heads
+
     @classmethod
     def quick(cls) -> KernelPlan:
         return cls(gemm_m=(1, 8, 64, 512, 2048), gemm_n=(1024, 4096, 16384), gemm_k=(1024, 4096, 16384),
@@ -336,7 +341,6 @@ def measure_prefill_attention(plan: KernelPlan, chain: ChainTimer, progress: Cal
     grid's largest (:func:`measure_attention` stops at its rows x heads; a 2,048-token prefill of 55 heads
     is 14 times that)."""
     rows, rope = [], []
-    decode_units = max(plan.attention_rows) * plan.attention_heads
     longest = max(plan.prefill_prefix) + max(plan.prefill_tokens)
     chunks_max = max(plan.prefill_chunks)
     for heads, d, g in itertools.product(plan.prefill_heads, plan.head_dims, plan.prefill_groups):
@@ -349,7 +353,7 @@ def measure_prefill_attention(plan: KernelPlan, chain: ChainTimer, progress: Cal
             progress(f"prefill_attention T={tokens} chunks={chunks} prefix={prefix} heads={heads} d={d} g={g}")
             rows.append([tokens, chunks, prefix, heads, g, d, chain(bench.prefill_calls(tokens, chunks, prefix))])
         for tokens in plan.prefill_tokens:
-            if tokens * heads > decode_units:
+            if tokens * heads > plan.decode_units:
                 progress(f"rope_kv prefill T={tokens} heads={heads} d={d} g={g}")
                 rope.append([tokens * heads, g, d, chain(bench.prefill_rope_calls(tokens))])
         bench.close()
@@ -579,8 +583,7 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     def prefill() -> None:
         attention_rows, rope = measure_prefill_attention(plan, chain, progress)
         tables["prefill_attention"] = attention_rows
-        decode_units = max(plan.attention_rows) * plan.attention_heads
-        tables["rope_kv"] = merge_prefill_rope(tables.get("rope_kv", []), rope, decode_units)
+        tables["rope_kv"] = merge_prefill_rope(tables.get("rope_kv", []), rope, plan.decode_units)
 
     family("prefill", prefill)
     family("glue", lambda: tables.update(measure_glue(plan, chain, progress)))

@@ -544,7 +544,8 @@ class Experiment:
         seed and exit model (the trace holds the requests and their depths)."""
         if self.workload.trace is None:
             return
-        unused = [s for s in settings() if s.key in set(given)
+        given = set(given)
+        unused = [s for s in settings() if s.key in given
                   and (s.section == "exits" or s.key in ("workload.name", "workload.requests", "workload.seed"))]
         if unused:
             flags = ", ".join(s.flags[0] for s in unused)

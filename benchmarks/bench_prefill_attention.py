@@ -103,8 +103,8 @@ def main() -> None:
                    key=lambda r: r["tflops"])
         print(f"{name:7s} T={tokens} prefix={prefix}: best {best['block_m']}x{best['block_n']} w{best['warps']} "
               f"s{best['stages']} {best['tflops']:.0f} TFLOP/s", flush=True)
-    table = pd.DataFrame(rows)
-    table.to_csv(args.out / "prefill-attention.csv", index=False)
+        table = pd.DataFrame(rows)  # rewritten per case, so a run cut short keeps what it measured
+        table.to_csv(args.out / "prefill-attention.csv", index=False)
     # one launch shape for all: the best geometric-mean rate over every (head shape, tokens, prefix)
     keys = ["block_m", "block_n", "warps", "stages"]
     score = table.groupby(keys)["tflops"].apply(lambda x: float(np.exp(np.log(x).mean())))

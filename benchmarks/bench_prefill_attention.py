@@ -62,9 +62,9 @@ def setup(heads: int, kv_heads: int, d: int, tokens: int, prefix: int, device: s
     return cache, meta, q
 
 
-def with_items(meta, tokens: int, block_m: int):
+def with_items(meta, tokens: int, prefix: int, block_m: int):
     """``meta`` with work items ``block_m`` queries high."""
-    chunk, q0 = work_items([tokens], block_m)
+    chunk, q0 = work_items([tokens], block_m, [prefix])
     device = meta.start.device
     return replace(meta, item_chunk=torch.from_numpy(chunk).to(device), item_q0=torch.from_numpy(q0).to(device))
 
@@ -89,7 +89,7 @@ def main() -> None:
         flops = causal_flops(tokens, prefix, heads, d)
         for bm, bn, w, st in itertools.product(block_ms, block_ns, warps, stages):
             tiles = tk.PrefillTiles(bn, w, st)
-            launch = functools.partial(tk.prefill_attention, q, cache, with_items(meta, tokens, bm), 0,
+            launch = functools.partial(tk.prefill_attention, q, cache, with_items(meta, tokens, prefix, bm), 0,
                                        1 / math.sqrt(d), tiles, bm)
             try:
                 ms = triton.testing.do_bench(launch, warmup=10, rep=40)

@@ -11,7 +11,8 @@ int32 buffer whose layout depends only on (padded tokens ``T``, chunk capacity `
 * per sampled row (``C``): ``last`` (packed index of a finishing chunk's last token) and ``out`` (the
   token-store index its sampled token goes to);
 * per attention work item (``T / BLOCK_M + C``): ``item_chunk`` and ``item_q0``: one item is up to
-  ``BLOCK_M`` queries of one chunk, so the attention grid has a fixed size whatever the chunk lengths.
+  ``BLOCK_M`` queries of one chunk, so the attention grid has a fixed size whatever the chunk lengths;
+  the items that see the most keys come first (:func:`work_items`).
 
 Padding never touches a request: padded tokens read the scratch token, write the trash KV row and are
 in no work item; padded chunks have length 0; padded sampled rows write the scratch token; padded work
@@ -104,11 +105,17 @@ def scratch_prefill(layout: PrefillLayout, scratch_token: int, trash_block: int,
     return buf
 
 
-def work_items(lens: list[int], block_m: int = BLOCK_M) -> tuple[np.ndarray, np.ndarray]:
-    """(chunk, first query) of every attention work item: ``block_m`` queries of one chunk each."""
+def work_items(lens: list[int], block_m: int = BLOCK_M,
+               starts: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk, first query) of every attention work item: ``block_m`` queries of one chunk each, the
+    items that see the most keys first. A causal item's work grows with the keys it sees, and blocks
+    start in grid order: longest first keeps a long item from starting last and running alone."""
+    starts = starts if starts is not None else [0] * len(lens)
     chunk = np.concatenate([np.full(-(-n // block_m), c) for c, n in enumerate(lens)] or [np.zeros(0)])
     q0 = np.concatenate([np.arange(0, n, block_m) for n in lens] or [np.zeros(0)])
-    return chunk.astype(np.int32), q0.astype(np.int32)
+    keys = np.asarray(starts, dtype=np.int64)[chunk.astype(np.int64)] + q0 if len(chunk) else q0
+    order = np.argsort(-keys, kind="stable")
+    return chunk[order].astype(np.int32), q0[order].astype(np.int32)
 
 
 @dataclass(frozen=True)
@@ -144,7 +151,7 @@ def pack(layout: PrefillLayout, chunks: list[Chunk], scratch_token: int, trash_b
             chunk_f[3:, sampled] = (end - 1, chunk.token_base + chunk.start + chunk.length)
             sampled += 1
         offset = end
-    item_chunk, item_q0 = work_items([c.length for c in chunks])
+    item_chunk, item_q0 = work_items([c.length for c in chunks], starts=[c.start for c in chunks])
     item_f[:, : len(item_chunk)] = (item_chunk, item_q0)
     return buf
 

@@ -667,8 +667,8 @@ def _prefill_attn_kernel(Q, KC, VC, OUT, BT, START, LEN, QOFF, ICHUNK, IQ0, laye
     """One work item (up to ``BLOCK_M`` queries of one chunk) of one head. Keys below the item's first
     query are seen by all its queries: those tiles skip every mask; the rest (diagonal, chunk end) mask.
     The head's columns come in two parts ``DA`` + ``DB`` (:func:`prefill_head_parts`)."""
-    item = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(0)  # heads vary fastest: every head of the longest item starts first
+    item = tl.program_id(1)
     chunk = tl.load(ICHUNK + item)
     if chunk >= 0:
         c = chunk.to(tl.int64)
@@ -736,7 +736,7 @@ def prefill_head_parts(d: int) -> tuple[int, int]:
 
 def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta, layer: int, scale: float,
                       tiles: PrefillTiles | None = None, block_m: int | None = None) -> torch.Tensor:
-    """See :func:`executor.ops.prefill_attention`; one program per (work item, head), no host sync, so
+    """See :func:`executor.ops.prefill_attention`; one program per (head, work item), no host sync, so
     it runs inside a CUDA graph. ``meta`` is an :class:`executor.prefill.PrefillMeta` whose work items
     are ``block_m`` queries high (default :data:`executor.prefill.BLOCK_M`); ``tiles`` overrides the launch
     shape (a benchmark sweeps it)."""
@@ -749,7 +749,7 @@ def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta, layer: int, sc
     table = meta.block_table
     tiles = tiles or PREFILL_TILES
     da, db = prefill_head_parts(d)
-    _prefill_attn_kernel[(meta.item_chunk.shape[0], heads)](
+    _prefill_attn_kernel[(heads, meta.item_chunk.shape[0])](
         q, cache.k, cache.v, out, table, meta.start, meta.length, meta.qoff, meta.item_chunk, meta.item_q0,
         layer, geo.pages_per_layer, scale * LOG2E, table.stride(0), H=heads, KVH=cache.kv_heads, D=d, DA=da,
         DB=db, PAGE=geo.block_size, BLOCK_M=block_m or BLOCK_M, BLOCK_N=tiles.block_n,

@@ -224,7 +224,7 @@ def check_prefill_attention(device: str = "cpu", dtype: torch.dtype = torch.floa
         cache.v.copy_(torch.randn(*cache.v.shape, generator=gen, device=device).to(dtype))
         meta = prefill_views(packed, layout)
         if block_m != BLOCK_M:  # work items of the smaller tile (padding items: chunk -1)
-            chunk, q0 = work_items([c.length for c in chunks], block_m)
+            chunk, q0 = work_items([c.length for c in chunks], block_m, [c.start for c in chunks])
             items = torch.full((2, len(chunk) + 2), -1, dtype=packed.dtype)
             items[0, : len(chunk)], items[1, : len(chunk)] = torch.from_numpy(chunk), torch.from_numpy(q0)
             meta = replace(meta, item_chunk=items[0].to(device), item_q0=items[1].to(device))

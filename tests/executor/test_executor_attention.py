@@ -6,13 +6,15 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
 from cdbsim.kvlayout import KVLayout  # noqa: E402
 from executor.kv_cache import CacheGeometry, PagedKVCache  # noqa: E402
 from executor.ops import Ops, RopeTable, decode_attention, rope_write_kv, rotate  # noqa: E402
-from executor.prefill import Chunk, PagedPrefillAttention, PrefillLayout, pack, prefill_views  # noqa: E402
+from executor.prefill import Chunk, PagedPrefillAttention, PrefillLayout, pack, prefill_views, work_items  # noqa: E402
 
 HEADS, KV_HEADS, D = 4, 2, 16
 
@@ -149,3 +151,17 @@ def check_prefill_attention(ops: Ops, atol: float) -> None:
 
 def test_prefill_attention_equals_dense_causal_over_prefix() -> None:
     check_prefill_attention(Ops("torch"), 1e-5)
+
+
+@given(lens=st.lists(st.integers(1, 300), min_size=1, max_size=5), starts_seed=st.integers(0, 10**6),
+       block_m=st.sampled_from([16, 64, 128]))
+def test_work_items_cover_every_query_once_longest_first(lens: list[int], starts_seed: int, block_m: int) -> None:
+    """Every query of every chunk is in exactly one item, and items come in decreasing order of the keys
+    their first query sees (the attention grid's longest-first schedule)."""
+    starts = list(np.random.default_rng(starts_seed).integers(0, 500, len(lens)))
+    chunk, q0 = work_items(lens, block_m, starts)
+    covered = {(int(c), q) for c, s in zip(chunk, q0, strict=True) for q in range(s, min(s + block_m, lens[c]))}
+    assert covered == {(c, q) for c, n in enumerate(lens) for q in range(n)}
+    assert len(chunk) == sum(-(-n // block_m) for n in lens)
+    seen = np.asarray(starts)[chunk] + q0
+    assert (np.diff(seen) <= 0).all()

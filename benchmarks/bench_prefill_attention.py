@@ -3,12 +3,13 @@
 Prefill attention is a quarter to two fifths of a full-depth Ouro-1.4B prefill (profile_prefill.py); this
 times the kernel alone on one causal chunk of ``T`` tokens (and a chunk after a cached prefix) for every
 query tile (work-item height), key tile, warp count and pipeline depth, so the shipped launch shape
-(:data:`executor.triton_kernels.PREFILL_TILES`, :data:`executor.prefill.BLOCK_M`) is a measured choice.
+(:func:`executor.triton_kernels.prefill_tiles`, :data:`executor.prefill.BLOCK_M`) is a measured choice.
 
     python benchmarks/bench_prefill_attention.py --out DIR [--quick]
 
 Writes ``DIR/prefill-attention.csv`` (shape, tokens, prefix, tile, ms, TFLOP/s of the causal work) and prints
-the best shape per head layout next to the shipped one. Needs a CUDA GPU.
+the best shapes per head layout next to the shipped one (``--summarize CSV`` prints it again from a saved
+table, on any machine). Needs a CUDA GPU to measure.
 """
 
 from __future__ import annotations
@@ -69,19 +70,43 @@ def with_items(meta, tokens: int, prefix: int, block_m: int):
     return replace(meta, item_chunk=torch.from_numpy(chunk).to(device), item_q0=torch.from_numpy(q0).to(device))
 
 
+def shipped(block_m: int, block_n: int, warps: int, stages: int, head_dim: int) -> bool:
+    """Whether this launch shape is the one the executor uses for ``head_dim``."""
+    t = tk.prefill_tiles(head_dim)
+    return (block_m, block_n, warps, stages) == (BLOCK_M, t.block_n, t.warps, t.stages)
+
+
+def summarize(table: pd.DataFrame) -> None:
+    """Per head shape: the launch shapes of best geometric-mean rate over its cases, and the shipped one."""
+    keys = ["block_m", "block_n", "warps", "stages"]
+    for name, part in table.groupby("shape", sort=False):
+        cases = part.pivot_table(index=keys, columns=["tokens", "prefix"], values="tflops")
+        cases[("geomean", "")] = np.exp(np.log(cases).mean(axis=1))
+        cases = cases.sort_values("geomean", ascending=False)
+        mine = [i for i in cases.index if shipped(*i, int(part.head_dim.iloc[0]))]
+        top = cases.head(3)
+        rows = pd.concat([top, cases.loc[[i for i in mine if i not in top.index]]])
+        rows.index = [f"{'*' if i in mine else ' '} {i[0]}x{i[1]} w{i[2]} s{i[3]}" for i in rows.index]
+        print(f"\n{name} (d={int(part.head_dim.iloc[0])}), TFLOP/s by (tokens, prefix); * = shipped")
+        print(rows.round(0).to_string())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 4096])
     parser.add_argument("--prefix", type=int, default=2048, help="cached positions before the second chunk")
     parser.add_argument("--quick", action="store_true", help="fewer launch shapes")
+    parser.add_argument("--summarize", type=Path, metavar="CSV", help="print the summary of a saved table")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/prefill-attention"))
     args = parser.parse_args()
+    if args.summarize:
+        summarize(pd.read_csv(args.summarize))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     # stages beyond 3 compile to the same code as 3 for this kernel (kernel_registers.py)
     block_ms, block_ns, warps, stages = (64, 128), (32, 64, 128), (4, 8), (2, 3)
     if args.quick:
         block_ns, stages = (64, 128), (3,)
-    shipped = (BLOCK_M, tk.PREFILL_TILES.block_n, tk.PREFILL_TILES.warps, tk.PREFILL_TILES.stages)
     rows = []
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)
     for (name, heads, kvh, d), tokens, prefix in itertools.product(HEADS, args.tokens, (0, args.prefix)):
@@ -97,23 +122,14 @@ def main() -> None:
                 print(f"{name} T={tokens} prefix={prefix} {bm}x{bn} w{w} s{st}: {type(exc).__name__}", flush=True)
                 continue
             rows.append(dict(shape=name, heads=heads, kv_heads=kvh, head_dim=d, tokens=tokens, prefix=prefix,
-                             block_m=bm, block_n=bn, warps=w, stages=st, shipped=(bm, bn, w, st) == shipped,
-                             ms=ms, tflops=flops / ms / 1e9))
+                             block_m=bm, block_n=bn, warps=w, stages=st, ms=ms, tflops=flops / ms / 1e9))
         best = max((r for r in rows if r["shape"] == name and r["tokens"] == tokens and r["prefix"] == prefix),
                    key=lambda r: r["tflops"])
         print(f"{name:7s} T={tokens} prefix={prefix}: best {best['block_m']}x{best['block_n']} w{best['warps']} "
               f"s{best['stages']} {best['tflops']:.0f} TFLOP/s", flush=True)
         table = pd.DataFrame(rows)  # rewritten per case, so a run cut short keeps what it measured
         table.to_csv(args.out / "prefill-attention.csv", index=False)
-    # one launch shape for all: the best geometric-mean rate over every (head shape, tokens, prefix)
-    keys = ["block_m", "block_n", "warps", "stages"]
-    score = table.groupby(keys)["tflops"].apply(lambda x: float(np.exp(np.log(x).mean())))
-    print("\nlaunch shapes by geometric-mean TFLOP/s over all cases (top 8):")
-    print(score.sort_values(ascending=False).head(8).to_string())
-    cases = table.pivot_table(index=keys, columns=["shape", "tokens", "prefix"], values="tflops")
-    print("\nshipped and best shape per case, TFLOP/s:")
-    print(cases.loc[[shipped, score.idxmax()]].round(0).to_string() if shipped in cases.index
-          else cases.loc[[score.idxmax()]].round(0).to_string())
+    summarize(table)
 
 
 if __name__ == "__main__":

@@ -723,7 +723,14 @@ class PrefillTiles:
     stages: int = 2
 
 
-PREFILL_TILES = PrefillTiles()
+def prefill_tiles(d: int) -> PrefillTiles:
+    """The shipped launch shape for head size ``d``, measured by ``benchmarks/bench_prefill_attention.py``
+    (benchmarks/results/prefill-attention/): a head split in two parts (96 = 64 + 32) keeps fewer columns
+    per key, so twice the keys per tile and one more stage run 15-19% faster; a power-of-two head is
+    fastest at 64 keys, two stages."""
+    return PrefillTiles(128, 4, 3) if prefill_head_parts(d)[1] else PrefillTiles(64, 4, 2)
+
+
 LOG2E = 1.4426950408889634
 
 
@@ -747,7 +754,7 @@ def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta, layer: int, sc
     geo = cache.geometry
     out = torch.zeros_like(q)
     table = meta.block_table
-    tiles = tiles or PREFILL_TILES
+    tiles = tiles or prefill_tiles(d)
     da, db = prefill_head_parts(d)
     _prefill_attn_kernel[(heads, meta.item_chunk.shape[0])](
         q, cache.k, cache.v, out, table, meta.start, meta.length, meta.qoff, meta.item_chunk, meta.item_q0,

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not sm90.available(), reason="this Triton has no
 @pytest.mark.parametrize("heads,kv_heads,d", [(16, 16, 128), (55, 55, 96), (32, 8, 64)])
 def test_prefill_attention_compiles_at_its_shipped_tiles(heads: int, kv_heads: int, d: int) -> None:
     da, db = tk.prefill_head_parts(d)
-    tiles = tk.PREFILL_TILES
+    tiles = tk.prefill_tiles(d)
     kernel = sm90.compile_sm90(tk._prefill_attn_kernel, sm90.SIGNATURES["prefill"],
                                dict(H=heads, KVH=kv_heads, D=d, DA=da, DB=db, PAGE=16, BLOCK_M=BLOCK_M,
                                     BLOCK_N=tiles.block_n, PRECISION="tf32"), tiles.warps, tiles.stages)

@@ -244,8 +244,9 @@ class UnitBench:
             torch.cuda.empty_cache()
 
 
-META_COPY_BYTES = tuple(int(4 * 2 ** k) for k in range(5, 21))  # 128 B .. 4 MB: one row of a narrow table is
-# a few hundred bytes, a wide batch's megabytes
+META_COPY_BYTES = tuple(int(4 * 2 ** k) for k in range(10, 21))  # 4 KB .. 4 MB, the fit carried below. Timed
+# alone, copies up to 1 KB took 3.4 us and from 2 KB 7-8 us; served launches with sub-KB metadata paid the
+# larger time, and those points put the fit's intercept 3 us low (docs/calibration.md#the-metadata-copy)
 META_SPIN_S = 2e-3  # the host fills the pinned buffer before it queues the copy: up to ~1 ms at 4 MB
 
 

@@ -8,9 +8,11 @@ matmul peak is in the GEMMs and how much around them.
 
     python benchmarks/profile_prefill.py --models ouro-1.4b huginn-3.5b --tokens 2048 4096 --out DIR
 
-Writes ``DIR/prefill-profile.csv`` (model, tokens, family, kernels, device ms, share) and prints a table.
-Needs a CUDA GPU; runs the launch eagerly (graph replays time the same kernels without the host between
-them; the device-time shares are what this is for).
+Writes ``DIR/prefill-profile.csv`` (model, tokens, family, kernels, device ms, share, and the launch's rate
+counting weight flops, the GEMMs' own, and the launch's counting causal attention's flops too) and prints a
+table; ``--summarize CSV`` prints a saved table with those rates on any machine. Measuring needs a CUDA
+GPU; it runs the launch eagerly (graph replays time the same kernels without the host between them; the
+device-time shares are what this is for).
 """
 
 from __future__ import annotations
@@ -46,6 +48,36 @@ def family(name: str) -> str:
     return next((f for f, keys in FAMILIES.items() if any(k in low for k in keys)), "other")
 
 
+def weight_flops(model_name: str, tokens: int) -> float:
+    """2 flops per weight per token, every layer at r_max."""
+    arch = PRESETS[model_name]
+    return 2 * tokens * sum(arch.weight_bytes()[part] / arch.dtype_bytes * loops
+                            for part, loops in (("prelude", 1), ("core", arch.r_max), ("coda", 1)))
+
+
+def attention_flops(model_name: str, tokens: int) -> float:
+    """Causal attention of one chunk without a cached prefix: two matmuls of 2 flops per (query, visible
+    key, head column), in every layer the prefill runs."""
+    arch = PRESETS[model_name]
+    layers = arch.prelude + arch.core * arch.r_max + arch.coda
+    return 4 * tokens * (tokens + 1) / 2 * arch.layer.heads * arch.layer.head_dim * layers
+
+
+def with_rates(table: pd.DataFrame) -> pd.DataFrame:
+    """The launch's rate counting weight flops only, the GEMMs' own, and the launch's counting attention's
+    flops too (what a model-flops utilisation counts)."""
+    table = table.copy()
+    w = [weight_flops(m, t) for m, t in zip(table.model, table.tokens, strict=True)]
+    a = [attention_flops(m, t) for m, t in zip(table.model, table.tokens, strict=True)]
+    gemm = table[table.family == "gemm"].set_index(["model", "tokens"]).device_ms
+    gemm_ms = [gemm.get((m, t), float("nan")) for m, t in zip(table.model, table.tokens, strict=True)]
+    table["weight_tflops_launch"] = pd.Series(w, index=table.index) / table.launch_device_ms / 1e9
+    table["weight_tflops_gemm"] = pd.Series(w, index=table.index) / pd.Series(gemm_ms, index=table.index) / 1e9
+    table["model_tflops_launch"] = (pd.Series(w, index=table.index) + pd.Series(a, index=table.index)) \
+        / table.launch_device_ms / 1e9
+    return table
+
+
 def profile(model_name: str, tokens: int, repeats: int = 3) -> list[dict]:
     """Device time per kernel family of one full-depth prefill launch of ``tokens`` tokens."""
     arch = PRESETS[model_name]
@@ -71,13 +103,10 @@ def profile(model_name: str, tokens: int, repeats: int = 3) -> list[dict]:
             entry[0] += device_us / 1e3 / repeats
             entry[1] += event.count / repeats
     total = sum(ms for ms, _ in per_family.values())
-    flops = 2 * tokens * sum(arch.weight_bytes()[part] / arch.dtype_bytes * loops
-                             for part, loops in (("prelude", 1), ("core", arch.r_max), ("coda", 1)))
     del engine, model
     torch.cuda.empty_cache()
     return [{"model": model_name, "tokens": tokens, "family": name, "kernels": round(count), "device_ms": ms,
-             "share": ms / total, "launch_device_ms": total, "weight_tflops_launch": flops / total / 1e9,
-             "weight_tflops_gemm": flops / per_family["gemm"][0] / 1e9 if "gemm" in per_family else float("nan")}
+             "share": ms / total, "launch_device_ms": total}
             for name, (ms, count) in sorted(per_family.items(), key=lambda kv: -kv[1][0])]
 
 
@@ -85,13 +114,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["ouro-1.4b", "huginn-3.5b"], choices=sorted(PRESETS))
     parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 4096])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--summarize", type=Path, metavar="CSV",
+                        help="print a saved table with its rates (no GPU)")
     args = parser.parse_args(argv)
+    if args.summarize:
+        print(with_rates(pd.read_csv(args.summarize)).round(3).to_string(index=False))
+        return 0
+    if args.out is None:
+        print("error: profile_prefill.py needs --out DIR (or --summarize CSV)", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("error: profile_prefill.py needs a CUDA GPU", file=sys.stderr)
         return 2
     rows = [row for m in args.models for t in args.tokens for row in profile(m, t)]
-    table = pd.DataFrame(rows)
+    table = with_rates(pd.DataFrame(rows))
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "prefill-profile.csv", index=False)
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")

@@ -32,6 +32,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from cdbsim.kvlayout import KVLayout  # noqa: E402
+from cdbsim.launch import causal_pairs  # noqa: E402
 from executor import triton_kernels as tk  # noqa: E402
 from executor.kv_cache import CacheGeometry, PagedKVCache  # noqa: E402
 from executor.prefill import BLOCK_M, Chunk, PrefillLayout, pack, prefill_views, work_items  # noqa: E402
@@ -42,7 +43,7 @@ HEADS = (("ouro", 16, 16, 128), ("huginn", 55, 55, 96), ("gqa-64", 32, 8, 64))
 
 def causal_flops(tokens: int, prefix: int, heads: int, d: int) -> float:
     """Two matmuls of 2 flops per (query, visible key, column)."""
-    pairs = tokens * prefix + tokens * (tokens + 1) / 2
+    pairs = causal_pairs(tokens, prefix)
     return 4 * pairs * heads * d
 
 

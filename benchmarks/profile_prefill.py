@@ -34,7 +34,7 @@ from cdbsim.arch import PRESETS  # noqa: E402
 from cdbsim.config import ServeConfig  # noqa: E402
 from cdbsim.kv import need_blocks  # noqa: E402
 from cdbsim.kvlayout import KVLayout  # noqa: E402
-from cdbsim.launch import prefill_launch  # noqa: E402
+from cdbsim.launch import causal_pairs, prefill_launch  # noqa: E402
 from executor.engine import Engine  # noqa: E402
 from traces.request import Request  # noqa: E402
 
@@ -60,7 +60,7 @@ def attention_flops(model_name: str, tokens: int) -> float:
     key, head column), in every layer the prefill runs."""
     arch = PRESETS[model_name]
     layers = arch.prelude + arch.core * arch.r_max + arch.coda
-    return 4 * tokens * (tokens + 1) / 2 * arch.layer.heads * arch.layer.head_dim * layers
+    return 4 * causal_pairs(tokens) * arch.layer.heads * arch.layer.head_dim * layers
 
 
 def with_rates(table: pd.DataFrame) -> pd.DataFrame:

@@ -46,7 +46,7 @@ from cdbsim.arch import ArchSpec, load_arch
 from cdbsim.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
 from cdbsim.errors import ConfigError
 from cdbsim.kvlayout import KVLayout
-from cdbsim.launch import Stage, decode_launch, prefill_launch
+from cdbsim.launch import Stage, causal_pairs, decode_launch, prefill_launch
 from cdbsim.recipes import Component, model_stage_name
 from cdbsim.validate import host_points
 from executor.driver import build_model, execute
@@ -404,7 +404,7 @@ def _prefill_padding(budget: int) -> list[int]:
 
 def prefill_pairs(tokens: int, chunks: int, prefix: int) -> int:
     """(query, key) pairs a launch of ``chunks`` chunks of ``tokens`` tokens after ``prefix`` attends."""
-    return chunks * (tokens * prefix + tokens * (tokens + 1) // 2)
+    return chunks * causal_pairs(tokens, prefix)
 
 
 def measure_model(arch: ArchSpec, plan: Plan, device: torch.device,

@@ -38,6 +38,7 @@ from scipy.optimize import isotonic_regression
 from cdbsim.arch import ArchSpec, LayerStyle
 from cdbsim.config import decode_graph_sizes
 from cdbsim.kernel_table import KernelTable, Lookup
+from cdbsim.launch import causal_pairs
 from cdbsim.profile import Fit, Profile, fit_points
 from cdbsim.recipes import Component
 
@@ -77,7 +78,7 @@ def _proxies(s: Speeds) -> dict[str, Callable[[tuple[float, ...]], float]]:
 
     def prefill_attention(q):
         tokens, chunks, prefix, heads, group, d = q
-        t = tokens / chunks
+        t = tokens / chunks  # fractional between grid points: causal_pairs' arithmetic in floats
         pairs = chunks * (t * prefix + t * (t + 1) / 2)
         return c + max(4 * pairs * heads * d / (0.4 * fl), tokens * heads * d * 2 * (1 + 2 / group) / bw)
 
@@ -287,7 +288,7 @@ class KernelModel:
         layer_rows, first_rows = [], []
         for n, k, p in prefill:
             tokens = n * k
-            pairs = k * (n * p + n * (n + 1) // 2)
+            pairs = k * causal_pairs(n, p)
             layer_rows.append([tokens, pairs, k, self.prefill_layer(arch, tokens, k, p)])
             first_rows.append([tokens, pairs, k, self.prefill1(arch, tokens, k, p)])
         comps[Component.PREFILL_LAYER.key(arch)] = fit_points(layer_rows)

@@ -111,6 +111,13 @@ class Launch:
         return dict(sorted(mix.items()))
 
 
+def causal_pairs(length: int, prefix: int = 0) -> int:
+    """(query, key) pairs a causal chunk of ``length`` tokens attends after ``prefix`` cached positions:
+    each of its queries sees the prefix, the chunk's earlier tokens and itself. A prefill launch's
+    ``context`` is the sum over its chunks; attention's flops are 4 x heads x head_dim per pair."""
+    return length * prefix + length * (length + 1) // 2
+
+
 def decode_launch(stage: Stage, requests: list[int], positions: list[int], blocks: list[list[int]],
                   padded: int, steps: list[int] | None = None, exits: list[bool] | None = None,
                   index: int = 0) -> Launch:
@@ -132,7 +139,7 @@ def prefill_launch(requests: list[int], starts: list[int], chunk_lens: list[int]
     """A prefill launch of one chunk per request, each finishing its prompt, built outside a scheduler:
     chunk i covers positions ``starts[i] .. starts[i] + chunk_lens[i] - 1`` of its request."""
     tokens = sum(chunk_lens)
-    pairs = sum(c * s + c * (c + 1) // 2 for s, c in zip(starts, chunk_lens, strict=True))
+    pairs = sum(causal_pairs(c, s) for s, c in zip(starts, chunk_lens, strict=True))
     return Launch(index=index, stage=Stage.PREFILL, requests=list(requests), positions=list(starts),
                   chunk_lens=list(chunk_lens), finishes=[True] * len(requests), size=tokens, padded=padded,
                   context=pairs, blocks=list(blocks),

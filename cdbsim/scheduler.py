@@ -43,7 +43,7 @@ from cdbsim.blocks import BlockManager
 from cdbsim.config import CoreLaunch, Policy, ServeConfig, padding_table, prefill_graph_sizes
 from cdbsim.errors import ConfigError
 from cdbsim.kv import need_blocks
-from cdbsim.launch import Launch, Stage
+from cdbsim.launch import Launch, Stage, causal_pairs
 from cdbsim.requests import RequestTable, Status
 from traces.request import Request
 
@@ -364,7 +364,7 @@ class Scheduler:
         if retire:
             self._retire[self.launches] = retire
         tokens = sum(lens)
-        context = sum(c * s + c * (c + 1) // 2 for s, c in zip(starts, lens, strict=True))
+        context = sum(causal_pairs(c, s) for s, c in zip(starts, lens, strict=True))
         launch = self._emit(PREFILL, requests, starts, (), (), lens, finishes, tokens, self._pad_prefill[tokens],
                             context, 0, 0)
         launch.recomputed = recomputed

@@ -113,7 +113,7 @@ def work_items(lens: list[int], block_m: int = BLOCK_M,
     starts = starts if starts is not None else [0] * len(lens)
     chunk = np.concatenate([np.full(-(-n // block_m), c) for c, n in enumerate(lens)] or [np.zeros(0)])
     q0 = np.concatenate([np.arange(0, n, block_m) for n in lens] or [np.zeros(0)])
-    keys = np.asarray(starts, dtype=np.int64)[chunk.astype(np.int64)] + q0 if len(chunk) else q0
+    keys = np.asarray(starts, dtype=np.int64)[chunk.astype(np.int64)] + q0
     order = np.argsort(-keys, kind="stable")
     return chunk[order].astype(np.int32), q0[order].astype(np.int32)
 

@@ -4,8 +4,8 @@ again with more values, never simulates a point twice.
 A point's key is a SHA-256 of its experiment (every field, resolved to its value), whether it ran a CB
 baseline, the content of every file it names (an architecture or profile JSON, a Hugging Face config, a
 trace), and a fingerprint of the code and data that turn an experiment into a result: the cdbsim version
-and the bytes of the ``cdbsim`` and ``traces`` sources, their embedded workload data and the shipped
-profiles. Changing any of them misses the cache instead of returning a stale row. Results are rows of
+and the bytes of the ``cdbsim`` and ``traces`` sources and their embedded workload data, and the
+profiles that names resolve from (the shipped ones or ``$CDBSIM_PROFILES``). Changing any of them misses the cache instead of returning a stale row. Results are rows of
 plain values stored as JSON (floats round-trip exactly) in one SQLite file, committed as each point
 finishes.
 """
@@ -24,7 +24,7 @@ from cdbsim.errors import ConfigError
 from cdbsim.experiment import Experiment
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE_GLOBS = ("cdbsim/*.py", "traces/*.py", "traces/data/*", "calibration/profiles/*.json")
+CODE_GLOBS = ("cdbsim/*.py", "traces/*.py", "traces/data/*")
 
 
 def default_cache_path() -> Path:
@@ -67,9 +67,23 @@ def referenced_files(exp: Experiment) -> list[str]:
     return sorted(str(n) for n in names if n is not None)
 
 
+def profiles_fingerprint() -> str:
+    """A hash of the profiles that ``auto`` and profile names resolve from (:func:`cdbsim.shipped.profile_dir`:
+    the shipped ones, or the folder ``$CDBSIM_PROFILES`` names), so a point predicted with one folder is
+    never returned for another."""
+    from cdbsim.shipped import profile_dir
+
+    paths = sorted(profile_dir().glob("*.json"))
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode() + b"\0" + _file_digest(path).encode())
+    return digest.hexdigest()
+
+
 def point_key(exp: Experiment, baseline: bool) -> str:
     """The cache key of simulating ``exp`` (and, with ``baseline``, CB on the same requests)."""
     content = {"experiment": exp.to_dict(), "baseline": baseline, "code": code_fingerprint(),
+               "profiles": profiles_fingerprint(),
                "files": {name: _file_digest(name) for name in referenced_files(exp)}}
     return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -167,3 +167,17 @@ def test_baseline_adds_the_speedup_columns() -> None:
     frame = cdbsim.sweep(BASE, {"serve.width": [32]}, baseline=True)
     alone = cdbsim.predict(BASE.override({"serve.width": 32}), baseline=True)
     assert frame["speedup"].iloc[0] == alone.report.speedup and frame["s_e2e"].iloc[0] == alone.report.s_e2e
+
+
+def test_cache_key_follows_the_folder_profile_names_resolve_from(tmp_path, monkeypatch) -> None:
+    """A point predicted with one folder of profiles ($CDBSIM_PROFILES) is not returned for another."""
+    key = point_key(BASE, baseline=False)
+    for path in profile_dir().glob("*.json"):
+        shutil.copy(path, tmp_path / path.name)
+    monkeypatch.setenv("CDBSIM_PROFILES", str(tmp_path))
+    assert point_key(BASE, baseline=False) == key  # the same profiles in another folder
+    edited = tmp_path / "h200-kernels.json"
+    data = json.loads(edited.read_text())
+    data["notes"] = "edited"
+    edited.write_text(json.dumps(data))
+    assert point_key(BASE, baseline=False) != key

@@ -35,13 +35,16 @@
 #   bash benchmarks/gpu_session.sh attention GPU tests; decode attention swept over tile, warps, head parts and
 #                                           splits for four head shapes; every stage at B = 1 ... 256, L = 512
 #                                           and 4,096 against its roofline -> benchmarks/results/attention-sweep/
+#   bash benchmarks/gpu_session.sh profile  core steps of the unseen shapes kernel by kernel against the kernel model's
+#                                           composition: uniform contexts (PDL on; off for the two smallest), then
+#                                           mixed contexts and loop steps -> benchmarks/results/decode-profile/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -92,6 +95,23 @@ case $phase in
     run 300 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick \
       --parts stages --sizes 1 2 4 8 16 32 64 128 256 --contexts 512 4096 --prefill-tokens 512 2048 4096 \
       --budget-s 280 --out "$work/stages"
+    ;;
+  profile)  # which kernels of a core step differ from their kernel-table times (PART=uniform or skew: one half)
+    archs=$(printf 'calibration/archs/unseen-%s.json ' huginn-2048 ouro-1536 ouro-2560 huginn-3072)
+    if [ "${PART:-uniform}" = uniform ]; then
+      run 240 decode-profile python3 benchmarks/profile_decode.py --arch $archs \
+        --points "${POINTS:-1:3072,2:256,4:256,16:256,4:3072,16:3072,64:512}" --out "$work/decode-profile"
+      CDBSIM_PDL=0 run 150 decode-profile-nopdl python3 benchmarks/profile_decode.py \
+        --arch calibration/archs/unseen-huginn-2048.json calibration/archs/unseen-ouro-1536.json \
+        --points "${POINTS:-1:3072,2:256,4:256,16:256,4:3072,16:3072,64:512}" --out "$work/decode-profile-nopdl"
+    fi
+    if [ "${PART:-skew}" = skew ]; then  # rows at mixed contexts, at one loop step and at mixed ones
+      for steps in "" --mixed-steps; do
+        run 200 "decode-profile-skew${steps:+-mixed}" python3 benchmarks/profile_decode.py --arch $archs $steps \
+          --points "4:256:1024:1,8:256,8:256:1024:2,8:128:2048:1,16:256:1024:4,16:128:3072:2,32:256:2048:4,48:128:1024:8" \
+          --out "$work/decode-profile-skew${steps:+-mixed}"
+      done
+    fi
     ;;
   prefill)  # where a full-depth prefill's time goes, against the matmul rate
     run 200 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider -n 0

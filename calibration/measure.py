@@ -211,11 +211,16 @@ class UnitBench:
               with_copy: bool = False) -> Callable[[], object]:
         """The graph replay of :meth:`stage`'s launch, its metadata in place (the graph is captured on first
         use); ``with_copy``: the launch as the executor makes it, the metadata copy first."""
+        return self._launcher(self.prepared(stage, batch, context, exiting, mixed_steps, contexts), with_copy)
+
+    def prepared(self, stage: Stage, batch: int, context: int, exiting: bool = False,
+                 mixed_steps: bool = False, contexts: list[int] | None = None) -> Prepared:
+        """:meth:`graph`'s launch, prepared by the engine (what a profiler runs eagerly)."""
         lengths = contexts or [context] * batch
         steps = [i % self.arch.r_max for i in range(batch)] if mixed_steps else [0] * batch
         launch = decode_launch(stage, list(range(batch)), [n - 1 for n in lengths], self.blocks_for(lengths),
                                self.pad[batch], steps=steps, exits=[exiting] * batch)
-        return self._launcher(self.engine.prepare(launch, self.graphs.width), with_copy)
+        return self.engine.prepare(launch, self.graphs.width)
 
     def _launcher(self, prepared: Prepared, with_copy: bool = False) -> Callable[[], object]:
         with torch.inference_mode():

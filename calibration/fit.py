@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -14,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cdbsim.arch import ArchSpec
+from cdbsim.arch import ArchSpec, LayerShape
 from cdbsim.attention import equivalent_length
 from cdbsim.errors import ConfigError, require
 from cdbsim.interp import Surface
+from cdbsim.kernels import MANY_KERNELS, PROBE_SHAPES, KernelModel
 from cdbsim.latency import LatencyModel
 from cdbsim.launch import Stage
 from cdbsim.profile import Fit, Profile, ProfileKind, fit_points
@@ -106,6 +108,54 @@ def fit_launch_gap(logs: list[pd.DataFrame]) -> float:
     return float(gaps.mean())
 
 
+HUBER_SCALE_S = 2e-6  # residuals beyond this count linearly: a probe layer whose attention is off by tens of us
+
+
+def fit_share_and_offset(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """``(share, offset)`` of ``y ~ share * x + offset`` under a Huber loss (:func:`scipy.optimize.
+    least_squares`): a robust line, so a few points far off do not set it (the kernel profile's layer gap
+    against its GEMM time, :func:`calibration.kernels.fit_gaps`)."""
+    from scipy.optimize import least_squares
+
+    require(len(x) >= 2, "a line needs two points at least")
+    design = np.column_stack([x, np.ones(len(x))])
+    fitted = least_squares(lambda p: design @ p - y, np.zeros(2), loss="huber", f_scale=HUBER_SCALE_S,
+                           x_scale=[1.0, HUBER_SCALE_S])
+    return float(fitted.x[0]), float(fitted.x[1])
+
+
+def fit_gaps(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHAPES) -> dict:
+    """What whole probe layers take beyond the sum of their kernels' tables, per layer style and path.
+
+    On the single-row chained path: seconds per kernel, the median over the style's probe points (the
+    styles launch other norm and RoPE variants). On the many-row path two terms, fitted together over the
+    probe points of both styles (a Huber loss, so a few long-context points whose attention is off do not
+    set them): seconds per kernel (``many``) and a share of the layer's GEMM tables (``many_gemm``). The
+    share is there because the two kinds of kernel meet a layer differently: a cuBLAS GEMM runs a little
+    faster between the layer's small kernels than in its chain of GEMMs, and a small Triton kernel behind a
+    GEMM cannot start under its tail as it does behind its own kind in its chain (programmatic dependent
+    launch). One number per kernel spread the GEMMs' saving over every kernel, so layers of small width,
+    whose small kernels weigh more, came out 4-10% short (``benchmarks/profile_decode.py``,
+    docs/kernel-model.md)."""
+    model = KernelModel({**record, "gaps": {}})
+    chained: dict[str, list[float]] = {}
+    many: list[tuple[float, float]] = []
+    for index, rows, length, t in record["probes"]:
+        shape = probes[int(index)]
+        arch = ArchSpec(name="probe", layer=shape, vocab=4096, prelude=0, core=1, coda=0, r_max=1)
+        kernels, path = model.layer_kernels(arch, int(rows), float(length))
+        total = sum(seconds for _, seconds in kernels)
+        if path == "chained":
+            chained.setdefault(shape.style.value, []).append((t - total) / len(kernels))
+        else:
+            many.append((sum(seconds for name, seconds in kernels if name == "gemm"), t - total))
+    share, per_layer = fit_share_and_offset(*map(np.array, zip(*many, strict=True)))
+    styles = {shape.style.value for shape in probes}
+    return {style: {"chained": statistics.median(chained[style]), "many": per_layer / MANY_KERNELS,
+                    "many_gemm": share} if style in chained else
+            {"many": per_layer / MANY_KERNELS, "many_gemm": share} for style in sorted(styles)}
+
+
 def fit_components(points: dict[str, list[list[float]]]) -> dict[str, Fit]:
     """A fit per component from its ``[x, c, t]`` rows; components without a context term fit delta+gamma."""
     fits = {}
@@ -133,10 +183,21 @@ def build_profile(name: str, device: dict, versions: dict, points: dict[str, lis
 
 def refit_profile(profile: Profile) -> Profile:
     """The same measured profile with every component, and the attention width from its mixed-length
-    points, fitted afresh from the raw points (after a change to the fitting, no GPU needed); device,
-    versions and date are kept."""
-    require(profile.kind is ProfileKind.MEASURED, f"profile {profile.name} is {profile.kind}: only measured profiles "
-                                        "have raw points to refit")
+    points, fitted afresh from the raw points (after a change to the fitting, no GPU needed); a kernel
+    profile's per-launch components and its layer gaps likewise (from its probe layers). Device, versions
+    and date are kept."""
+    require(profile.kind in (ProfileKind.MEASURED, ProfileKind.KERNELS),
+            f"profile {profile.name} is {profile.kind}: only measured and kernel profiles have raw points to refit")
+    if profile.kind is ProfileKind.KERNELS:
+        try:
+            require(bool(profile.kernels.get("probes")), "kernels.probes (the probe layers) is needed to refit "
+                                                         "the layer gaps")
+            components = {**profile.components, **fit_components(
+                {name: fit.points for name, fit in profile.components.items() if fit.points})}
+            return replace(profile, components=components,
+                           kernels={**profile.kernels, "gaps": fit_gaps(profile.kernels)})
+        except ConfigError as exc:
+            raise ConfigError(f"{profile.source or profile.name}: {exc}") from None
     try:  # a malformed point names the file it came from
         # a fit made elsewhere (no raw points of its own) is kept as it is
         components = {**profile.components,

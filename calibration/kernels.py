@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,10 +42,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from calibration.fit import fit_slots
+from calibration.fit import fit_gaps, fit_slots
 from calibration.measure import Timer, UnitBench, environment, measure_host, measure_meta_copy
 from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
-from cdbsim.kernels import GEMV_OPS, STYLE_CODE, TABLE_DIMS, KernelModel, chained_rows
+from cdbsim.kernels import GEMV_OPS, PROBE_SHAPES, STYLE_CODE, TABLE_DIMS
 from cdbsim.kvlayout import KVLayout
 from cdbsim.latency import H200
 from cdbsim.launch import Stage, decode_launch, prefill_launch
@@ -55,17 +54,6 @@ from executor.ops import Ops
 
 L2_BYTES = 50 * 2 ** 20  # an H200's L2 is 50 MB: a chain reads at least twice that before it repeats
 MAX_CHAIN = 32
-
-
-# probe layers for the per-kernel gap: one of each path and style, shapes no shipped or validation model has
-PROBES = (
-    LayerShape(hidden=1280, intermediate=3456, heads=10, kv_heads=5, head_dim=128, style=LayerStyle.OURO),
-    LayerShape(hidden=1792, intermediate=4864, heads=28, kv_heads=7, head_dim=64, style=LayerStyle.OURO),
-    LayerShape(hidden=3328, intermediate=8960, heads=26, kv_heads=26, head_dim=128, style=LayerStyle.OURO),
-    LayerShape(hidden=1920, intermediate=5120, heads=20, kv_heads=4, head_dim=96, style=LayerStyle.HUGINN),
-    LayerShape(hidden=3328, intermediate=9216, heads=26, kv_heads=26, head_dim=128, style=LayerStyle.HUGINN),
-    LayerShape(hidden=4608, intermediate=12288, heads=36, kv_heads=12, head_dim=128, style=LayerStyle.HUGINN),
-)
 
 
 @dataclass(frozen=True)
@@ -100,7 +88,7 @@ class KernelPlan:
     glue_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     glue_prefill: tuple[tuple[int, int], ...] = ((16, 1), (64, 1), (256, 1), (1024, 1), (4096, 1), (8192, 1),
                                                  (128, 8), (512, 8), (2048, 8), (512, 32), (2048, 32))
-    probes: tuple[LayerShape, ...] = PROBES
+    probes: tuple[LayerShape, ...] = PROBE_SHAPES
     probe_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     probe_lengths: tuple[int, ...] = (128, 2048)
     probe_positions: int = 2 ** 18            # batch x context per probe point (keeps the probes' KV small)
@@ -482,23 +470,6 @@ def measure_probes(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str]
         for bench in benches:
             bench.close()
     return rows
-
-
-def fit_gaps(record: dict, probes: tuple[LayerShape, ...] = PROBES) -> dict:
-    """Seconds per kernel that whole probe layers take beyond the sum of their kernels' tables, per layer
-    style (the executor launches other norm and RoPE variants per style) and path (many rows, the single-row
-    chained kernels): the median over the style's probe points, one number each."""
-    model = KernelModel({**record, "gaps": {}})
-    gaps: dict[str, dict[str, list[float]]] = {}
-    for index, rows, length, t in record["probes"]:
-        shape = probes[int(index)]
-        arch = ArchSpec(name="probe", layer=shape, vocab=4096, prelude=0, core=1, coda=0, r_max=1)
-        kernels = model.layer(arch, int(rows), float(length))
-        chained = int(rows) <= chained_rows(shape.hidden)
-        path = gaps.setdefault(shape.style.value, {}).setdefault("chained" if chained else "many", [])
-        path.append((t - kernels) / (5 if chained else 9))
-    return {style: {path: statistics.median(values) for path, values in paths.items()}
-            for style, paths in gaps.items()}
 
 
 def copy_bandwidth(device: torch.device, gib: float = 2.0) -> float:

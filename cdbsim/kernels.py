@@ -8,7 +8,7 @@ stage. This module turns those tables into the components of :mod:`cdbsim.recipe
 :class:`~cdbsim.arch.ArchSpec` whose kernels lie in (or near) the grid:
 
     layer    = gemm(B, qkv, h) + rope_kv + decode_attention(L) + gemm(B, h, heads*d) + residual_norm
-               + gemm(B, 2i, h) + silu_mul + gemm(B, h, i) + residual_norm          (+ gap per kernel)
+               + gemm(B, 2i, h) + silu_mul + gemm(B, h, i) + residual_norm   (+ GEMM share, gap per kernel)
     layer    (single-row chained path) = gemv_residual(qkv) + chained_attention(L) + gemv(o)
                + gemv_swiglu(gate/up) + gemv(down)                                    (+ gap per kernel)
     core1    = layer + core glue (bank gather/scatter, first norm, Huginn's adapter)
@@ -16,9 +16,11 @@ stage. This module turns those tables into the components of :mod:`cdbsim.recipe
     prefill_layer = the layer's kernels at ``m = tokens`` with packed prefill attention; prefill1 adds
                the prefill glue (embedding, head on the sampled rows)
 
-The per-kernel gap is what whole layers measured in the same calibration run take beyond the sum of
-their kernels, divided by the kernels. The result is a set of component fits with points on a dense
-(batch, context) grid, which :class:`cdbsim.latency.LatencyModel` interpolates like measured ones.
+What whole probe layers measured in the same calibration run take beyond the sum of their kernels is
+added per layer: on the many-row path a share of the GEMMs' time plus a gap per kernel (a GEMM runs a
+little faster between small kernels than in its chain, a small kernel a little slower), on the chained
+path a gap per kernel (:func:`calibration.fit.fit_gaps`). The result is a set of component fits with points
+on a dense (batch, context) grid, which :class:`cdbsim.latency.LatencyModel` interpolates like measured ones.
 
 A second GPU is predicted by scaling every kernel by the ratio of its roofline times on the two devices
 (bytes over bandwidth, FLOPs over matmul rate): the measured efficiency curves carry over, the speeds
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from scipy.optimize import isotonic_regression
 
-from cdbsim.arch import ArchSpec, LayerStyle
+from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
 from cdbsim.config import decode_graph_sizes
 from cdbsim.kernel_table import KernelTable, Lookup
 from cdbsim.launch import causal_pairs
@@ -46,12 +48,25 @@ if TYPE_CHECKING:
     from cdbsim.latency import DeviceSpec
 
 CHAINED_MAX_HIDDEN = 2048
+MANY_KERNELS = 9  # kernels of a many-row decode layer: four GEMMs, RoPE/KV write, attention, two norms, SwiGLU
 
 
 def chained_rows(hidden: int) -> int:
     """Rows up to which the executor's GPU path runs a layer on the chained single-row kernels: single
     rows of models no wider than 2,048 (where they beat cuBLAS on the H200; wider models do not gain)."""
     return 1 if hidden <= CHAINED_MAX_HIDDEN else 0
+
+
+# the probe layers a kernel profile measures whole (its ``probes`` name them by index), from which the per-kernel
+# gap is fitted: one of each path and style, shapes no shipped or validation model has
+PROBE_SHAPES = (
+    LayerShape(hidden=1280, intermediate=3456, heads=10, kv_heads=5, head_dim=128, style=LayerStyle.OURO),
+    LayerShape(hidden=1792, intermediate=4864, heads=28, kv_heads=7, head_dim=64, style=LayerStyle.OURO),
+    LayerShape(hidden=3328, intermediate=8960, heads=26, kv_heads=26, head_dim=128, style=LayerStyle.OURO),
+    LayerShape(hidden=1920, intermediate=5120, heads=20, kv_heads=4, head_dim=96, style=LayerStyle.HUGINN),
+    LayerShape(hidden=3328, intermediate=9216, heads=26, kv_heads=26, head_dim=128, style=LayerStyle.HUGINN),
+    LayerShape(hidden=4608, intermediate=12288, heads=36, kv_heads=12, head_dim=128, style=LayerStyle.HUGINN),
+)
 
 
 STYLE_CODE = {LayerStyle.OURO: 0.0, LayerStyle.HUGINN: 1.0}
@@ -172,27 +187,43 @@ class KernelModel:
                 return (1 - w) * g0 + w * g1
         return points[-1][1]
 
+    def gemm_share(self, style: LayerStyle) -> float:
+        """The share of a many-row layer's GEMM tables it takes beyond them (negative: less); zero in a
+        record fitted before the share was."""
+        return float(self.gaps.get(str(style), {}).get("many_gemm", 0.0))
+
     # ----- components ----------------------------------------------------------------------------
-    def layer(self, arch: ArchSpec, rows: int, length: float) -> float:
-        """One decode layer of ``arch`` over ``rows`` padded rows attending ``length`` positions each."""
+    def layer_kernels(self, arch: ArchSpec, rows: int, length: float) -> tuple[list[tuple[str, float]], str]:
+        """The kernels one decode layer of ``arch`` launches over ``rows`` padded rows attending ``length``
+        positions each, as ``(table, seconds)`` in launch order, and the path (``chained`` or ``many``)
+        whose per-kernel gap applies."""
         s = arch.layer
         h, i, d, g = s.hidden, s.intermediate, s.head_dim, s.heads / s.kv_heads
         qkv = (s.heads + 2 * s.kv_heads) * d
         length = max(length, 1.0)
         if rows <= chained_rows(h):
-            kernels = (self.time("gemv", GEMV_OPS["residual"], qkv, h)
-                       + self.time("chained_attention", s.heads * rows, g, d, length)
-                       + self.time("gemv", GEMV_OPS["gemv"], h, s.heads * d)
-                       + self.time("gemv", GEMV_OPS["swiglu"], i, h)  # n: the intermediate size
-                       + self.time("gemv", GEMV_OPS["gemv"], h, i))
-            return _with_gaps(kernels, 5, self.gap(s.style, "chained", rows))
+            return [("gemv", self.time("gemv", GEMV_OPS["residual"], qkv, h)),
+                    ("chained_attention", self.time("chained_attention", s.heads * rows, g, d, length)),
+                    ("gemv", self.time("gemv", GEMV_OPS["gemv"], h, s.heads * d)),
+                    ("gemv", self.time("gemv", GEMV_OPS["swiglu"], i, h)),  # n: the intermediate size
+                    ("gemv", self.time("gemv", GEMV_OPS["gemv"], h, i))], "chained"
         units = rows * s.heads
-        kernels = (self.time("gemm", rows, qkv, h) + self.time("rope_kv", units, g, d)
-                   + self.time("decode_attention", units, g, d, length)
-                   + self.time("gemm", rows, h, s.heads * d) + 2 * self.time("residual_norm", rows, h)
-                   + self.time("gemm", rows, 2 * i, h) + self.time("silu_mul", rows, i)
-                   + self.time("gemm", rows, h, i))
-        return _with_gaps(kernels, 9, self.gap(s.style, "many", rows))
+        norm = self.time("residual_norm", rows, h)
+        return [("gemm", self.time("gemm", rows, qkv, h)), ("rope_kv", self.time("rope_kv", units, g, d)),
+                ("decode_attention", self.time("decode_attention", units, g, d, length)),
+                ("gemm", self.time("gemm", rows, h, s.heads * d)), ("residual_norm", norm),
+                ("residual_norm", norm), ("gemm", self.time("gemm", rows, 2 * i, h)),
+                ("silu_mul", self.time("silu_mul", rows, i)), ("gemm", self.time("gemm", rows, h, i))], "many"
+
+    def layer(self, arch: ArchSpec, rows: int, length: float) -> float:
+        """One decode layer of ``arch`` over ``rows`` padded rows attending ``length`` positions each: its
+        kernels' tables, the path's gap per kernel and, on the many-row path, the share of the GEMMs' time
+        they take more (or less) in a layer than in their chains (:func:`calibration.kernels.fit_gaps`)."""
+        kernels, path = self.layer_kernels(arch, rows, length)
+        total = sum(t for _, t in kernels)
+        if path == "many":
+            total += self.gemm_share(arch.layer.style) * sum(t for name, t in kernels if name == "gemm")
+        return _with_gaps(total, len(kernels), self.gap(arch.layer.style, path, rows))
 
     def core1(self, arch: ArchSpec, rows: int, length: float) -> float:
         return self.layer(arch, rows, length) + self.time("core_glue", STYLE_CODE[arch.style], arch.layer.hidden,
@@ -217,7 +248,7 @@ class KernelModel:
                    + self.time("gemm", tokens, h, s.heads * d) + 2 * self.time("residual_norm", tokens, h)
                    + self.time("gemm", tokens, 2 * i, h) + self.time("silu_mul", tokens, i)
                    + self.time("gemm", tokens, h, i))
-        return _with_gaps(kernels, 9, self.gap(s.style, "many", tokens))
+        return _with_gaps(kernels, MANY_KERNELS, self.gap(s.style, "many", tokens))
 
     def prefill1(self, arch: ArchSpec, tokens: int, chunks: int, prefix: int) -> float:
         """A one-layer, one-loop prefill with embedding, head and sampling of each chunk's last token."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -125,3 +126,113 @@ def test_one_slow_small_batch_is_averaged_not_carried_to_every_larger_batch(monk
     assert all(a <= b for a, b in itertools.pairwise(times))
     assert 1e-4 < times[0] < 1.2e-4 and times[4] < 1.1e-4   # averaged with its neighbours
     assert times[-1] == pytest.approx(2e-4)                 # the larger batches keep their own times
+
+
+def _probe_record(share: float, per_kernel: float) -> dict:
+    """The shipped kernel record with its probe layers replaced by layers that take exactly their kernels'
+    tables, ``share`` more of their GEMMs' and ``per_kernel`` seconds per kernel (many-row path)."""
+    from cdbsim.kernels import PROBE_SHAPES, KernelModel
+
+    record = dict(kernel_profile().kernels)
+    model = KernelModel({**record, "gaps": {}})
+    probes = []
+    for index, shape in enumerate(PROBE_SHAPES):
+        arch = ArchSpec(name="probe", layer=shape, vocab=4096, prelude=0, core=1, coda=0, r_max=1)
+        for rows, length in itertools.product((1, 2, 16, 128), (128, 2048)):
+            kernels, path = model.layer_kernels(arch, rows, float(length))
+            gemm = sum(t for name, t in kernels if name == "gemm")
+            extra = share * gemm + per_kernel * len(kernels) if path == "many" else 1e-7 * len(kernels)
+            probes.append([index, rows, length, sum(t for _, t in kernels) + extra])
+    return {**record, "probes": probes}
+
+
+def test_layer_gaps_recover_a_share_of_the_gemms_and_a_time_per_kernel() -> None:
+    from calibration.fit import fit_gaps
+
+    gaps = fit_gaps(_probe_record(share=-0.08, per_kernel=0.7e-6))
+    for style in ("ouro", "huginn"):
+        assert gaps[style]["many_gemm"] == pytest.approx(-0.08, abs=1e-3)
+        assert gaps[style]["many"] == pytest.approx(0.7e-6, rel=1e-2)
+    assert gaps["ouro"]["chained"] == pytest.approx(1e-7, rel=1e-6)
+
+
+def test_a_few_probe_layers_far_off_do_not_move_the_gap_fit() -> None:
+    from calibration.fit import fit_gaps
+
+    record = _probe_record(share=-0.08, per_kernel=0.7e-6)
+    record["probes"][-1][3] *= 1.5  # one long-context layer whose attention is far off, as measured once
+    record["probes"][-3][3] *= 1.3
+    gaps = fit_gaps(record)
+    assert gaps["huginn"]["many_gemm"] == pytest.approx(-0.08, abs=5e-3)
+    assert gaps["huginn"]["many"] == pytest.approx(0.7e-6, rel=0.1)
+
+
+SMALL_OURO = ArchSpec(name="small-ouro", layer=LayerShape(hidden=1536, intermediate=4096, heads=24, kv_heads=6,
+                                                          head_dim=64, style=LayerStyle.OURO),
+                      vocab=49152, prelude=0, core=4, coda=0, r_max=4)
+
+
+def test_the_gemm_share_changes_many_row_layers_only() -> None:
+    from cdbsim.kernels import KernelModel
+
+    record = kernel_profile().kernels
+    base = KernelModel({**record, "gaps": {"ouro": {"chained": 0.0, "many": 0.0}}})
+    less = KernelModel({**record, "gaps": {"ouro": {"chained": 0.0, "many": 0.0, "many_gemm": -0.1}}})
+    arch = SMALL_OURO
+    kernels, path = base.layer_kernels(arch, 8, 512.0)
+    gemm = sum(t for name, t in kernels if name == "gemm")
+    assert path == "many" and less.layer(arch, 8, 512.0) == pytest.approx(base.layer(arch, 8, 512.0) - 0.1 * gemm)
+    assert less.layer(arch, 1, 512.0) == pytest.approx(base.layer(arch, 1, 512.0))  # the chained path
+
+
+def test_refitting_a_kernel_profile_refits_its_gaps_and_keeps_its_tables(tmp_path) -> None:
+    from dataclasses import replace
+
+    from calibration.fit import refit_profile
+    from cdbsim.errors import ConfigError
+
+    profile = replace(kernel_profile(), kernels=_probe_record(share=-0.05, per_kernel=0.4e-6))
+    refitted = refit_profile(profile)
+    assert refitted.kernels["tables"] is profile.kernels["tables"]
+    assert refitted.kernels["gaps"]["ouro"]["many_gemm"] == pytest.approx(-0.05, abs=1e-3)
+    no_probes = replace(profile, kernels={k: v for k, v in profile.kernels.items() if k != "probes"})
+    with pytest.raises(ConfigError, match="probes"):
+        refit_profile(no_probes)
+
+
+def _profile_decode():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_decode.py"
+    spec = importlib.util.spec_from_file_location("profile_decode", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("profile_decode", module)  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return sys.modules["profile_decode"], path.parents[1] / "benchmarks" / "results" / "decode-profile"
+
+
+def test_the_committed_core_steps_of_unseen_shapes_are_composed_within_seven_percent() -> None:
+    import pandas as pd
+
+    script, results = _profile_decode()
+    table = script.with_composed(pd.read_csv(results / "decode-profile.csv"))
+    launches = table[table.family == "launch"]
+    errors = (launches["measured/composed"] - 1).abs()
+    assert len(launches) == 28 and errors.median() < 0.02 and errors.max() < 0.07
+    # every point's families carry the stage's composed glue and gaps, and the GEMMs' measured time is there
+    for _, point in table.groupby(["arch", "batch", "context"]):
+        assert {"glue", "gaps", "launch"} <= set(point.family)
+        assert point.set_index("family").measured_us.get("gemm", 0) > 0 or 1 in set(point.batch)
+
+
+def test_profile_decode_refuses_bad_points_and_missing_tables(tmp_path, capsys) -> None:
+    import argparse
+
+    script, _ = _profile_decode()
+    with pytest.raises(argparse.ArgumentTypeError, match="batch:context"):
+        script.parse_points("4x3072")
+    with pytest.raises(argparse.ArgumentTypeError, match="batch:context"):
+        script.parse_points("4:256:2048:5")
+    assert script.main(["--summarize", str(tmp_path / "missing.csv")]) == 2
+    assert "missing.csv" in capsys.readouterr().err

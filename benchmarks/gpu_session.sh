@@ -38,13 +38,15 @@
 #   bash benchmarks/gpu_session.sh profile  core steps of the unseen shapes kernel by kernel against the kernel model's
 #                                           composition: uniform contexts (PDL on; off for the two smallest), then
 #                                           mixed contexts and loop steps -> benchmarks/results/decode-profile/
+#   bash benchmarks/gpu_session.sh skew     the kernel profile's mixed-context attention points re-measured, its
+#                                           attention width refitted -> calibration/profiles/h200-kernels.json
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | skew) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, skew" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -75,7 +77,7 @@ case $phase in
   unseen)  # the kernel profile's probes and prefill attention, then shapes no profile measured whole
     # (PART=kernels or PART=matrix runs one half: together they can pass one call's ten minutes)
     if [ "${PART:-kernels}" = kernels ]; then
-      run 340 kernels-update python3 cli.py calibrate --kernels --families attention,probes,prefill,host \
+      run 340 kernels-update python3 cli.py calibrate --kernels --families attention,skew,probes,prefill,host \
         --update calibration/profiles/h200-kernels.json --out "$work/profiles"
       cp "$work/profiles/h200-kernels.json" calibration/profiles/h200-kernels.json && cp "$work/profiles/h200-kernels.json" "$OUT/"
     fi
@@ -112,6 +114,11 @@ case $phase in
           --out "$work/decode-profile-skew${steps:+-mixed}"
       done
     fi
+    ;;
+  skew)  # the kernel profile's attention width, from mixed-context points on its skew head layout
+    run 200 kernels-skew python3 cli.py calibrate --kernels --families skew \
+      --update calibration/profiles/h200-kernels.json --out "$work/profiles"
+    cp "$work/profiles/h200-kernels.json" "$OUT/" 2>/dev/null
     ;;
   prefill)  # where a full-depth prefill's time goes, against the matmul rate
     run 200 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider -n 0

@@ -77,6 +77,43 @@ def fit_slots(heads: int, stage_time: Callable[[float, float], float], rows: lis
             "error_with_slots_pct": (100 * errors(slots, sharpness)).round(2).tolist()}
 
 
+def fit_attention_width(rows: list[list[float]], uniform: list[list[float]], heads: int, group: int,
+                        head_dim: int) -> dict:
+    """:func:`fit_slots` for the kernel profile: decode-attention launches of ``heads`` heads in groups of
+    ``group`` whose rows attend different contexts (``[rows, *contexts, t]``), against the uniform-context
+    ``decode_attention`` table (``[units, group, head_dim, length, t]``) at the same layout."""
+    from cdbsim.kernel_table import KernelTable
+
+    points = [[p[0], p[3], p[4]] for p in uniform if p[1] == group and p[2] == head_dim]
+    require(len(points) >= 4, f"decode_attention has no uniform points at group {group}, head size {head_dim}")
+    table = KernelTable("decode_attention", ("units", "length"), points, proxy=lambda q: q[0] * q[1])
+    return fit_slots(heads, lambda padded, length: table(padded * heads, max(length, 1.0)), rows)
+
+
+def attention_record(fits: dict[str, dict[str, dict]], heads: int) -> dict:
+    """The kernel record's attention entries from :func:`fit_attention_width`'s fits by head size and group."""
+    return {"attention_slots": {d: {g: float(fit["slots"] or 0.0) for g, fit in by_group.items()}
+                                for d, by_group in fits.items()},
+            "attention_sharpness": {d: {g: fit["sharpness"] for g, fit in by_group.items() if fit["sharpness"]}
+                                    for d, by_group in fits.items()},
+            "attention_points": {d: {g: fit["points"] for g, fit in by_group.items()} for d, by_group in fits.items()},
+            "attention_layout": {"heads": heads}}
+
+
+def refit_attention_width(record: dict) -> dict:
+    """A kernel record's attention width and sharpness fitted again from its mixed-context points, by head
+    size and group (a record whose points are one list per head size measured them on one layout, eight MHA
+    heads where it does not say)."""
+    layout = record.get("attention_layout", {})
+    heads, group = int(layout.get("heads", 8)), str(layout.get("group", 1))
+    points = {d: rows if isinstance(rows, dict) else {group: rows}
+              for d, rows in record.get("attention_points", {}).items()}
+    uniform = record["tables"]["decode_attention"]
+    fits = {d: {g: fit_attention_width(rows, uniform, heads, int(g), int(d)) for g, rows in by_group.items()}
+            for d, by_group in points.items()}
+    return attention_record(fits, heads) if fits else {}
+
+
 def attention_rows(profile: Profile) -> list[dict]:
     """The mixed-length core steps of a profile's attention fit: contexts, time, errors both ways."""
     record = profile.attention
@@ -184,8 +221,8 @@ def build_profile(name: str, device: dict, versions: dict, points: dict[str, lis
 def refit_profile(profile: Profile) -> Profile:
     """The same measured profile with every component, and the attention width from its mixed-length
     points, fitted afresh from the raw points (after a change to the fitting, no GPU needed); a kernel
-    profile's per-launch components and its layer gaps likewise (from its probe layers). Device, versions
-    and date are kept."""
+    profile's per-launch components, its attention width (from its mixed-context points) and its layer gaps
+    (from its probe layers) likewise. Device, versions and date are kept."""
     require(profile.kind in (ProfileKind.MEASURED, ProfileKind.KERNELS),
             f"profile {profile.name} is {profile.kind}: only measured and kernel profiles have raw points to refit")
     if profile.kind is ProfileKind.KERNELS:
@@ -194,8 +231,8 @@ def refit_profile(profile: Profile) -> Profile:
                                                          "the layer gaps")
             components = {**profile.components, **fit_components(
                 {name: fit.points for name, fit in profile.components.items() if fit.points})}
-            return replace(profile, components=components,
-                           kernels={**profile.kernels, "gaps": fit_gaps(profile.kernels)})
+            kernels = {**profile.kernels, **refit_attention_width(profile.kernels)}
+            return replace(profile, components=components, kernels={**kernels, "gaps": fit_gaps(kernels)})
         except ConfigError as exc:
             raise ConfigError(f"{profile.source or profile.name}: {exc}") from None
     try:  # a malformed point names the file it came from

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from calibration.fit import fit_gaps, fit_slots
+from calibration.fit import attention_record, fit_attention_width, fit_gaps
 from calibration.measure import Timer, UnitBench, environment, measure_host, measure_meta_copy
 from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
 from cdbsim.kernels import GEMV_OPS, PROBE_SHAPES, STYLE_CODE, TABLE_DIMS
@@ -95,6 +95,11 @@ class KernelPlan:
     skew_points: tuple[tuple[int, int, int, int], ...] = (
         (2, 256, 4096, 1), (4, 256, 4096, 1), (8, 128, 4096, 1), (16, 128, 4096, 1), (16, 512, 4096, 4),
         (32, 128, 2048, 1), (48, 32, 1024, 2), (64, 32, 512, 8))
+    # the head layout of the mixed-context points: as many heads as the models the tool is asked about, MHA
+    # and GQA. Eight MHA heads fitted a width that charged long rows too little in core steps of 20-32-head
+    # GQA shapes (3-10% short, benchmarks/results/decode-profile/decode-profile-skew.csv)
+    skew_heads: int = 32
+    skew_groups: tuple[int, ...] = (1, 4)
     repeats: int = 7
     warmup: int = 2
 
@@ -283,11 +288,9 @@ class AttentionBench:
 
 
 def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
-                      ) -> tuple[dict[str, list[list[float]]], dict[str, dict]]:
-    """The RoPE/KV-write, decode-attention and chained-attention tables, and per head size the attention
-    width (programs at once) and sharpness fitted on core steps with mixed contexts."""
+                      ) -> dict[str, list[list[float]]]:
+    """The RoPE/KV-write, decode-attention and chained-attention tables."""
     tables: dict[str, list[list[float]]] = {"rope_kv": [], "decode_attention": [], "chained_attention": []}
-    slots: dict[str, dict] = {}
     h8 = plan.attention_heads
     longest = max(plan.attention_lengths)
     for d, g in itertools.product(plan.head_dims, plan.groups):
@@ -306,8 +309,6 @@ def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[s
             for length in plan.attention_lengths:
                 progress(f"chained_attention heads={h8} L={length} d={d} g={g}")
                 tables["chained_attention"].append([h8, g, d, length, chain(bench.calls("chained", 1, [length]))])
-        if g == 1:
-            slots[str(d)] = _fit_slots(plan, bench, chain, tables["decode_attention"], d, progress)
         bench.close()
     for heads in plan.chained_heads:
         if heads == h8:
@@ -319,7 +320,7 @@ def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[s
             for length in plan.attention_lengths:
                 tables["chained_attention"].append([heads, g, d, length, chain(bench.calls("chained", 1, [length]))])
             bench.close()
-    return tables, slots
+    return tables
 
 
 def measure_prefill_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
@@ -353,25 +354,28 @@ def merge_prefill_rope(table: list[list[float]], rope: list[list[float]], decode
     return [r for r in table if r[0] <= decode_units] + rope
 
 
-def _fit_slots(plan: KernelPlan, bench: AttentionBench, chain: ChainTimer, uniform: list[list[float]], d: int,
-               progress: Callable[[str], None]) -> dict:
-    """The attention record for head size ``d`` (width, sharpness, points): core steps whose rows attend
-    different contexts, against the uniform-context table (see :func:`calibration.fit.fit_slots`)."""
-    from cdbsim.kernel_table import KernelTable
-
-    h8 = plan.attention_heads
-    points = [p for p in uniform if p[1] == 1 and p[2] == d]
-    table = KernelTable("decode_attention", ("units", "length"), [[p[0], p[3], p[4]] for p in points],
-                        proxy=lambda q: q[0] * q[1])
-    rows = []
-    for b, short, long, n_long in plan.skew_points:
-        contexts = [long] * n_long + [short] * (b - n_long)
-        if sum(contexts) > plan.max_positions:
-            continue
-        progress(f"attention width d={d}: {n_long} of {b} rows at {long}")
-        rows.append([b, *contexts, chain(bench.calls("decode_attention", b, contexts))])
-    fitted = fit_slots(h8, lambda padded, length: table(padded * h8, max(length, 1.0)), rows)
-    return fitted
+def measure_skew(plan: KernelPlan, chain: ChainTimer, uniform: list[list[float]], progress: Callable[[str], None]
+                 ) -> dict[str, dict[str, dict]]:
+    """Per head size and GQA group, decode attention over rows that attend different contexts
+    (``plan.skew_points`` on ``plan.skew_heads`` heads), and the attention width and sharpness fitted on them
+    against the uniform-context table ``uniform`` (:func:`calibration.fit.fit_attention_width`)."""
+    heads = plan.skew_heads
+    points = [(b, [long] * n_long + [short] * (b - n_long)) for b, short, long, n_long in plan.skew_points]
+    points = [(b, contexts) for b, contexts in points if sum(contexts) <= plan.max_positions]
+    positions = max(sum(c) + 64 * len(c) for _, c in points)
+    fits: dict[str, dict[str, dict]] = {}
+    for d, group in itertools.product(plan.head_dims, plan.skew_groups):
+        progress(f"attention width d={d} group={group}: building")
+        bench = AttentionBench(heads, group, d, max(b for b, _ in points), max(max(c) for _, c in points),
+                               positions, chain.device, chain.timer)
+        rows = []
+        for b, contexts in points:
+            progress(f"attention width d={d} group={group}: {sum(c > contexts[-1] for c in contexts)} of {b} "
+                     "rows longer")
+            rows.append([b, *contexts, chain(bench.calls("decode_attention", b, contexts))])
+        bench.close()
+        fits.setdefault(str(d), {})[str(group)] = fit_attention_width(rows, uniform, heads, group, d)
+    return fits
 
 
 def measure_elementwise(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
@@ -488,7 +492,7 @@ def _backend(device: torch.device) -> str:
 
 
 # ----- the whole calibration -------------------------------------------------------------------------------
-FAMILIES = ("copy", "gemm", "elementwise", "gemv", "attention", "prefill", "glue", "adapter", "probes", "host")
+FAMILIES = ("copy", "gemm", "elementwise", "gemv", "attention", "skew", "prefill", "glue", "adapter", "probes", "host")
 
 
 def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan: KernelPlan | None = None,
@@ -543,14 +547,10 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     family("elementwise", lambda: tables.update(measure_elementwise(plan, chain, progress)))
     family("gemv", lambda: tables.update(gemv=measure_gemv(plan, chain, progress)))
 
-    def attention() -> None:
-        found, fits = measure_attention(plan, chain, progress)
-        tables.update({k: v for k, v in found.items() if v})
-        record["attention_slots"] = {d: float(fit["slots"] or 0.0) for d, fit in fits.items()}
-        record["attention_sharpness"] = {d: fit["sharpness"] for d, fit in fits.items() if fit["sharpness"]}
-        record["attention_points"] = {d: fit["points"] for d, fit in fits.items()}
-
-    family("attention", attention)
+    family("attention", lambda: tables.update({k: v for k, v in measure_attention(plan, chain, progress).items()
+                                               if v}))
+    family("skew", lambda: record.update(attention_record(
+        measure_skew(plan, chain, tables["decode_attention"], progress), plan.skew_heads)))
     def prefill() -> None:
         attention_rows, rope = measure_prefill_attention(plan, chain, progress)
         tables["prefill_attention"] = attention_rows
@@ -584,10 +584,12 @@ def summary_rows(profile: Profile) -> list[dict]:
     rows = [{"table": name, "points": len(points)} for name, points in record["tables"].items()]
     for style, gaps in record.get("gaps", {}).items():
         for path, gap in gaps.items():
-            rows.append({"table": f"gap {style} {path} (us per kernel)", "points": 1e6 * gap})
-    for d, slots in record.get("attention_slots", {}).items():
-        rows.append({"table": f"attention width d={d}", "points": slots})
-    for d, sharpness in record.get("attention_sharpness", {}).items():
-        rows.append({"table": f"attention sharpness d={d}", "points": sharpness})
+            label = f"gap {style} {path} (share of the GEMMs)" if path.endswith("_gemm") else \
+                f"gap {style} {path} (us per kernel)"
+            rows.append({"table": label, "points": gap if path.endswith("_gemm") else 1e6 * gap})
+    for label, key in (("width", "attention_slots"), ("sharpness", "attention_sharpness")):
+        for d, value in record.get(key, {}).items():
+            for g, number in (value.items() if isinstance(value, dict) else [("1", value)]):
+                rows.append({"table": f"attention {label} d={d} group={g}", "points": number})
     return rows
 

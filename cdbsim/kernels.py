@@ -140,10 +140,11 @@ RoPE kernels run one program group per (row, head), so their time follows the pr
 class KernelModel:
     """The kernel tables of one calibration, read for any architecture (optionally on another device).
 
-    ``record`` is a kernel profile's ``kernels`` section: ``tables`` ({name: points}), ``gaps`` (seconds
-    per kernel beyond the kernels' own time, for the ``many``-row and ``chained`` paths), ``copy_bandwidth``
-    (bytes/s), ``attention_slots`` ({head_dim: programs the GPU runs at once}), ``device`` (the measured
-    GPU's figures, for the proxies) and ``glue_vocab`` (the vocabulary the prefill glue was measured at).
+    ``record`` is a kernel profile's ``kernels`` section: ``tables`` ({name: points}), ``gaps`` (what a layer
+    takes beyond its kernels' tables, for the ``many``-row and ``chained`` paths), ``copy_bandwidth``
+    (bytes/s), ``attention_slots`` and ``attention_sharpness`` ({head_dim: number}, or {head_dim: {group:
+    number}}: programs the GPU runs at once, and the p-norm's p), ``device`` (the measured GPU's figures, for
+    the proxies) and ``glue_vocab`` (the vocabulary the prefill glue was measured at).
     """
 
     record: dict
@@ -265,23 +266,20 @@ class KernelModel:
         return 2 * arch.layer.kv_bytes_per_slot / float(self.record["copy_bandwidth"])
 
     def attention_slots(self, arch: ArchSpec) -> float | None:
-        """Decode-attention programs the GPU runs at once for this head size (log-interpolated)."""
-        slots = {float(k): float(v) for k, v in self.record.get("attention_slots", {}).items() if v}
-        if not slots:
-            return None
-        d = float(arch.layer.head_dim)
-        keys = sorted(slots)
-        if d <= keys[0] or d >= keys[-1] or d in slots:
-            return slots[min(keys, key=lambda k: abs(k - d))]
-        lo = max(k for k in keys if k < d)
-        hi = min(k for k in keys if k > d)
-        w = (math.log(d) - math.log(lo)) / (math.log(hi) - math.log(lo))
-        return math.exp((1 - w) * math.log(slots[lo]) + w * math.log(slots[hi]))
+        """Decode-attention programs the GPU runs at once for this head size and GQA group, log-interpolated
+        over the measured ones (a record may hold one number per head size, or one per head size and group)."""
+        g = arch.layer.heads / arch.layer.kv_heads
+        slots = {float(k): _by_group(v, g) for k, v in self.record.get("attention_slots", {}).items()}
+        slots = {k: v for k, v in slots.items() if v}
+        return _log_interpolated(slots, float(arch.layer.head_dim)) if slots else None
 
     def attention_sharpness(self, arch: ArchSpec) -> float:
-        """The p of the two attention bounds' p-norm for the nearest measured head size (infinite where
-        none was fitted: a record from before the sharpness was)."""
-        sharpness = {float(k): float(v) for k, v in self.record.get("attention_sharpness", {}).items() if v}
+        """The p of the two attention bounds' p-norm for the nearest measured head size and group (infinite
+        where none was fitted: a record from before the sharpness was)."""
+        g = arch.layer.heads / arch.layer.kv_heads
+        sharpness = {float(k): _by_group(v, g, nearest=True) for k, v in self.record.get("attention_sharpness",
+                                                                                         {}).items()}
+        sharpness = {k: v for k, v in sharpness.items() if v}
         if not sharpness:
             return math.inf
         d = float(arch.layer.head_dim)
@@ -326,6 +324,31 @@ class KernelModel:
         comps[Component.PREFILL1.key(arch)] = fit_points(first_rows)
         comps[Component.KV_COPY.key(arch)] = Fit(delta=0.0, gamma=self.kv_copy(arch))
         return comps
+
+
+def _log_interpolated(values: dict[float, float], x: float) -> float:
+    """``values`` (by a size) at ``x``: log-linear between the two measured sizes around it, the nearest
+    one outside them."""
+    keys = sorted(values)
+    if x <= keys[0] or x >= keys[-1] or x in values:
+        return values[min(keys, key=lambda k: abs(k - x))]
+    lo = max(k for k in keys if k < x)
+    hi = min(k for k in keys if k > x)
+    w = (math.log(x) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return math.exp((1 - w) * math.log(values[lo]) + w * math.log(values[hi]))
+
+
+def _by_group(value: float | dict | None, group: float, nearest: bool = False) -> float | None:
+    """A per-head-size attention entry for a GQA group: a number as it is; ``{group: number}`` interpolated in
+    log group (``nearest``: the nearest group's)."""
+    if not isinstance(value, dict):
+        return float(value) if value else None
+    by_group = {float(k): float(v) for k, v in value.items() if v}
+    if not by_group:
+        return None
+    if nearest:
+        return by_group[min(by_group, key=lambda k: abs(math.log(k) - math.log(group)))]
+    return _log_interpolated(by_group, group)
 
 
 def _with_gaps(kernels: float, count: int, gap: float) -> float:

@@ -5,9 +5,9 @@ A point's key is a SHA-256 of its experiment (every field, resolved to its value
 baseline, the content of every file it names (an architecture or profile JSON, a Hugging Face config, a
 trace), and a fingerprint of the code and data that turn an experiment into a result: the cdbsim version
 and the bytes of the ``cdbsim`` and ``traces`` sources and their embedded workload data, and the
-profiles that names resolve from (the shipped ones or ``$CDBSIM_PROFILES``). Changing any of them misses the cache instead of returning a stale row. Results are rows of
-plain values stored as JSON (floats round-trip exactly) in one SQLite file, committed as each point
-finishes.
+profiles that names resolve from (the shipped ones or ``$CDBSIM_PROFILES``). Changing any of them misses
+the cache instead of returning a stale row. Results are rows of plain values stored as JSON (floats
+round-trip exactly) in one SQLite file, committed as each point finishes.
 """
 
 from __future__ import annotations

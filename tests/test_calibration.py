@@ -132,3 +132,21 @@ def test_prefill_family_extends_rope_kv_beyond_the_decode_grid(tmp_path) -> None
     assert [row[:3] for row in tables["rope_kv"]] == [[128, 1, 64]]  # 16 tokens x 8 heads; 1 x 8 is decode's
     assert all(row[3] > 0 for row in tables["rope_kv"])
     assert len(tables["prefill_attention"]) == 2
+
+
+def test_skew_family_fits_the_attention_width_on_its_own_head_layout_and_refits_alike(tmp_path) -> None:
+    """The mixed-context points run on the plan's skew layout (heads, group), against the uniform table at
+    that layout; refitting a record from its points gives the same width and sharpness."""
+    from calibration.fit import refit_attention_width
+    from calibration.kernels import KernelPlan, calibrate_kernels
+
+    plan = KernelPlan(attention_rows=(1, 2, 4, 8), attention_lengths=(32, 128, 512), head_dims=(64,), groups=(1, 2),
+                      chained_heads=(), max_positions=4096, skew_heads=8, skew_groups=(1, 2),
+                      skew_points=((4, 32, 512, 1), (8, 32, 256, 2)), repeats=2, warmup=1)
+    record = calibrate_kernels(tmp_path, device="cpu", plan=plan, families=("attention", "skew")).kernels
+    assert record["attention_layout"] == {"heads": 8}
+    assert set(record["attention_points"]["64"]) == {"1", "2"}
+    assert [len(row) for row in record["attention_points"]["64"]["2"]] == [6, 10]  # rows, contexts..., seconds
+    again = refit_attention_width(record)
+    assert again["attention_slots"] == record["attention_slots"]
+    assert again["attention_sharpness"] == record["attention_sharpness"]

@@ -236,3 +236,24 @@ def test_profile_decode_refuses_bad_points_and_missing_tables(tmp_path, capsys) 
         script.parse_points("4:256:2048:5")
     assert script.main(["--summarize", str(tmp_path / "missing.csv")]) == 2
     assert "missing.csv" in capsys.readouterr().err
+
+
+def test_attention_width_by_head_size_and_group_is_log_interpolated() -> None:
+    from cdbsim.kernels import KernelModel
+
+    record = {**kernel_profile().kernels, "attention_slots": {"64": {"1": 1000.0, "4": 4000.0}, "128": 500.0},
+              "attention_sharpness": {"64": {"1": 1.0, "4": 3.0}}}
+    model = KernelModel(record)
+
+    def arch(d: int, kv_heads: int) -> ArchSpec:
+        return ArchSpec(name="a", layer=LayerShape(hidden=32 * d, intermediate=4096, heads=32, kv_heads=kv_heads,
+                                                   head_dim=d, style=LayerStyle.OURO), vocab=32000, prelude=0,
+                        core=4, coda=0, r_max=4)
+
+    assert model.attention_slots(arch(64, 32)) == pytest.approx(1000.0)
+    assert model.attention_slots(arch(64, 16)) == pytest.approx(2000.0)  # group 2: between, in log group
+    assert model.attention_slots(arch(64, 4)) == pytest.approx(4000.0)  # group 8: the nearest measured
+    assert model.attention_slots(arch(128, 8)) == pytest.approx(500.0)  # one number for every group
+    w = math.log(96 / 64) / math.log(2)  # head size 96 between 64 and 128, in log size
+    assert model.attention_slots(arch(96, 32)) == pytest.approx(1000.0 ** (1 - w) * 500.0 ** w)
+    assert model.attention_sharpness(arch(64, 16)) in (1.0, 3.0) and model.attention_sharpness(arch(64, 4)) == 3.0

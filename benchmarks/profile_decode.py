@@ -49,7 +49,7 @@ KERNEL_PROFILE = ROOT / "calibration" / "profiles" / "h200-kernels.json"
 FAMILIES = {"gemm": ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas"), "chained_attention": ("_rope_decode_attn",),
             "decode_attention": ("_decode_attn",), "rope_kv": ("_rope_kv",), "residual_norm": ("_residual_norm",),
             "rms_norm": ("_rms_norm",), "silu_mul": ("_silu_mul",), "gemv": ("_chain_gemv",)}
-POSITIONS = 65536  # KV positions of the bench's cache, as calibration's
+POSITIONS = 65536  # KV positions of the bench's cache (calibration's), or what the points need if more
 POINT_KEYS = ["batch", "context", "long", "n_long", "mixed_steps"]
 
 
@@ -125,7 +125,7 @@ def with_composed(table: pd.DataFrame, kernel_profile: Path = KERNEL_PROFILE) ->
 
 
 def measure(arch_name: str, points: list[Point], repeats: int, mixed_steps: bool = False,
-            device_name: str = "cuda") -> list[dict]:
+            device_name: str = "cuda", layout: str = "depth") -> list[dict]:
     """Measured microseconds per kernel family of one core launch at each point (on a CPU the torch
     backend's ops, which says only that the script runs)."""
     import torch
@@ -137,8 +137,9 @@ def measure(arch_name: str, points: list[Point], repeats: int, mixed_steps: bool
     activity = torch.profiler.ProfilerActivity.CUDA if device.type == "cuda" else torch.profiler.ProfilerActivity.CPU
     arch = load_arch(arch_name)
     timer = Timer(device, repeats, 3)
-    bench = UnitBench(arch, max(p.batch for p in points), max(max(p.contexts()) for p in points) + 1, POSITIONS,
-                      KVLayout.DEPTH, device, timer)
+    positions = max(POSITIONS, max(sum(p.contexts()) + 64 * p.batch for p in points))
+    bench = UnitBench(arch, max(p.batch for p in points), max(max(p.contexts()) for p in points) + 1, positions,
+                      KVLayout(layout), device, timer)
     rows: list[dict] = []
     for point in points:
         replay = bench.graph(Stage.CORE, point.batch, point.context, mixed_steps=mixed_steps,
@@ -190,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--points", type=parse_points, default=parse_points("2:256,4:3072,16:3072"),
                         help="batch:context,... (default: 2:256,4:3072,16:3072)")
     parser.add_argument("--mixed-steps", action="store_true", help="rows at loop steps 0, 1, .. (a refill run)")
+    parser.add_argument("--layout", choices=["depth", "shared"], default="depth",
+                        help="KV layout of the bench's cache (depth: as refill serves; shared: r_max times smaller)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--kernel-profile", type=Path, default=KERNEL_PROFILE)
     parser.add_argument("--out", type=Path)
@@ -207,10 +210,12 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             for name in args.arch:
                 load_arch(name)  # refuse a bad name before any GPU work
-            rows = [row for name in args.arch for row in measure(name, args.points, args.repeats, args.mixed_steps)]
-            table = pd.DataFrame(rows)
             args.out.mkdir(parents=True, exist_ok=True)
-            table.to_csv(args.out / "decode-profile.csv", index=False)
+            rows: list[dict] = []
+            for name in args.arch:  # the table is written after each architecture: a later failure keeps it
+                rows += measure(name, args.points, args.repeats, args.mixed_steps, layout=args.layout)
+                pd.DataFrame(rows).to_csv(args.out / "decode-profile.csv", index=False)
+            table = pd.DataFrame(rows)
             print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  PDL {os.environ.get('CDBSIM_PDL', '1')}")
         shown = with_composed(table, args.kernel_profile)
         shown["arch"] = [Path(a).stem for a in shown["arch"]]

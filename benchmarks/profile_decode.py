@@ -13,7 +13,8 @@ layers; glue and the gaps, with the GEMMs' share, on their own rows). The ``laun
 
 A point ``B:L:LONG:N`` gives ``N`` of its ``B`` rows ``LONG`` positions and the rest ``L`` (a served batch's
 mixed contexts; the families are composed at the mean length, the launch by the latency model's rule for
-mixed contexts), and ``--mixed-steps`` puts the rows at loop steps 0, 1, .. as a refill run does.
+mixed contexts), ``--mixed-steps`` puts the rows at loop steps 0, 1, .. as a refill run does, and
+``--exiting`` makes every row leave the loop (writing its KV into the deeper slots, the last-exited fill).
 
 Writes ``DIR/decode-profile.csv`` (arch, point, family, kernels per launch, measured and composed
 microseconds). A kernel's profiled duration includes any time it waits on its predecessor under
@@ -38,6 +39,7 @@ from cdbsim.arch import ArchSpec, load_arch  # noqa: E402
 from cdbsim.config import Policy, ServeConfig, padding_table  # noqa: E402
 from cdbsim.errors import ConfigError  # noqa: E402
 from cdbsim.kernels import STYLE_CODE, KernelModel  # noqa: E402
+from cdbsim.kvlayout import KVLayout  # noqa: E402
 from cdbsim.latency import LatencyModel  # noqa: E402
 from cdbsim.launch import Stage, decode_launch  # noqa: E402
 from cdbsim.profile import load_profile_file  # noqa: E402
@@ -50,7 +52,7 @@ FAMILIES = {"gemm": ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas"), "chaine
             "decode_attention": ("_decode_attn",), "rope_kv": ("_rope_kv",), "residual_norm": ("_residual_norm",),
             "rms_norm": ("_rms_norm",), "silu_mul": ("_silu_mul",), "gemv": ("_chain_gemv",)}
 POSITIONS = 65536  # KV positions of the bench's cache (calibration's), or what the points need if more
-POINT_KEYS = ["batch", "context", "long", "n_long", "mixed_steps"]
+POINT_KEYS = ["batch", "context", "long", "n_long", "mixed_steps", "exiting"]
 
 
 @dataclass(frozen=True)
@@ -100,18 +102,22 @@ def with_composed(table: pd.DataFrame, kernel_profile: Path = KERNEL_PROFILE) ->
     kernels = KernelModel(load_profile_file(kernel_profile).kernels)
     pad = padding_table(ServeConfig(policy=Policy.REFILL, width=512).decode_sizes(), 512)
     table = table.copy()
-    for key, default in (("long", 0), ("n_long", 0), ("mixed_steps", False)):
+    for key, default in (("long", 0), ("n_long", 0), ("mixed_steps", False), ("exiting", False)):
         if key not in table:
             table[key] = default
     rows = []
     for (arch_name, *values), group in table.groupby(["arch", *POINT_KEYS], sort=False):
         arch = load_arch(arch_name)
         point = Point(*(int(v) for v in values[:4]))
+        mixed, exiting = bool(values[4]), bool(values[5])
         parts = composed(arch, point.batch, point.mean, kernels)
         latency = LatencyModel(arch, resolve_profile("h200-kernels", arch))
         contexts = point.contexts()
+        steps = [i % arch.r_max if mixed else 0 for i in range(point.batch)]
         launch = decode_launch(Stage.CORE, list(range(point.batch)), [n - 1 for n in contexts],
-                               [[] for _ in contexts], pad[point.batch])
+                               [[] for _ in contexts], pad[point.batch], steps=steps, exits=[exiting] * point.batch)
+        if exiting:  # every row leaves the loop: its KV copied into the deeper slots (last-exited fill)
+            launch.kv_copies = sum(KVLayout.DEPTH.fill_copies(step, arch.r_max) for step in steps)
         parts["launch"] = latency.launch_time(launch) * 1e6
         measured = group.set_index("family")
         for name in dict.fromkeys([*measured.index, *parts]):
@@ -125,14 +131,12 @@ def with_composed(table: pd.DataFrame, kernel_profile: Path = KERNEL_PROFILE) ->
 
 
 def measure(arch_name: str, points: list[Point], repeats: int, mixed_steps: bool = False,
-            device_name: str = "cuda", layout: str = "depth") -> list[dict]:
+            device_name: str = "cuda", layout: str = "depth", exiting: bool = False) -> list[dict]:
     """Measured microseconds per kernel family of one core launch at each point (on a CPU the torch
     backend's ops, which says only that the script runs)."""
     import torch
 
     from calibration.measure import Timer, UnitBench
-    from cdbsim.kvlayout import KVLayout
-
     device = torch.device(device_name)
     activity = torch.profiler.ProfilerActivity.CUDA if device.type == "cuda" else torch.profiler.ProfilerActivity.CPU
     arch = load_arch(arch_name)
@@ -142,7 +146,7 @@ def measure(arch_name: str, points: list[Point], repeats: int, mixed_steps: bool
                       KVLayout(layout), device, timer)
     rows: list[dict] = []
     for point in points:
-        replay = bench.graph(Stage.CORE, point.batch, point.context, mixed_steps=mixed_steps,
+        replay = bench.graph(Stage.CORE, point.batch, point.context, exiting=exiting, mixed_steps=mixed_steps,
                              contexts=point.contexts())
         launch_s = timer(replay)
         with torch.inference_mode(), torch.profiler.profile(
@@ -161,11 +165,12 @@ def measure(arch_name: str, points: list[Point], repeats: int, mixed_steps: bool
                 entry[0] += device_us / repeats
                 entry[1] += event.count / repeats
         key = {"batch": point.batch, "context": point.context, "long": point.long, "n_long": point.n_long,
-               "mixed_steps": mixed_steps}
+               "mixed_steps": mixed_steps, "exiting": exiting}
         rows += [{"arch": arch_name, **key, "family": name, "kernels": round(count), "measured_us": us}
                  for name, (us, count) in per_family.items()]
         rows.append({"arch": arch_name, **key, "family": "launch", "kernels": 0, "measured_us": launch_s * 1e6})
-        print(f"{arch.name} {point}{' mixed steps' if mixed_steps else ''}: {launch_s * 1e6:.1f} us, "
+        print(f"{arch.name} {point}{' mixed steps' if mixed_steps else ''}{' exiting' if exiting else ''}: "
+              f"{launch_s * 1e6:.1f} us, "
               f"{sum(c for _, c in per_family.values()):.0f} kernels", flush=True)
     bench.close()
     return rows
@@ -191,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--points", type=parse_points, default=parse_points("2:256,4:3072,16:3072"),
                         help="batch:context,... (default: 2:256,4:3072,16:3072)")
     parser.add_argument("--mixed-steps", action="store_true", help="rows at loop steps 0, 1, .. (a refill run)")
+    parser.add_argument("--exiting", action="store_true",
+                        help="every row leaves the loop (its KV written into the deeper slots too)")
     parser.add_argument("--layout", choices=["depth", "shared"], default="depth",
                         help="KV layout of the bench's cache (depth: as refill serves; shared: r_max times smaller)")
     parser.add_argument("--repeats", type=int, default=20)
@@ -213,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             args.out.mkdir(parents=True, exist_ok=True)
             rows: list[dict] = []
             for name in args.arch:  # the table is written after each architecture: a later failure keeps it
-                rows += measure(name, args.points, args.repeats, args.mixed_steps, layout=args.layout)
+                rows += measure(name, args.points, args.repeats, args.mixed_steps, layout=args.layout,
+                                exiting=args.exiting)
                 pd.DataFrame(rows).to_csv(args.out / "decode-profile.csv", index=False)
             table = pd.DataFrame(rows)
             print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  PDL {os.environ.get('CDBSIM_PDL', '1')}")

@@ -257,3 +257,15 @@ def test_attention_width_by_head_size_and_group_is_log_interpolated() -> None:
     w = math.log(96 / 64) / math.log(2)  # head size 96 between 64 and 128, in log size
     assert model.attention_slots(arch(96, 32)) == pytest.approx(1000.0 ** (1 - w) * 500.0 ** w)
     assert model.attention_sharpness(arch(64, 16)) in (1.0, 3.0) and model.attention_sharpness(arch(64, 4)) == 3.0
+
+
+def test_profile_decode_composes_exiting_rows_with_their_last_exited_fill() -> None:
+    import pandas as pd
+
+    script, results = _profile_decode()
+    table = pd.concat([pd.read_csv(results / f"decode-profile-wide-{kind}.csv") for kind in ("mixed", "exiting")])
+    composed = script.with_composed(table)
+    launches = composed[composed.family == "launch"].set_index(["arch", "batch", "context", "long", "exiting"])
+    plain, exiting = launches.xs(False, level="exiting"), launches.xs(True, level="exiting")
+    assert (exiting.composed_us > plain.composed_us).all()  # the fill's copies are charged
+    assert ((exiting.measured_us / plain.measured_us - 1).abs() < 0.05).all()

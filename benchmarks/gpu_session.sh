@@ -38,15 +38,15 @@
 #   bash benchmarks/gpu_session.sh profile  core steps of the unseen shapes kernel by kernel against the kernel model's
 #                                           composition: uniform contexts (PDL on; off for the two smallest), then
 #                                           mixed contexts and loop steps -> benchmarks/results/decode-profile/
-#   bash benchmarks/gpu_session.sh skew     the kernel profile's mixed-context attention points re-measured, its
-#                                           attention width refitted -> calibration/profiles/h200-kernels.json
+#   bash benchmarks/gpu_session.sh update   families of the kernel profile re-measured (FAMILIES=a,b; default skew:
+#                                           the mixed-context attention points) -> calibration/profiles/h200-kernels.json
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | skew) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, skew" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -115,8 +115,8 @@ case $phase in
       done
     fi
     ;;
-  skew)  # the kernel profile's attention width, from mixed-context points on its skew head layout
-    run 200 kernels-skew python3 cli.py calibrate --kernels --families skew \
+  update)  # some families of the kernel profile (FAMILIES, default skew: the attention width)
+    run 300 "kernels-${FAMILIES:-skew}" python3 cli.py calibrate --kernels --families "${FAMILIES:-skew}" \
       --update calibration/profiles/h200-kernels.json --out "$work/profiles"
     cp "$work/profiles/h200-kernels.json" "$OUT/" 2>/dev/null
     ;;

@@ -79,7 +79,7 @@ class KernelPlan:
     prefill_tokens: tuple[int, ...] = (16, 64, 256, 1024, 4096, 8192)
     prefill_chunks: tuple[int, ...] = (1, 8, 32)
     prefill_prefix: tuple[int, ...] = (0, 2048)
-    prefill_heads: tuple[int, ...] = (8, 32)
+    prefill_heads: tuple[int, ...] = (8, 32, 64)  # 64: Huginn-3.5B's 55 heads inside the grid
     prefill_groups: tuple[int, ...] = (1, 4)
     rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
     widths: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384, 24576)

@@ -151,7 +151,7 @@ HUBER_SCALE_S = 2e-6  # residuals beyond this count linearly: a probe layer whos
 def fit_share_and_offset(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """``(share, offset)`` of ``y ~ share * x + offset`` under a Huber loss (:func:`scipy.optimize.
     least_squares`): a robust line, so a few points far off do not set it (the kernel profile's layer gap
-    against its GEMM time, :func:`calibration.kernels.fit_gaps`)."""
+    against its GEMM time, :func:`fit_gaps`)."""
     from scipy.optimize import least_squares
 
     require(len(x) >= 2, "a line needs two points at least")
@@ -187,10 +187,12 @@ def fit_gaps(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHAPES) -> dic
         else:
             many.append((sum(seconds for name, seconds in kernels if name == "gemm"), t - total))
     share, per_layer = fit_share_and_offset(*map(np.array, zip(*many, strict=True)))
-    styles = {shape.style.value for shape in probes}
-    return {style: {"chained": statistics.median(chained[style]), "many": per_layer / MANY_KERNELS,
-                    "many_gemm": share} if style in chained else
-            {"many": per_layer / MANY_KERNELS, "many_gemm": share} for style in sorted(styles)}
+    gaps: dict[str, dict[str, float]] = {}
+    for style in sorted({shape.style.value for shape in probes}):
+        gaps[style] = {"many": per_layer / MANY_KERNELS, "many_gemm": share}
+        if style in chained:
+            gaps[style]["chained"] = statistics.median(chained[style])
+    return gaps
 
 
 def fit_components(points: dict[str, list[list[float]]]) -> dict[str, Fit]:

@@ -219,7 +219,7 @@ class KernelModel:
     def layer(self, arch: ArchSpec, rows: int, length: float) -> float:
         """One decode layer of ``arch`` over ``rows`` padded rows attending ``length`` positions each: its
         kernels' tables, the path's gap per kernel and, on the many-row path, the share of the GEMMs' time
-        they take more (or less) in a layer than in their chains (:func:`calibration.kernels.fit_gaps`)."""
+        they take more (or less) in a layer than in their chains (:func:`calibration.fit.fit_gaps`)."""
         kernels, path = self.layer_kernels(arch, rows, length)
         total = sum(t for _, t in kernels)
         if path == "many":

@@ -9,7 +9,7 @@ layers; glue and the gaps, with the GEMMs' share, on their own rows). The ``laun
 
     python benchmarks/profile_decode.py --arch calibration/archs/unseen-huginn-2048.json \\
         --points 2:256,4:3072,16:3072 --out DIR          # on a CUDA GPU
-    python benchmarks/profile_decode.py --summarize DIR/decode-profile.csv   # composed again, any machine
+    python benchmarks/profile_decode.py --summarize DIR/decode-profile.csv [--plot PNG]   # any machine
 
 A point ``B:L:LONG:N`` gives ``N`` of its ``B`` rows ``LONG`` positions and the rest ``L`` (a served batch's
 mixed contexts; the families are composed at the mean length, the launch by the latency model's rule for
@@ -103,10 +103,10 @@ def with_composed(table: pd.DataFrame, kernel_profile: Path = KERNEL_PROFILE) ->
     pad = padding_table(ServeConfig(policy=Policy.REFILL, width=512).decode_sizes(), 512)
     table = table.copy()
     for key, default in (("long", 0), ("n_long", 0), ("mixed_steps", False), ("exiting", False)):
-        if key not in table:
-            table[key] = default
+        table[key] = table[key].fillna(default).astype(type(default)) if key in table else default
     rows = []
-    for (arch_name, *values), group in table.groupby(["arch", *POINT_KEYS], sort=False):
+    tags = ["table"] if "table" in table else []  # several saved tables: a point is one table's
+    for (arch_name, *values), group in table.groupby(["arch", *POINT_KEYS, *tags], sort=False):
         arch = load_arch(arch_name)
         point = Point(*(int(v) for v in values[:4]))
         mixed, exiting = bool(values[4]), bool(values[5])
@@ -121,7 +121,7 @@ def with_composed(table: pd.DataFrame, kernel_profile: Path = KERNEL_PROFILE) ->
         parts["launch"] = latency.launch_time(launch) * 1e6
         measured = group.set_index("family")
         for name in dict.fromkeys([*measured.index, *parts]):
-            rows.append({"arch": arch_name, **dict(zip(POINT_KEYS, values, strict=True)), "family": name,
+            rows.append({"arch": arch_name, **dict(zip(POINT_KEYS + tags, values, strict=True)), "family": name,
                          "kernels": measured["kernels"].get(name, 0),
                          "measured_us": measured["measured_us"].get(name, float("nan")),
                          "composed_us": parts.get(name, float("nan"))})
@@ -176,6 +176,35 @@ def measure(arch_name: str, points: list[Point], repeats: int, mixed_steps: bool
     return rows
 
 
+def plot(table: pd.DataFrame, path: Path) -> Path:
+    """Composed against measured core-step time of every point (``with_composed``'s ``launch`` rows), one
+    colour per architecture, filled for uniform contexts and hollow for mixed ones, with the +-5% band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    launches = table[table.family == "launch"]
+    fig, ax = plt.subplots(figsize=(6, 5.5))
+    for colour, (arch, rows) in enumerate(launches.groupby("arch", sort=False)):
+        for mixed, group in rows.groupby(rows["n_long"] > 0):
+            ax.plot(group.measured_us, group.composed_us, "o", color=f"C{colour}", mfc="none" if mixed else None,
+                    label=f"{Path(arch).stem}{', mixed contexts' if mixed else ''}")
+    low = 0.9 * min(launches.measured_us.min(), launches.composed_us.min())
+    high = 1.1 * max(launches.measured_us.max(), launches.composed_us.max())
+    grid = pd.Series([low, high])
+    ax.plot(grid, grid, "k-", lw=1)
+    ax.fill_between(grid, grid * 0.95, grid * 1.05, color="grey", alpha=0.2, label="±5%")
+    ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel="replayed core step (µs)",
+           ylabel="composed from kernels (µs)", title="core steps: kernel model against replays")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
 def parse_points(text: str) -> list[Point]:
     try:
         fields = [[int(x) for x in p.split(":")] for p in text.split(",")]
@@ -203,11 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--kernel-profile", type=Path, default=KERNEL_PROFILE)
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--summarize", type=Path, metavar="CSV", help="compose a saved table again (no GPU)")
+    parser.add_argument("--summarize", type=Path, nargs="+", metavar="CSV",
+                        help="compose saved tables again (no GPU)")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="also plot composed against measured core steps")
     args = parser.parse_args(argv)
     try:
         if args.summarize:
-            table = pd.read_csv(args.summarize)
+            table = pd.concat([pd.read_csv(path).assign(table=path.stem) for path in args.summarize],
+                              ignore_index=True)
         else:
             import torch
 
@@ -226,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             table = pd.DataFrame(rows)
             print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  PDL {os.environ.get('CDBSIM_PDL', '1')}")
         shown = with_composed(table, args.kernel_profile)
+        if args.plot:
+            plot(shown, args.plot)
         shown["arch"] = [Path(a).stem for a in shown["arch"]]
         print(shown.round(2).to_string(index=False))
     except (ConfigError, OSError, KeyError) as exc:

@@ -269,3 +269,11 @@ def test_profile_decode_composes_exiting_rows_with_their_last_exited_fill() -> N
     plain, exiting = launches.xs(False, level="exiting"), launches.xs(True, level="exiting")
     assert (exiting.composed_us > plain.composed_us).all()  # the fill's copies are charged
     assert ((exiting.measured_us / plain.measured_us - 1).abs() < 0.05).all()
+
+
+def test_profile_decode_plots_saved_tables_together(tmp_path) -> None:
+    script, results = _profile_decode()
+    png = tmp_path / "plot.png"
+    tables = [str(results / f"{name}.csv") for name in ("decode-profile", "decode-profile-skew")]
+    assert script.main(["--summarize", *tables, "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -80,9 +80,10 @@ def family(name: str) -> str:
 def composed(arch: ArchSpec, batch: int, context: float, kernels: KernelModel) -> dict[str, float]:
     """Composed microseconds per family of one core launch of ``batch`` rows at ``context`` positions each:
     the core's layers' kernels, the glue (core glue with Huginn's adapter; the adapter's GEMM under
-    ``gemm``, where the profiler finds it), the per-kernel gaps and the GEMMs' share beyond their tables."""
+    ``gemm``, where the profiler finds it) and what the model adds to each layer beyond its kernels' tables
+    (the per-kernel gaps and the GEMMs' share)."""
     out: dict[str, float] = {}
-    layer, path = kernels.layer_kernels(arch, batch, float(context))
+    layer, _ = kernels.layer_kernels(arch, batch, float(context))
     for name, seconds in layer:
         out[name] = out.get(name, 0.0) + arch.core * seconds * 1e6
     out["glue"] = kernels.time("core_glue", STYLE_CODE[arch.style], arch.layer.hidden, batch) * 1e6
@@ -90,10 +91,9 @@ def composed(arch: ArchSpec, batch: int, context: float, kernels: KernelModel) -
         adapter = kernels.adapter(arch, batch) * 1e6
         out["gemm"] = out.get("gemm", 0.0) + adapter
         out["glue"] -= adapter
-    out["gaps"] = arch.core * len(layer) * kernels.gap(arch.layer.style, path, batch) * 1e6
-    if path == "many":
-        out["gaps"] += kernels.gemm_share(arch.layer.style) * arch.core * sum(
-            t for name, t in layer if name == "gemm") * 1e6
+    # what the model adds to a layer beyond its kernels' tables, as KernelModel.layer adds it
+    beyond = kernels.layer(arch, batch, float(context)) - sum(seconds for _, seconds in layer)
+    out["gaps"] = arch.core * beyond * 1e6
     return out
 
 

@@ -19,6 +19,7 @@ from cdbsim.arch import ArchSpec, LayerShape
 from cdbsim.attention import equivalent_length
 from cdbsim.errors import ConfigError, require
 from cdbsim.interp import Surface
+from cdbsim.kernel_table import KernelTable
 from cdbsim.kernels import MANY_KERNELS, PROBE_SHAPES, KernelModel
 from cdbsim.latency import LatencyModel
 from cdbsim.launch import Stage
@@ -82,8 +83,6 @@ def fit_attention_width(rows: list[list[float]], uniform: list[list[float]], hea
     """:func:`fit_slots` for the kernel profile: decode-attention launches of ``heads`` heads in groups of
     ``group`` whose rows attend different contexts (``[rows, *contexts, t]``), against the uniform-context
     ``decode_attention`` table (``[units, group, head_dim, length, t]``) at the same layout."""
-    from cdbsim.kernel_table import KernelTable
-
     points = [[p[0], p[3], p[4]] for p in uniform if p[1] == group and p[2] == head_dim]
     require(len(points) >= 4, f"decode_attention has no uniform points at group {group}, head size {head_dim}")
     table = KernelTable("decode_attention", ("units", "length"), points, proxy=lambda q: q[0] * q[1])

@@ -126,16 +126,20 @@ def _blended_length(mean: float, longest: int, rows: int, padded: int, heads: in
     splits = TARGET_PROGRAMS // max(padded * heads, 1)
     splits = 1 if splits < 1 else MAX_SPLITS if splits > MAX_SPLITS else splits
     per_position = heads * rows / slots
-    critical = critical_positions(longest, splits)
-    work_p = _power(per_position * mean, p) + _power(float(critical), p)
+    critical = float(critical_positions(longest, splits))
+    spread_p, critical_p = _power(per_position * mean, p), _power(critical, p)
+    work_p = spread_p + critical_p
     least = float(MIN_SPLIT_POSITIONS)
     length = _root(work_p / (_power(per_position, p) + 1.0), p)  # the whole row is one program's walk
     if length > least and splits > 1:  # (one split: the whole row is always one program's walk)
-        length = _root(max(work_p - _power(least, p), 0.0), p) / per_position  # every split walks m
+        # work less a uniform row's critical path, the spread kept out of the difference: a spread many
+        # orders below the path would otherwise vanish in the rounding of the sum and move the length
+        rest = spread_p + (critical_p - _power(least, p))
+        length = _root(max(rest, 0.0), p) / per_position  # every split walks m
         if length > splits * least:  # a split's share: first without its page rounding (an upper bound),
             unrounded = _root(work_p / (_power(per_position, p) + _power(1.0 / splits, p)), p)
             pages = math.ceil(unrounded / (splits * PAGE))  # then in the pages that bound holds
-            rest = work_p - _power(float(PAGE * pages), p)
+            rest = spread_p + (critical_p - _power(float(PAGE * pages), p))
             length = max(_root(rest, p) / per_position if rest > 0 else 0.0, float(splits * PAGE * (pages - 1)))
     return min(max(length, float(mean)), float(longest))
 

@@ -85,11 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("error: probe_sustained_gemm.py needs a CUDA GPU", file=sys.stderr)
         return 2
+    from calibration.measure import write_probe_table
+
     table = pd.DataFrame(measure(SHAPES, args.busy_s))
-    args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "sustained-gemm.csv", index=False)
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
-    print(table.round(3).to_string(index=False))
+    write_probe_table(table, args.out / "sustained-gemm.csv", digits=3)
     return 0
 
 

@@ -30,6 +30,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from bench_executor import build_model  # noqa: E402
 
+from calibration.measure import write_probe_table  # noqa: E402
 from cdbsim.arch import PRESETS  # noqa: E402
 from cdbsim.config import ServeConfig  # noqa: E402
 from cdbsim.kv import need_blocks  # noqa: E402
@@ -129,10 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = [row for m in args.models for t in args.tokens for row in profile(m, t)]
     table = with_rates(pd.DataFrame(rows))
-    args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "prefill-profile.csv", index=False)
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
-    print(table.round(3).to_string(index=False))
+    write_probe_table(table, args.out / "prefill-profile.csv", digits=3)
     return 0
 
 

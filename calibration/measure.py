@@ -36,6 +36,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -268,6 +269,15 @@ def probe_arch(prog: str, name: str) -> ArchSpec | None:
     except ConfigError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return None
+
+
+def write_probe_table(table, path: Path, digits: int = 1) -> None:
+    """A GPU probe's results: ``table`` (a DataFrame) saved as CSV at ``path`` and printed under the device
+    and torch version that measured it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(path, index=False)
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
+    print(table.round(digits).to_string(index=False))
 
 
 def measure_meta_copy(device: torch.device, timer: Timer,

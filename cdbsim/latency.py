@@ -55,12 +55,14 @@ class DeviceSpec:
     host_launch_s: float = 30e-6        # host: plan + prepare + replay one launch
     host_item_s: float = 0.3e-6         # host: per item planned
     launch_gap_s: float = 1.27e-6       # device: one launch's end to the next one's start (LatencyModel.launch_gap)
+    idle_start_s: float = 4.5e-6        # device: an idle device's start after the host hands a launch over
 
     def as_dict(self) -> dict:
         return {"name": self.name, "memory_bytes": self.memory_bytes, "bandwidth": self.bandwidth,
                 "matmul_flops": self.matmul_flops, "launch_s": self.launch_s,
                 "attention_efficiency": self.attention_efficiency, "host_launch_s": self.host_launch_s,
-                "host_item_s": self.host_item_s, "launch_gap_s": self.launch_gap_s}
+                "host_item_s": self.host_item_s, "launch_gap_s": self.launch_gap_s,
+                "idle_start_s": self.idle_start_s}
 
 
 H200 = DeviceSpec()
@@ -176,6 +178,11 @@ class LatencyModel:
     simulator starts a launch no earlier than this gap after the previous one ends. A profile may record
     its device's gap (``device.launch_gap_s``); otherwise the H200's is used; constant-latency profiles
     (hand-checkable runs) have none.
+
+    ``idle_start`` is the other case: the device is idle when the host hands a launch over, and its first
+    kernel begins this long after the graph launch returns to the host (3.2-5.3 us, median 4.5 us, over
+    18 stages of three shapes on the H200: ``python benchmarks/probe_idle_start.py``,
+    ``benchmarks/results/idle-start/``). A profile may record its own (``device.idle_start_s``).
     """
 
     def __init__(self, arch: ArchSpec, profile: Profile, force: bool = False) -> None:
@@ -190,8 +197,11 @@ class LatencyModel:
         comps = dict(profile.components)
         zero = Fit(delta=0.0)
         self.host = comps.get(HOST, zero)
+        self.stage_hosts: dict[Stage, Fit] = {}  # a host line per stage, where one is given (with_host)
         self.launch_gap = (0.0 if profile.kind is ProfileKind.CONSTANT
                            else float(profile.device.get("launch_gap_s", H200.launch_gap_s)))
+        self.idle_start = (0.0 if profile.kind is ProfileKind.CONSTANT
+                           else float(profile.device.get("idle_start_s", H200.idle_start_s)))
         self.meta_copy = comps.get(META_COPY)
         self._copy_times: dict[tuple[int, int], float] = {}
         self.attention_slots = profile.attention_slots
@@ -299,16 +309,19 @@ class LatencyModel:
         return equivalent_length(mean, launch.longest, launch.size, launch.padded, self._heads, self.attention_slots,
                                  self.attention_sharpness)
 
-    def with_host(self, host: Fit) -> LatencyModel:
-        """The same device model with another host line (a run's own host speed, for instance)."""
+    def with_host(self, host: Fit, stages: dict[Stage, Fit] | None = None) -> LatencyModel:
+        """The same device model with another host line (a run's own host speed, for instance) and, for
+        the stages in ``stages``, a line of their own."""
         other = LatencyModel(self.arch, *self._given)
         other.host = host
+        other.stage_hosts = dict(stages or {})
         return other
 
     def host_time(self, launch: Launch) -> float:
         """The host's seconds per launch as the executor serves: completing finished launches, planning,
         preparing and enqueueing ``launch`` (calibration measures it on a serving run)."""
-        return self.host.delta + self.host.gamma * len(launch.requests)
+        host = self.stage_hosts.get(launch.stage, self.host) if self.stage_hosts else self.host
+        return host.delta + host.gamma * len(launch.requests)
 
     def saturation_batch(self, context_len: float, stage: Stage = Stage.CORE) -> float:
         """B*(L) of a stage: the batch at which the weight-read floor stops dominating."""

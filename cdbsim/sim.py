@@ -83,9 +83,10 @@ class Simulation:
         device at ``t + host time``, and the host is busy until then.
 
         The device runs launches in order, so when a launch runs is known as it is handed over: the device
-        takes it when it finishes the previous one (at once, if idle), starts it when the launch is ready
-        and the launch gap (:attr:`LatencyModel.launch_gap`) has passed since taking it, and runs it for
-        the latency model's time. The launch is logged then, and the host keeps its end; when the pipeline
+        takes it when it finishes the previous one (at once, if idle) and starts it once the launch gap
+        (:attr:`LatencyModel.launch_gap`) has passed since taking it and the idle start
+        (:attr:`LatencyModel.idle_start`) since the host handed it over, and runs it for the latency
+        model's time. The launch is logged then, and the host keeps its end; when the pipeline
         rule makes the host wait for it, that end is a SimPy timeout.
 
         ``now`` is the host's clock. Nothing but an arrival can change what the host plans next, so while
@@ -93,7 +94,7 @@ class Simulation:
         timeout, and SimPy's clock catches up when the host next waits for an event."""
         # methods are called on their objects, not through local aliases: compiled, those are native calls
         env, s, latency, recorder = self.env, self.scheduler, self.latency, self.recorder
-        width, gap = self.table_width, latency.launch_gap
+        width, gap, wake = self.table_width, latency.launch_gap, latency.idle_start
         # handle: the launch's end; an adaptive scheduler also observes each launch's device time (the
         # pipeline completes launches oldest first, so their times queue in that order)
         durations: deque[float] | None = deque() if s.costs is not None else None
@@ -144,7 +145,7 @@ class Simulation:
             host_s = latency.host_time(launch)
             busy_until = now + host_s
             taken = now if device_free <= now else device_free
-            start = max(taken + gap, busy_until)
+            start = max(taken + gap, busy_until + wake)
             end = taken + (start - taken + latency.launch_time(launch, width))
             recorder.record(launch, start, end, host_s)
             if durations is not None:

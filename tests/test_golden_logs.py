@@ -65,12 +65,12 @@ CASES = {
 }
 PROFILES = Path(__file__).parent / "data" / "golden-profiles"
 GOLDEN = {
-    "huginn-refill-K8-shared": "3dec1aaa3a2915d9",  # 4,454 launches
-    "huginn040-sync": "da9532ebd62e6e70",           # 7,412 launches
-    "ouro-cb-online": "9fae54eb1c337919",           # 755 launches
-    "ouro-norefill": "6f25e0cd7f88378f",            # 3,272 launches
-    "ouro-refill": "6606565ee11418ff",              # 4,464 launches
-    "ouro-refill-preempting": "1aa809214b438fa6",   # 14,715 launches, 2 preemptions
+    "huginn-refill-K8-shared": "8e1200dd073dc852",  # 4,454 launches
+    "huginn040-sync": "c473aa6d22af4546",           # 7,412 launches
+    "ouro-cb-online": "dd5dc851017088db",           # 755 launches
+    "ouro-norefill": "0cf1717c0d90547f",            # 3,272 launches
+    "ouro-refill": "961b80bf0ac3ce9c",              # 4,464 launches
+    "ouro-refill-preempting": "26b69a397ef0569e",   # 14,715 launches, 2 preemptions
 }
 
 

@@ -305,3 +305,15 @@ def test_launches_are_a_launch_gap_apart_on_a_busy_device() -> None:
     wide = roofline_profile(arch)
     wide.device["launch_gap_s"] = 5e-6  # a profile may carry its own device's gap
     assert LatencyModel(arch, wide).launch_gap == 5e-6
+
+
+def test_a_launch_handed_to_an_idle_device_starts_the_idle_start_later() -> None:
+    """Under sync timing the device idles while the host plans each launch: every launch starts the idle
+    start after the host is done with it (the previous end plus its host time), not at once."""
+    arch = PRESETS["ouro-1.4b"]
+    latency = LatencyModel(arch, roofline_profile(arch))
+    assert latency.idle_start == pytest.approx(4.5e-6) and constant(arch).idle_start == 0.0
+    requests = build_trace("alpaca", 20, 4, 2, ExitModel(mean=2.5), seed=5)
+    log = simulate(arch, ServeConfig(timing="sync"), requests, latency, 4096).launches
+    waited = log["start"].to_numpy()[1:] - log["end"].to_numpy()[:-1]
+    assert waited == pytest.approx(log["host_s"].to_numpy()[1:] + latency.idle_start, abs=1e-9)

@@ -258,9 +258,9 @@ def compare(entries: list[Entry], measured: dict[str, RunLog],
                                    measured_log=real, predicted_log=predicted)
         found = run_host(real)
         if found is not None:  # the same prediction with the host as fast as it was in this run
-            host, median_s = found
-            comparison.host_us = 1e6 * median_s
-            own = simulate(arch, config, requests, latency.with_host(host), entry.kv_blocks())
+            comparison.host_us = 1e6 * found.median_s
+            own = simulate(arch, config, requests, latency.with_host(found.pooled, found.stages),
+                           entry.kv_blocks())
             comparison.own_host = summarize(own, arch, requests, r_min)
         width = table_width(requests, config.block_size)
         comparison.stages = stage_errors(real, functools.partial(latency.launch_time, table_width=width))

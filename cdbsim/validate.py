@@ -57,27 +57,42 @@ def batch_range(padded: int) -> str:
     return f"{low}+"
 
 
+QUEUED_GAP_S = 3e-6  # a launch that starts this close to the previous end was queued behind it (gaps: 1.27 us
+# on average in 0.24 us clock steps, at most 2.9 us in 150,000 back-to-back pairs: LatencyModel.launch_gap)
+
+
 def stage_errors(log: RunLog, launch_time: Callable[[Launch], float]) -> list[dict]:
     """Per stage: measured device time of the logged launches against the latency model's time for the
     very same launches. This isolates the latency model from the schedule (which the two runs share).
 
     Each decode-type stage has a row over all its launches (``batch`` "all") and one per padded-batch
-    range, since a model can be right on average and wrong at one end of the batch sizes.
+    range, since a model can be right on average and wrong at one end of the batch sizes. ``queued
+    error`` is the same over the launches that were queued behind their predecessor: a launch that found
+    the device idle is logged from the moment the host began queueing it, so its duration also holds the
+    host's own queueing (20-200 us: ``benchmarks/probe_idle_start.py``), which no device model predicts.
     """
     rows = []
     launches = log.launches.assign(predicted=[launch_time(launch_from_row(r))
                                               for r in log.launches.itertuples(index=False)])
+    gaps = launches["start"] - launches["end"].shift()
+    launches = launches.assign(queued=(gaps <= QUEUED_GAP_S).to_numpy())
     for stage, group in launches.groupby("stage", sort=False):
         parts = [("all", group)]
         if stage != Stage.PREFILL:
             parts += list(group.groupby(group["padded"].map(batch_range), sort=False))
             parts[1:] = sorted(parts[1:], key=lambda part: int(part[0].split("-")[0].rstrip("+")))
         for batch, part in parts:
-            measured = float((part["end"] - part["start"]).sum())
-            predicted = float(part["predicted"].sum())
-            rows.append({"stage": str(stage), "batch": batch, "launches": len(part), "measured s": measured,
-                         "predicted s": predicted, "error": signed_error(predicted, measured)})
+            queued = part[part["queued"]]
+            rows.append({"stage": str(stage), "batch": batch, "launches": len(part),
+                         "measured s": float((part["end"] - part["start"]).sum()),
+                         "predicted s": float(part["predicted"].sum()), "error": _time_error(part),
+                         "queued launches": len(queued), "queued error": _time_error(queued)})
     return rows
+
+
+def _time_error(launches: object) -> float:
+    """Signed error of the predicted against the measured device time summed over ``launches``."""
+    return signed_error(float(launches["predicted"].sum()), float((launches["end"] - launches["start"]).sum()))
 
 
 def signed_error(predicted: float, measured: float) -> float:
@@ -95,14 +110,38 @@ def host_points(launches: object) -> list[list[float]]:
             for items, group in _decode_type(launches).groupby("items") if len(group) >= 3]
 
 
-def run_host(log: RunLog) -> tuple[Fit, float] | None:
-    """The host line (seconds per launch against items) of an executor run's own log and its median host
-    seconds per decode-type launch, or None where the log has too few distinct launch sizes to fit one."""
+@dataclass(frozen=True)
+class RunHost:
+    """The host's speed in one executor run: a line per stage, seconds per launch against items, fitted to
+    every launch of that stage so it holds the stage's mean (a host-bound run's throughput is the host's
+    total time, so its slow tail counts), a line over the decode-type launches' medians for a stage the
+    run did not launch, and the median per decode-type launch (what ``run host us`` prints)."""
+
+    pooled: Fit
+    stages: dict[Stage, Fit]
+    median_s: float
+
+
+MIN_STAGE_LAUNCHES = 3  # a stage's host line needs this many launches; fewer keep the pooled line
+
+
+def run_host(log: RunLog) -> RunHost | None:
+    """The host's speed of an executor run's own log, or None where its decode-type launches have too few
+    distinct sizes to fit a line."""
     points = host_points(log.launches)
     if len(points) < 2:
         return None
+    stages = {}
+    for stage, group in _decode_type(log.launches).groupby("stage"):
+        if len(group) < MIN_STAGE_LAUNCHES:
+            continue
+        if group["items"].nunique() < 2:
+            stages[Stage(stage)] = Fit(delta=float(group["host_s"].mean()))
+            continue
+        rows = np.column_stack([group["items"], np.zeros(len(group)), group["host_s"]]).astype(float)
+        stages[Stage(stage)] = fit_points(rows, with_context=False, relative=False)
     median = float(_decode_type(log.launches)["host_s"].median())
-    return fit_points(np.asarray(points, dtype=float), with_context=False), median
+    return RunHost(fit_points(np.asarray(points, dtype=float), with_context=False), stages, median)
 
 
 def _decode_type(launches: object) -> object:

@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -133,6 +134,53 @@ def test_stage_errors_by_batch_range() -> None:
     assert core["1-16"] == pytest.approx(0.0)
     assert core["17-64"] == pytest.approx(1.0)
     assert 0.0 < core["all"] < 1.0
+
+
+@pytest.mark.parametrize("timing", ["lookahead", "sync"])
+def test_stage_errors_of_queued_launches(timing: str) -> None:
+    """Offline under lookahead every launch is queued behind the previous one, so the queued error is the
+    error; under sync timing the device waits for the host before every launch, so none is queued."""
+    from calibration.validation import Entry
+    from cdbsim.validate import stage_errors
+
+    entry = Entry(name="refill", requests=30, width=16)
+    arch, latency = entry.spec(), latency_for(entry.spec())
+    requests, _ = requests_for(entry, latency)
+    log = simulate(arch, replace(entry.config(), timing=timing), requests, latency, entry.kv_blocks())
+    duration = dict(zip(log.launches["index"], log.launches["end"] - log.launches["start"], strict=True))
+    rows = stage_errors(log, lambda launch: 1.1 * duration[launch.index])
+    decode = [r for r in rows if r["stage"] != "prefill"]
+    assert all(r["error"] == pytest.approx(0.1) for r in decode)
+    if timing == "lookahead":
+        assert all(r["queued launches"] == r["launches"] and r["queued error"] == pytest.approx(0.1) for r in decode)
+    else:
+        assert all(r["queued launches"] == 0 and np.isnan(r["queued error"]) for r in rows)
+
+
+def test_run_host_fits_each_stage_to_its_mean() -> None:
+    """A run whose codas cost the host twice a core step and whose core steps have a slow tail: each stage
+    gets its own line, through the stage's mean host time (the tail counts); prefill keeps the pooled line."""
+    from cdbsim.launch import Stage
+    from cdbsim.validate import run_host
+
+    entry = Entry(name="refill", requests=40, width=16)
+    arch, latency = entry.spec(), latency_for(entry.spec())
+    requests, _ = requests_for(entry, latency)
+    log = simulate(arch, entry.config(), requests, latency, entry.kv_blocks())
+    launches = log.launches.copy()
+    host = 100e-6 + 2e-6 * launches["items"]
+    host[launches["stage"] == "coda"] *= 2
+    tail = (launches["stage"] == "core") & (launches.index % 10 == 0)
+    host[tail] *= 5
+    log.launches = launches.assign(host_s=host)
+    found = run_host(log)
+    assert found is not None and Stage.PREFILL not in found.stages
+    core = launches[launches["stage"] == "core"]
+    assert found.stages[Stage.CORE](core["items"].mean()) == pytest.approx(host[core.index].mean(), rel=1e-6)
+    coda = found.stages[Stage.CODA]
+    assert (coda.delta, coda.gamma) == (pytest.approx(200e-6), pytest.approx(4e-6))
+    assert LatencyModel(arch, roofline_profile(arch)).with_host(found.pooled, found.stages).stage_hosts[
+        Stage.CODA] is coda
 
 
 def test_validate_without_gpu_or_logs_says_so(tmp_path) -> None:

@@ -262,6 +262,11 @@ def compare(entries: list[Entry], measured: dict[str, RunLog],
             own = simulate(arch, config, requests, latency.with_host(found.pooled, found.stages),
                            entry.kv_blocks())
             comparison.own_host = summarize(own, arch, requests, r_min)
+        if not entry.online:  # offline, the simulation plans the run's launches in its order: replay its host
+            replayed = simulate(arch, config, requests, latency.with_host_times(real.launches["host_s"].tolist()),
+                                entry.kv_blocks())
+            if replayed.launches["stage"].tolist() == real.launches["stage"].tolist():
+                comparison.own_host_times = summarize(replayed, arch, requests, r_min)
         width = table_width(requests, config.block_size)
         comparison.stages = stage_errors(real, functools.partial(latency.launch_time, table_width=width))
         comparisons.append(comparison)

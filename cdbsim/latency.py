@@ -198,6 +198,7 @@ class LatencyModel:
         zero = Fit(delta=0.0)
         self.host = comps.get(HOST, zero)
         self.stage_hosts: dict[Stage, Fit] = {}  # a host line per stage, where one is given (with_host)
+        self.host_seconds: list[float] | None = None  # each launch's host time, by index (with_host_times)
         self.launch_gap = (0.0 if profile.kind is ProfileKind.CONSTANT
                            else float(profile.device.get("launch_gap_s", H200.launch_gap_s)))
         self.idle_start = (0.0 if profile.kind is ProfileKind.CONSTANT
@@ -317,9 +318,20 @@ class LatencyModel:
         other.stage_hosts = dict(stages or {})
         return other
 
+    def with_host_times(self, seconds: list[float]) -> LatencyModel:
+        """The same device model with the host's time of launch ``i`` given as ``seconds[i]`` (launches past
+        the end keep the host line): a logged run's own, replayed, for a run whose launches the simulation
+        plans in the same order (offline)."""
+        other = LatencyModel(self.arch, *self._given)
+        other.host = self.host
+        other.host_seconds = [float(s) for s in seconds]
+        return other
+
     def host_time(self, launch: Launch) -> float:
         """The host's seconds per launch as the executor serves: completing finished launches, planning,
         preparing and enqueueing ``launch`` (calibration measures it on a serving run)."""
+        if self.host_seconds is not None and launch.index < len(self.host_seconds):
+            return self.host_seconds[launch.index]
         host = self.stage_hosts.get(launch.stage, self.host) if self.stage_hosts else self.host
         return host.delta + host.gamma * len(launch.requests)
 

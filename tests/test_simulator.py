@@ -317,3 +317,16 @@ def test_a_launch_handed_to_an_idle_device_starts_the_idle_start_later() -> None
     log = simulate(arch, ServeConfig(timing="sync"), requests, latency, 4096).launches
     waited = log["start"].to_numpy()[1:] - log["end"].to_numpy()[:-1]
     assert waited == pytest.approx(log["host_s"].to_numpy()[1:] + latency.idle_start, abs=1e-9)
+
+
+def test_replayed_host_times_go_by_launch_index() -> None:
+    """Launch i takes the i-th replayed host time; a launch past the replayed ones keeps the host line."""
+    from cdbsim.launch import Stage, decode_launch
+
+    arch = PRESETS["ouro-1.4b"]
+    latency = LatencyModel(arch, roofline_profile(arch))
+    replayed = latency.with_host_times([1e-3, 2e-3])
+    launch = [decode_launch(Stage.CORE, [0, 1], [10, 20], [[0], [1]], 2, index=i) for i in range(3)]
+    assert [replayed.host_time(x) for x in launch[:2]] == [1e-3, 2e-3]
+    assert replayed.host_time(launch[2]) == latency.host_time(launch[2]) > 0
+

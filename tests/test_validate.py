@@ -100,6 +100,11 @@ def test_validate_against_saved_logs(tmp_path) -> None:
     assert all(abs(row["tok/s error %"]) < 1e-6 for row in summary["summary"])
     # the host line refitted from the "measured" log is the profile's own: the same prediction again
     assert all(abs(row["error with run's host %"]) < 1e-6 for row in summary["summary"])
+    # offline, every launch's own host time replayed gives the same run again; online it is not replayed
+    times = {row["config"]: row["error with run's host times %"] for row in summary["summary"]}
+    assert all(abs(times[name]) < 1e-6 for name in ("refill", "cb"))
+    assert all(times[name] != times[name] for name in ("online", "adaptive-trace"))  # NaN
+    assert summary["errors"]["offline |error| with run's host times worst %"] < 1e-6
     assert summary["errors"]["online p50 |error| with run's host worst %"] < 1e-6
     assert all(row["run host us"] > 0 for row in summary["summary"])
     assert summary["errors"]["online norm p50 |error| worst %"] < 1e-6

@@ -323,7 +323,7 @@ class LatencyModel:
         the end keep the host line): a logged run's own, replayed, for a run whose launches the simulation
         plans in the same order (offline)."""
         other = LatencyModel(self.arch, *self._given)
-        other.host = self.host
+        other.host, other.stage_hosts = self.host, self.stage_hosts
         other.host_seconds = [float(s) for s in seconds]
         return other
 

@@ -82,17 +82,17 @@ def stage_errors(log: RunLog, launch_time: Callable[[Launch], float]) -> list[di
             parts += list(group.groupby(group["padded"].map(batch_range), sort=False))
             parts[1:] = sorted(parts[1:], key=lambda part: int(part[0].split("-")[0].rstrip("+")))
         for batch, part in parts:
+            measured, predicted = _summed_times(part)
             queued = part[part["queued"]]
-            rows.append({"stage": str(stage), "batch": batch, "launches": len(part),
-                         "measured s": float((part["end"] - part["start"]).sum()),
-                         "predicted s": float(part["predicted"].sum()), "error": _time_error(part),
-                         "queued launches": len(queued), "queued error": _time_error(queued)})
+            rows.append({"stage": str(stage), "batch": batch, "launches": len(part), "measured s": measured,
+                         "predicted s": predicted, "error": signed_error(predicted, measured),
+                         "queued launches": len(queued), "queued error": signed_error(*_summed_times(queued)[::-1])})
     return rows
 
 
-def _time_error(launches: object) -> float:
-    """Signed error of the predicted against the measured device time summed over ``launches``."""
-    return signed_error(float(launches["predicted"].sum()), float((launches["end"] - launches["start"]).sum()))
+def _summed_times(launches: object) -> tuple[float, float]:
+    """Measured and predicted device seconds summed over ``launches``."""
+    return float((launches["end"] - launches["start"]).sum()), float(launches["predicted"].sum())
 
 
 def signed_error(predicted: float, measured: float) -> float:

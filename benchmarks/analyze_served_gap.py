@@ -1,9 +1,10 @@
 """Where served stages run longer than the latency model says: measured over predicted device time, grouped.
 
 A launch in a serving run can differ from the same launch in calibration by what ran before it (another
-stage, a KV fill), by an idle gap before it (the device waited for the host), by its padded batch or by its
-context. Grouping the measured/predicted ratio of every decode-type launch of saved executor logs by each
-of these shows which one the error follows. Runs anywhere (no GPU):
+stage, a KV fill), by an idle gap before it (the device waited for the host), by its padded batch, by the
+share of its rows that are padding (a graph of 24 rows serving 17) or by its context. Grouping the
+measured/predicted ratio of every decode-type launch of saved executor logs by each of these shows which
+one the error follows. Runs anywhere (no GPU):
 
     python benchmarks/analyze_served_gap.py --config huginn-2048-sharegpt-refill \\
         --matrix calibration/matrices/unseen-h200.json --logs benchmarks/results/unseen/measured-logs.tgz
@@ -31,6 +32,8 @@ from cdbsim.validate import launch_from_row
 
 IDLE_S = 2e-6          # a start more than this after the previous launch's end: the device waited
 LENGTH_BINS = [0, 256, 1024, 2048, 4096, 1 << 20]
+PADDING_BINS = [-0.01, 0.001, 0.15, 0.3, 1.0]  # share of a launch's rows that are padding
+PADDING_LABELS = ["none", "up to 15%", "15-30%", "over 30%"]
 
 
 def ratios(config: str, logs: Path, matrix: Path, profile: str) -> pd.DataFrame:
@@ -47,6 +50,8 @@ def ratios(config: str, logs: Path, matrix: Path, profile: str) -> pd.DataFrame:
     d["after"] = d["stage"].shift(1).fillna("-")
     d["idle_before"] = (d["start"] - d["end"].shift(1)).fillna(0.0) > IDLE_S
     d["length"] = pd.cut(d["context"] / d["size"], LENGTH_BINS).astype(str)
+    d["padding"] = pd.cut((d["padded"] - d["size"]) / d["padded"].clip(lower=1), PADDING_BINS,
+                          labels=PADDING_LABELS).astype(str)
     d["all"] = "all"
     return d[d["stage"] != "prefill"]
 
@@ -72,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.config}: measured over predicted device time ({args.profile} profile)")
     for by, title in (("all", "every launch"), ("padded", "by padded batch"), ("after", "by the launch before"),
                       ("idle_before", f"by an idle gap (> {IDLE_S * 1e6:g} us) before"),
-                      ("length", "by attended length per row")):
+                      ("length", "by attended length per row"), ("padding", "by the share of padded rows")):
         print(f"{title}")
         print(grouped(d, by).round(3).to_string(index=False) + "\n")
     return 0

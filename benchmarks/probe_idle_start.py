@@ -6,7 +6,8 @@ took 13-15% longer than back-to-back launches of the same size (huginn-2048, Alp
 records a launch's start event before it queues the launch's metadata copy and graph, so on an idle device
 the logged time also holds the host's own queueing; what the device itself adds is what is left.
 
-Each point is timed three ways, as the executor launches it (metadata copy, then the stage's graph):
+Each point is timed three ways, as the executor launches it (metadata copy, then the stage's graph, which
+records the launch's end event):
 
 * ``queued``: behind a spin kernel, so the start event fires once everything is queued (calibration's way);
 * ``idle``: after the host waited with nothing on the device; ``enqueue`` is the host's time in the call;
@@ -62,21 +63,22 @@ def time_point(bench, stage: Stage, batch: int, repeats: int) -> dict:
     with torch.inference_mode():
         graphs.launch(prepared)  # capture
         captured = graphs.get(stage, prepared.launch.padded)
+        stream = torch.cuda.current_stream()
         torch.cuda.synchronize()
         out: dict[str, list[float]] = {"queued": [], "idle": [], "enqueue": [], "idle_graph": [], "graph_api": []}
         for _ in range(repeats):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda._sleep(int(SPIN_S * 2e9))
             start.record()
-            graphs.launch(prepared)
+            graphs.launch(prepared, torch.cuda.Event(enable_timing=True))
             end.record()
             end.synchronize()
             out["queued"].append(start.elapsed_time(end) * 1e3)
 
             _host_wait(IDLE_S)
             t0 = time.perf_counter()
-            start.record()
-            graphs.launch(prepared)
+            start.record(stream)  # on the stream looked up once, as the executor's clock records
+            graphs.launch(prepared, torch.cuda.Event(enable_timing=True))
             t1 = time.perf_counter()
             end.record()
             end.synchronize()
@@ -107,7 +109,7 @@ def profiled(graphs, prepared, repeats: int = 8) -> dict:
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(repeats):
             _host_wait(IDLE_S)
-            graphs.launch(prepared)
+            graphs.launch(prepared, torch.cuda.Event(enable_timing=True))
             torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"

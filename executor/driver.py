@@ -59,24 +59,36 @@ class ExecutorRun:
 
 @dataclass
 class _InFlight:
-    """The backend's handle of a launch in flight: its prepared inputs, clock marks and logits."""
+    """The backend's handle of a launch in flight: its prepared inputs, clock marks and logits (and, once it
+    has completed, its start and end in seconds of the run's clock)."""
 
     prepared: Prepared
     start: object
     end: object
     host_s: float
     logits: torch.Tensor | None
+    start_s: float = 0.0
+    end_s: float = 0.0
 
 
 class _CudaClock:
+    """CUDA events on the current stream, read relative to one recorded when the run starts. The stream is
+    looked up once: recording an event on the stream it names costs the host a few microseconds less per
+    mark than looking up the current stream each time, and a run marks every launch twice."""
+
     def __init__(self) -> None:
+        self.stream = torch.cuda.current_stream()
         self.base = self.mark()
 
-    @staticmethod
-    def mark() -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
+    def mark(self) -> torch.cuda.Event:
+        event = self.event()
+        event.record(self.stream)
         return event
+
+    @staticmethod
+    def event() -> torch.cuda.Event:
+        """An event for a mark that someone else records (:meth:`executor.graphs.StageGraphs.launch`)."""
+        return torch.cuda.Event(enable_timing=True)
 
     @staticmethod
     def wait(event: torch.cuda.Event) -> None:
@@ -151,9 +163,10 @@ class Executor:
                 self.engine.warmup_prefill()
                 torch.cuda.synchronize()
 
-    def _enqueue(self, prepared: Prepared) -> torch.Tensor | None:
+    def _enqueue(self, prepared: Prepared, done: object = None) -> torch.Tensor | None:
+        """Queue a prepared launch; ``done`` (a CUDA event, with graphs) is recorded once it is queued."""
         if self.graphs is not None:
-            return self.graphs.launch(prepared)
+            return self.graphs.launch(prepared, done)
         return self.engine.run_eager(prepared)
 
     def run(self) -> ExecutorRun:
@@ -169,9 +182,10 @@ class Executor:
         logits_out: dict[tuple[int, int], torch.Tensor] = {}
         order = sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival)
         arrivals = deque(order)
-        pipeline: HostPipeline[_InFlight] = HostPipeline(
-            sched, self.mode, seconds=lambda item: clock.seconds(item.end) - clock.seconds(item.start))
+        pipeline: HostPipeline[_InFlight] = HostPipeline(sched, self.mode,
+                                                         seconds=lambda item: item.end_s - item.start_s)
         width = engine.max_blocks if self.graphs is not None else None
+        captured = self.graphs is not None and self.graphs.capture
         run_start = time.perf_counter()
         busy_since = run_start  # the host's work since the last hand-over counts from here ...
         waited = 0.0            # ... less its waits for the device and for arrivals
@@ -179,11 +193,13 @@ class Executor:
         def finish() -> None:
             nonlocal waited
             t = time.perf_counter()
-            clock.wait(pipeline.oldest.end)
+            oldest = pipeline.oldest
+            clock.wait(oldest.end)
             waited += time.perf_counter() - t
+            oldest.start_s, oldest.end_s = clock.seconds(oldest.start), clock.seconds(oldest.end)
             launch, item, done = pipeline.complete_oldest()
             engine.release(done)
-            recorder.record(launch, clock.seconds(item.start), clock.seconds(item.end), item.host_s)
+            recorder.record(launch, item.start_s, item.end_s, item.host_s)
             if item.logits is not None and item.prepared.rows:
                 for row, key in enumerate(item.prepared.rows):
                     logits_out[key] = item.logits[row].float().cpu()
@@ -210,10 +226,14 @@ class Executor:
             prepared = engine.prepare(launch, width)
             staged = self.graphs.waited_s if self.graphs is not None else 0.0
             start = clock.mark()
-            logits = self._enqueue(prepared)
+            # a graph launch records its end event itself, which also guards its metadata buffer (two events
+            # a launch, not three); eager launches and the wall clock are marked once they return
+            end = clock.event() if captured else None
+            logits = self._enqueue(prepared, end)
+            if end is None:
+                end = clock.mark()
             if self.keep_logits and logits is not None:
                 logits = logits.clone()
-            end = clock.mark()
             handed_over = time.perf_counter()
             if not self.cuda:  # on CPU the launch ran inside the enqueue: device time, not the host's
                 waited += clock.seconds(end) - clock.seconds(start)

@@ -119,14 +119,18 @@ class Engine:
         self.scratch_row = width
         self._spare_rows = list(range(width - 1, -1, -1))
         self.row_of: dict[int, int] = {}
-        # host mirror of every request's block table, so a launch's table is one numpy gather (refreshed
-        # when the scheduler's block list grows, and cleared when it is given back)
+        # Host mirrors, so that a launch's metadata is a few numpy gathers rather than a loop over its rows:
+        # every request's block table (refreshed when the scheduler's block list changes, cleared when it
+        # is given back; ``_known``/``_last``: the length and last id synced, as Python ints because the
+        # check runs once per row per launch) and every request's bank row (the scratch row when it has none).
         self._table = np.full((n + 1, self.max_blocks), self.geo.trash_block, dtype=np.int32)
-        self._known = np.zeros(n + 1, dtype=np.int64)
+        self._known = [0] * (n + 1)
+        self._last = [-1] * (n + 1)
+        self._bank = np.full(n + 1, self.scratch_row, dtype=np.int32)
         self._scratch: dict[int, np.ndarray] = {}  # scratch metadata at the graphs' width, by padded rows
         geo = self.geo
-        self._slot_base = np.asarray([geo.slot_of_step(s) * geo.core for s in range(geo.r_max)], dtype=np.int64)
-        self._fill_of = np.asarray([geo.fill_count(s) for s in range(geo.r_max)], dtype=np.int64)
+        self._slot_base = np.asarray([geo.slot_of_step(s) * geo.core for s in range(geo.r_max)], dtype=np.int32)
+        self._fill_of = np.asarray([geo.fill_count(s) for s in range(geo.r_max)], dtype=np.int32)
         self._prompt = np.asarray([r.prompt_len for r in requests] + [0], dtype=np.int64)
         self.episodes: list[dict[int, list[int]]] = [{} for _ in requests]
         self.track_rows = True  # record (request, token index) of sampled rows (for logits in tests)
@@ -150,7 +154,7 @@ class Engine:
         """Give each of ``requests`` that has none a hidden-state bank row (at its first prefill chunk)."""
         for r in requests:
             if r not in self.row_of:
-                self.row_of[r] = self._spare_rows.pop()
+                self.row_of[r] = self._bank[r] = self._spare_rows.pop()
 
     def scratch_meta(self, rows: int, width: int) -> np.ndarray:
         """Metadata of ``rows`` padded rows: scratch token and bank row, trash block, one position. At the
@@ -175,38 +179,47 @@ class Engine:
 
     def _sync_table(self, requests: list[int], block_lists: list[list[int]]) -> None:
         """Copy block ids the scheduler added since the last launch into the host block table."""
-        known, table = self._known, self._table
+        known, last, table = self._known, self._last, self._table
         for r, blocks in zip(requests, block_lists, strict=True):
             n = len(blocks)
-            if n != known[r] or (n and table[r, n - 1] != blocks[-1]):
+            if n != known[r] or (n and blocks[-1] != last[r]):
                 table[r, :n] = blocks
-                known[r] = n
+                known[r], last[r] = n, blocks[-1] if n else -1
 
     def _prepare_decode(self, launch: Launch, width: int | None) -> Prepared:
         bs, stride = self.config.block_size, self.stride
         n, rows = len(launch.requests), max(launch.padded, len(launch.requests))
         self._sync_table(launch.requests, launch.blocks)
-        req = np.asarray(launch.requests, dtype=np.int64)
-        pos = np.asarray(launch.positions, dtype=np.int64)
+        req = np.fromiter(launch.requests, np.int32, n)
+        pos = np.fromiter(launch.positions, np.int32, n)
         if width is None:  # eager: only as wide as this launch needs
             width = int(pos.max()) // bs + 1 if n else 1
         buf = self.scratch_meta(rows, width)
-        fields = buf[: len(FIELDS) * rows].reshape(len(FIELDS), rows)
+        fields = buf[: len(FIELDS) * rows].reshape(len(FIELDS), rows)[:, :n]
         table = buf[len(FIELDS) * rows:].reshape(rows, width)
-        blocks = self._table[req]
-        table[:n] = blocks[:, :width]  # blocks past a row's position are its own; attention masks them
-        fields[_F["tok"], :n] = req * stride + pos
-        fields[_F["pos"], :n] = pos
-        fields[_F["bank"], :n] = [self.row_of.get(r, self.scratch_row) for r in launch.requests]
-        fields[_F["row0"], :n] = blocks[np.arange(n), pos // bs] * bs + pos % bs
-        fields[_F["out"], :n] = req * stride + pos + 1
-        fields[_F["seq_len"], :n] = pos + 1
+        # blocks past a row's position are its own; attention masks them
+        if width == self.max_blocks:
+            np.take(self._table, req, axis=0, out=table[:n])
+        else:
+            table[:n] = self._table[req, :width]
+        block_of_pos, offset = np.divmod(pos, bs)
+        block = self._table[req, block_of_pos]
+        tok = fields[_F["tok"]]
+        np.multiply(req, stride, out=tok)
+        tok += pos
+        np.add(tok, 1, out=fields[_F["out"]])
+        fields[_F["pos"]] = pos
+        np.add(pos, 1, out=fields[_F["seq_len"]])
+        fields[_F["bank"]] = self._bank[req]
+        row0 = fields[_F["row0"]]
+        np.multiply(block, bs, out=row0)
+        row0 += offset
         max_fill = 0
         if launch.stage is Stage.CORE:
-            steps = np.asarray(launch.steps, dtype=np.int64)
-            fills = self._fill_of[steps] * np.asarray(launch.exits, dtype=np.int64)
-            fields[_F["layer_base"], :n] = self._slot_base[steps]
-            fields[_F["fill"], :n] = fills
+            steps = np.fromiter(launch.steps, np.int32, n)
+            fills = fields[_F["fill"]]
+            np.multiply(self._fill_of[steps], np.fromiter(launch.exits, np.int32, n), out=fills)
+            fields[_F["layer_base"]] = self._slot_base[steps]
             max_fill = int(fills.max()) if n else 0
         rows_out = None
         if self.track_rows and launch.stage in (Stage.CODA, Stage.DECODE):
@@ -284,8 +297,9 @@ class Engine:
         row = self.row_of.pop(r, None)
         if row is not None:
             self._spare_rows.append(row)
+            self._bank[r] = self.scratch_row
         self._table[r] = self.geo.trash_block
-        self._known[r] = 0
+        self._known[r], self._last[r] = 0, -1
 
     def episode_list(self, request: int) -> list[Episode]:
         return [Episode(g, list(chunks)) for g, chunks in sorted(self.episodes[request].items())]

@@ -30,32 +30,37 @@ from executor.engine import Engine, Prepared
 class PinnedStaging:
     """Two pinned host buffers used in turn for one graph's metadata copies.
 
-    A buffer is refilled only after the copy that last read it has run (its event), so the host never
-    overwrites metadata a queued copy has yet to read; with one launch in flight that wait is already over,
-    with several (lookahead) the host can find itself waiting for the device here, and :meth:`copy_to`
-    says how long. Reusing fixed buffers avoids a pinned allocation per launch.
+    A buffer is refilled only after the copy that last read it has run, so the host never overwrites
+    metadata a queued copy has yet to read. What says so is an event recorded after that copy: the
+    caller's own (``guard``, the launch's end event, recorded once its graph is queued, so a launch costs
+    no event of its own here) or else one this class records. With one launch in flight that wait is
+    already over; with several (lookahead) the host can find itself waiting for the device here, and
+    :meth:`copy_to` says how long. Reusing fixed buffers avoids a pinned allocation per launch.
     """
 
     def __init__(self, numel: int) -> None:
         self.buffers = [torch.empty(numel, dtype=torch.int32).pin_memory() for _ in range(2)]
         self.arrays = [b.numpy() for b in self.buffers]
-        self.events = [torch.cuda.Event(), torch.cuda.Event()]
-        self.used = [False, False]
+        self.events: list[torch.cuda.Event | None] = [None, None]
         self.turn = 0
 
-    def copy_to(self, target: torch.Tensor, array: np.ndarray) -> float:
-        """Queue the copy of ``array`` into ``target``; returns the seconds spent waiting for the device."""
+    def copy_to(self, target: torch.Tensor, array: np.ndarray, guard: torch.cuda.Event | None = None) -> float:
+        """Queue the copy of ``array`` into ``target``; returns the seconds spent waiting for the device.
+        ``guard``: an event the caller records on this stream after the copy (None: one is recorded here)."""
         i = self.turn
         self.turn ^= 1
         waited = 0.0
-        if self.used[i]:
+        event = self.events[i]
+        if event is not None:
             t = time.perf_counter()
-            self.events[i].synchronize()
+            event.synchronize()
             waited = time.perf_counter() - t
         self.arrays[i][:] = array
         target.copy_(self.buffers[i], non_blocking=True)
-        self.events[i].record()
-        self.used[i] = True
+        if guard is None:
+            guard = torch.cuda.Event()
+            guard.record()
+        self.events[i] = guard
         return waited
 
 
@@ -85,6 +90,7 @@ class StageGraphs:
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.graphs: dict[tuple[Stage, int], CapturedStage] = {}
         self.waited_s = 0.0  # the host's time waiting for the device inside launches (pinned staging)
+        self.stream = torch.cuda.current_stream() if self.capture else None
 
     def capture_all(self, stages: Iterable[Stage], sizes: Iterable[int]) -> None:
         for size in sorted(set(sizes), reverse=True):  # largest first: smaller ones reuse its pool memory
@@ -131,14 +137,19 @@ class StageGraphs:
             logits = run()
         return CapturedStage(graph, meta, logits, run, staging)
 
-    def launch(self, prepared: Prepared) -> torch.Tensor | None:
-        """Copy the launch's metadata into the graph's input buffer and replay it."""
+    def launch(self, prepared: Prepared, done: torch.cuda.Event | None = None) -> torch.Tensor | None:
+        """Copy the launch's metadata into the graph's input buffer and replay it; ``done``, if given, is
+        recorded on the current stream once the replay is queued (the launch's end, and the sign that its
+        metadata buffer may be refilled)."""
         launch = prepared.launch
         captured = self.get(launch.stage, launch.padded)
         if prepared.width != self.width:
             raise ValueError("graph launches need metadata as wide as the graph's block table")
         if captured.staging is not None:  # pinned: the copy neither blocks the host nor waits for the stream
-            self.waited_s += captured.staging.copy_to(captured.meta, prepared.meta)
+            self.waited_s += captured.staging.copy_to(captured.meta, prepared.meta, done)
         else:
             captured.meta.copy_(torch.from_numpy(prepared.meta))
-        return captured.replay()
+        logits = captured.replay()
+        if done is not None:
+            done.record(self.stream)
+        return logits

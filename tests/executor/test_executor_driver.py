@@ -166,3 +166,43 @@ def test_decode_metadata_gathers_the_block_table_from_a_fresh_template() -> None
     assert (table[2:] == trash).all()
     again = engine.prepare(decode_launch(Stage.CORE, [1], [2], [[5]], 4), width)
     assert (again.meta[len(FIELDS) * 4:].reshape(4, width)[1:] == trash).all()
+
+
+def test_decode_metadata_matches_a_row_by_row_reading_of_the_launch() -> None:
+    """The engine builds a launch's metadata with a few numpy gathers over host mirrors of every request's
+    block table and bank row. Every field is re-derived here row by row from the launch itself, including
+    after a request was given back and admitted again with other blocks of the same count (the mirror must
+    notice new ids, not only a longer list)."""
+    from cdbsim.launch import Stage, decode_launch
+    from executor.engine import FIELDS, Engine
+
+    arch = tiny_arch("ouro")
+    requests = [Request(i, 30, 6, 0.0, np.full(5, 2, dtype=np.int16)) for i in range(3)]
+    config = ServeConfig(policy="refill", width=4, layout="depth")
+    engine = Engine(tiny_model(arch), config, requests, 64)
+    engine.admit([0, 1, 2])
+    geo, bs, width = engine.geo, config.block_size, engine.max_blocks
+
+    def check(launch) -> None:
+        prepared = engine.prepare(launch, width)
+        rows = launch.padded
+        field = dict(zip(FIELDS, prepared.meta[: len(FIELDS) * rows].reshape(len(FIELDS), rows), strict=True))
+        fills = []
+        for i, (r, pos) in enumerate(zip(launch.requests, launch.positions, strict=True)):
+            blocks = launch.blocks[i]
+            expected = {"tok": r * engine.stride + pos, "pos": pos, "bank": engine.row_of[r],
+                        "row0": blocks[pos // bs] * bs + pos % bs, "out": r * engine.stride + pos + 1,
+                        "seq_len": pos + 1, "layer_base": 0, "fill": 0}
+            if launch.stage is Stage.CORE:
+                step = launch.steps[i]
+                expected["layer_base"] = geo.slot_of_step(step) * geo.core
+                expected["fill"] = geo.fill_count(step) if launch.exits[i] else 0
+            fills.append(expected["fill"])
+            assert {name: int(field[name][i]) for name in FIELDS} == expected
+        assert prepared.max_fill == max(fills)
+
+    check(decode_launch(Stage.CORE, [0, 2], [17, 3], [[7, 3], [4]], 4, steps=[0, 2], exits=[True, False]))
+    check(decode_launch(Stage.PRELUDE, [1], [20], [[1, 2]], 1))
+    engine.release([0])
+    engine.admit([0])
+    check(decode_launch(Stage.CORE, [0], [17], [[8, 6]], 1, steps=[1], exits=[True]))  # same count, new ids

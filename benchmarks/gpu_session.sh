@@ -22,7 +22,8 @@
 #   bash benchmarks/gpu_session.sh adaptive the adaptive policy against fixed ones on the same requests
 #                                           -> benchmarks/results/adaptive/
 #   bash benchmarks/gpu_session.sh host     GPU tests, the host's time per launch re-measured on the serving path
-#                                           (kernel and shipped profiles), calibration against serving conditions
+#                                           (kernel and shipped profiles) and split into its parts (probe_host_path.py),
+#                                           calibration against serving conditions
 #                                           for the two smallest unseen shapes, their unseen-matrix runs again
 #                                           -> benchmarks/results/host/
 #   bash benchmarks/gpu_session.sh sequence stages timed alone (as calibration does) against queued back to back as
@@ -137,6 +138,7 @@ case $phase in
     cp "$work/profiles/h200-kernels.json" calibration/profiles/h200-kernels.json
     run 150 shipped-host python3 benchmarks/remeasure_host.py calibration/profiles/h200-ouro-1.4b.json \
       calibration/profiles/h200-ouro-2.6b.json calibration/profiles/h200-huginn-3.5b.json --out "$work/profiles"
+    run 120 host-path python3 benchmarks/probe_host_path.py --out "$work/host-path"
     for shape in $([ "${GAP:-1}" = 1 ] && echo huginn-2048 ouro-1536); do  # GAP=0 leaves these out
       run 100 "gap-$shape" python3 benchmarks/probe_calibration_gap.py --repeats 10 \
         --arch "calibration/archs/unseen-$shape.json" --out "$work/gap-$shape.json" \

@@ -198,10 +198,7 @@ class Engine:
         fields = buf[: len(FIELDS) * rows].reshape(len(FIELDS), rows)[:, :n]
         table = buf[len(FIELDS) * rows:].reshape(rows, width)
         # blocks past a row's position are its own; attention masks them
-        if width == self.max_blocks:
-            np.take(self._table, req, axis=0, out=table[:n])
-        else:
-            table[:n] = self._table[req, :width]
+        np.take(self._table[:, :width], req, axis=0, out=table[:n])
         block_of_pos, offset = np.divmod(pos, bs)
         block = self._table[req, block_of_pos]
         tok = fields[_F["tok"]]

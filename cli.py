@@ -895,7 +895,8 @@ def calibrate(
         "--kernels/--no-kernels", help="Only the kernel-level profile (any architecture) / only the --arch "
                                        "models' profiles (default: both).")] = None,
     update: Annotated[Path | None, typer.Option(
-        "--update", help="Kernel-level: re-measure --families into this existing kernel profile.")] = None,
+        "--update", help="Re-measure --families into this existing kernel profile; with --no-kernels, the "
+                         "mixed-context core steps (family skew) into this --arch model's profile.")] = None,
     families: Annotated[str | None, typer.Option(
         "--families", help="Kernel-level: comma-separated families to measure (default: all).")] = None,
 ) -> None:
@@ -917,6 +918,9 @@ def calibrate(
         return
     check_dir(out, "--out")
     specs = [] if kernels else [load_arch(name) for name in comma_list(arch, "--arch")]
+    if kernels is False and update is not None:
+        _update_model_attention(specs, update, families, out, device)
+        return
     if kernels is not False:
         base = load_profile_file(update) if update is not None else None
         from calibration.kernels import FAMILIES, calibrate_kernels, summary_rows
@@ -941,6 +945,32 @@ def calibrate(
             emit(attention_rows(profile), _mixed_context_title(spec.name, profile), False, False)
         emit(saturation_rows(profile, spec), f"{spec.name}: core stage and B*(L)", False, False,
              caption=f"written to {out / (profile.name + '.json')} and .png")
+
+
+def _update_model_attention(specs: list, update: Path, families: str | None, out: Path, device: str) -> None:
+    """``calibrate --no-kernels --update PROFILE``: the model's mixed-context core steps measured again into
+    its profile (written to ``out``), every other fit kept."""
+    from rich.status import Status
+
+    from calibration.fit import attention_rows
+    from calibration.measure import remeasure_attention
+    from calibration.run import torch_device
+    from cdbsim.profile import ProfileKind, load_profile_file
+
+    chosen = comma_list(families, "--families") if families else ["skew"]
+    if chosen != ["skew"]:
+        raise ConfigError(f"--update of a model profile re-measures the family skew only, not {', '.join(chosen)}")
+    if len(specs) != 1:
+        raise ConfigError(f"--update of a model profile takes one --arch, not {len(specs)}")
+    profile = load_profile_file(check_file(update, "--update", (".json",)))
+    if profile.kind is not ProfileKind.MEASURED:
+        raise ConfigError(f"--update {update}: {profile.name} is a {profile.kind} profile, not a measured one")
+    with Status("calibrating", console=Console(stderr=True)) as status:
+        updated = remeasure_attention(specs[0], profile, torch_device(device), progress=status.update)
+    path = out / update.name
+    updated.save(path)
+    emit(attention_rows(updated), _mixed_context_title(specs[0].name, updated), False, False,
+         caption=f"written to {path}")
 
 
 def _mixed_context_title(name: str, profile) -> str:

@@ -40,7 +40,8 @@
 #                                           composition: uniform contexts (PDL on; off for the two smallest), then
 #                                           mixed contexts and loop steps -> benchmarks/results/decode-profile/
 #   bash benchmarks/gpu_session.sh update   families of the kernel profile re-measured (FAMILIES=a,b; default skew:
-#                                           the mixed-context attention points) -> calibration/profiles/h200-kernels.json
+#                                           the mixed-context attention points) -> calibration/profiles/h200-kernels.json;
+#                                           MODELS=a,b: those models' mixed-context core steps -> their profiles
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
@@ -72,13 +73,13 @@ run() {  # run LIMIT_S NAME CMD...: time-limited step with its log kept; the arc
 case $phase in
   kernels)  # the kernel-level profile (copied out as soon as it exists: the calibration rewrites it per family)
     run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
-    run 470 calibrate-kernels python3 cli.py calibrate --kernels --out "$work/profiles"
+    run 530 calibrate-kernels python3 cli.py calibrate --kernels --out "$work/profiles"
     cp "$work/profiles/h200-kernels.json" "$OUT/" 2>/dev/null
     ;;
   unseen)  # the kernel profile's probes and prefill attention, then shapes no profile measured whole
     # (PART=kernels or PART=matrix runs one half: together they can pass one call's ten minutes)
     if [ "${PART:-kernels}" = kernels ]; then
-      run 340 kernels-update python3 cli.py calibrate --kernels --families attention,skew,probes,prefill,host \
+      run 340 kernels-update python3 cli.py calibrate --kernels --families attention,skew,probes,mixed_probes,prefill,host \
         --update calibration/profiles/h200-kernels.json --out "$work/profiles"
       cp "$work/profiles/h200-kernels.json" calibration/profiles/h200-kernels.json && cp "$work/profiles/h200-kernels.json" "$OUT/"
     fi
@@ -116,10 +117,19 @@ case $phase in
       done
     fi
     ;;
-  update)  # some families of the kernel profile (FAMILIES, default skew: the attention width)
-    run 300 "kernels-${FAMILIES:-skew}" python3 cli.py calibrate --kernels --families "${FAMILIES:-skew}" \
-      --update calibration/profiles/h200-kernels.json --out "$work/profiles"
-    cp "$work/profiles/h200-kernels.json" "$OUT/" 2>/dev/null
+  update)  # some families of the kernel profile (FAMILIES, default skew: the attention width); with MODELS=a,b the
+    # mixed-context core steps of those shipped models instead
+    if [ -n "${MODELS:-}" ]; then
+      for m in ${MODELS//,/ }; do
+        run 200 "remeasure-$m" python3 cli.py calibrate --no-kernels --arch "$m" \
+          --update "calibration/profiles/h200-$m.json" --out "$work/profiles"
+      done
+      cp "$work"/profiles/h200-*.json "$OUT/" 2>/dev/null
+    else
+      run 300 "kernels-${FAMILIES:-skew}" python3 cli.py calibrate --kernels --families "${FAMILIES:-skew}" \
+        --update calibration/profiles/h200-kernels.json --out "$work/profiles"
+      cp "$work/profiles/h200-kernels.json" "$OUT/" 2>/dev/null
+    fi
     ;;
   prefill)  # where a full-depth prefill's time goes, against the matmul rate
     run 200 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider -n 0

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from cdbsim.arch import ArchSpec, LayerShape
-from cdbsim.attention import equivalent_length
+from cdbsim.attention import equivalent_length, padded_mean
 from cdbsim.errors import ConfigError, require
 from cdbsim.interp import Surface
 from cdbsim.kernel_table import KernelTable
@@ -43,7 +43,8 @@ def fit_attention_slots(arch: ArchSpec, core: Fit, rows: list[list[float]]) -> d
     return fit_slots(arch.layer.heads, Surface(core), rows)
 
 
-def fit_slots(heads: int, stage_time: Callable[[float, float], float], rows: list[list[float]]) -> dict:
+def fit_slots(heads: int, stage_time: Callable[[float, float], float], rows: list[list[float]],
+              sharpnesses: tuple[float, ...] = SHARPNESS_GRID) -> dict:
     """The decode-attention width (programs the device runs at once) and the sharpness with which the
     spread and the critical path combine that best predict core steps whose rows have different context
     lengths (``rows`` from ``attention_skew_name``), given the core stage's measured surface at uniform
@@ -62,7 +63,7 @@ def fit_slots(heads: int, stage_time: Callable[[float, float], float], rows: lis
         for r in rows:
             padded, contexts = int(r[0]), [int(c) for c in r[1:-1]]
             mean = sum(contexts) / len(contexts)
-            length = (mean if slots is None else equivalent_length(
+            length = (padded_mean(sum(contexts), len(contexts), padded) if slots is None else equivalent_length(
                 mean, max(contexts), len(contexts), padded, heads, slots, sharpness))
             predicted.append(surface(padded, length))
         return np.asarray(predicted) / measured - 1
@@ -70,7 +71,7 @@ def fit_slots(heads: int, stage_time: Callable[[float, float], float], rows: lis
     def loss(pair: tuple[float | None, float]) -> float:
         return float(np.mean(np.log1p(errors(*pair)) ** 2))
 
-    best = min(((float(s), p) for p in SHARPNESS_GRID for s in SLOT_GRID), key=loss)
+    best = min(((float(s), p) for p in sharpnesses for s in SLOT_GRID), key=loss)
     slots, sharpness = best if loss(best) < loss((None, math.inf)) else (None, math.inf)
     return {"slots": slots, "sharpness": None if sharpness == math.inf else sharpness, "heads": heads,
             "points": [list(map(float, r)) for r in rows],
@@ -79,14 +80,14 @@ def fit_slots(heads: int, stage_time: Callable[[float, float], float], rows: lis
 
 
 def fit_attention_width(rows: list[list[float]], uniform: list[list[float]], heads: int, group: int,
-                        head_dim: int) -> dict:
+                        head_dim: int, sharpnesses: tuple[float, ...] = SHARPNESS_GRID) -> dict:
     """:func:`fit_slots` for the kernel profile: decode-attention launches of ``heads`` heads in groups of
     ``group`` whose rows attend different contexts (``[rows, *contexts, t]``), against the uniform-context
     ``decode_attention`` table (``[units, group, head_dim, length, t]``) at the same layout."""
     points = [[p[0], p[3], p[4]] for p in uniform if p[1] == group and p[2] == head_dim]
     require(len(points) >= 4, f"decode_attention has no uniform points at group {group}, head size {head_dim}")
     table = KernelTable("decode_attention", ("units", "length"), points, proxy=lambda q: q[0] * q[1])
-    return fit_slots(heads, lambda padded, length: table(padded * heads, max(length, 1.0)), rows)
+    return fit_slots(heads, lambda padded, length: table(padded * heads, max(length, 1.0)), rows, sharpnesses)
 
 
 def attention_record(fits: dict[str, dict[str, dict]], heads: int) -> dict:
@@ -99,18 +100,87 @@ def attention_record(fits: dict[str, dict[str, dict]], heads: int) -> dict:
             "attention_layout": {"heads": heads}}
 
 
-def refit_attention_width(record: dict) -> dict:
+def refit_attention_width(record: dict, sharpnesses: tuple[float, ...] = SHARPNESS_GRID) -> dict:
     """A kernel record's attention width and sharpness fitted again from its mixed-context points, by head
     size and group (a record whose points are one list per head size measured them on one layout, eight MHA
-    heads where it does not say)."""
+    heads where it does not say); the sharpness one of ``sharpnesses``. With mixed probe layers the
+    sharpness is theirs (:func:`fit_mixed_sharpness`)."""
+    if record.get("mixed_probes") and sharpnesses == SHARPNESS_GRID:
+        return fit_mixed_sharpness(record)
     layout = record.get("attention_layout", {})
     heads, group = int(layout.get("heads", 8)), str(layout.get("group", 1))
     points = {d: rows if isinstance(rows, dict) else {group: rows}
               for d, rows in record.get("attention_points", {}).items()}
     uniform = record["tables"]["decode_attention"]
-    fits = {d: {g: fit_attention_width(rows, uniform, heads, int(g), int(d)) for g, rows in by_group.items()}
-            for d, by_group in points.items()}
+    fits = {d: {g: fit_attention_width(rows, uniform, heads, int(g), int(d), sharpnesses)
+                for g, rows in by_group.items()} for d, by_group in points.items()}
     return attention_record(fits, heads) if fits else {}
+
+
+def fit_mixed_sharpness(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHAPES) -> dict:
+    """The attention record (:func:`refit_attention_width`) whose sharpness and width scale, one of each for
+    every head layout, best predict whole probe layers whose rows attend a spread of contexts
+    (``record["mixed_probes"]``); each layout's width is fitted on its mixed-context attention points at
+    that sharpness, then scaled.
+
+    The attention points time a chain of attention launches. How much a long row's programs add shows in
+    a layer, where the next kernel waits for them, so the layers choose how the spread and the critical
+    path combine (the sharpness) and how wide the waves are there (the scale). Each layer's error is taken
+    relative to the uniform probe layer of its shape and padded rows, so the layer model's own error at
+    uniform contexts does not move the fit. The record keeps the best error at every sharpness
+    (``attention_mixed_probes``)."""
+    points = record["mixed_probes"]
+    bias = _uniform_probe_error(record, probes)
+    candidates = {}
+    for p in SHARPNESS_GRID:
+        attention = refit_attention_width(record, (p,))
+        for scale in WIDTH_SCALES:
+            scaled = {**attention, "attention_slots": {d: {g: w * scale for g, w in by_group.items()}
+                                                       for d, by_group in attention["attention_slots"].items()}}
+            model = KernelModel({**record, **scaled})
+            errors = []
+            for index, padded, *contexts, t in points:
+                contexts, padded = [int(c) for c in contexts], int(padded)
+                arch = ArchSpec(name="probe", layer=probes[int(index)], vocab=4096, prelude=0, core=1, coda=0,
+                                r_max=1)
+                slots = model.attention_slots(arch)
+                length = (padded_mean(sum(contexts), len(contexts), padded) if slots is None else equivalent_length(
+                    sum(contexts) / len(contexts), max(contexts), len(contexts), padded, arch.layer.heads, slots,
+                    p))
+                errors.append(math.log(model.layer(arch, padded, length) / t) - bias(int(index), padded))
+            candidates[(p, scale)] = (float(np.mean(np.square(errors))), scaled, errors)
+    best = min(candidates, key=lambda key: candidates[key][0])
+    by_sharpness = {p: min((c for key, c in candidates.items() if key[0] == p), key=lambda c: c[0])
+                    for p in SHARPNESS_GRID}
+    return {**candidates[best][1], "attention_mixed_probes": {
+        "sharpness": None if best[0] == math.inf else best[0], "width_scale": best[1],
+        "rms_error_pct": {("inf" if p == math.inf else str(p)): round(100 * math.sqrt(c[0]), 2)
+                          for p, c in by_sharpness.items()},
+        "error_pct": [round(100 * math.expm1(e), 2) for e in candidates[best][2]]}}
+
+
+WIDTH_SCALES = tuple(float(x) for x in 2.0 ** np.arange(-1.0, 1.51, 0.125))  # of the chain's fitted width
+
+
+def _uniform_probe_error(record: dict, probes: tuple[LayerShape, ...]) -> Callable[[int, int], float]:
+    """``(probe, rows) -> log(composed / measured)`` of the probe's uniform layers at the longest probe
+    length, log-interpolated in rows (nearest outside the measured ones); zero without probes."""
+    model = KernelModel(record)
+    longest = max((p[2] for p in record.get("probes", [])), default=0)
+    by_probe: dict[int, list[tuple[float, float]]] = {}
+    for index, rows, length, t in record.get("probes", []):
+        if length == longest:
+            arch = ArchSpec(name="probe", layer=probes[int(index)], vocab=4096, prelude=0, core=1, coda=0, r_max=1)
+            error = math.log(model.layer(arch, int(rows), float(length)) / t)
+            by_probe.setdefault(int(index), []).append((math.log(rows), error))
+
+    def error(index: int, rows: int) -> float:
+        points = sorted(by_probe.get(index, []))
+        if not points:
+            return 0.0
+        return float(np.interp(math.log(rows), [x for x, _ in points], [e for _, e in points]))
+
+    return error
 
 
 def attention_rows(profile: Profile) -> list[dict]:

@@ -42,8 +42,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from calibration.fit import attention_record, fit_attention_width, fit_gaps
-from calibration.measure import Timer, UnitBench, environment, measure_host, measure_meta_copy
+from calibration.fit import attention_record, fit_attention_width, fit_gaps, fit_mixed_sharpness
+from calibration.measure import Timer, UnitBench, environment, measure_host, measure_meta_copy, spread_contexts
 from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
 from cdbsim.kernels import GEMV_OPS, PROBE_SHAPES, STYLE_CODE, TABLE_DIMS
 from cdbsim.kvlayout import KVLayout
@@ -98,6 +98,20 @@ class KernelPlan:
     # the head layout of the mixed-context points: as many heads as the models the tool is asked about, MHA
     # and GQA. Eight MHA heads fitted a width that charged long rows too little in core steps of 20-32-head
     # GQA shapes (3-10% short, benchmarks/results/decode-profile/decode-profile-skew.csv)
+    # served batches: rows whose contexts spread evenly in log length from the shortest to the longest, in a graph
+    # of more rows than are real (padded, rows, shortest, longest; shortest = longest: a padded uniform batch).
+    # The few-long points above alone fitted a rule that served ShareGPT core steps 3-9% short at continuous
+    # mixtures and charged a graph's padded rows as real ones (benchmarks/results/decode-profile/served-shapes.csv)
+    spread_points: tuple[tuple[int, int, int, int], ...] = (
+        (2, 2, 600, 6000), (4, 4, 400, 6000), (8, 8, 300, 6000), (16, 16, 300, 6000), (32, 32, 200, 4000),
+        (64, 64, 100, 2000), (12, 9, 300, 6000), (24, 17, 300, 6000), (16, 13, 2500, 2500), (24, 17, 2500, 2500),
+        (64, 40, 1000, 1000))
+    # whole probe layers at those mixtures, (real rows, shortest, longest), padded as the engine pads: they
+    # choose the sharpness, since a long row's tail is exposed in a layer as it may not be in a chain of
+    # attention launches
+    mixed_probe_points: tuple[tuple[int, int, int], ...] = (
+        (2, 600, 6000), (4, 400, 6000), (8, 300, 6000), (13, 300, 6000), (16, 300, 6000), (24, 300, 6000),
+        (32, 200, 4000), (13, 2500, 2500), (17, 2500, 2500))
     skew_heads: int = 32
     skew_groups: tuple[int, ...] = (1, 4)
     repeats: int = 7
@@ -117,7 +131,17 @@ class KernelPlan:
                    rows=(1, 16, 256, 4096), widths=(1024, 8192), glue_hidden=(1024, 4096),
                    glue_vocab=(32768, 131072), glue_batches=(1, 8, 64, 256),
                    glue_prefill=((64, 1), (1024, 1), (512, 8)), probe_batches=(1, 16, 128),
-                   probe_lengths=(512,), skew_points=((8, 128, 2048, 1), (32, 64, 1024, 2)), repeats=4)
+                   probe_lengths=(512,), skew_points=((8, 128, 2048, 1), (32, 64, 1024, 2)),
+                   spread_points=((8, 8, 128, 2048), (24, 17, 1024, 1024)),
+                   mixed_probe_points=((4, 128, 1024), (3, 512, 512)), repeats=4)
+
+    def mixed_points(self) -> list[tuple[int, list[int]]]:
+        """``(padded rows, context of each real row)`` of the mixed-context attention points: the few-long
+        ``skew_points`` and the ``spread_points``, within ``max_positions``."""
+        points = [(b, [long] * n_long + [short] * (b - n_long)) for b, short, long, n_long in self.skew_points]
+        points += [(padded, spread_contexts(rows, shortest, longest))
+                   for padded, rows, shortest, longest in self.spread_points]
+        return [(b, contexts) for b, contexts in points if sum(contexts) <= self.max_positions]
 
     def gemm_points(self) -> list[tuple[int, int, int]]:
         return [(m, n, k) for n in self.gemm_n for k in self.gemm_k if n * k <= self.gemm_max_weight
@@ -234,7 +258,9 @@ class AttentionBench:
         self.qkv_width = (s.heads + 2 * s.kv_heads) * s.head_dim
 
     def _views(self, rows: int, contexts: list[int]):
-        launch = decode_launch(Stage.CORE, list(range(rows)), [c - 1 for c in contexts],
+        """Metadata of a launch of ``rows`` rows in the graph, the first ``len(contexts)`` of them real (the
+        rest padding, as the engine pads a graph)."""
+        launch = decode_launch(Stage.CORE, list(range(len(contexts))), [c - 1 for c in contexts],
                                self.bench.blocks_for(contexts), rows)
         prepared = self.engine.prepare(launch, self.bench.graphs.width)
         meta = torch.from_numpy(prepared.meta).to(self.device)
@@ -360,8 +386,7 @@ def measure_skew(plan: KernelPlan, chain: ChainTimer, uniform: list[list[float]]
     (``plan.skew_points`` on ``plan.skew_heads`` heads), and the attention width and sharpness fitted on them
     against the uniform-context table ``uniform`` (:func:`calibration.fit.fit_attention_width`)."""
     heads = plan.skew_heads
-    points = [(b, [long] * n_long + [short] * (b - n_long)) for b, short, long, n_long in plan.skew_points]
-    points = [(b, contexts) for b, contexts in points if sum(contexts) <= plan.max_positions]
+    points = plan.mixed_points()
     positions = max(sum(c) + 64 * len(c) for _, c in points)
     fits: dict[str, dict[str, dict]] = {}
     for d, group in itertools.product(plan.head_dims, plan.skew_groups):
@@ -370,8 +395,8 @@ def measure_skew(plan: KernelPlan, chain: ChainTimer, uniform: list[list[float]]
                                positions, chain.device, chain.timer)
         rows = []
         for b, contexts in points:
-            progress(f"attention width d={d} group={group}: {sum(c > contexts[-1] for c in contexts)} of {b} "
-                     "rows longer")
+            progress(f"attention width d={d} group={group}: {len(contexts)} of {b} rows, "
+                     f"{min(contexts)}-{max(contexts)} positions")
             rows.append([b, *contexts, chain(bench.calls("decode_attention", b, contexts))])
         bench.close()
         fits.setdefault(str(d), {})[str(group)] = fit_attention_width(rows, uniform, heads, group, d)
@@ -476,6 +501,29 @@ def measure_probes(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str]
     return rows
 
 
+def measure_mixed_probes(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
+                         ) -> list[list[float]]:
+    """``[probe, padded rows, context of each real row..., t]``: one decode layer of each probe shape (as
+    :func:`measure_probes`) whose rows attend a spread of contexts (``plan.mixed_probe_points``)."""
+    points = [(b, spread_contexts(b, shortest, longest)) for b, shortest, longest in plan.mixed_probe_points]
+    batch = max(b for b, _ in points)
+    longest = max(max(c) for _, c in points)
+    positions = max(sum(c) for _, c in points) + 64 * batch
+    rows = []
+    for index, shape in enumerate(plan.probes):
+        units = [ArchSpec(name=f"probe{index}-c{core}", layer=shape, vocab=4096, prelude=0, core=core, coda=0,
+                          r_max=1) for core in (1, 2)]
+        benches = [UnitBench(u, batch, longest + 1, positions, KVLayout.SHARED, chain.device, chain.timer)
+                   for u in units]
+        for b, contexts in points:
+            progress(f"mixed probe {index} B={b} L={min(contexts)}-{max(contexts)}")
+            t1, t2 = (bench.stage(Stage.CORE, b, 0, contexts=contexts) for bench in benches)
+            rows.append([index, benches[0].pad[b], *contexts, t2 - t1])
+        for bench in benches:
+            bench.close()
+    return rows
+
+
 def copy_bandwidth(device: torch.device, gib: float = 2.0) -> float:
     """Bytes read + written per second by a large device-to-device copy."""
     n = int(gib * 2 ** 30) // 2 if device.type == "cuda" else 1 << 20
@@ -492,7 +540,8 @@ def _backend(device: torch.device) -> str:
 
 
 # ----- the whole calibration -------------------------------------------------------------------------------
-FAMILIES = ("copy", "gemm", "elementwise", "gemv", "attention", "skew", "prefill", "glue", "adapter", "probes", "host")
+FAMILIES = ("copy", "gemm", "elementwise", "gemv", "attention", "skew", "prefill", "glue", "adapter", "probes",
+            "mixed_probes", "host")
 
 
 def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan: KernelPlan | None = None,
@@ -529,7 +578,7 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
         return profile
 
     def family(label: str, fn: Callable[[], None]) -> None:
-        if label not in families and label != "gaps":
+        if label not in families and label not in ("gaps", "sharpness"):  # fits of what the record holds
             return
         t0 = time.perf_counter()
         try:
@@ -560,7 +609,10 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     family("glue", lambda: tables.update(measure_glue(plan, chain, progress)))
     family("adapter", lambda: tables.update(adapter=measure_adapter_table(plan, chain, progress)))
     family("probes", lambda: record.update(probes=measure_probes(plan, chain, progress)))
+    family("mixed_probes", lambda: record.update(mixed_probes=measure_mixed_probes(plan, chain, progress)))
     family("gaps", lambda: record.update(gaps=fit_gaps(record, plan.probes)))
+    if record.get("mixed_probes") and record.get("attention_points") and ({"skew", "mixed_probes"} & set(families)):
+        family("sharpness", lambda: record.update(fit_mixed_sharpness(record, plan.probes)))
 
     def host() -> None:
         probe = ArchSpec(name="probe-host", layer=plan.probes[0], vocab=4096, prelude=0, core=4, coda=0, r_max=4)

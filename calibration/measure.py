@@ -48,6 +48,7 @@ from cdbsim.config import Policy, ServeConfig, padding_table, prefill_graph_size
 from cdbsim.errors import ConfigError
 from cdbsim.kvlayout import KVLayout
 from cdbsim.launch import Stage, causal_pairs, decode_launch, prefill_launch
+from cdbsim.profile import Profile
 from cdbsim.recipes import Component, model_stage_name
 from cdbsim.validate import host_points
 from executor.driver import build_model, execute
@@ -56,6 +57,15 @@ from executor.graphs import StageGraphs
 from traces import ExitModel, Request, build_trace
 
 Points = dict[str, list[list[float]]]
+
+
+def spread_contexts(rows: int, shortest: int, longest: int) -> list[int]:
+    """Contexts of ``rows`` rows spread evenly in log length from ``longest`` down to ``shortest``: a batch
+    of a serving run's mixture of prompt and answer lengths rather than a few long rows among short ones."""
+    if rows == 1:
+        return [longest]
+    ratio = longest / shortest
+    return [round(longest / ratio ** (i / (rows - 1))) for i in range(rows)]
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,11 @@ class Plan:
     skew_points: tuple[tuple[int, int, int, int], ...] = (
         (2, 256, 4096, 1), (4, 256, 4096, 1), (8, 128, 4096, 1), (16, 128, 4096, 1), (16, 512, 4096, 4),
         (32, 128, 2048, 1), (48, 32, 1024, 2), (64, 32, 512, 8))
+    # and rows whose contexts spread from the shortest to the longest, padded as the engine pads (rows,
+    # shortest, longest): a serving run's mixtures (calibration.kernels.KernelPlan.spread_points says why)
+    spread_points: tuple[tuple[int, int, int], ...] = (
+        (2, 600, 4096), (4, 400, 4096), (8, 300, 4096), (9, 300, 4096), (16, 300, 4096), (17, 300, 4096),
+        (32, 200, 4096), (13, 2500, 2500), (17, 2500, 2500))
     decode_contexts: tuple[int, ...] = (128, 1024, 4096)
     model_max_positions: int = 65536  # the whole model's KV (shared slots) for batch x context
     model_prefill_points: tuple[tuple[int, int, int], ...] = (
@@ -91,7 +106,7 @@ class Plan:
     @classmethod
     def quick(cls) -> Plan:
         return cls(batches=(1, 8, 64, 256), contexts=(128, 2048), model_contexts=(128, 1024),
-                   skew_points=((8, 128, 1024, 1),),
+                   skew_points=((8, 128, 1024, 1),), spread_points=((3, 128, 1024),),
                    prefill_points=((64, 1, 0), (1024, 1, 0), (4096, 1, 0), (16, 16, 0)),
                    model_prefill_points=((512, 1, 0), (16, 16, 0)), decode_contexts=(256,), repeats=8)
 
@@ -435,11 +450,7 @@ def measure_model(arch: ArchSpec, plan: Plan, device: torch.device,
         for b, c in plan.model_grid(plan.model_contexts):
             progress(f"{arch.name}: {stage.value} B={b} L={c}")
             points[model_stage_name(arch, stage)].append([b, b * c, bench.stage(stage, b, c)])
-    skew = points[attention_skew_name(arch)] = []
-    for b, short, long, n_long in plan.skew_points:
-        progress(f"{arch.name}: core B={b}, {n_long} of {b} rows at L={long}, the rest at {short}")
-        contexts = [long] * n_long + [short] * (b - n_long)
-        skew.append([bench.pad[b], *contexts, bench.stage(Stage.CORE, b, long, contexts=contexts)])
+    points[attention_skew_name(arch)] = measure_model_skew(arch, plan, bench, progress)
     for b, c in plan.model_grid(plan.decode_contexts):
         if b <= 256:
             progress(f"{arch.name}: CB decode B={b} L={c}")
@@ -450,6 +461,44 @@ def measure_model(arch: ArchSpec, plan: Plan, device: torch.device,
                                                               bench.prefill(n, k, p)])
     bench.close()
     return points
+
+
+def mixed_contexts(plan: Plan) -> list[list[int]]:
+    """Each real row's context in the model's mixed-context core steps: ``plan.skew_points`` (a few long
+    rows among short ones), then ``plan.spread_points``, within ``plan.model_max_positions``."""
+    points = [[long] * n_long + [short] * (b - n_long) for b, short, long, n_long in plan.skew_points]
+    points += [spread_contexts(b, shortest, longest) for b, shortest, longest in plan.spread_points]
+    return [c for c in points if sum(c) <= plan.model_max_positions]
+
+
+def measure_model_skew(arch: ArchSpec, plan: Plan, bench: UnitBench,
+                       progress: Callable[[str], None] = lambda _: None) -> list[list[float]]:
+    """``[padded rows, context of each real row..., t]``: core steps whose rows attend different contexts
+    (:func:`mixed_contexts`), for the attention width (:func:`calibration.fit.fit_attention_slots`)."""
+    rows = []
+    for contexts in mixed_contexts(plan):
+        b = len(contexts)
+        progress(f"{arch.name}: core B={b}, contexts {min(contexts)}-{max(contexts)}")
+        rows.append([bench.pad[b], *contexts, bench.stage(Stage.CORE, b, max(contexts), contexts=contexts)])
+    return rows
+
+
+def remeasure_attention(arch: ArchSpec, profile: Profile, device: torch.device, plan: Plan | None = None,
+                        progress: Callable[[str], None] = lambda _: None) -> Profile:
+    """``profile`` (a measured profile of ``arch``) with its mixed-context core steps measured again and its
+    attention width and sharpness fitted on them; every other fit kept."""
+    from calibration.fit import fit_attention_slots
+
+    plan = plan or Plan()
+    contexts = mixed_contexts(plan)
+    longest = max(max(c) for c in contexts)
+    bench = UnitBench(arch, max(len(c) for c in contexts), longest + 1, plan.model_max_positions, KVLayout.SHARED,
+                      device, Timer(device, plan.repeats, plan.warmup))
+    rows = measure_model_skew(arch, plan, bench, progress)
+    bench.close()
+    core = profile.components[model_stage_name(arch, Stage.CORE)]
+    return replace(profile, attention=fit_attention_slots(arch, core, rows),
+                   notes=f"{profile.notes}; mixed-context core steps re-measured {dt.date.today().isoformat()}")
 
 
 def measure_host(arch: ArchSpec, device: torch.device, requests: int = 128, seed: int = 0,

@@ -54,6 +54,17 @@ def critical_positions(context: int, splits: int) -> int:
     return min(context, split_positions(context, splits))
 
 
+def padded_mean(context: float, rows: int, padded: int) -> float:
+    """Positions per row of a launch of ``rows`` rows attending ``context`` positions in all, in a graph of
+    ``padded`` rows: each padded row attends one position (the engine's scratch row).
+
+    A stage table is measured with every row of the graph real, so looking it up at the real rows' mean
+    charged a graph's padding as real rows: a core step of 17 real rows at 2,500 positions in a graph of
+    24 replayed at 0.84-0.88 of that on an H200, and at 1.01-1.07 of the table at this mean
+    (``benchmarks/results/decode-profile/served-shapes.csv``)."""
+    return (context + max(padded - rows, 0)) / max(padded, rows, 1)
+
+
 def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: int, slots: float,
                       sharpness: float = math.inf) -> float:
     """The context length every row would need for a launch's decode attention to take as long as it
@@ -73,7 +84,10 @@ def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: 
     are fitted by calibration on batches with a few long rows (``calibration.fit.fit_slots``): on the
     H200 the p-norm (p = 1-2) fits those points better than the larger term alone for every shipped model,
     and it takes the validation matrix's worst offline error from 6.1% to 1.2% (docs/latency-model.md).
+    Padded rows count as rows of one position (:func:`padded_mean`): the result is a length per padded row.
     """
+    if padded > rows > 0:
+        mean, rows = padded_mean(mean * rows, rows, padded), padded
     if rows <= 0 or longest <= mean * 1.0001:
         return float(mean)
     if sharpness != math.inf:

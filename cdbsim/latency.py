@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cdbsim.arch import ArchSpec
-from cdbsim.attention import equivalent_length
+from cdbsim.attention import equivalent_length, padded_mean
 from cdbsim.bounds import saturation_batch
 from cdbsim.errors import ConfigError
 from cdbsim.interp import StageTable, Surface
@@ -276,9 +276,9 @@ class LatencyModel:
         table = self.tables.get(stage)
         if table is not None:  # attended_length, written out in place
             padded, size, longest, slots = launch.padded, launch.size, launch.longest, self.attention_slots
-            mean = launch.context / size
-            t = table(padded, mean if slots is None or longest <= 0
-                      else equivalent_length(mean, longest, size, padded, self._heads, slots, self.attention_sharpness))
+            t = table(padded, padded_mean(launch.context, size, padded) if slots is None or longest <= 0
+                      else equivalent_length(launch.context / size, longest, size, padded, self._heads, slots,
+                                             self.attention_sharpness))
             copies = launch.kv_copies
             if copies:
                 cost = self.costs[stage]
@@ -301,12 +301,12 @@ class LatencyModel:
         return t
 
     def attended_length(self, launch: Launch) -> float:
-        """The per-row context a decode-type launch is looked up at: the mean, or with a calibrated
-        attention width the uniform length its mix of contexts runs like (:func:`cdbsim.attention.
-        equivalent_length`)."""
+        """The per-row context a decode-type launch is looked up at: the mean over its padded rows
+        (:func:`cdbsim.attention.padded_mean`), or with a calibrated attention width the uniform length its
+        mix of contexts runs like (:func:`cdbsim.attention.equivalent_length`)."""
         mean = launch.context / launch.size
         if self.attention_slots is None or launch.longest <= 0:
-            return mean
+            return padded_mean(launch.context, launch.size, launch.padded)
         return equivalent_length(mean, launch.longest, launch.size, launch.padded, self._heads, self.attention_slots,
                                  self.attention_sharpness)
 

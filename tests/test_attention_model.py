@@ -20,6 +20,7 @@ from cdbsim.attention import (
     decode_splits,
     equivalent_length,
     first_context_reaching,
+    padded_mean,
     split_positions,
 )
 from cdbsim.latency import LatencyModel
@@ -80,7 +81,9 @@ def test_equivalent_length_equals_its_definition_by_the_named_helpers(mean: floa
                                                                       padded: int, heads: int,
                                                                       slots: float) -> None:
     """equivalent_length writes decode_splits, critical_positions and first_context_reaching out in place
-    for speed; it must return exactly what composing them returns."""
+    for speed; it must return exactly what composing them returns (padded rows folded in first)."""
+    if padded > rows:
+        mean, rows = padded_mean(mean * rows, rows, padded), padded
     if rows <= 0 or longest <= mean * 1.0001:
         expected = float(mean)
     else:
@@ -93,6 +96,15 @@ def test_equivalent_length_equals_its_definition_by_the_named_helpers(mean: floa
             length = min(target / per_position, float(first_context_reaching(target, splits)))
             expected = min(max(length, float(mean)), float(longest))
     assert equivalent_length(mean, longest, rows, padded, heads, slots) == expected
+
+
+def test_padded_rows_count_as_rows_of_one_position() -> None:
+    """17 real rows at 2,500 positions in a graph of 24: the seven padded rows attend one position each."""
+    assert padded_mean(17 * 2500, 17, 24) == pytest.approx((17 * 2500 + 7) / 24)
+    assert padded_mean(17 * 2500, 17, 17) == 2500
+    uniform = _equivalent([2500] * 17, 24, 32, 2048.0)
+    assert padded_mean(17 * 2500, 17, 24) <= uniform < 2500  # the real rows' programs still set the walk
+    assert _equivalent([2500] * 24, 24, 32, 2048.0) == 2500
 
 
 @given(st.floats(0.5, 20000), st.integers(1, MAX_SPLITS))

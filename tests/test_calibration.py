@@ -48,6 +48,17 @@ def test_calibrate_on_cpu_writes_a_usable_profile(tmp_path, style: str) -> None:
     assert back.attention["points"][0][1:-1] == [32, 8, 8, 8]  # the skewed core step's row contexts
     assert len(back.attention["error_with_mean_length_pct"]) == 1
     assert attention_rows(back)[0]["max L"] == 32
+    # the mixed-context core steps measured again, with a spread of contexts in a padded graph
+    import dataclasses
+
+    import torch
+
+    from calibration.measure import remeasure_attention
+
+    again = remeasure_attention(arch, back, torch.device("cpu"), dataclasses.replace(TINY_PLAN,
+                                                                                        spread_points=((3, 8, 32),)))
+    assert [row[:-1] for row in again.attention["points"]] == [[4, 32, 8, 8, 8], [4, 32, 16, 8]]
+    assert again.components == back.components and len(again.attention["error_with_slots_pct"]) == 2
     model = LatencyModel(arch, back)
     assert model.measured_stages == set(Stage)
     assert all(model.costs[s](4, 64) > 0 for s in Stage)
@@ -142,11 +153,27 @@ def test_skew_family_fits_the_attention_width_on_its_own_head_layout_and_refits_
 
     plan = KernelPlan(attention_rows=(1, 2, 4, 8), attention_lengths=(32, 128, 512), head_dims=(64,), groups=(1, 2),
                       chained_heads=(), max_positions=4096, skew_heads=8, skew_groups=(1, 2),
-                      skew_points=((4, 32, 512, 1), (8, 32, 256, 2)), repeats=2, warmup=1)
+                      skew_points=((4, 32, 512, 1), (8, 32, 256, 2)), spread_points=((8, 6, 32, 256),),
+                      repeats=2, warmup=1)
     record = calibrate_kernels(tmp_path, device="cpu", plan=plan, families=("attention", "skew")).kernels
     assert record["attention_layout"] == {"heads": 8}
     assert set(record["attention_points"]["64"]) == {"1", "2"}
-    assert [len(row) for row in record["attention_points"]["64"]["2"]] == [6, 10]  # rows, contexts..., seconds
+    rows = record["attention_points"]["64"]["2"]
+    assert [len(row) for row in rows] == [6, 10, 8]  # padded rows, each real row's context..., seconds
+    assert rows[2][:7] == [8, 256, 169, 111, 74, 49, 32]  # six real rows spread 256..32 in a graph of eight
     again = refit_attention_width(record)
     assert again["attention_slots"] == record["attention_slots"]
     assert again["attention_sharpness"] == record["attention_sharpness"]
+
+
+def test_mixed_probe_layers_record_each_real_rows_context_in_the_padded_graph(tmp_path) -> None:
+    """One decode layer of a probe shape per point, as ``[probe, padded rows, contexts..., seconds]``."""
+    from calibration.kernels import KernelPlan, calibrate_kernels
+    from cdbsim.arch import LayerShape, LayerStyle
+
+    shape = LayerShape(hidden=128, intermediate=256, heads=4, kv_heads=2, head_dim=32, style=LayerStyle.OURO)
+    plan = KernelPlan(probes=(shape,), mixed_probe_points=((3, 40, 200), (2, 64, 64)), repeats=2, warmup=1)
+    record = calibrate_kernels(tmp_path, device="cpu", plan=plan, families=("mixed_probes",)).kernels
+    rows = record["mixed_probes"]
+    assert [row[:-1] for row in rows] == [[0, 3, 200, 89, 40], [0, 2, 64, 64]]
+    assert all(isinstance(row[-1], float) for row in rows)  # a two-layer less a one-layer step: noisy on a CPU

@@ -64,13 +64,14 @@ CASES = {
                                                  "timing": "sync"}, 40, None, 4000),
 }
 PROFILES = Path(__file__).parent / "data" / "golden-profiles"
+# a graph's padded rows count as one-position rows in the decode lookups (cdbsim.attention.padded_mean)
 GOLDEN = {
-    "huginn-refill-K8-shared": "8e1200dd073dc852",  # 4,454 launches
-    "huginn040-sync": "c473aa6d22af4546",           # 7,412 launches
-    "ouro-cb-online": "dd5dc851017088db",           # 755 launches
-    "ouro-norefill": "0cf1717c0d90547f",            # 3,272 launches
-    "ouro-refill": "961b80bf0ac3ce9c",              # 4,464 launches
-    "ouro-refill-preempting": "26b69a397ef0569e",   # 14,715 launches, 2 preemptions
+    "huginn-refill-K8-shared": "a835d94c6b1b886d",  # 4,454 launches
+    "huginn040-sync": "1dd9124f563f04cc",           # 7,412 launches
+    "ouro-cb-online": "1cc9d888217f2f3e",           # 772 launches
+    "ouro-norefill": "78a6c3d805122f49",            # 3,272 launches
+    "ouro-refill": "43d4cbb21bc7244b",              # 4,464 launches
+    "ouro-refill-preempting": "aee226c041181cb3",   # 14,715 launches, 2 preemptions
 }
 
 

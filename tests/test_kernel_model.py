@@ -167,6 +167,31 @@ def test_a_few_probe_layers_far_off_do_not_move_the_gap_fit() -> None:
     assert gaps["huginn"]["many"] == pytest.approx(0.7e-6, rel=0.1)
 
 
+@pytest.mark.parametrize("sharpness", [1.0, 3.0])
+def test_mixed_probe_layers_choose_the_sharpness_they_were_made_with(sharpness: float) -> None:
+    """Probe layers built to take what the rule says at one sharpness (and each layout's width fitted at
+    it) are fitted back to that sharpness, every layer then exact."""
+    from calibration.fit import fit_mixed_sharpness, refit_attention_width
+    from cdbsim.attention import equivalent_length
+    from cdbsim.kernels import PROBE_SHAPES, KernelModel
+
+    record = {k: v for k, v in kernel_profile().kernels.items() if k != "probes"}  # no layer error to take out
+    model = KernelModel({**record, **refit_attention_width(record, (sharpness,))})
+    probes = []
+    for index, shape in enumerate(PROBE_SHAPES):
+        arch = ArchSpec(name="probe", layer=shape, vocab=4096, prelude=0, core=1, coda=0, r_max=1)
+        for padded, contexts in ((4, [6000, 2000, 700, 300]), (16, [4000, 3000] + [500] * 14),
+                                 (24, [6000] + [900] * 16)):
+            length = equivalent_length(sum(contexts) / len(contexts), max(contexts), len(contexts), padded,
+                                       shape.heads, model.attention_slots(arch), sharpness)
+            probes.append([index, padded, *contexts, model.layer(arch, padded, length)])
+    fitted = fit_mixed_sharpness({**record, "mixed_probes": probes})
+    assert fitted["attention_mixed_probes"]["sharpness"] == sharpness
+    assert fitted["attention_mixed_probes"]["width_scale"] == 1.0
+    assert max(map(abs, fitted["attention_mixed_probes"]["error_pct"])) < 1e-6
+    assert set(fitted["attention_sharpness"]["64"].values()) == {sharpness}
+
+
 SMALL_OURO = ArchSpec(name="small-ouro", layer=LayerShape(hidden=1536, intermediate=4096, heads=24, kv_heads=6,
                                                           head_dim=64, style=LayerStyle.OURO),
                       vocab=49152, prelude=0, core=4, coda=0, r_max=4)

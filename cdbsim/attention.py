@@ -25,6 +25,8 @@ TARGET_PROGRAMS = 8192  # (row, head, split) programs per launch that keep HBM b
 MAX_SPLITS = 16
 MIN_SPLIT_POSITIONS = 64  # fewest positions a split covers (two of the many-row kernel's 32-position tiles)
 PAGE = 16
+CHAINED_MAX_HIDDEN = 2048  # widest model whose single rows run the chained kernels (executor.model.chained_rows)
+CHAINED_BLOCK = 64  # positions per tile of the chained path's fused attention kernel (its BLOCK_N)
 
 
 def decode_splits(rows: int, heads: int) -> int:
@@ -52,6 +54,26 @@ def active_splits(context: int, splits: int, min_positions: int = MIN_SPLIT_POSI
 def critical_positions(context: int, splits: int) -> int:
     """Positions the longest program of a row with ``context`` positions walks (its first split's share)."""
     return min(context, split_positions(context, splits))
+
+
+def chained_walk_length(context: float, heads: int) -> float:
+    """The context at which one row on the chained path (models up to :data:`CHAINED_MAX_HIDDEN` wide) walks
+    as many whole tiles as it does at ``context``.
+
+    With one row every (head, split) program runs at once, so the step lasts as long as the longest split's
+    walk, in whole tiles of :data:`CHAINED_BLOCK` positions: the kernel costs the same from 2,049 to 3,072
+    positions (three tiles per split) and jumps at the tile boundaries between. On an H200 the fused attention
+    of ouro-1536 (24 heads of 64, 12 layers, ``CDBSIM_PDL=0``) took 102 µs at 2,048 positions, 134 at 2,560 and
+    138 at 3,072 (``benchmarks/results/decode-profile/single-row.csv``). Stage tables measured at tile-aligned
+    lengths and read at this length follow the steps; read at ``context`` they ran 10% short at 2,560. Below
+    two tiles a split's fewest positions set the walk, and ``context`` is returned unchanged."""
+    if context <= 0:
+        return context
+    splits = decode_splits(1, heads)
+    per = split_positions(math.ceil(context), splits)
+    if per <= CHAINED_BLOCK:
+        return context
+    return float(splits * CHAINED_BLOCK * -(-per // CHAINED_BLOCK))
 
 
 def padded_mean(context: float, rows: int, padded: int) -> float:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 from scipy.optimize import isotonic_regression
 
 from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
+from cdbsim.attention import CHAINED_MAX_HIDDEN
 from cdbsim.config import decode_graph_sizes
 from cdbsim.kernel_table import KernelTable, Lookup
 from cdbsim.launch import causal_pairs
@@ -47,7 +48,6 @@ from cdbsim.recipes import Component
 if TYPE_CHECKING:
     from cdbsim.latency import DeviceSpec
 
-CHAINED_MAX_HIDDEN = 2048
 MANY_KERNELS = 9  # kernels of a many-row decode layer: four GEMMs, RoPE/KV write, attention, two norms, SwiGLU
 
 

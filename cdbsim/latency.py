@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cdbsim.arch import ArchSpec
-from cdbsim.attention import equivalent_length, padded_mean
+from cdbsim.attention import CHAINED_MAX_HIDDEN, chained_walk_length, equivalent_length, padded_mean
 from cdbsim.bounds import saturation_batch
 from cdbsim.errors import ConfigError
 from cdbsim.interp import StageTable, Surface
@@ -208,6 +208,7 @@ class LatencyModel:
         self.attention_slots = profile.attention_slots
         self.attention_sharpness = profile.attention_sharpness
         self._heads = arch.layer.heads
+        self._chained = arch.layer.hidden <= CHAINED_MAX_HIDDEN  # its single rows run the chained kernels
         self.tables: dict[Stage, StageTable] = {}
         if profile.kind is ProfileKind.CONSTANT:
             self.costs = {s: StageCost(comps.get(f"constant/{s.value}", zero).delta) for s in STAGES}
@@ -276,9 +277,12 @@ class LatencyModel:
         table = self.tables.get(stage)
         if table is not None:  # attended_length, written out in place
             padded, size, longest, slots = launch.padded, launch.size, launch.longest, self.attention_slots
-            t = table(padded, padded_mean(launch.context, size, padded) if slots is None or longest <= 0
-                      else equivalent_length(launch.context / size, longest, size, padded, self._heads, slots,
-                                             self.attention_sharpness))
+            if padded == 1 and self._chained:
+                t = table(1, chained_walk_length(launch.context, self._heads))
+            else:
+                t = table(padded, padded_mean(launch.context, size, padded) if slots is None or longest <= 0
+                          else equivalent_length(launch.context / size, longest, size, padded, self._heads, slots,
+                                                 self.attention_sharpness))
             copies = launch.kv_copies
             if copies:
                 cost = self.costs[stage]
@@ -305,6 +309,8 @@ class LatencyModel:
         (:func:`cdbsim.attention.padded_mean`), or with a calibrated attention width the uniform length its
         mix of contexts runs like (:func:`cdbsim.attention.equivalent_length`)."""
         mean = launch.context / launch.size
+        if launch.padded == 1 and self._chained:
+            return chained_walk_length(launch.context, self._heads)
         if self.attention_slots is None or launch.longest <= 0:
             return padded_mean(launch.context, launch.size, launch.padded)
         return equivalent_length(mean, launch.longest, launch.size, launch.padded, self._heads, self.attention_slots,

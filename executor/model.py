@@ -35,10 +35,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from cdbsim.arch import ArchSpec, LayerStyle
+from cdbsim.attention import CHAINED_MAX_HIDDEN
 from executor.ops import Ops
 
 STATE_INITS = ("zeros", "random")
-CHAINED_MAX_HIDDEN = 2048
 
 
 def chained_rows(config: ModelConfig, backend: str) -> int:

@@ -35,12 +35,12 @@ import torch
 import triton
 import triton.language as tl
 
-from cdbsim.attention import MIN_SPLIT_POSITIONS, PAGE, decode_splits
+from cdbsim.attention import CHAINED_BLOCK, MIN_SPLIT_POSITIONS, PAGE, decode_splits
 from executor.chain import launch_options, pdl_enabled, wait_for_predecessor
 from executor.kv_cache import PagedKVCache
 from executor.ops import RopeTable
 
-BLOCK_N = 64  # positions per tile of the fused single-row kernel (rope_decode_attention)
+BLOCK_N = CHAINED_BLOCK  # positions per tile of the fused single-row kernel (rope_decode_attention)
 # the many-row kernel's launch shape: on the H200 (B = 64, L = 4,096) 32-position tiles with 2 warps read KV
 # faster than 64 with 4 for every head shape swept (benchmarks/results/attention-sweep/)
 DECODE_BLOCK = 32

@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 from calibration.fit import fit_attention_slots
 from cdbsim.arch import PRESETS
 from cdbsim.attention import (
+    CHAINED_BLOCK,
     MAX_SPLITS,
     TARGET_PROGRAMS,
     active_splits,
+    chained_walk_length,
     critical_positions,
     decode_splits,
     equivalent_length,
@@ -26,6 +28,7 @@ from cdbsim.attention import (
 from cdbsim.latency import LatencyModel
 from cdbsim.launch import Launch, Stage
 from cdbsim.profile import Fit
+from cdbsim.shipped import resolve_profile
 
 
 @given(st.integers(1, 4096), st.integers(1, 128))
@@ -96,6 +99,37 @@ def test_equivalent_length_equals_its_definition_by_the_named_helpers(mean: floa
             length = min(target / per_position, float(first_context_reaching(target, splits)))
             expected = min(max(length, float(mean)), float(longest))
     assert equivalent_length(mean, longest, rows, padded, heads, slots) == expected
+
+
+@given(st.integers(1, 40000), st.integers(1, 128))
+def test_a_single_row_is_read_at_the_length_of_its_whole_tiles(context: int, heads: int) -> None:
+    """One row on the chained path costs what its longest split's walk in whole tiles costs: the length
+    returned walks as many tiles, is never shorter, and is the context itself where one tile is all."""
+    splits = decode_splits(1, heads)
+    walked = chained_walk_length(context, heads)
+    per = split_positions(context, splits)
+    assert walked >= context
+    if per <= CHAINED_BLOCK:
+        assert walked == context
+    else:
+        tiles = -(-per // CHAINED_BLOCK)
+        assert walked == splits * CHAINED_BLOCK * tiles
+        assert -(-split_positions(int(walked), splits) // CHAINED_BLOCK) == tiles
+    assert chained_walk_length(context + 1, heads) >= walked  # never shorter for a longer row
+
+
+def test_a_single_row_costs_the_same_within_one_tile_step() -> None:
+    """2,049 and 3,072 positions over 16 splits are three tiles each: the same stage time (ouro-1536 replayed
+    134 and 138 us of attention there, 102 at 2,048)."""
+    arch = PRESETS["ouro-1.4b"]  # 2,048 wide: its single rows run the chained kernels
+    model = LatencyModel(arch, resolve_profile("h200-ouro-1.4b", arch))
+
+    def step(context: int) -> float:
+        return model.launch_time(Launch(0, Stage.CORE, requests=[0], positions=[context - 1], size=1, padded=1,
+                                        context=context, longest=context, steps=[0], exits=[False]))
+
+    assert step(2049) == step(2560) == step(3072) > step(2048)
+    assert step(3073) > step(3072)
 
 
 def test_padded_rows_count_as_rows_of_one_position() -> None:

@@ -64,14 +64,15 @@ CASES = {
                                                  "timing": "sync"}, 40, None, 4000),
 }
 PROFILES = Path(__file__).parent / "data" / "golden-profiles"
-# a graph's padded rows count as one-position rows in the decode lookups (cdbsim.attention.padded_mean)
+# a graph's padded rows count as one-position rows in the decode lookups (cdbsim.attention.padded_mean); a single
+# row on the chained path is looked up at the length of its whole tiles (cdbsim.attention.chained_walk_length)
 GOLDEN = {
     "huginn-refill-K8-shared": "a835d94c6b1b886d",  # 4,454 launches
     "huginn040-sync": "1dd9124f563f04cc",           # 7,412 launches
     "ouro-cb-online": "1cc9d888217f2f3e",           # 772 launches
-    "ouro-norefill": "78a6c3d805122f49",            # 3,272 launches
-    "ouro-refill": "43d4cbb21bc7244b",              # 4,464 launches
-    "ouro-refill-preempting": "aee226c041181cb3",   # 14,715 launches, 2 preemptions
+    "ouro-norefill": "40e51468fbe8e701",            # 3,272 launches
+    "ouro-refill": "c0b4c9f479175d18",              # 4,464 launches
+    "ouro-refill-preempting": "74384afc31e94fcd",   # 14,715 launches, 2 preemptions
 }
 
 

@@ -108,8 +108,8 @@ def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: 
     and it takes the validation matrix's worst offline error from 6.1% to 1.2% (docs/latency-model.md).
     Padded rows count as rows of one position (:func:`padded_mean`): the result is a length per padded row.
     """
-    if padded > rows > 0:
-        mean, rows = padded_mean(mean * rows, rows, padded), padded
+    if padded > rows > 0:  # padded_mean, written out in place
+        mean, rows = (mean * rows + (padded - rows)) / padded, padded
     if rows <= 0 or longest <= mean * 1.0001:
         return float(mean)
     if sharpness != math.inf:
@@ -142,13 +142,13 @@ def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: 
 
 
 def _power(x: float, p: float) -> float:
-    """``x ** p``, without a general power for the sharpnesses calibration fits most (1 and 2)."""
-    return x if p == 1.0 else x * x if p == 2.0 else x ** p
+    """``x ** p``, without a general power for the sharpnesses calibration fits most (1, 1.5 and 2)."""
+    return x if p == 1.0 else x * x if p == 2.0 else x * math.sqrt(x) if p == 1.5 else x ** p
 
 
 def _root(x: float, p: float) -> float:
     """``x ** (1 / p)``, likewise."""
-    return x if p == 1.0 else math.sqrt(x) if p == 2.0 else x ** (1.0 / p)
+    return x if p == 1.0 else math.sqrt(x) if p == 2.0 else math.cbrt(x * x) if p == 1.5 else x ** (1.0 / p)
 
 
 def _blended_length(mean: float, longest: int, rows: int, padded: int, heads: int, slots: float,

@@ -1,0 +1,153 @@
+"""How fast a GEMM's time grows once the GPU runs compute-bound work without a break, and how fast it recovers.
+
+The kernel profile times every GEMM in a short burst on a rested GPU. A long prefill is hundreds of
+milliseconds of compute-bound GEMMs back to back, and `benchmarks/probe_sustained_gemm.py` found such
+GEMMs 15-27% slower after two seconds of load. Which clock a launch sees depends on how long the load has
+lasted, so the latency model would need that curve, not one number. This replays a CUDA graph of a chain of
+one GEMM shape back to back for a while and records each replay's time against the time since the load began,
+in a fixed sequence of phases with rests between them (``PHASES``): a Huginn-3.5B projection from rest, the
+same after a short rest, a memory-bound decode-sized GEMM then the Huginn one right after it, an Ouro-1.4B
+projection from rest. ``nvidia-smi`` samples the SM clock, power and temperature alongside:
+
+    python benchmarks/probe_gemm_clock.py --out DIR       # on a CUDA GPU, about 25 s
+
+Writes ``DIR/gemm-clock.csv`` (per phase and 10 ms of it: replays, microseconds per GEMM, and that over the
+phase's first replays), ``DIR/smi.csv`` and ``DIR/gemm-clock.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
+
+SHAPES = {"huginn-qkv": (2048, 15840, 5280), "ouro-up": (2048, 11264, 2048), "decode": (64, 35840, 5280)}
+# (phase, shape, rest before it in seconds, seconds of back-to-back replays)
+PHASES = (("huginn from rest", "huginn-qkv", 4.0, 2.5), ("huginn after 0.5 s rest", "huginn-qkv", 0.5, 1.0),
+          ("decode from rest", "decode", 4.0, 2.5), ("huginn after decode", "huginn-qkv", 0.0, 1.0),
+          ("ouro from rest", "ouro-up", 4.0, 2.5))
+FIRST = 3  # replays that stand for a phase's start
+
+
+def graphs(device: object) -> dict[str, tuple[object, int, list]]:
+    """A CUDA graph per shape of a chain of GEMMs on distinct weights (as the kernel profile times them),
+    the number of GEMMs in it, and the tensors it reads (a graph does not keep them alive)."""
+    import torch
+    import torch.nn.functional as F
+
+    from calibration.kernels import chain_length
+
+    out = {}
+    for name, (m, n, k) in SHAPES.items():
+        count = chain_length(2 * n * k)
+        x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(count)]
+
+        def run(weights: list = weights, x: torch.Tensor = x) -> None:
+            for w in weights:
+                F.linear(x, w)
+
+        with torch.inference_mode():
+            run()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                run()
+        out[name] = (graph, count, [x, *weights])
+    return out
+
+
+def replay_for(graph: object, count: int, seconds: float) -> list[tuple[float, float]]:
+    """``(seconds since the first replay began, microseconds per GEMM)`` of back-to-back replays for
+    ``seconds``, each timed by CUDA events; the host keeps a few replays queued so the GPU never waits."""
+    import torch
+
+    events = []
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        graph.replay()
+        end.record()
+        events.append((begin, end))
+        if len(events) > 4:
+            events[-5][1].synchronize()  # at most four replays ahead of the GPU
+    torch.cuda.synchronize()
+    first = events[0][0]
+    return [(first.elapsed_time(b) / 1e3, b.elapsed_time(e) * 1e3 / count) for b, e in events]
+
+
+BIN_S = 0.01
+
+
+def binned(table: pd.DataFrame) -> pd.DataFrame:
+    """Every replay of a phase averaged over :data:`BIN_S` of it (each replay takes a few milliseconds)."""
+    table = table.assign(t_s=(table["t_s"] // BIN_S) * BIN_S)
+    out = table.groupby(["phase", "shape", "t_s"], sort=False).agg(
+        replays=("us_per_gemm", "size"), us_per_gemm=("us_per_gemm", "mean"), over_start=("over_start", "mean"))
+    return out.reset_index()
+
+
+def plot(table: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for phase, rows in table.groupby("phase", sort=False):
+        ax.plot(rows["t_s"], rows["over_start"], label=phase, lw=1)
+    ax.set_xlabel("seconds since the phase's load began")
+    ax.set_ylabel("time per GEMM / its first replays")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: probe_gemm_clock.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda")
+    chains = graphs(device)
+    rows = []
+    with open(args.out / "smi.csv", "w") as log:
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
+                                "--format=csv,nounits", "-lms", "50"], stdout=log, stderr=subprocess.DEVNULL)
+        try:
+            for phase, shape, rest, seconds in PHASES:
+                time.sleep(rest)
+                graph, count, _ = chains[shape]
+                wall = time.time()
+                times = replay_for(graph, count, seconds)
+                start = sum(us for _, us in times[:FIRST]) / FIRST
+                rows += [{"phase": phase, "shape": shape, "began_unix_s": wall, "t_s": t, "us_per_gemm": us,
+                          "over_start": us / start} for t, us in times]
+                late = [us for t, us in times if t > seconds - 0.3]
+                print(f"{phase}: {start:.1f} us per GEMM at the start, {sum(late) / len(late):.1f} in its last "
+                      "0.3 s", flush=True)
+        finally:
+            smi.terminate()
+    table = binned(pd.DataFrame(rows))
+    table.round(4).to_csv(args.out / "gemm-clock.csv", index=False)
+    plot(table, args.out / "gemm-clock.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

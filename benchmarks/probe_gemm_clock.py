@@ -37,32 +37,29 @@ PHASES = (("huginn from rest", "huginn-qkv", 4.0, 2.5), ("huginn after 0.5 s res
 FIRST = 3  # replays that stand for a phase's start
 
 
-def graphs(device: object) -> dict[str, tuple[object, int, list]]:
-    """A CUDA graph per shape of a chain of GEMMs on distinct weights (as the kernel profile times them),
-    the number of GEMMs in it, and the tensors it reads (a graph does not keep them alive)."""
+def gemm_chain(m: int, n: int, k: int, scale: float, device: object) -> tuple[object, int, list]:
+    """A CUDA graph of a chain of ``m x n x k`` GEMMs on distinct weights scaled by ``scale`` (as the kernel
+    profile times a GEMM), the number of GEMMs in it, and the tensors it reads (a graph keeps none alive)."""
     import torch
     import torch.nn.functional as F
 
     from calibration.kernels import chain_length
 
-    out = {}
-    for name, (m, n, k) in SHAPES.items():
-        count = chain_length(2 * n * k)
-        x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-        weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(count)]
+    count = chain_length(2 * n * k)
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * scale for _ in range(count)]
 
-        def run(weights: list = weights, x: torch.Tensor = x) -> None:
-            for w in weights:
-                F.linear(x, w)
+    def run() -> None:
+        for w in weights:
+            F.linear(x, w)
 
-        with torch.inference_mode():
+    with torch.inference_mode():
+        run()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             run()
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                run()
-        out[name] = (graph, count, [x, *weights])
-    return out
+    return graph, count, [x, *weights]
 
 
 def replay_for(graph: object, count: int, seconds: float) -> list[tuple[float, float]]:
@@ -124,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
-    chains = graphs(device)
+    chains = {name: gemm_chain(m, n, k, 0.02, device) for name, (m, n, k) in SHAPES.items()}
     rows = []
     with open(args.out / "smi.csv", "w") as log:
         smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",

@@ -36,38 +36,24 @@ SHAPES = ((2048, 15840, 5280), (2048, 5280, 5280), (2048, 35840, 5280), (2048, 5
 
 def measure(shapes: tuple[tuple[int, int, int], ...], busy_s: float) -> list[dict]:
     import torch
-    import torch.nn.functional as F
+    from probe_gemm_clock import gemm_chain
 
-    from calibration.kernels import chain_length
     from calibration.measure import Timer
 
     device = torch.device("cuda")
     kernels = KernelModel(load_profile_file(ROOT / "calibration" / "profiles" / "h200-kernels.json").kernels)
     rows = []
     for m, n, k in shapes:
-        count = chain_length(2 * n * k)
-        x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
         row = {"m": m, "n": n, "k": k, "table_us": kernels.time("gemm", m, n, k) * 1e6}
         for scale in (0.02, 1.0):
-            weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * scale for _ in range(count)]
-
-            def run(weights: list = weights, x: torch.Tensor = x) -> None:
-                for w in weights:
-                    F.linear(x, w)
-
-            with torch.inference_mode():
-                run()
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    run()
-                if scale != 1.0:
-                    row["burst_us"] = Timer(device, 7, 2)(graph.replay) / count * 1e6
-                    row["sustained_us"] = Timer(device, 7, 2, busy_s=busy_s)(graph.replay) / count * 1e6
-                    row["burst_after_us"] = Timer(device, 7, 2)(graph.replay) / count * 1e6
-                else:
-                    row["unit_weights_burst_us"] = Timer(device, 7, 2)(graph.replay) / count * 1e6
-            del graph, weights
+            graph, count, tensors = gemm_chain(m, n, k, scale, device)
+            if scale != 1.0:
+                row["burst_us"] = Timer(device, 7, 2)(graph.replay) / count * 1e6
+                row["sustained_us"] = Timer(device, 7, 2, busy_s=busy_s)(graph.replay) / count * 1e6
+                row["burst_after_us"] = Timer(device, 7, 2)(graph.replay) / count * 1e6
+            else:
+                row["unit_weights_burst_us"] = Timer(device, 7, 2)(graph.replay) / count * 1e6
+            del graph, tensors
             torch.cuda.empty_cache()
         rows.append(row)
         print(", ".join(f"{key} {value:.1f}" if isinstance(value, float) else f"{key} {value}"

@@ -103,10 +103,7 @@ def attention_record(fits: dict[str, dict[str, dict]], heads: int) -> dict:
 def refit_attention_width(record: dict, sharpnesses: tuple[float, ...] = SHARPNESS_GRID) -> dict:
     """A kernel record's attention width and sharpness fitted again from its mixed-context points, by head
     size and group (a record whose points are one list per head size measured them on one layout, eight MHA
-    heads where it does not say); the sharpness one of ``sharpnesses``. With mixed probe layers the
-    sharpness is theirs (:func:`fit_mixed_sharpness`)."""
-    if record.get("mixed_probes") and sharpnesses == SHARPNESS_GRID:
-        return fit_mixed_sharpness(record)
+    heads where it does not say); the sharpness one of ``sharpnesses``."""
     layout = record.get("attention_layout", {})
     heads, group = int(layout.get("heads", 8)), str(layout.get("group", 1))
     points = {d: rows if isinstance(rows, dict) else {group: rows}
@@ -129,7 +126,9 @@ def fit_mixed_sharpness(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHA
     relative to the uniform probe layer of its shape and padded rows, so the layer model's own error at
     uniform contexts does not move the fit. The record keeps the best error at every sharpness
     (``attention_mixed_probes``)."""
-    points = record["mixed_probes"]
+    points = [(ArchSpec(name="probe", layer=probes[int(index)], vocab=4096, prelude=0, core=1, coda=0, r_max=1),
+               int(index), int(padded), [int(c) for c in contexts], t)
+              for index, padded, *contexts, t in record["mixed_probes"]]
     bias = _uniform_probe_error(record, probes)
     candidates = {}
     for p in SHARPNESS_GRID:
@@ -139,15 +138,12 @@ def fit_mixed_sharpness(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHA
                                                        for d, by_group in attention["attention_slots"].items()}}
             model = KernelModel({**record, **scaled})
             errors = []
-            for index, padded, *contexts, t in points:
-                contexts, padded = [int(c) for c in contexts], int(padded)
-                arch = ArchSpec(name="probe", layer=probes[int(index)], vocab=4096, prelude=0, core=1, coda=0,
-                                r_max=1)
+            for arch, index, padded, contexts, t in points:
                 slots = model.attention_slots(arch)
                 length = (padded_mean(sum(contexts), len(contexts), padded) if slots is None else equivalent_length(
                     sum(contexts) / len(contexts), max(contexts), len(contexts), padded, arch.layer.heads, slots,
                     p))
-                errors.append(math.log(model.layer(arch, padded, length) / t) - bias(int(index), padded))
+                errors.append(math.log(model.layer(arch, padded, length) / t) - bias(index, padded))
             candidates[(p, scale)] = (float(np.mean(np.square(errors))), scaled, errors)
     best = min(candidates, key=lambda key: candidates[key][0])
     by_sharpness = {p: min((c for key, c in candidates.items() if key[0] == p), key=lambda c: c[0])
@@ -302,7 +298,8 @@ def refit_profile(profile: Profile) -> Profile:
                                                          "the layer gaps")
             components = {**profile.components, **fit_components(
                 {name: fit.points for name, fit in profile.components.items() if fit.points})}
-            kernels = {**profile.kernels, **refit_attention_width(profile.kernels)}
+            kernels = {**profile.kernels, **(fit_mixed_sharpness(profile.kernels) if profile.kernels.get("mixed_probes")
+                                             else refit_attention_width(profile.kernels))}
             return replace(profile, components=components, kernels={**kernels, "gaps": fit_gaps(kernels)})
         except ConfigError as exc:
             raise ConfigError(f"{profile.source or profile.name}: {exc}") from None

@@ -34,7 +34,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -480,24 +480,37 @@ def measure_adapter_table(plan: KernelPlan, chain: ChainTimer, progress: Callabl
     return rows
 
 
+def _probe_layers(plan: KernelPlan, chain: ChainTimer, batch: int, context: int, positions: int
+                  ) -> Iterator[tuple[int, dict[int, int], Callable[..., float]]]:
+    """Per probe shape: its index, the padded rows of each batch, and the seconds of one decode layer over a
+    batch (``layer(rows, length, contexts=None)``: a two-layer core step less the one-layer one); the benches
+    are closed once the next shape is asked for."""
+    for index, shape in enumerate(plan.probes):
+        units = [ArchSpec(name=f"probe{index}-c{core}", layer=shape, vocab=4096, prelude=0, core=core, coda=0,
+                          r_max=1) for core in (1, 2)]
+        benches = [UnitBench(u, batch, context + 1, positions, KVLayout.SHARED, chain.device, chain.timer)
+                   for u in units]
+
+        def layer(rows: int, length: int, contexts: list[int] | None = None, benches: list = benches) -> float:
+            one, two = (bench.stage(Stage.CORE, rows, length, contexts=contexts) for bench in benches)
+            return two - one
+
+        yield index, benches[0].pad, layer
+        for bench in benches:
+            bench.close()
+
+
 def measure_probes(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
     """``[probe, rows, length, t]``: one real decode layer of each probe shape (two-layer core step less
     the one-layer one), for the per-kernel gap."""
     rows = []
-    longest = max(plan.probe_lengths)
     points = [(b, n) for b, n in itertools.product(plan.probe_batches, plan.probe_lengths)
               if b * n <= plan.probe_positions]
-    for index, shape in enumerate(plan.probes):
-        units = [ArchSpec(name=f"probe{index}-c{core}", layer=shape, vocab=4096, prelude=0, core=core, coda=0,
-                          r_max=1) for core in (1, 2)]
-        benches = [UnitBench(u, max(plan.probe_batches), longest + 1, plan.probe_positions + max(plan.probe_batches),
-                             KVLayout.SHARED, chain.device, chain.timer) for u in units]
+    batch = max(plan.probe_batches)
+    for index, _, layer in _probe_layers(plan, chain, batch, max(plan.probe_lengths), plan.probe_positions + batch):
         for b, length in points:
             progress(f"probe {index} B={b} L={length}")
-            t1, t2 = (bench.stage(Stage.CORE, b, length) for bench in benches)
-            rows.append([index, b, length, t2 - t1])
-        for bench in benches:
-            bench.close()
+            rows.append([index, b, length, layer(b, length)])
     return rows
 
 
@@ -507,20 +520,12 @@ def measure_mixed_probes(plan: KernelPlan, chain: ChainTimer, progress: Callable
     :func:`measure_probes`) whose rows attend a spread of contexts (``plan.mixed_probe_points``)."""
     points = [(b, spread_contexts(b, shortest, longest)) for b, shortest, longest in plan.mixed_probe_points]
     batch = max(b for b, _ in points)
-    longest = max(max(c) for _, c in points)
     positions = max(sum(c) for _, c in points) + 64 * batch
     rows = []
-    for index, shape in enumerate(plan.probes):
-        units = [ArchSpec(name=f"probe{index}-c{core}", layer=shape, vocab=4096, prelude=0, core=core, coda=0,
-                          r_max=1) for core in (1, 2)]
-        benches = [UnitBench(u, batch, longest + 1, positions, KVLayout.SHARED, chain.device, chain.timer)
-                   for u in units]
+    for index, pad, layer in _probe_layers(plan, chain, batch, max(max(c) for _, c in points), positions):
         for b, contexts in points:
             progress(f"mixed probe {index} B={b} L={min(contexts)}-{max(contexts)}")
-            t1, t2 = (bench.stage(Stage.CORE, b, 0, contexts=contexts) for bench in benches)
-            rows.append([index, benches[0].pad[b], *contexts, t2 - t1])
-        for bench in benches:
-            bench.close()
+            rows.append([index, pad[b], *contexts, layer(b, 0, contexts)])
     return rows
 
 

@@ -5,13 +5,13 @@
 #                                           benchmarks/results/calibration-timer/shipped/
 #   bash benchmarks/gpu_session.sh rebuild  after a kernel change: the shipped profiles (MODELS=... only those), then
 #                                           the validation matrix on them -> calibration/profiles/, .../validation/
-#   bash benchmarks/gpu_session.sh matrix   the 20-configuration validation matrix against the shipped profiles
-#                                           -> benchmarks/results/validation/
+#   bash benchmarks/gpu_session.sh matrix   the 20-configuration validation matrix against the shipped profiles, GPU
+#                                           tests -> benchmarks/results/validation/ (after `kernels`: .../kernels/shipped/)
 #   bash benchmarks/gpu_session.sh last     GPU tests, stage and attention bench, no-exit throughput of the three
 #                                           policies (K = 16), Ouro-1.4B calibration -> benchmarks/results/chain/final/
 #   bash benchmarks/gpu_session.sh k1       no-exit throughput of the three policies with refill at K = 1
 #                                           -> benchmarks/results/throughput-noexit/k1-chained/
-#   bash benchmarks/gpu_session.sh kernels  GPU tests, the kernel-level calibration -> calibration/profiles/
+#   bash benchmarks/gpu_session.sh kernels  the kernel-level calibration (about 470 s) -> calibration/profiles/
 #                                           h200-kernels.json, benchmarks/results/kernels/
 #   bash benchmarks/gpu_session.sh unseen   decode and prefill attention, the probes and the host re-measured into the kernel
 #                                           profile, then the unseen-shape matrix -> benchmarks/results/unseen/
@@ -60,7 +60,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # pure-Python wheels the GPU image lacks
 else
   export PYTHONPATH=$PWD
 fi
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv > "$work/nvidia-smi.csv"
+nvidia-smi --query-gpu=name,uuid,memory.total,clocks.sm,clocks.mem,power.limit,driver_version --format=csv \
+  > "$work/nvidia-smi.csv"  # the uuid tells whether two calls ran on the same board
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" > "$work/versions.txt"
 run() {  # run LIMIT_S NAME CMD...: time-limited step with its log kept; the archive is rewritten after
   local limit=$1 name=$2; shift 2  # every step, so a call cut short still brings back what was done
@@ -71,9 +72,9 @@ run() {  # run LIMIT_S NAME CMD...: time-limited step with its log kept; the arc
   tar czf "$OUT/session-$phase.tgz" --exclude=trace.json.gz -C "$work" .
 }
 case $phase in
-  kernels)  # the kernel-level profile (copied out as soon as it exists: the calibration rewrites it per family)
-    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
-    run 530 calibrate-kernels python3 cli.py calibrate --kernels --out "$work/profiles"
+  kernels)  # the kernel-level profile (copied out as soon as it exists: the calibration rewrites it per family);
+    # run `matrix` in the next call, while the GPU is still held, to validate it on the same board
+    run 580 calibrate-kernels python3 cli.py calibrate --kernels --out "$work/profiles"
     cp "$work/profiles/h200-kernels.json" "$OUT/" 2>/dev/null
     ;;
   unseen)  # the kernel profile's probes and prefill attention, then shapes no profile measured whole
@@ -201,9 +202,10 @@ case $phase in
     run 400 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
       --out "$work/validation"
     ;;
-  matrix)  # the validation matrix against the shipped profiles
-    run 560 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
+  matrix)  # the validation matrix against the shipped profiles, then the GPU tests
+    run 420 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
       --out "$work/validation"
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
     ;;
   last)  # the executor table: GPU tests, stages and attention, no-exit throughput at K = 16, Ouro-1.4B profile
     run 90 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider

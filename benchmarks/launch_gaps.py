@@ -1,6 +1,6 @@
 """Device gaps between consecutive launches in saved executor logs: what device idle time is made of.
 
-    python benchmarks/launch_gaps.py DIR [DIR ...]     # directories of saved logs (launches.csv), searched
+    python benchmarks/launch_gaps.py DIR [DIR ...]     # directories of saved logs (launches.parquet or .csv), searched
 
 For each run: launches, the mean and largest gap between one launch's end and the next one's start, how
 many gaps exceed 10 us (the device waited for the host or for arrivals), the idle share, and the host's
@@ -26,8 +26,9 @@ def main() -> None:
     logs = []
     print(f"{'run':36} {'launches':>8} {'gap mean us':>11} {'gap max us':>10} {'> 10 us':>7} {'idle %':>7} "
           f"{'host p50 us':>11} {'host p99.9 us':>13}")
-    for path in sorted(p for d in args.dirs for p in d.rglob("launches.csv")):
-        launches = pd.read_csv(path)
+    paths = sorted(p for d in args.dirs for p in d.rglob("launches.*") if p.suffix in (".parquet", ".csv"))
+    for path in paths:
+        launches = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
         gaps = launch_gaps(launches)
         span = launches["end"].max() - launches["start"].min()
         idle = 1 - (launches["end"] - launches["start"]).sum() / span

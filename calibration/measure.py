@@ -83,7 +83,7 @@ class Plan:
     prefill_points: tuple[tuple[int, int, int], ...] = (
         (16, 1, 0), (64, 1, 0), (256, 1, 0), (512, 1, 0), (1024, 1, 0), (2048, 1, 0), (4096, 1, 0),
         (8192, 1, 0), (64, 1, 1024), (512, 1, 1024), (16, 8, 0), (16, 32, 0), (16, 64, 0), (64, 16, 0),
-        (256, 8, 0))
+        (256, 8, 0), (1024, 2, 0), (4096, 2, 0), (2048, 4, 0), (1024, 8, 0))
     model_contexts: tuple[int, ...] = (32, 128, 512, 2048, 4096)
     # core steps with a few long rows among short ones: (rows, short context, long context, long rows),
     # within the model grid, so the attention width can be fitted (calibration.fit.fit_attention_slots)
@@ -97,9 +97,12 @@ class Plan:
         (32, 200, 4096), (13, 2500, 2500), (17, 2500, 2500))
     decode_contexts: tuple[int, ...] = (128, 1024, 4096)
     model_max_positions: int = 65536  # the whole model's KV (shared slots) for batch x context
+    # long prompts packed as serving packs them (2-8 to a launch): at thousands of tokens the attention's
+    # share is large, and these set its cost per pair where it weighs (cdbsim.prefill)
     model_prefill_points: tuple[tuple[int, int, int], ...] = (
-        (16, 1, 0), (32, 1, 0), (64, 1, 0), (512, 1, 0), (2048, 1, 0), (8192, 1, 0), (512, 1, 1024),
-        (16, 8, 0), (16, 32, 0), (16, 64, 0), (64, 16, 0), (256, 8, 0))
+        (16, 1, 0), (32, 1, 0), (64, 1, 0), (256, 1, 0), (512, 1, 0), (2048, 1, 0), (8192, 1, 0), (512, 1, 1024),
+        (16, 8, 0), (16, 32, 0), (16, 64, 0), (64, 16, 0), (256, 8, 0), (1024, 2, 0), (4096, 2, 0),
+        (2048, 4, 0), (1024, 8, 0))
     repeats: int = 20
     warmup: int = 3
 

@@ -314,6 +314,8 @@ class KernelModel:
         prefill = [(n, 1, 0) for n in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)]
         prefill += [(n, 1, p) for n in (64, 512) for p in (1024, 4096)]
         prefill += [(16, k, 0) for k in (4, 8, 16, 32, 64)] + [(64, 16, 0), (256, 8, 0), (128, 32, 0)]
+        # long prompts packed as a serving run packs them, so the curve's pairs term is set where it weighs
+        prefill += [(n // k, k, 0) for n in (2048, 8192) for k in (2, 4, 8)]
         layer_rows, first_rows = [], []
         for n, k, p in prefill:
             tokens = n * k

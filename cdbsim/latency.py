@@ -3,7 +3,8 @@
 Every stage is a sum of components, each linear in the launch's padded batch ``B`` (tokens for prefill)
 and the context ``C`` it attends; which components and how many of each is the one recipe table,
 :data:`cdbsim.recipes.RECIPES`. A core launch adds ``kv_copy`` per last-exited fill copy and core layer,
-and prefill one more term per packed prompt (``kappa``: each chunk is attended on its own).
+and prefill one more term per packed prompt (``kappa``: each chunk is attended on its own). A measured
+profile prices a prefill on the curve through its points instead (:mod:`cdbsim.prefill`).
 
 Every decode-type launch also copies its metadata to the device first (:mod:`cdbsim.metadata`): a
 measured profile's ``meta_copy`` fit prices it per byte, given the run's block-table width; stage fits
@@ -30,6 +31,8 @@ from cdbsim.errors import ConfigError
 from cdbsim.interp import StageTable, Surface
 from cdbsim.launch import STAGES, Launch, Stage
 from cdbsim.metadata import metadata_bytes
+from cdbsim.prefill import PrefillCost, fit_curve
+from cdbsim.prefill import summed as summed_curve
 from cdbsim.profile import Fit, Profile, ProfileKind
 from cdbsim.recipes import Component, components_for, model_stage_name, recipe
 
@@ -54,7 +57,7 @@ class DeviceSpec:
     attention_efficiency: float = 0.5   # share of matmul rate prefill attention reaches
     host_launch_s: float = 30e-6        # host: plan + prepare + replay one launch
     host_item_s: float = 0.3e-6         # host: per item planned
-    launch_gap_s: float = 1.27e-6       # device: one launch's end to the next one's start (LatencyModel.launch_gap)
+    launch_gap_s: float = 1.30e-6       # device: one launch's end to the next one's start (LatencyModel.launch_gap)
     idle_start_s: float = 4.5e-6        # device: an idle device's start after the host hands a launch over
 
     def as_dict(self) -> dict:
@@ -169,9 +172,10 @@ class LatencyModel:
     ``launch_gap`` is the device time from one launch's end to the next one's start when the next is
     already queued: the stream's work between two CUDA graphs, which calibration's stage times (each
     replay bracketed by its own events) leave out. It is what the executor's device idle time is made of
-    under the lookahead gate: in the 20 saved validation runs on the H200 all but 2 of about 150,000
-    pairs of consecutive launches are at most 2.9 us apart (mean 1.27 us; the event clock counts in
-    0.24 us steps), while the host's own time per launch reaches 0.4-2.7 ms at its 99.9th percentile
+    under the lookahead gate: in the 20 saved validation runs on the H200 all but 12 of about 140,000
+    pairs of consecutive launches are at most 2.9 us apart (mean 1.31 us; 1.29-1.31 us in the three
+    matrices of the current build; the event clock counts in 0.24 us steps), while the host's own time per
+    launch reaches 0.5-119 ms at its 99.9th percentile
     (``python benchmarks/launch_gaps.py DIR``: ``benchmarks/results/validation/launch-gaps.txt``). The
     host ran far enough ahead that its jitter never left the device waiting, so the gap, not the host's
     time, is what predicts idle time; its spread is the clock's steps, so it is one constant. The
@@ -210,6 +214,7 @@ class LatencyModel:
         self._heads = arch.layer.heads
         self._chained = arch.layer.hidden <= CHAINED_MAX_HIDDEN  # its single rows run the chained kernels
         self.tables: dict[Stage, StageTable] = {}
+        self.prefill: PrefillCost | None = None  # the curve a measured profile prices prefills on
         if profile.kind is ProfileKind.CONSTANT:
             self.costs = {s: StageCost(comps.get(f"constant/{s.value}", zero).delta) for s in STAGES}
             return
@@ -245,7 +250,23 @@ class LatencyModel:
             self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], sample=comps[Component.CODA0.key(a)].gamma,
                                                   floor=floor)
         if profile.kind in (ProfileKind.MEASURED, ProfileKind.KERNELS):
+            self.prefill = self._prefill_curve(comps)  # priced on the curve through the points, not the line
             self._tabulate(comps)
+
+    def _prefill_curve(self, comps: dict[str, Fit]) -> PrefillCost | None:
+        """A measured prefill's curve through its points (:mod:`cdbsim.prefill`): the whole model's where
+        calibration measured it, else the sum of its components' (a composed prefill samples one chunk's
+        token; each further sampled chunk adds one row of the head). None without points (the roofline,
+        fits filled from it), which keeps the line of ``costs``."""
+        a = self.arch
+        if Stage.PREFILL in self.measured_stages:
+            terms, sample = [(1, comps[model_stage_name(a, Stage.PREFILL)])], 0.0
+        else:
+            terms = [(count, comps[c.key(a)]) for c, count in recipe(Stage.PREFILL, a) if count]
+            sample = comps[Component.CODA0.key(a)].gamma
+        if not all(len(fit.points) >= 2 for _, fit in terms):
+            return None
+        return PrefillCost(summed_curve((count, fit_curve(fit.points)) for count, fit in terms), sample=sample)
 
     def _tabulate(self, comps: dict[str, Fit]) -> None:
         """Decode-type stages of a measured profile: interpolate the measured points (see cdbsim.interp)."""
@@ -288,8 +309,10 @@ class LatencyModel:
                 cost = self.costs[stage]
                 t += cost.copy_delta + cost.copy * copies
         elif stage is Stage.PREFILL:
-            return self.costs[stage](launch.padded, launch.context, samples=max(sum(launch.finishes) - 1, 0),
-                                     chunks=len(launch.chunk_lens))
+            samples, chunks = max(sum(launch.finishes) - 1, 0), len(launch.chunk_lens)
+            if self.prefill is not None:
+                return self.prefill(launch.padded, launch.context, samples=samples, chunks=chunks)
+            return self.costs[stage](launch.padded, launch.context, samples=samples, chunks=chunks)
         else:
             t = self.costs[stage](launch.padded, launch.context, launch.kv_copies)
         if table_width and self.meta_copy is not None:

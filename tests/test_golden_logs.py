@@ -65,14 +65,16 @@ CASES = {
 }
 PROFILES = Path(__file__).parent / "data" / "golden-profiles"
 # a graph's padded rows count as one-position rows in the decode lookups (cdbsim.attention.padded_mean); a single
-# row on the chained path is looked up at the length of its whole tiles (cdbsim.attention.chained_walk_length)
+# row on the chained path is looked up at the length of its whole tiles (cdbsim.attention.chained_walk_length);
+# a prefill is priced on the curve through its measured points (cdbsim.prefill), not on one line; the launch
+# gap is the current build's 1.30 us
 GOLDEN = {
-    "huginn-refill-K8-shared": "a835d94c6b1b886d",  # 4,454 launches
-    "huginn040-sync": "1dd9124f563f04cc",           # 7,412 launches
-    "ouro-cb-online": "1cc9d888217f2f3e",           # 772 launches
-    "ouro-norefill": "40e51468fbe8e701",            # 3,272 launches
-    "ouro-refill": "c0b4c9f479175d18",              # 4,464 launches
-    "ouro-refill-preempting": "74384afc31e94fcd",   # 14,715 launches, 2 preemptions
+    "huginn-refill-K8-shared": "e1a7989e0b003f25",  # 4,454 launches
+    "huginn040-sync": "0dcaed7416c0f7de",           # 7,412 launches
+    "ouro-cb-online": "430ede3eedb7402d",           # 773 launches
+    "ouro-norefill": "02564d29cbfe7e12",            # 3,272 launches
+    "ouro-refill": "0c202f82c657c2fe",              # 4,464 launches
+    "ouro-refill-preempting": "f69b8758f631383d",   # 14,715 launches, 2 preemptions
 }
 
 

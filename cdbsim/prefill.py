@@ -88,12 +88,11 @@ def _fit(points: tuple[tuple[float, ...], ...]) -> PrefillCurve:
     if pts.shape[1] == 3:  # [rows, context, t]: no chunks
         pts = np.insert(pts, 2, 0.0, axis=1)
     tokens, pairs, chunks, t = pts.T
-    knots = np.unique(tokens)
+    knots, at = np.unique(tokens, return_inverse=True)  # every point sits on a knot: G there is its value
     # G at the knots as its first value plus non-negative rises, so every column's coefficient is >= 0
-    hat = np.stack([_hat(knots, x) for x in tokens])
-    columns = [hat @ np.tril(np.ones((len(knots), len(knots))))]
+    rises = (np.arange(len(knots))[None, :] <= at[:, None]).astype(float)
     extra = [col for col in (pairs, chunks) if np.ptp(col) > 0]  # a column that does not vary stays out
-    design = np.hstack([*columns, *(c[:, None] for c in extra)])
+    design = np.hstack([rises, *(c[:, None] for c in extra)])
     weights = 1.0 / np.maximum(t, 1e-12)
     a, b = design * weights[:, None], t * weights
     coef = np.linalg.lstsq(a, b, rcond=None)[0]
@@ -107,14 +106,3 @@ def _fit(points: tuple[tuple[float, ...], ...]) -> PrefillCurve:
     kappa = float(next(rest)) if np.ptp(chunks) > 0 else 0.0
     return PrefillCurve(knots=tuple(map(float, knots)), values=tuple(map(float, values)), alpha=alpha, kappa=kappa)
 
-
-def _hat(knots: np.ndarray, x: float) -> np.ndarray:
-    """Weights of ``G``'s knot values at ``x`` (:meth:`PrefillCurve.tokens_time` as a row of weights)."""
-    row = np.zeros(len(knots))
-    if len(knots) == 1 or x <= knots[0]:
-        row[0] = 1.0
-        return row
-    j = min(int(np.searchsorted(knots, x)), len(knots) - 1)
-    w = (x - knots[j - 1]) / (knots[j] - knots[j - 1])
-    row[j - 1], row[j] = 1.0 - w, w
-    return row

@@ -39,6 +39,13 @@ PADDING_LABELS = ["none", "up to 15%", "15-30%", "over 30%"]
 def ratios(config: str, logs: Path, matrix: Path, profile: str) -> pd.DataFrame:
     """Every decode-type launch of ``config``'s log with its measured and predicted seconds and the
     features the ratio is grouped by."""
+    d = launch_ratios(config, logs, matrix, profile)
+    return d[d["stage"] != "prefill"]
+
+
+def launch_ratios(config: str, logs: Path, matrix: Path, profile: str) -> pd.DataFrame:
+    """Every launch of ``config``'s log with its measured and predicted seconds and the features the ratio is
+    grouped by."""
     entry = {e.name: e for e in load_matrix(matrix)}[config]
     arch = entry.spec()
     model = LatencyModel(arch, resolve_profile(profile, arch))
@@ -53,7 +60,7 @@ def ratios(config: str, logs: Path, matrix: Path, profile: str) -> pd.DataFrame:
     d["padding"] = pd.cut((d["padded"] - d["size"]) / d["padded"].clip(lower=1), PADDING_BINS,
                           labels=PADDING_LABELS).astype(str)
     d["all"] = "all"
-    return d[d["stage"] != "prefill"]
+    return d
 
 
 def grouped(d: pd.DataFrame, by: str) -> pd.DataFrame:

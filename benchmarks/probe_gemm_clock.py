@@ -10,6 +10,7 @@ same after a short rest, a memory-bound decode-sized GEMM then the Huginn one ri
 projection from rest. ``nvidia-smi`` samples the SM clock, power and temperature alongside:
 
     python benchmarks/probe_gemm_clock.py --out DIR       # on a CUDA GPU, about 25 s
+    python benchmarks/probe_gemm_clock.py --summarize DIR/gemm-clock.csv   # onset and slowdown per phase
 
 Writes ``DIR/gemm-clock.csv`` (per phase and 10 ms of it: replays, microseconds per GEMM, and that over the
 phase's first replays), ``DIR/smi.csv`` and ``DIR/gemm-clock.png``.
@@ -64,22 +65,12 @@ def gemm_chain(m: int, n: int, k: int, scale: float, device: object) -> tuple[ob
 
 def replay_for(graph: object, count: int, seconds: float) -> list[tuple[float, float]]:
     """``(seconds since the first replay began, microseconds per GEMM)`` of back-to-back replays for
-    ``seconds``, each timed by CUDA events; the host keeps a few replays queued so the GPU never waits."""
+    ``seconds`` (:func:`calibration.measure.back_to_back`)."""
     import torch
 
-    events = []
-    started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        graph.replay()
-        end.record()
-        events.append((begin, end))
-        if len(events) > 4:
-            events[-5][1].synchronize()  # at most four replays ahead of the GPU
-    torch.cuda.synchronize()
-    first = events[0][0]
-    return [(first.elapsed_time(b) / 1e3, b.elapsed_time(e) * 1e3 / count) for b, e in events]
+    from calibration.measure import back_to_back
+
+    return [(t, s * 1e6 / count) for t, s in back_to_back(graph.replay, seconds, torch.device("cuda"))]
 
 
 BIN_S = 0.01
@@ -110,10 +101,38 @@ def plot(table: pd.DataFrame, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def summary(table: pd.DataFrame, within_s: float = 1.0) -> pd.DataFrame:
+    """Per compute-bound phase of a saved ``gemm-clock.csv``: the onset and slowdown of
+    :func:`cdbsim.power.fit_sustained` over its first ``within_s`` seconds (the first replays as the rested pace)."""
+    import numpy as np
+
+    from cdbsim.power import fit_sustained
+
+    rows = []
+    for phase, g in table.groupby("phase", sort=False):
+        if g["shape"].iloc[0] == "decode":
+            continue  # memory-bound: no power limit to find
+        rested = g["us_per_gemm"].iloc[:FIRST].mean()
+        elapsed = np.cumsum(g["replays"] * g["us_per_gemm"]) / 1e6
+        work = np.cumsum(g["replays"] * rested) / 1e6
+        keep = elapsed <= within_s
+        fit = fit_sustained(work[keep].to_numpy(), elapsed[keep].to_numpy())
+        rows.append({"phase": phase, "onset_ms": 1e3 * fit.onset_s, "slowdown": fit.slowdown})
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="where the run's tables go (needs a CUDA GPU)")
+    parser.add_argument("--summarize", type=Path, nargs="+", metavar="CSV",
+                        help="fit onset and slowdown to saved gemm-clock.csv files instead (no GPU)")
     args = parser.parse_args(argv)
+    if args.summarize:
+        for path in args.summarize:
+            print(f"{path}:\n{summary(pd.read_csv(path)).round(4).to_string(index=False)}")
+        return 0
+    if args.out is None:
+        parser.error("--out or --summarize is needed")
     import torch
 
     if not torch.cuda.is_available():

@@ -23,7 +23,9 @@ Families (see ``TABLE_DIMS`` in :mod:`cdbsim.kernels` for each table's dimension
   cancels);
 * whole layers of probe shapes, from which the per-kernel gap is fitted; core steps whose rows have
   different contexts, from which the attention width per head size is fitted (:mod:`cdbsim.attention`);
-  the copy bandwidth (for the last-exited fill); the host time per launch and the metadata copy.
+  the copy bandwidth (for the last-exited fill); the host time per launch and the metadata copy;
+* ``sustained``: a long prefill replayed back to back, from which the onset and slowdown of the board's
+  power limit are fitted (:mod:`cdbsim.power`; the tables above are timed in short bursts, on a rested board).
 
 Families are measured one after another and written as they finish, so a run cut short keeps what it
 measured.
@@ -43,12 +45,21 @@ import torch
 import torch.nn.functional as F
 
 from calibration.fit import attention_record, fit_attention_width, fit_gaps, fit_mixed_sharpness
-from calibration.measure import Timer, UnitBench, environment, measure_host, measure_meta_copy, spread_contexts
+from calibration.measure import (
+    Timer,
+    UnitBench,
+    back_to_back,
+    environment,
+    measure_host,
+    measure_meta_copy,
+    spread_contexts,
+)
 from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
 from cdbsim.kernels import GEMV_OPS, PROBE_SHAPES, STYLE_CODE, TABLE_DIMS
 from cdbsim.kvlayout import KVLayout
 from cdbsim.latency import H200
 from cdbsim.launch import Stage, decode_launch, prefill_launch
+from cdbsim.power import fit_sustained
 from cdbsim.profile import Profile, ProfileKind, fit_points
 from executor.ops import Ops
 
@@ -114,6 +125,13 @@ class KernelPlan:
         (32, 200, 4000), (13, 2500, 2500), (17, 2500, 2500))
     skew_heads: int = 32
     skew_groups: tuple[int, ...] = (1, 4)
+    # the power limit: after a rest and decode-type load, a prefill of this probe shape (four layers, two
+    # chunks of half the tokens) replayed back to back for this long
+    sustained_probe: int = 4
+    sustained_tokens: int = 4096
+    sustained_rest_s: float = 1.0
+    sustained_lead_s: float = 0.5
+    sustained_s: float = 1.0
     repeats: int = 7
     warmup: int = 2
 
@@ -133,7 +151,8 @@ class KernelPlan:
                    glue_prefill=((64, 1), (1024, 1), (512, 8)), probe_batches=(1, 16, 128),
                    probe_lengths=(512,), skew_points=((8, 128, 2048, 1), (32, 64, 1024, 2)),
                    spread_points=((8, 8, 128, 2048), (24, 17, 1024, 1024)),
-                   mixed_probe_points=((4, 128, 1024), (3, 512, 512)), repeats=4)
+                   mixed_probe_points=((4, 128, 1024), (3, 512, 512)), sustained_probe=0, sustained_tokens=256,
+                   sustained_rest_s=0.0, sustained_lead_s=0.05, sustained_s=0.3, repeats=4)
 
     def mixed_points(self) -> list[tuple[int, list[int]]]:
         """``(padded rows, context of each real row)`` of the mixed-context attention points: the few-long
@@ -529,6 +548,36 @@ def measure_mixed_probes(plan: KernelPlan, chain: ChainTimer, progress: Callable
     return rows
 
 
+SUSTAINED_FIRST = 3  # replays that stand for the rested board
+
+
+def measure_sustained(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> dict:
+    """The power limit a long prefill runs into (:mod:`cdbsim.power`): a four-layer model of one probe
+    shape rests, runs decode-type load (its 64-row core step) as a serving run does before a prefill, then
+    replays one prefill back to back. Each replay's time against the work done so far at the rested
+    board's pace (its first replays) gives the onset and the slowdown; the replays are kept."""
+    shape = plan.probes[plan.sustained_probe]
+    arch = ArchSpec(name=f"probe{plan.sustained_probe}-sustained", layer=shape, vocab=4096, prelude=0, core=4,
+                    coda=0, r_max=1)
+    rows, context, half = 64, 1024, plan.sustained_tokens // 2
+    bench = UnitBench(arch, rows, max(context, half) + 1, rows * (context + 1) + 2 * (half + 1), KVLayout.SHARED,
+                      chain.device, chain.timer)
+    try:
+        decode, prefill = bench.graph(Stage.CORE, rows, context), bench.prefill_graph(half, 2)
+        prefill()  # captured and warm before the rest
+        progress(f"sustained: {plan.sustained_s:.1f} s of {plan.sustained_tokens}-token prefills")
+        time.sleep(plan.sustained_rest_s)
+        back_to_back(decode, plan.sustained_lead_s, chain.device)
+        replays = back_to_back(prefill, plan.sustained_s, chain.device, min_calls=4 * SUSTAINED_FIRST)
+    finally:
+        bench.close()
+    seconds = np.array([s for _, s in replays])
+    rested = float(np.median(seconds[:SUSTAINED_FIRST]))
+    fit = fit_sustained(rested * np.arange(1, seconds.size + 1), np.cumsum(seconds))
+    return {"onset_s": fit.onset_s, "slowdown": fit.slowdown, "rested_s": rested, "probe": plan.sustained_probe,
+            "tokens": plan.sustained_tokens, "replays": [[round(t, 6), round(s, 7)] for t, s in replays]}
+
+
 def copy_bandwidth(device: torch.device, gib: float = 2.0) -> float:
     """Bytes read + written per second by a large device-to-device copy."""
     n = int(gib * 2 ** 30) // 2 if device.type == "cuda" else 1 << 20
@@ -546,7 +595,7 @@ def _backend(device: torch.device) -> str:
 
 # ----- the whole calibration -------------------------------------------------------------------------------
 FAMILIES = ("copy", "gemm", "elementwise", "gemv", "attention", "skew", "prefill", "glue", "adapter", "probes",
-            "mixed_probes", "host")
+            "mixed_probes", "sustained", "host")
 
 
 def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan: KernelPlan | None = None,
@@ -618,6 +667,8 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     family("gaps", lambda: record.update(gaps=fit_gaps(record, plan.probes)))
     if record.get("mixed_probes") and record.get("attention_points") and ({"skew", "mixed_probes"} & set(families)):
         family("sharpness", lambda: record.update(fit_mixed_sharpness(record, plan.probes)))
+
+    family("sustained", lambda: record.update(sustained=measure_sustained(plan, chain, progress)))
 
     def host() -> None:
         probe = ArchSpec(name="probe-host", layer=plan.probes[0], vocab=4096, prelude=0, core=4, coda=0, r_max=4)

@@ -177,6 +177,34 @@ class Timer:
         return times
 
 
+def back_to_back(fn: Callable[[], object], seconds: float, device: torch.device, min_calls: int = 1
+                 ) -> list[tuple[float, float]]:
+    """``(seconds since the first call began, seconds of the call)`` of calls of ``fn`` back to back for
+    ``seconds`` (and at least ``min_calls``). On a GPU each call is timed by CUDA events and the host keeps
+    at most four calls queued ahead of the device, so it never waits; on a CPU by the clock."""
+    cuda = device.type == "cuda"
+    calls: list = []
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds or len(calls) < min_calls:
+        if not cuda:
+            t0 = time.perf_counter()
+            fn()
+            calls.append((t0 - started, time.perf_counter() - t0))
+            continue
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn()
+        end.record()
+        calls.append((begin, end))
+        if len(calls) > 4:
+            calls[-5][1].synchronize()
+    if not cuda:
+        return calls
+    torch.cuda.synchronize()
+    first = calls[0][0]
+    return [(first.elapsed_time(b) / 1e3, b.elapsed_time(e) / 1e3) for b, e in calls]
+
+
 class UnitBench:
     """A model's engine with synthetic requests, so any stage can be timed at any (batch, context).
 
@@ -257,9 +285,13 @@ class UnitBench:
         """Seconds of one graph replay of a prefill launch of ``chunks`` prompts of ``tokens`` tokens each,
         every one after ``prefix`` cached tokens (several short prompts are packed into one launch), padded
         to the scheduler's prefill size as in a run."""
+        return self.prefill_timer(self.prefill_graph(tokens, chunks, prefix))
+
+    def prefill_graph(self, tokens: int, chunks: int = 1, prefix: int = 0) -> Callable[[], object]:
+        """The graph replay of :meth:`prefill`'s launch, its metadata in place."""
         launch = prefill_launch(list(range(chunks)), [prefix] * chunks, [tokens] * chunks,
                                 self.blocks_for([prefix + tokens] * chunks), padded_prefill(tokens * chunks))
-        return self.prefill_timer(self._launcher(self.engine.prepare(launch, self.graphs.width)))
+        return self._launcher(self.engine.prepare(launch, self.graphs.width))
 
     def close(self) -> None:
         del self.graphs, self.engine, self.model

@@ -31,6 +31,7 @@ from cdbsim.errors import ConfigError
 from cdbsim.interp import StageTable, Surface
 from cdbsim.launch import STAGES, Launch, Stage
 from cdbsim.metadata import metadata_bytes
+from cdbsim.power import SustainedLoad
 from cdbsim.prefill import PrefillCost, fit_curve
 from cdbsim.prefill import summed as summed_curve
 from cdbsim.profile import Fit, Profile, ProfileKind
@@ -266,7 +267,11 @@ class LatencyModel:
             sample = comps[Component.CODA0.key(a)].gamma
         if not all(len(fit.points) >= 2 for _, fit in terms):
             return None
-        return PrefillCost(summed_curve((count, fit_curve(fit.points)) for count, fit in terms), sample=sample)
+        # kernels timed in short bursts price a rested board; a long prefill runs into its power limit
+        sustained = (SustainedLoad.from_record(self.profile.kernels.get("sustained"))
+                     if self.profile.kind is ProfileKind.KERNELS else None)
+        return PrefillCost(summed_curve((count, fit_curve(fit.points)) for count, fit in terms), sample=sample,
+                           sustained=sustained)
 
     def _tabulate(self, comps: dict[str, Fit]) -> None:
         """Decode-type stages of a measured profile: interpolate the measured points (see cdbsim.interp)."""

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cdbsim.power import SustainedLoad
+
 
 @dataclass(frozen=True)
 class PrefillCurve:
@@ -59,13 +61,17 @@ class PrefillCurve:
 @dataclass(frozen=True)
 class PrefillCost:
     """A prefill launch's seconds: its curve at (padded tokens, pairs, chunks), and ``sample`` per sampled
-    chunk beyond the one the curve's points sampled (a composed prefill's head rows)."""
+    chunk beyond the one the curve's points sampled (a composed prefill's head rows); with ``sustained``,
+    stretched for the power limit a long launch runs into (:mod:`cdbsim.power`: a curve composed from
+    kernels timed in short bursts prices the rested board)."""
 
     curve: PrefillCurve
     sample: float = 0.0
+    sustained: SustainedLoad | None = None
 
     def __call__(self, batch: float, context: float = 0.0, samples: int = 0, chunks: int = 0) -> float:
-        return self.curve(batch, context, chunks) + self.sample * samples
+        t = self.curve(batch, context, chunks) + self.sample * samples
+        return t if self.sustained is None else self.sustained.stretch(t)
 
 
 def summed(terms: Iterable[tuple[int, PrefillCurve]]) -> PrefillCurve:

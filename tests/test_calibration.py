@@ -3,6 +3,7 @@ predicts re-split models from the same components."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -177,3 +178,22 @@ def test_mixed_probe_layers_record_each_real_rows_context_in_the_padded_graph(tm
     rows = record["mixed_probes"]
     assert [row[:-1] for row in rows] == [[0, 3, 200, 89, 40], [0, 2, 64, 64]]
     assert all(isinstance(row[-1], float) for row in rows)  # a two-layer less a one-layer step: noisy on a CPU
+
+
+def test_sustained_family_records_its_replays_and_the_fit_they_give(tmp_path) -> None:
+    """A prefill of a probe shape replayed back to back: every replay's start and seconds, the rested pace of
+    the first ones, and the onset and slowdown fitted to them (a CPU has no power limit to find)."""
+    from calibration.kernels import KernelPlan, calibrate_kernels
+    from cdbsim.arch import LayerShape, LayerStyle
+    from cdbsim.power import SustainedLoad, fit_sustained
+
+    shape = LayerShape(hidden=128, intermediate=256, heads=4, kv_heads=2, head_dim=32, style=LayerStyle.OURO)
+    plan = KernelPlan(probes=(shape,), sustained_probe=0, sustained_tokens=64, sustained_rest_s=0.0,
+                      sustained_lead_s=0.02, sustained_s=0.1, repeats=2, warmup=1)
+    record = calibrate_kernels(tmp_path, device="cpu", plan=plan, families=("sustained",)).kernels
+    entry = record["sustained"]
+    starts, replays = zip(*entry["replays"], strict=True)
+    assert len(replays) >= 3 and list(starts) == sorted(starts) and min(replays) > 0
+    assert entry["probe"] == 0 and entry["tokens"] == 64
+    again = fit_sustained(entry["rested_s"] * np.arange(1, len(replays) + 1), np.cumsum(replays))
+    assert SustainedLoad.from_record(entry) == again

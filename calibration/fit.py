@@ -23,6 +23,7 @@ from cdbsim.kernel_table import KernelTable
 from cdbsim.kernels import MANY_KERNELS, PROBE_SHAPES, KernelModel
 from cdbsim.latency import LatencyModel
 from cdbsim.launch import Stage
+from cdbsim.power import fit_replays
 from cdbsim.profile import Fit, Profile, ProfileKind, fit_points
 from cdbsim.recipes import Component, fitted_on_differences, interpolated
 
@@ -285,11 +286,24 @@ def build_profile(name: str, device: dict, versions: dict, points: dict[str, lis
                    date=dt.date.today().isoformat(), notes=notes)
 
 
+def refit_sustained(entry: dict) -> dict:
+    """A kernel record's ``sustained`` entry with its onset and slowdown fitted again from its replays."""
+    replays = entry.get("replays")
+    require(isinstance(replays, list) and all(isinstance(r, list) and len(r) == 2 for r in replays),
+            "kernels.sustained.replays ([start, seconds] per replay) is needed to refit the power limit")
+    try:
+        fit, rested = fit_replays([float(seconds) for _, seconds in replays])
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"kernels.sustained.replays: {exc}") from None
+    return {**entry, "onset_s": fit.onset_s, "slowdown": fit.slowdown, "rested_s": rested}
+
+
 def refit_profile(profile: Profile) -> Profile:
     """The same measured profile with every component, and the attention width from its mixed-length
     points, fitted afresh from the raw points (after a change to the fitting, no GPU needed); a kernel
-    profile's per-launch components, its attention width (from its mixed-context points) and its layer gaps
-    (from its probe layers) likewise. Device, versions and date are kept."""
+    profile's per-launch components, its attention width (from its mixed-context points), its layer gaps
+    (from its probe layers) and its power limit (from its sustained replays) likewise. Device, versions and
+    date are kept."""
     require(profile.kind in (ProfileKind.MEASURED, ProfileKind.KERNELS),
             f"profile {profile.name} is {profile.kind}: only measured and kernel profiles have raw points to refit")
     if profile.kind is ProfileKind.KERNELS:
@@ -300,6 +314,8 @@ def refit_profile(profile: Profile) -> Profile:
                 {name: fit.points for name, fit in profile.components.items() if fit.points})}
             kernels = {**profile.kernels, **(fit_mixed_sharpness(profile.kernels) if profile.kernels.get("mixed_probes")
                                              else refit_attention_width(profile.kernels))}
+            if kernels.get("sustained"):
+                kernels["sustained"] = refit_sustained(kernels["sustained"])
             return replace(profile, components=components, kernels={**kernels, "gaps": fit_gaps(kernels)})
         except ConfigError as exc:
             raise ConfigError(f"{profile.source or profile.name}: {exc}") from None

@@ -59,7 +59,7 @@ from cdbsim.kernels import GEMV_OPS, PROBE_SHAPES, STYLE_CODE, TABLE_DIMS
 from cdbsim.kvlayout import KVLayout
 from cdbsim.latency import H200
 from cdbsim.launch import Stage, decode_launch, prefill_launch
-from cdbsim.power import fit_sustained
+from cdbsim.power import RESTED_REPLAYS, fit_replays
 from cdbsim.profile import Profile, ProfileKind, fit_points
 from executor.ops import Ops
 
@@ -548,9 +548,6 @@ def measure_mixed_probes(plan: KernelPlan, chain: ChainTimer, progress: Callable
     return rows
 
 
-SUSTAINED_FIRST = 3  # replays that stand for the rested board
-
-
 def measure_sustained(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> dict:
     """The power limit a long prefill runs into (:mod:`cdbsim.power`): a four-layer model of one probe
     shape rests, runs decode-type load (its 64-row core step) as a serving run does before a prefill, then
@@ -568,12 +565,10 @@ def measure_sustained(plan: KernelPlan, chain: ChainTimer, progress: Callable[[s
         progress(f"sustained: {plan.sustained_s:.1f} s of {plan.sustained_tokens}-token prefills")
         time.sleep(plan.sustained_rest_s)
         back_to_back(decode, plan.sustained_lead_s, chain.device)
-        replays = back_to_back(prefill, plan.sustained_s, chain.device, min_calls=4 * SUSTAINED_FIRST)
+        replays = back_to_back(prefill, plan.sustained_s, chain.device, min_calls=4 * RESTED_REPLAYS)
     finally:
         bench.close()
-    seconds = np.array([s for _, s in replays])
-    rested = float(np.median(seconds[:SUSTAINED_FIRST]))
-    fit = fit_sustained(rested * np.arange(1, seconds.size + 1), np.cumsum(seconds))
+    fit, rested = fit_replays([s for _, s in replays])
     return {"onset_s": fit.onset_s, "slowdown": fit.slowdown, "rested_s": rested, "probe": plan.sustained_probe,
             "tokens": plan.sustained_tokens, "replays": [[round(t, 6), round(s, 7)] for t, s in replays]}
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 ONSET_STEP_S = 0.0025  # resolution of the fitted onset
+RESTED_REPLAYS = 3     # the first replays of a run, whose median is the rested board's pace
 
 
 @dataclass(frozen=True)
@@ -71,3 +72,13 @@ def fit_sustained(rested_s: Sequence[float], elapsed_s: Sequence[float]) -> Sust
         if error < best[0]:
             best = (error, float(onset), slowdown)
     return SustainedLoad(onset_s=round(best[1], 4), slowdown=round(best[2], 4))
+
+
+def fit_replays(seconds: Sequence[float]) -> tuple[SustainedLoad, float]:
+    """:func:`fit_sustained` of one launch replayed back to back (each replay's seconds, in order), with the
+    median of the first :data:`RESTED_REPLAYS` as the rested pace; returns the fit and that pace."""
+    times = np.asarray(seconds, dtype=float)
+    if times.size <= RESTED_REPLAYS or not np.all(times > 0):
+        raise ValueError(f"a sustained run needs more than {RESTED_REPLAYS} replays of positive seconds")
+    rested = float(np.median(times[:RESTED_REPLAYS]))
+    return fit_sustained(rested * np.arange(1, times.size + 1), np.cumsum(times)), rested

@@ -3,7 +3,6 @@ predicts re-split models from the same components."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -185,7 +184,7 @@ def test_sustained_family_records_its_replays_and_the_fit_they_give(tmp_path) ->
     the first ones, and the onset and slowdown fitted to them (a CPU has no power limit to find)."""
     from calibration.kernels import KernelPlan, calibrate_kernels
     from cdbsim.arch import LayerShape, LayerStyle
-    from cdbsim.power import SustainedLoad, fit_sustained
+    from cdbsim.power import SustainedLoad, fit_replays
 
     shape = LayerShape(hidden=128, intermediate=256, heads=4, kv_heads=2, head_dim=32, style=LayerStyle.OURO)
     plan = KernelPlan(probes=(shape,), sustained_probe=0, sustained_tokens=64, sustained_rest_s=0.0,
@@ -195,5 +194,5 @@ def test_sustained_family_records_its_replays_and_the_fit_they_give(tmp_path) ->
     starts, replays = zip(*entry["replays"], strict=True)
     assert len(replays) >= 3 and list(starts) == sorted(starts) and min(replays) > 0
     assert entry["probe"] == 0 and entry["tokens"] == 64
-    again = fit_sustained(entry["rested_s"] * np.arange(1, len(replays) + 1), np.cumsum(replays))
+    again, _ = fit_replays(replays)
     assert SustainedLoad.from_record(entry) == again

@@ -83,3 +83,19 @@ def test_a_kernel_profiles_composed_prefill_is_stretched_and_a_measured_profiles
     assert measured.profile.kind.value == "measured" and measured.prefill is not None
     assert measured.prefill.sustained is None
     assert long.stage is Stage.PREFILL
+
+
+def test_refit_fits_the_power_limit_again_from_the_stored_replays_and_names_a_bad_file() -> None:
+    from calibration.fit import refit_sustained
+    from cdbsim.errors import ConfigError
+    from cdbsim.profile import load_profile_file
+
+    entry = load_profile_file("calibration/profiles/h200-kernels.json").kernels["sustained"]
+    again = refit_sustained(entry)
+    assert (again["onset_s"], again["slowdown"]) == (entry["onset_s"], entry["slowdown"])
+    shifted = refit_sustained({**entry, "replays": [[t, s * (1.3 if t > 0.2 else 1.0)] for t, s in entry["replays"]]})
+    assert shifted["slowdown"] > entry["slowdown"]
+    with pytest.raises(ConfigError, match=r"kernels\.sustained\.replays"):
+        refit_sustained({**entry, "replays": [[0.0, 0.01]]})
+    with pytest.raises(ConfigError, match=r"kernels\.sustained\.replays"):
+        refit_sustained({**entry, "replays": "none"})

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cdbsim.errors import ConfigError
+
 ONSET_STEP_S = 0.0025  # resolution of the fitted onset
 RESTED_REPLAYS = 3     # the first replays of a run, whose median is the rested board's pace
 
@@ -41,14 +43,18 @@ class SustainedLoad:
         """Seconds of a launch priced at ``seconds`` on the rested board's tables."""
         if seconds <= self.onset_s:
             return seconds
-        return self.onset_s + (seconds - self.onset_s) * self.slowdown
+        return seconds + (seconds - self.onset_s) * (self.slowdown - 1.0)  # never below ``seconds`` when rounded
 
     @classmethod
     def from_record(cls, record: dict | None) -> SustainedLoad | None:
-        """The ``sustained`` entry of a kernel profile's record; None where calibration did not measure it."""
+        """The ``sustained`` entry of a kernel profile's record; None where calibration did not measure it.
+        An entry that is not two numbers of the right range is a :class:`ConfigError` (a one-line message)."""
         if not record or "onset_s" not in record or "slowdown" not in record:
             return None
-        return cls(onset_s=float(record["onset_s"]), slowdown=float(record["slowdown"]))
+        try:
+            return cls(onset_s=float(record["onset_s"]), slowdown=float(record["slowdown"]))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"kernels.sustained: {exc}") from None
 
 
 def fit_sustained(rested_s: Sequence[float], elapsed_s: Sequence[float]) -> SustainedLoad:

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from cdbsim.errors import ConfigError, read_json, require
+from cdbsim.power import SustainedLoad
 from traces.choice import Choice
 
 FORMAT = "cdbsim-profile/1"
@@ -244,6 +245,10 @@ def profile_from_dict(data: dict, source: str = "profile") -> Profile:
             require(isinstance(data[key], kind), f"{source}: {key} must be {'text' if kind is str else 'an object'}, "
                                                  f"got {data[key]!r:.60}")
     _check_attention(data.get("attention", {}), f"{source}: attention")
+    try:
+        SustainedLoad.from_record(data.get("kernels", {}).get("sustained"))
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     memory = data["device"].get("memory_bytes", 0.0)
     require(_number(memory) and memory >= 0, f"{source}: device.memory_bytes must be a finite number >= 0, "
                                              f"got {memory!r}")

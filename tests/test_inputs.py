@@ -47,7 +47,8 @@ def write_malformed(directory: Path, profile: dict) -> None:
     (directory / "binary.json").write_bytes(b'{"name": "\xff\xfe"}')
     (directory / "latin1.toml").write_bytes(b"[serve]\nwidth = 8  # caf\xe9\n")
     for name, change in (("kind_list", {"kind": [1, 2]}),
-                         ("slots_text", {"attention": {**profile.get("attention", {}), "slots": "x"}})):
+                         ("slots_text", {"attention": {**profile.get("attention", {}), "slots": "x"}}),
+                         ("power_slowdown", {"kernels": {"sustained": {"onset_s": 0.1, "slowdown": 0.5}}})):
         (directory / f"{name}.json").write_text(json.dumps({**profile, **change}))
     for key, value in (("dtype_bytes", 0), ("rope_theta", -1.0)):
         (directory / f"arch_{key}.json").write_text(json.dumps({**PRESETS["ouro-1.4b"].to_dict(), key: value}))
@@ -153,6 +154,7 @@ BAD = [
     ("predict -n 5 --config IN/latin1.toml", "IN/latin1.toml:2: not UTF-8 text (byte 0xe9"),
     ("bound --profile IN/kind_list.json", "IN/kind_list.json: malformed profile (unknown profile kind [1, 2]"),
     ("bound --profile IN/slots_text.json", "IN/slots_text.json: attention.slots must be a finite number > 0"),
+    ("bound --profile IN/power_slowdown.json", "IN/power_slowdown.json: kernels.sustained: a sustained load needs"),
     ("bound --arch IN/arch_dtype_bytes.json", "IN/arch_dtype_bytes.json: dtype_bytes must be >= 1, got 0"),
     ("bound --arch IN/arch_rope_theta.json", "IN/arch_rope_theta.json: rope_theta must be > 0, got -1.0"),
     ("predict --trace IN/depth_huge.csv", "IN/depth_huge.csv:2: exit_depths must be space-separated whole numbers"),

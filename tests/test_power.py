@@ -99,3 +99,12 @@ def test_refit_fits_the_power_limit_again_from_the_stored_replays_and_names_a_ba
         refit_sustained({**entry, "replays": [[0.0, 0.01]]})
     with pytest.raises(ConfigError, match=r"kernels\.sustained\.replays"):
         refit_sustained({**entry, "replays": "none"})
+
+
+def test_a_malformed_power_limit_in_a_profile_is_a_one_line_error() -> None:
+    from cdbsim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"kernels\.sustained: .*slowdown >= 1"):
+        SustainedLoad.from_record({"onset_s": 0.1, "slowdown": 0.5})
+    with pytest.raises(ConfigError, match=r"kernels\.sustained"):
+        SustainedLoad.from_record({"onset_s": "soon", "slowdown": 1.2})

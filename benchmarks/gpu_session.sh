@@ -11,7 +11,7 @@
 #                                           policies (K = 16), Ouro-1.4B calibration -> benchmarks/results/chain/final/
 #   bash benchmarks/gpu_session.sh k1       no-exit throughput of the three policies with refill at K = 1
 #                                           -> benchmarks/results/throughput-noexit/k1-chained/
-#   bash benchmarks/gpu_session.sh kernels  the kernel-level calibration (about 470 s) -> calibration/profiles/
+#   bash benchmarks/gpu_session.sh kernels  the kernel-level calibration (about 495 s) -> calibration/profiles/
 #                                           h200-kernels.json, benchmarks/results/kernels/
 #   bash benchmarks/gpu_session.sh unseen   decode and prefill attention, the probes and the host re-measured into the kernel
 #                                           profile, then the unseen-shape matrix -> benchmarks/results/unseen/

@@ -3,7 +3,7 @@
 Registers bound how many programs an SM keeps resident (and so how many bytes a memory-bound kernel has in
 flight); spills and shared memory decide whether a launch shape of the prefill attention kernel is worth
 timing at all (more than the H200's 227 KB per block does not launch). This compiles (:mod:`executor.sm90`)
-the decode attention kernels (Ouro's 16 x 128 heads, 8 splits; the fused one and the merge also at 64), ``rope_write_kv`` in both RoPE styles and
+the decode attention kernels (Ouro's 16 x 128 heads, 8 splits), ``rope_write_kv`` in both RoPE styles and
 the prefill attention kernel over the launch shapes ``bench_prefill_attention.py`` sweeps, and prints what
 ``cuobjdump --dump-resource-usage`` reports.
 
@@ -45,20 +45,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-only", action="store_true", help="only the prefill attention shapes")
     args = parser.parse_args(argv)
     if not args.prefill_only:
-        common = dict(H=16, KVH=16, D=128, PAGE=16, BLOCK=tk.DECODE_BLOCK, SPLITS=8, MIN_PER=64, PDL=True)
+        common = dict(H=16, KVH=16, D=128, PAGE=16, BLOCK=tk.decode_tile(128)[0], SPLITS=8, MIN_PER=64, PDL=True)
         show("decode_attention", tk._decode_attn_kernel, "decode", dict(common, DA=128, DB=0, EVICT=tk.DECODE_EVICT),
-             tk.DECODE_WARPS)
-        for splits in (8, 64):  # the in-kernel merge and the merge kernel take 16 splits per block
-            rope_common = dict(common, SPLITS=splits, BLOCK_D=128, HALF=64, HAS_BIAS=False, INTERLEAVED=False)
-            show(f"rope_decode_attention {splits} splits", tk._rope_decode_attn_kernel, "rope_decode",
-                 dict(rope_common, CHUNK=tk.merge_chunk(splits)))
-            for chunk in (1, tk.merge_chunk(splits)):
-                show(f"decode_attn_merge {splits} splits, {chunk} per block", tk._decode_attn_merge, "merge",
-                     dict(H=16, D=128, BLOCK_D=128, SPLITS=splits, PDL=True, CHUNK=chunk), 1)
+             tk.decode_tile(128)[1])
+        show("decode_attention 55x96", tk._decode_attn_kernel, "decode",
+             dict(common, H=55, KVH=55, D=96, DA=64, DB=32, BLOCK=tk.decode_tile(96)[0], EVICT=tk.DECODE_EVICT),
+             tk.decode_tile(96)[1])
+        show("rope_decode_attention", tk._rope_decode_attn_kernel, "rope_decode",
+             dict(common, BLOCK_D=128, HALF=64, HAS_BIAS=False, INTERLEAVED=False))
         for interleaved, (heads, d) in itertools.product((False, True), ((16, 128), (55, 96))):
             show(f"rope_write_kv {heads}x{d} interleaved={interleaved}", tk._rope_kv_kernel, "rope_kv",
                  dict(H=heads, KVH=heads, D=d, HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2),
-                      BLOCK_T=tk.ROPE_ROWS, HAS_BIAS=False, INTERLEAVED=interleaved, PDL=True))
+                      BLOCK_T=tk.ROPE_ROWS, HAS_BIAS=False, INTERLEAVED=interleaved, PAGE=16, PDL=True))
     for (name, heads, kvh, d), bm, bn, warps, stages in itertools.product(
             HEADS, (64, 128), (32, 64, 128), (4, 8), (2, 3)):  # 4 stages: the same code as 3
         da, db = tk.prefill_head_parts(d)

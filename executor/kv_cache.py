@@ -1,6 +1,10 @@
 """Paged, depth-aware KV cache: one page table shared by every layer, loop slot and request.
 
-Storage is ``[cache_layers, blocks + 1, 16, kv_heads, head_dim]`` for K and for V. A *cache layer* is one
+Storage is ``[cache_layers, blocks + 1, kv_heads, 16, head_dim]`` for K and for V: pages are head-major, so
+a page's 16 positions of one KV head are one contiguous run (16 x 96 x 2 = 3 KB for Huginn's heads) instead
+of 16 runs of ``head_dim`` elements strided by every head's. A decode-attention program reads one head: on an
+H200 at B = 64, L = 4,096 the head-major pages took Huginn's 55 x 96 heads from 80% to 91% of copy
+bandwidth (``benchmarks/probe_few_rows.py``, ``benchmarks/results/few-rows/``). A *cache layer* is one
 (layer, slot) pair:
 
     prelude layer l          -> l
@@ -12,9 +16,10 @@ across every cache layer, so the layout changes bytes per block, never the block
 block is a trash block: padded batch rows of a CUDA graph write there and read only from there.
 
 Row arithmetic (what kernels use): the K/V of position ``p`` of a request whose ``p // 16``-th block is
-``b`` in cache layer ``L`` sits at row ``L * rows_per_layer + b * 16 + p % 16`` of the ``[-1, kv_heads,
-head_dim]`` view. Which slot a loop step uses, and how many deeper slots an exiting token fills
-(last-exited fill), is the layout's rule (:class:`cdbsim.kvlayout.KVLayout`).
+``b`` in cache layer ``L`` is *row* ``r = L * rows_per_layer + b * 16 + p % 16``; its head ``h`` starts at
+element ``((r // 16) * kv_heads + h) * 16 * head_dim + (r % 16) * head_dim``. Which slot a loop step
+uses, and how many deeper slots an exiting token fills (last-exited fill), is the layout's rule
+(:class:`cdbsim.kvlayout.KVLayout`).
 """
 
 from __future__ import annotations
@@ -95,27 +100,39 @@ class PagedKVCache:
         self.geometry = geometry
         self.kv_heads = kv_heads
         self.head_dim = head_dim
-        shape = (geometry.layers, geometry.pages_per_layer, geometry.block_size, kv_heads, head_dim)
+        shape = (geometry.layers, geometry.pages_per_layer, kv_heads, geometry.block_size, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
 
-    @property
-    def k_rows(self) -> torch.Tensor:
-        """K as ``[rows, kv_heads, head_dim]``: one row per (cache layer, block, offset)."""
-        return self.k.view(-1, self.kv_heads, self.head_dim)
-
-    @property
-    def v_rows(self) -> torch.Tensor:
-        return self.v.view(-1, self.kv_heads, self.head_dim)
+    def _pages(self, t: torch.Tensor) -> torch.Tensor:
+        return t.view(-1, self.kv_heads, self.geometry.block_size, self.head_dim).transpose(1, 2)
 
     @property
     def k_pages(self) -> torch.Tensor:
-        """K as ``[pages, block_size, kv_heads, head_dim]``: one page per (cache layer, block)."""
-        return self.k.view(-1, self.geometry.block_size, self.kv_heads, self.head_dim)
+        """K as ``[pages, block_size, kv_heads, head_dim]``, one page per (cache layer, block): a strided view
+        of the head-major storage (writes through it land in the cache)."""
+        return self._pages(self.k)
 
     @property
     def v_pages(self) -> torch.Tensor:
-        return self.v.view(-1, self.geometry.block_size, self.kv_heads, self.head_dim)
+        return self._pages(self.v)
+
+    @property
+    def k_rows(self) -> torch.Tensor:
+        """K as ``[rows, kv_heads, head_dim]``, one row per (cache layer, block, offset): a copy (the storage is
+        head-major), for reading; :meth:`write_rows` writes rows."""
+        return self.k_pages.reshape(-1, self.kv_heads, self.head_dim)
+
+    @property
+    def v_rows(self) -> torch.Tensor:
+        return self.v_pages.reshape(-1, self.kv_heads, self.head_dim)
+
+    def write_rows(self, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``k`` and ``v`` (``[n, kv_heads, head_dim]``) at cache rows ``rows`` (``[n]``, int64); a row
+        named twice keeps one of its values."""
+        page, offset = rows // self.geometry.block_size, rows % self.geometry.block_size
+        self.k_pages[page, offset] = k.to(self.k.dtype)
+        self.v_pages[page, offset] = v.to(self.v.dtype)
 
     @property
     def nbytes(self) -> int:

@@ -113,15 +113,11 @@ def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.
     q, k = rotate(q, cos, sin, rope.interleaved), rotate(k, cos, sin, rope.interleaved)
     geo = cache.geometry
     dst = (layer_base.long() + layer) * geo.rows_per_layer + row0.long()
-    k_rows, v_rows = cache.k_rows, cache.v_rows
-    k, v = k.to(k_rows.dtype), v.to(v_rows.dtype)
-    k_rows.index_copy_(0, dst, k)
-    v_rows.index_copy_(0, dst, v)
+    cache.write_rows(dst, k, v)
     stride = geo.core * geo.rows_per_layer
     for j in range(1, max_fill + 1):
         extra = torch.where(fill >= j, dst + j * stride, torch.full_like(dst, geo.trash_row))
-        k_rows.index_copy_(0, extra, k)
-        v_rows.index_copy_(0, extra, v)
+        cache.write_rows(extra, k, v)
     return q
 
 

@@ -30,7 +30,6 @@ SIGNATURES = {
                     "SL": "*i32", "MO": "*fp32", "ML": "*fp32", "CNT": "*i32", "OUT": "*bf16", "layer": "i32",
                     "rows_per_layer": "i32", "slot_stride": "i32", "qkv_stride": "i32", "pages_per_layer": "i32",
                     "scale": "fp32", "bt_stride": "i32"},
-    "merge": {"MO": "*fp32", "ML": "*fp32", "OUT": "*bf16"},
     "rope_kv": {"QKV": "*bf16", "QB": "*bf16", "KB": "*bf16", "POS": "*i32", "COS": "*fp32", "SIN": "*fp32",
                 "QO": "*bf16", "KC": "*bf16", "VC": "*bf16", "ROW0": "*i32", "LB": "*i32", "FILL": "*i32", "n": "i32",
                 "layer": "i32", "rows_per_layer": "i32", "slot_stride": "i32", "qkv_stride": "i32"},

@@ -9,7 +9,7 @@
   the ``f`` deeper slots (the last-exited fill) in the same program.
 * ``decode_attention``: split-KV paged decode attention (after SGLang's decode_attention and vLLM's unified
   attention). Program (row, head, split) walks its share of the row's positions in tiles of
-  ``DECODE_BLOCK`` tokens (a head that is no power of two wide in two power-of-two column parts,
+  16 or 32 tokens (:func:`decode_tile`) (a head that is no power of two wide in two power-of-two column parts,
   :func:`head_parts`), translating each through the row's own block-table row and cache layer (``layer_base[row] +
   layer``) - so one launch mixes rows at different loop steps - and keeps an online softmax; a second small
   kernel merges the splits by their log-sum-exp. The grid's split count comes from rows x heads only (never
@@ -41,12 +41,12 @@ from executor.kv_cache import PagedKVCache
 from executor.ops import RopeTable
 
 BLOCK_N = CHAINED_BLOCK  # positions per tile of the fused single-row kernel (rope_decode_attention)
-# the many-row kernel's launch shape: on the H200 (B = 64, L = 4,096) 32-position tiles with 2 warps read KV
-# faster than 64 with 4 for every head shape swept (benchmarks/results/attention-sweep/)
-DECODE_BLOCK = 32
-DECODE_WARPS = 2
+# the many-row kernel's launch shape, (positions per tile, warps) by the head's parts (head_parts): on the H200
+# (B = 64, L = 4,096, head-major pages) one warp per program read KV fastest, with 32-position tiles for a
+# head in one part (16 x 128: 102% of copy bandwidth, 2 warps 74%) and 16 for one in two (55 x 96: 91%; 32
+# positions 69%) (benchmarks/results/few-rows/layout.csv)
+DECODE_TILES = {1: (32, 1), 2: (16, 1)}
 DECODE_EVICT = ""
-MERGE_CHUNK = 16  # splits whose partials a merge loads as one block (see _merge_splits)
 
 
 # ----- norms and activation --------------------------------------------------------------------------
@@ -133,6 +133,19 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 # ----- RoPE + KV write -------------------------------------------------------------------------------
 @triton.jit
+def _kv_offset(page, offset, kvh, KVH: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr):
+    """Element offset of KV head ``kvh`` at position ``offset`` (0-15) of global page ``page`` (cache layer
+    x pages per layer + block): pages are head-major, ``[page, KVH, PAGE, D]`` (:mod:`executor.kv_cache`)."""
+    return ((page * KVH + kvh) * PAGE + offset) * D
+
+
+@triton.jit
+def _row_offset(row, kvh, KVH: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr):
+    """:func:`_kv_offset` of cache row ``row`` (global page x ``PAGE`` + position in the page)."""
+    return _kv_offset(row // PAGE, row % PAGE, kvh, KVH, D, PAGE)
+
+
+@triton.jit
 def _load_pairs(src, rows_ok, HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr,
                 INTERLEAVED: tl.constexpr):
     """The rotation pairs ``(x0, x1)`` (``[BLOCK_T, BLOCK_HALF]`` each) of the heads at ``src`` (``[BLOCK_T, 1]``
@@ -184,7 +197,7 @@ def _rope_kv_kernel(QKV, QB, KB, POS, COS, SIN, QO, KC, VC, ROW0, LB, FILL, n,
                     layer, rows_per_layer, slot_stride, qkv_stride,
                     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                     BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    INTERLEAVED: tl.constexpr, PDL: tl.constexpr):
+                    INTERLEAVED: tl.constexpr, PAGE: tl.constexpr, PDL: tl.constexpr):
     """``BLOCK_T`` rows of one head: q rotated into ``QO``, or k rotated and v written to the cache (at the
     row's slot and ``FILL`` deeper ones)."""
     wait_for_predecessor(PDL)
@@ -210,7 +223,7 @@ def _rope_kv_kernel(QKV, QB, KB, POS, COS, SIN, QO, KC, VC, ROW0, LB, FILL, n,
         row = cache_layer * rows_per_layer + tl.load(ROW0 + b, mask=bm, other=0).to(tl.int64)
         fill = tl.load(FILL + b, mask=bm, other=0)
         for j in range(0, tl.max(fill, axis=0) + 1):  # every row its own slot, then up to its fill
-            dst = ((row + j * slot_stride) * (KVH * D) + kh * D)[:, None]
+            dst = _row_offset(row + j * slot_stride, kh, KVH, D, PAGE)[:, None]
             mj = bm & (j <= fill)
             _store_pairs(KC + dst, k0, k1, mj, HALF, BLOCK_T, BLOCK_HALF, INTERLEAVED)
             _store_pairs(VC + dst, v0, v1, mj, HALF, BLOCK_T, BLOCK_HALF, INTERLEAVED)
@@ -240,7 +253,8 @@ def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.
         qkv, q_bias if has_bias else qkv, k_bias if has_bias else qkv, pos, rope.cos, rope.sin, q,
         cache.k, cache.v, row0, layer_base, fill, n, layer, geo.rows_per_layer, geo.core * geo.rows_per_layer,
         qkv.stride(0), H=heads, KVH=kvh, D=d, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_T=block,
-        HAS_BIAS=has_bias, INTERLEAVED=rope.interleaved, PDL=pdl, num_warps=1 if block <= 2 else 4,
+        HAS_BIAS=has_bias, INTERLEAVED=rope.interleaved, PAGE=geo.block_size, PDL=pdl,
+        num_warps=1 if block <= 2 else 4,
         **launch_options(pdl))
     return q
 
@@ -270,10 +284,9 @@ def _tile_rows(BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH: tl.constexpr
     t = t0 + tl.arange(0, BLOCK)
     tm = t < end
     blk = tl.load(BT + b * bt_stride + t // PAGE, mask=tm, other=0).to(tl.int64)
-    row = (page_base + blk) * PAGE + t % PAGE
     if SKIP_OWN:
         tm = tm & (t != pos)
-    return row * (KVH * D) + kvh * D, tm
+    return _kv_offset(page_base + blk, t % PAGE, kvh, KVH, D, PAGE), tm
 
 
 @triton.jit
@@ -329,7 +342,7 @@ def _store_part(DST, x, D: tl.constexpr, D0: tl.constexpr, DW: tl.constexpr):
 def _attend(qa, qb, k_new, v_new, pos, k, v, start, end, KC, VC, BT, MO, ML, CNT, OUT, b, h, split, kvh,
             page_base, bt_stride, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, DA: tl.constexpr,
             DB: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, OWN: tl.constexpr,
-            PEEL: tl.constexpr, MERGE_HERE: tl.constexpr, EVICT: tl.constexpr, CHUNK: tl.constexpr):
+            PEEL: tl.constexpr, MERGE_HERE: tl.constexpr, EVICT: tl.constexpr):
     """One (row, head, split) of split-KV decode attention with the scaled fp32 query ``qa`` (columns
     ``0 .. DA``) and ``qb`` (``DA .. DA + DB``; ``DB == 0``: none, ``qa`` is the whole padded head): the
     online softmax over ``start .. end``, stored as the output (one split) or as a partial, which the last
@@ -377,7 +390,7 @@ def _attend(qa, qb, k_new, v_new, pos, k, v, start, end, KC, VC, BT, MO, ML, CNT
             tl.debug_barrier()
             done = tl.atomic_add(CNT + b * H + h, 1, sem="acq_rel", scope="gpu")
             if done == SPLITS - 1:
-                _merge_splits(MO, ML, OUT, b, h, H, D, DA, SPLITS, ".cg", CHUNK)
+                _merge_splits(MO, ML, OUT, b, h, H, D, DA, SPLITS, ".cg")
                 tl.store(CNT + b * H + h, 0)  # ready for the next launch
 
 
@@ -400,7 +413,7 @@ def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_lay
         db = DA + tl.arange(0, DB)
         qb = tl.load(Q + (b * H + h) * D + db, mask=db < D, other=0.0).to(tl.float32) * scale
     _attend(qa, qb, qa, qa, 0, qa, qa, start, end, KC, VC, BT, MO, ML, ML, OUT, b, h, split, kvh, page_base,
-            bt_stride, H, KVH, D, DA, DB, PAGE, BLOCK, SPLITS, False, False, False, EVICT, 1)
+            bt_stride, H, KVH, D, DA, DB, PAGE, BLOCK, SPLITS, False, False, False, EVICT)
 
 
 @triton.jit
@@ -443,7 +456,7 @@ def _rope_decode_attn_kernel(QKV, QB, KB, POS, COS, SIN, ROW0, FILL, KC, VC, BT,
                              H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                              HALF: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr,
                              PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
-                             MIN_PER: tl.constexpr, PDL: tl.constexpr, CHUNK: tl.constexpr):
+                             MIN_PER: tl.constexpr, PDL: tl.constexpr):
     """RoPE, the KV write and decode attention in one launch. Every program rotates its own head of q and
     its KV head's new k (a few hundred flops) and takes the new k/v from registers at the row's own
     position; one program per (row, KV head) - split 0 of the group's first head - writes them (and the
@@ -472,67 +485,45 @@ def _rope_decode_attn_kernel(QKV, QB, KB, POS, COS, SIN, ROW0, FILL, KC, VC, BT,
     if (split == 0) & (h % (H // KVH) == 0):
         row = cache_layer * rows_per_layer + tl.load(ROW0 + b).to(tl.int64)
         for j in range(0, tl.load(FILL + b) + 1):
-            dst = (row + j * slot_stride) * (KVH * D) + kvh * D + d
+            dst = _row_offset(row + j * slot_stride, kvh, KVH, D, PAGE) + d
             tl.store(KC + dst, k_new, mask=dm)
             tl.store(VC + dst, v_new, mask=dm)
     _attend(q, q, k_new.to(tl.float32), v_new.to(tl.float32), pos, k, v, start, end, KC, VC, BT, MO, ML, CNT, OUT,
             b, h, split, kvh, page_base, bt_stride, H, KVH, D, BLOCK_D, 0, PAGE, BLOCK, SPLITS, True, True, True,
-            "", CHUNK)
+            "")
 
 
 @triton.jit
 def _merge_splits(MO, ML, OUT, b, h, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                  SPLITS: tl.constexpr, CACHE: tl.constexpr, CHUNK: tl.constexpr):
+                  SPLITS: tl.constexpr, CACHE: tl.constexpr):
     """Combine the ``SPLITS`` partials of (row, head) by their log-sum-exp into the output row (partials
-    loaded with cache modifier ``CACHE``).
-
-    The partials are loaded ``CHUNK`` splits at a time as one ``[CHUNK, BLOCK_D]`` block, every chunk's loads
-    issued before any is used (an unrolled loop): a few-row launch has too few programs to hide latency, and
-    a loop that loads one split per iteration waits out one memory round trip per split. ``CHUNK = 1`` is
-    that loop (kept for the benchmark that compares the two)."""
+    loaded with cache modifier ``CACHE``)."""
     d = tl.arange(0, BLOCK_D)
     dm = d < D
     base = (b * H + h) * SPLITS
-    if CHUNK == 1:
-        m = tl.load(ML + base, cache_modifier=CACHE)  # split 0 always holds position 0, so it is never empty
-        acc = tl.load(MO + base * D + d, mask=dm, other=0.0, cache_modifier=CACHE)
-        l_sum = 1.0
-        for split in range(1, SPLITS):
-            lse = tl.load(ML + base + split, cache_modifier=CACHE)
-            o = tl.load(MO + (base + split) * D + d, mask=dm, other=0.0, cache_modifier=CACHE)
-            m_new = tl.maximum(m, lse)
-            alpha = tl.exp(m - m_new)
-            w = tl.exp(lse - m_new)
-            acc = acc * alpha + o * w
-            l_sum = l_sum * alpha + w
-            m = m_new
-    else:
-        m = tl.load(ML + base, cache_modifier=CACHE)
-        for c0 in tl.static_range(0, SPLITS, CHUNK):  # every split's log-sum-exp first: their maximum
-            s = c0 + tl.arange(0, CHUNK)
-            m = tl.maximum(m, tl.max(tl.load(ML + base + s, mask=s < SPLITS, other=-float("inf"),
-                                             cache_modifier=CACHE), axis=0))
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        l_sum = 0.0
-        for c0 in tl.static_range(0, SPLITS, CHUNK):
-            s = c0 + tl.arange(0, CHUNK)
-            sm = s < SPLITS
-            w = tl.exp(tl.load(ML + base + s, mask=sm, other=-float("inf"), cache_modifier=CACHE) - m)
-            o = tl.load(MO + (base + s)[:, None] * D + d[None, :], mask=sm[:, None] & dm[None, :], other=0.0,
-                        cache_modifier=CACHE)
-            acc += tl.sum(o * w[:, None], axis=0)
-            l_sum += tl.sum(w, axis=0)
+    m = tl.load(ML + base, cache_modifier=CACHE)  # split 0 always holds position 0, so it is never empty
+    acc = tl.load(MO + base * D + d, mask=dm, other=0.0, cache_modifier=CACHE)
+    l_sum = 1.0
+    for split in range(1, SPLITS):
+        lse = tl.load(ML + base + split, cache_modifier=CACHE)
+        o = tl.load(MO + (base + split) * D + d, mask=dm, other=0.0, cache_modifier=CACHE)
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp(m - m_new)
+        w = tl.exp(lse - m_new)
+        acc = acc * alpha + o * w
+        l_sum = l_sum * alpha + w
+        m = m_new
     tl.store(OUT + (b * H + h) * D + d, (acc / l_sum).to(OUT.dtype.element_ty), mask=dm)
 
 
 @triton.jit
 def _decode_attn_merge(MO, ML, OUT, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                       SPLITS: tl.constexpr, PDL: tl.constexpr, CHUNK: tl.constexpr):
+                       SPLITS: tl.constexpr, PDL: tl.constexpr):
     """The merge of :func:`decode_attention`'s splits, one program per (row, head): a second small kernel
     keeps the attention kernel lean (the in-kernel merge of the fused kernel costs the many-row launches
     ~10-17 points of bandwidth on the H200)."""
     wait_for_predecessor(PDL)
-    _merge_splits(MO, ML, OUT, tl.program_id(0).to(tl.int64), tl.program_id(1), H, D, BLOCK_D, SPLITS, "", CHUNK)
+    _merge_splits(MO, ML, OUT, tl.program_id(0).to(tl.int64), tl.program_id(1), H, D, BLOCK_D, SPLITS, "")
 
 
 _COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
@@ -561,12 +552,6 @@ def _splits_and_partials(n: int, heads: int, d: int, splits: int | None, out: to
             split_counters(out.device, n * heads) if counters else out)
 
 
-def merge_chunk(splits: int, chunk: int | None = None) -> int:
-    """Splits per block of :func:`_merge_splits`: ``chunk`` (a power of two; 1 merges split by split;
-    default :data:`MERGE_CHUNK`), no more than the split count needs."""
-    return min(MERGE_CHUNK if chunk is None else chunk, triton.next_power_of_2(max(splits, 1)))
-
-
 def head_parts(d: int) -> tuple[int, int]:
     """Column widths of the two power-of-two parts a ``d``-wide head is loaded in (``(a, 0)``: one part).
 
@@ -581,16 +566,20 @@ def head_parts(d: int) -> tuple[int, int]:
     return padded, 0
 
 
+def decode_tile(d: int) -> tuple[int, int]:
+    """Positions per tile and warps per program of :func:`decode_attention` for ``d``-wide heads."""
+    return DECODE_TILES[1 if head_parts(d)[1] == 0 else 2]
+
+
 def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Tensor,
                      layer_base: torch.Tensor, layer: int, seq_len: torch.Tensor, scale: float,
-                     splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS, block: int = DECODE_BLOCK,
-                     warps: int = DECODE_WARPS, parts: tuple[int, int] | None = None, evict: str = DECODE_EVICT,
-                     stages: int | None = None, merge: int | None = None) -> torch.Tensor:
+                     splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS, block: int | None = None,
+                     warps: int | None = None, parts: tuple[int, int] | None = None, evict: str = DECODE_EVICT,
+                     stages: int | None = None) -> torch.Tensor:
     """See :func:`executor.ops.decode_attention`. ``splits`` overrides the grid's split count
     (:func:`cdbsim.attention.decode_splits`), ``min_split`` the fewest positions a split covers; ``block``
-    (positions per tile), ``warps``, ``parts`` (:func:`head_parts`), ``evict`` (the KV loads' eviction policy),
-    ``stages`` (Triton's ``num_stages``) and ``merge`` (splits per block of the merge, :func:`merge_chunk`)
-    override the kernels' launch shape (a benchmark sweeps them)."""
+    (positions per tile), ``warps``, ``parts`` (:func:`head_parts`), ``evict`` (the KV loads' eviction policy)
+    and ``stages`` (Triton's ``num_stages``) override the kernel's launch shape (a benchmark sweeps them)."""
     q = q.contiguous()
     n, heads, d = q.shape
     geo = cache.geometry
@@ -598,6 +587,8 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
     out = torch.empty_like(q)
     splits, mid_o, mid_l, _ = _splits_and_partials(n, heads, d, splits, out, counters=False)
     da, db = parts or head_parts(d)
+    block = block or decode_tile(d)[0]
+    warps = warps or decode_tile(d)[1]
     pdl = pdl_enabled(q)
     _decode_attn_kernel[(n, heads, splits)](
         q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, out, layer, geo.pages_per_layer,
@@ -606,8 +597,7 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
         **({} if stages is None else {"num_stages": stages}), **launch_options(pdl))
     if splits > 1:
         _decode_attn_merge[(n, heads)](mid_o, mid_l, out, H=heads, D=d, BLOCK_D=triton.next_power_of_2(d),
-                                       SPLITS=splits, PDL=pdl, CHUNK=merge_chunk(splits, merge), num_warps=1,
-                                       **launch_options(pdl))
+                                       SPLITS=splits, PDL=pdl, num_warps=1, **launch_options(pdl))
     return out.reshape(n, heads * d)
 
 
@@ -615,11 +605,10 @@ def rope_decode_attention(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias
                           pos: torch.Tensor, rope: RopeTable, cache: PagedKVCache, row0: torch.Tensor,
                           layer_base: torch.Tensor, layer: int, fill: torch.Tensor, max_fill: int,
                           block_table: torch.Tensor, seq_len: torch.Tensor, scale: float,
-                          splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS,
-                          merge: int | None = None) -> torch.Tensor:
+                          splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS) -> torch.Tensor:
     """See :func:`executor.ops.rope_decode_attention`: one launch instead of
     :func:`rope_write_kv` and :func:`decode_attention`; every row attends its own position ``pos``
-    (``seq_len = pos + 1``). ``splits``, ``min_split`` and ``merge`` as in :func:`decode_attention`."""
+    (``seq_len = pos + 1``). ``splits`` and ``min_split`` as in :func:`decode_attention`."""
     qkv = qkv.contiguous()
     kvh, d = cache.kv_heads, cache.head_dim
     n = qkv.shape[0]
@@ -636,7 +625,7 @@ def rope_decode_attention(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias
         geo.core * geo.rows_per_layer, qkv.stride(0), geo.pages_per_layer, scale, block_table.stride(0),
         H=heads, KVH=kvh, D=d, BLOCK_D=triton.next_power_of_2(d), HALF=d // 2, HAS_BIAS=has_bias,
         INTERLEAVED=rope.interleaved, PAGE=geo.block_size, BLOCK=BLOCK_N, SPLITS=splits,
-        MIN_PER=min_split, PDL=pdl, CHUNK=merge_chunk(splits, merge), num_warps=4, **launch_options(pdl))
+        MIN_PER=min_split, PDL=pdl, num_warps=4, **launch_options(pdl))
     return out.reshape(n, heads * d)
 
 
@@ -671,7 +660,7 @@ def _prefill_tile(qa, qb, KC, VC, BT, c, bt_stride, page_base, kvh, j0, end, q_p
         blk = tl.load(BT + c * bt_stride + j // PAGE, mask=jm, other=0).to(tl.int64)
     else:
         blk = tl.load(BT + c * bt_stride + j // PAGE).to(tl.int64)
-    row = ((page_base + blk) * PAGE + j % PAGE) * (KVH * D) + kvh * D
+    row = _kv_offset(page_base + blk, j % PAGE, kvh, KVH, D, PAGE)
     ka = _load_cols(KC + row[:, None], jm, 0, DA, D, MASKED)
     s = tl.dot(qa, tl.trans(ka), input_precision=PRECISION)
     if DB > 0:

@@ -37,8 +37,7 @@ rms_norm, residual_norm  hidden 64 and 96 (masked block); residual_norm sandwich
 silu_mul                 an intermediate size spanning several blocks
 rope_write_kv            rotate-half and interleaved RoPE x with/without q/k bias; GQA; last-exited fill
                          of 0-2 deeper slots; rows at and across page boundaries (positions 0, 15, 16, 40, 47)
-decode_attention         1 split (direct store); 2, 3 and 4 splits with the merge kernel, merged in one block,
-                         in blocks of 2 (the last part empty) and one split at a time; splits past a row's
+decode_attention         1 split (direct store); 2 and 4 splits with the merge kernel; splits past a row's
                          context (empty: -inf weight); 128-position splits; the automatic split count;
                          a head in two parts (24 = 16 + 8, 96 = 64 + 32) and in one padded part; tiles of
                          16-64 positions
@@ -135,26 +134,20 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
     want = torch_ops.decode_attention(q, caches[1], table, layer_base, 1, seq_len, 1 / math.sqrt(d))
     # min_split 16 splits these short rows over up to 3 pages, leaving some splits past a row's context
     # head_dim 24 loads in two parts (16 + 8, as 96 = 64 + 32); (32, 0) is one padded part, as 128
-    # merge: splits per block of the merge (1: one split at a time; 2 with 3 or 4 splits: several blocks,
-    # the last one part empty)
-    for splits, min_split, parts, block, merge in ((1, 16, None, 32, 16), (2, 16, None, 16, 16),
-                                                   (4, 16, None, 32, 16), (4, 128, None, 32, 16),
-                                                   (None, 16, None, 32, 16), (2, 16, (32, 0), 64, 16),
-                                                   (1, 16, (32, 0), 32, 16), (4, 16, None, 32, 1),
-                                                   (4, 16, None, 32, 2), (3, 16, None, 32, 2)):
+    for splits, min_split, parts, block in ((1, 16, None, 32), (2, 16, None, 16), (4, 16, None, 32),
+                                            (4, 128, None, 32), (None, 16, None, 32), (2, 16, (32, 0), 64),
+                                            (1, 16, (32, 0), 32)):
         got = tk.decode_attention(q, caches[0], table, layer_base, 1, seq_len, 1 / math.sqrt(d), splits=splits,
-                                  min_split=min_split, parts=parts, block=block, merge=merge)
-        _close(got, want, atol * 10,
-               f"decode_attention splits={splits} min_split={min_split} parts={parts} merge={merge}")
+                                  min_split=min_split, parts=parts, block=block)
+        _close(got, want, atol * 10, f"decode_attention splits={splits} min_split={min_split} parts={parts}")
         _counters_back_to_zero(tk, device)
     _check_wide_head_parts(tk, device, dtype, atol)
     # RoPE + KV write + attention in one kernel: the new k/v come from registers at each row's position
     # (the cache there holds noise until the launch writes it), so heads 1 and 3 (no writer of their
     # group) and splits past the first must still see them
     start_k, start_v = caches[0].k.clone(), caches[0].v.clone()
-    for interleaved, bias, splits, min_split, merge in ((False, False, None, 64, 16), (True, True, 4, 16, 16),
-                                                        (False, True, 2, 16, 16), (True, False, 1, 16, 16),
-                                                        (False, False, 3, 16, 2), (True, False, 4, 16, 1)):
+    for interleaved, bias, splits, min_split in ((False, False, None, 64), (True, True, 4, 16), (False, True, 2, 16),
+                                                 (True, False, 1, 16)):
         rope = RopeTable.build(d, 1e4, 64, interleaved, device)
         qkv = randn(rows, (heads + 2 * kv_heads) * d)
         qb, kb = (randn(heads * d), randn(kv_heads * d)) if bias else (None, None)
@@ -162,10 +155,10 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
             cache.k.copy_(start_k)
             cache.v.copy_(start_v)
         got = tk.rope_decode_attention(qkv, qb, kb, pos, rope, caches[0], row0, layer_base, 1, fill, 2, table,
-                                       seq_len, 1 / math.sqrt(d), splits=splits, min_split=min_split, merge=merge)
+                                       seq_len, 1 / math.sqrt(d), splits=splits, min_split=min_split)
         want = torch_ops.rope_decode_attention(qkv, qb, kb, pos, rope, caches[1], row0, layer_base, 1, fill, 2,
                                                table, seq_len, 1 / math.sqrt(d))
-        what = f"rope_decode_attention interleaved={interleaved} bias={bias} splits={splits} merge={merge}"
+        what = f"rope_decode_attention interleaved={interleaved} bias={bias} splits={splits}"
         _close(got, want, atol * 10, what)
         keep = torch.ones(caches[0].k_rows.shape[0], dtype=torch.bool, device=device)
         keep[geo.trash_row] = False

@@ -32,7 +32,7 @@ def test_rope_write_kv_compiles(interleaved: bool) -> None:
     d = 96
     kernel = sm90.compile_sm90(tk._rope_kv_kernel, sm90.SIGNATURES["rope_kv"],
                                dict(H=55, KVH=55, D=d, HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2),
-                                    BLOCK_T=tk.ROPE_ROWS, HAS_BIAS=True, INTERLEAVED=interleaved, PDL=True))
+                                    BLOCK_T=tk.ROPE_ROWS, HAS_BIAS=True, INTERLEAVED=interleaved, PAGE=16, PDL=True))
     assert sm90.resources(kernel).stack == 0
 
 
@@ -40,7 +40,7 @@ def test_rope_write_kv_compiles(interleaved: bool) -> None:
 def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int) -> None:
     da, db = tk.head_parts(d)
     kernel = sm90.compile_sm90(tk._decode_attn_kernel, sm90.SIGNATURES["decode"],
-                               dict(H=heads, KVH=heads, D=d, DA=da, DB=db, PAGE=16, BLOCK=tk.DECODE_BLOCK, SPLITS=8,
-                                    MIN_PER=64, PDL=True, EVICT=tk.DECODE_EVICT), tk.DECODE_WARPS)
+                               dict(H=heads, KVH=heads, D=d, DA=da, DB=db, PAGE=16, BLOCK=tk.decode_tile(d)[0],
+                                    SPLITS=8, MIN_PER=64, PDL=True, EVICT=tk.DECODE_EVICT), tk.decode_tile(d)[1])
     r = sm90.resources(kernel)
     assert r.stack == 0 and r.fits, r

@@ -29,6 +29,7 @@ from cdbsim.logs import RunLog
 from cdbsim.metadata import table_width
 from cdbsim.shipped import resolve_profile
 from cdbsim.validate import launch_from_row
+from traces.errors import InputError
 
 IDLE_S = 2e-6          # a start more than this after the previous launch's end: the device waited
 LENGTH_BINS = [0, 256, 1024, 2048, 4096, 1 << 20]
@@ -46,7 +47,10 @@ def ratios(config: str, logs: Path, matrix: Path, profile: str) -> pd.DataFrame:
 def launch_ratios(config: str, logs: Path, matrix: Path, profile: str) -> pd.DataFrame:
     """Every launch of ``config``'s log with its measured and predicted seconds and the features the ratio is
     grouped by."""
-    entry = {e.name: e for e in load_matrix(matrix)}[config]
+    entries = {e.name: e for e in load_matrix(matrix)}
+    if config not in entries:
+        raise InputError(f"{matrix}: no configuration '{config}'; it has: {', '.join(entries)}")
+    entry = entries[config]
     arch = entry.spec()
     model = LatencyModel(arch, resolve_profile(profile, arch))
     log = RunLog.load(logs / config)
@@ -79,8 +83,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="directory or .tgz of saved logs")
     parser.add_argument("--profile", default="auto", help="profile name or file (default: auto)")
     args = parser.parse_args(argv)
-    with unpacked_logs(args.logs, "--logs") as logs:
-        d = ratios(args.config, logs, args.matrix, args.profile)
+    try:
+        with unpacked_logs(args.logs, "--logs") as logs:
+            d = ratios(args.config, logs, args.matrix, args.profile)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"{args.config}: measured over predicted device time ({args.profile} profile)")
     for by, title in (("all", "every launch"), ("padded", "by padded batch"), ("after", "by the launch before"),
                       ("idle_before", f"by an idle gap (> {IDLE_S * 1e6:g} us) before"),

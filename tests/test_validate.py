@@ -272,3 +272,19 @@ def test_validate_reads_an_archive_of_saved_logs(tmp_path) -> None:
     assert result.exit_code == 2
     assert "cannot unpack" in result.output and "Traceback" not in result.output
     assert not (tmp_path.parent / "outside.json").exists()
+
+
+def test_served_gap_analysis_names_the_configurations_of_its_matrix(capsys) -> None:
+    """``benchmarks/analyze_served_gap.py`` with a configuration its matrix lacks: one line naming the
+    matrix's configurations and exit code 2, not a traceback."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("analyze_served_gap", "benchmarks/analyze_served_gap.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    code = module.main(["--config", "no-such-run", "--matrix", "calibration/matrices/validation-h200.json",
+                        "--logs", "benchmarks/results/validation/measured-logs.tgz"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert "'no-such-run'" in err and "huginn-alpaca-norefill-W64" in err

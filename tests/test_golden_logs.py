@@ -67,14 +67,15 @@ PROFILES = Path(__file__).parent / "data" / "golden-profiles"
 # a graph's padded rows count as one-position rows in the decode lookups (cdbsim.attention.padded_mean); a single
 # row on the chained path is looked up at the length of its whole tiles (cdbsim.attention.chained_walk_length);
 # a prefill is priced on the curve through its measured points (cdbsim.prefill), not on one line; the launch
-# gap is the current build's 1.30 us
+# gap is the current build's 1.30 us; the tables are the least-squares non-decreasing grid through the points
+# (cdbsim.interp.monotone_grid), not their running maximum (the launches are the same, their times not)
 GOLDEN = {
-    "huginn-refill-K8-shared": "e1a7989e0b003f25",  # 4,454 launches
-    "huginn040-sync": "0dcaed7416c0f7de",           # 7,412 launches
+    "huginn-refill-K8-shared": "5f44e493aea202a8",  # 4,454 launches
+    "huginn040-sync": "4e00293ac99ce40d",           # 7,412 launches
     "ouro-cb-online": "430ede3eedb7402d",           # 773 launches
-    "ouro-norefill": "02564d29cbfe7e12",            # 3,272 launches
-    "ouro-refill": "0c202f82c657c2fe",              # 4,464 launches
-    "ouro-refill-preempting": "f69b8758f631383d",   # 14,715 launches, 2 preemptions
+    "ouro-norefill": "2f17b3a1a5f9dc2e",            # 3,272 launches
+    "ouro-refill": "d4d1dcd837e3673d",              # 4,464 launches
+    "ouro-refill-preempting": "b6c10adab365c550",   # 14,715 launches, 2 preemptions
 }
 
 

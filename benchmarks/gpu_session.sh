@@ -36,6 +36,9 @@
 #   bash benchmarks/gpu_session.sh attention GPU tests; decode attention swept over tile, warps, head parts and
 #                                           splits for four head shapes; every stage at B = 1 ... 256, L = 512
 #                                           and 4,096 against its roofline -> benchmarks/results/attention-sweep/
+#   bash benchmarks/gpu_session.sh gap      calibration's replay conditions against serving's (scattered KV blocks, the
+#                                           depth layout, sustained load, the metadata copy) for few-row core steps of
+#                                           the shipped models (MODELS, default huginn-3.5b); not run yet
 #   bash benchmarks/gpu_session.sh profile  core steps of the unseen shapes kernel by kernel against the kernel model's
 #                                           composition: uniform contexts (PDL on; off for the two smallest), then
 #                                           mixed contexts and loop steps -> benchmarks/results/decode-profile/
@@ -47,8 +50,8 @@
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -214,6 +217,12 @@ case $phase in
     run 110 bench-throughput python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \
       --requests 128 --k 16 --budget-s 90 --out "$work/bench-throughput"
     run 60 calibrate-ouro-1.4b python3 cli.py calibrate --arch ouro-1.4b --out "$work/profiles"
+    ;;
+  gap)  # do few-row core steps time slower in calibration's replays than they serve? (each model about 100 s)
+    for model in ${MODELS:-huginn-3.5b}; do
+      run 200 "gap-$model" python3 benchmarks/probe_calibration_gap.py --repeats 10 --arch "$model" \
+        --points core:1:128,core:1:512,core:2:512,core:4:512,core:16:512,core:64:512 --out "$work/gap-$model.json"
+    done
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

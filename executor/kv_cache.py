@@ -4,7 +4,7 @@ Storage is ``[cache_layers, blocks + 1, kv_heads, 16, head_dim]`` for K and for 
 a page's 16 positions of one KV head are one contiguous run (16 x 96 x 2 = 3 KB for Huginn's heads) instead
 of 16 runs of ``head_dim`` elements strided by every head's. A decode-attention program reads one head: on an
 H200 at B = 64, L = 4,096 the head-major pages took Huginn's 55 x 96 heads from 80% to 91% of copy
-bandwidth (``benchmarks/probe_few_rows.py``, ``benchmarks/results/few-rows/``). A *cache layer* is one
+bandwidth (``benchmarks/results/few-rows/``, a probe of commit 7685b2d). A *cache layer* is one
 (layer, slot) pair:
 
     prelude layer l          -> l

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cdbsim.arch import PRESETS, load_arch
-from cdbsim.interp import Surface, monotone_grid
+from cdbsim.interp import Surface, isotonic, monotone_grid
 from cdbsim.latency import LatencyModel
 from cdbsim.launch import Stage
 from cdbsim.profile import Fit
@@ -84,6 +84,15 @@ def test_the_monotone_grid_is_the_closest_one_that_never_decreases(values: list[
     assert distance <= float(((upper - x) ** 2).sum()) * (1 + 1e-9) + 1e-12
     assert distance <= float(((lower - x) ** 2).sum()) * (1 + 1e-9) + 1e-12
     assert np.allclose(monotone_grid(upper), upper, rtol=1e-12, atol=0)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=40))
+def test_isotonic_agrees_with_scipy(values: list[float]) -> None:
+    from scipy.optimize import isotonic_regression
+
+    got = isotonic(np.asarray(values))
+    assert got == pytest.approx(isotonic_regression(values).x, rel=1e-9, abs=1e-9)
 
 
 def test_a_slow_point_is_averaged_with_the_larger_launches_it_outran() -> None:

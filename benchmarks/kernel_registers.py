@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         show("decode_attention", tk._decode_attn_kernel, "decode", dict(common, DA=128, DB=0, EVICT=tk.DECODE_EVICT),
              tk.decode_tile(128)[1])
         show("decode_attention 55x96", tk._decode_attn_kernel, "decode",
-             dict(common, H=55, KVH=55, D=96, DA=64, DB=32, BLOCK=tk.decode_tile(96)[0], EVICT=tk.DECODE_EVICT),
+             dict(common, H=55, KVH=55, D=96, DA=tk.head_parts(96)[0], DB=tk.head_parts(96)[1],
+                  BLOCK=tk.decode_tile(96)[0], EVICT=tk.DECODE_EVICT),
              tk.decode_tile(96)[1])
         show("rope_decode_attention", tk._rope_decode_attn_kernel, "rope_decode",
              dict(common, BLOCK_D=128, HALF=64, HAS_BIAS=False, INTERLEAVED=False))

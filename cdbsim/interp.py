@@ -111,7 +111,8 @@ class Surface:
 def isotonic(values: np.ndarray) -> np.ndarray:
     """The non-decreasing sequence closest to ``values`` in squared error (pool adjacent violators, equal
     weights): what ``scipy.optimize.isotonic_regression`` returns, written out because importing
-    ``scipy.optimize`` takes 0.3 s, more than a whole ``cdbsim predict`` spends on its tables."""
+    ``scipy.optimize`` takes 0.3 s, more than a whole ``cdbsim predict`` spends on its tables. The measured
+    tables (:func:`monotone_grid`) and the kernel model's composed stages (:mod:`cdbsim.kernels`) share it."""
     means: list[float] = []
     sizes: list[int] = []
     for v in values.tolist():

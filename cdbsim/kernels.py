@@ -35,11 +35,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
-from scipy.optimize import isotonic_regression
+import numpy as np
 
 from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
 from cdbsim.attention import CHAINED_MAX_HIDDEN
 from cdbsim.config import decode_graph_sizes
+from cdbsim.interp import isotonic
 from cdbsim.kernel_table import KernelTable, Lookup
 from cdbsim.launch import causal_pairs
 from cdbsim.profile import Fit, Profile, fit_points
@@ -301,7 +302,7 @@ class KernelModel:
             neighbours rather than every larger batch taking the one slow point's time."""
             rows = []
             for n in lengths if with_context else [0]:
-                times = isotonic_regression([fn(b, n) for b in batches]).x
+                times = isotonic(np.asarray([fn(b, n) for b in batches]))
                 rows.extend([b, b * n, float(t)] for b, t in zip(batches, times, strict=True))
             return fit_points(rows, with_context=with_context)
 

@@ -587,8 +587,8 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
     out = torch.empty_like(q)
     splits, mid_o, mid_l, _ = _splits_and_partials(n, heads, d, splits, out, counters=False)
     da, db = parts or head_parts(d)
-    block = block or decode_tile(d)[0]
-    warps = warps or decode_tile(d)[1]
+    tile = decode_tile(d)
+    block, warps = block or tile[0], warps or tile[1]
     pdl = pdl_enabled(q)
     _decode_attn_kernel[(n, heads, splits)](
         q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, out, layer, geo.pages_per_layer,

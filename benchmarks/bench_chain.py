@@ -8,15 +8,19 @@ Two parts (``--parts``):
            Timing: a CUDA graph of 20 back-to-back calls, each on its own copy of the weight (the
            copies exceed 200 MB, four times the L2, so every call streams from HBM), median of replays,
            per call. Under PDL consecutive calls overlap, as the kernels of a layer do.
+``rows``   per decode shape, the few-row matmul (:mod:`executor.few_rows`): its configs at 8 rows (tile,
+           then warps and stages), then the best at every ``--sizes`` against cuBLAS (and the SwiGLU kernel).
 ``layers`` Ouro-1.4B's four projections per layer, 24 layers of distinct weights in one graph, as the
            fused path runs them (residual + QKV, O, residual + gate/up + SwiGLU, down) with and without
-           PDL, against the default path's cuBLAS projections and Triton norm / SiLU kernels (attention
-           left out of both): microseconds per layer against the weight-read roofline.
+           PDL, and at every ``--sizes`` as the few-row path and the cuBLAS path run them (the latter with
+           the Triton norm / SiLU kernels; attention left out): microseconds per layer against the
+           weight-read roofline.
 
-    python benchmarks/bench_chain.py --out chain.json [--parts sweep layers] [--quick]
+    python benchmarks/bench_chain.py --out chain.json [--parts sweep rows layers] [--sizes 1 2 4 8 16] [--quick]
 
-The JSON holds every point and ``config_table``, the entries of ``executor.chain.CONFIGS`` in its source
-format (also printed), to paste where they differ from the defaults.
+The JSON holds every point, ``config_table`` and ``few_rows_table``: the entries of ``executor.chain.CONFIGS``
+and ``executor.few_rows.CONFIGS`` in their source format (also printed), to paste where they differ from the
+defaults.
 """
 
 from __future__ import annotations
@@ -214,9 +218,107 @@ def sweep(shapes: list[Shape], quick: bool) -> tuple[list, list]:
     return points, table
 
 
-def layer_chain(layers: int = 24) -> list[dict]:
-    """Ouro-1.4B's projections, per layer, on the chained path (PDL on, off) and on the default path."""
+def few_candidates(shape: Shape, round_: int, best: tuple[int, int] = (16, 256), quick: bool = False) -> list:
+    """Round 1: output columns x K chunk (a tile of at most 32K weight elements, both halves with SwiGLU) at
+    four warps and four stages; round 2: warps and stages around round 1's best tile (quick: the default)."""
+    from executor.few_rows import FewRowsConfig, default_config
+
+    if quick:
+        return [default_config(shape.n, shape.k, shape.op == "swiglu")] if round_ == 1 else []
+    halves = 2 if shape.op == "swiglu" else 1
+    if round_ == 1:
+        return [FewRowsConfig(bn, bk, 4, 4) for bn in (16, 32, 64) for bk in (128, 256, 512)
+                if bn * bk * halves <= 32768 and bk <= next_pow2(shape.k)]
+    return [FewRowsConfig(*best, warps, stages) for warps in (2, 4, 8) for stages in (2, 3, 4, 6)
+            if (warps, stages) != (4, 4)]
+
+
+def next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+class RowsPoint(Point):
+    """A shape's inputs at up to 16 rows, timed at ``m`` rows on the few-row matmul and on cuBLAS."""
+
+    def few_call(self, cfg, i: int, m: int) -> Callable[[], torch.Tensor]:
+        from executor import few_rows
+
+        w, x = self.w[i % self.copies], self.x[:m]
+        return lambda: few_rows.linear(x, w, self.shape.op == "swiglu", cfg)
+
+    def cublas_rows_call(self, i: int, m: int) -> Callable[[], torch.Tensor]:
+        from executor import triton_kernels as tk
+
+        w, x = self.w[i % self.copies], self.x[:m]
+        if self.shape.op == "swiglu":
+            return lambda: tk.silu_mul(F.linear(x, w))
+        return lambda: F.linear(x, w)
+
+    def check(self, cfg, m: int) -> tuple[bool, float]:
+        from executor import triton_kernels as tk
+
+        got = self.few_call(cfg, 0, m)()
+        want = F.linear(self.x[:m], self.w[0])
+        want = tk.silu_mul(want) if self.shape.op == "swiglu" else want
+        diff = (got.float() - want.float()).abs()
+        return bool((diff <= 1e-2 + 2e-2 * want.float().abs()).all()), float(diff.max())
+
+    def weight_bytes(self) -> int:
+        return 2 * self.shape.weight_rows * self.shape.k
+
+
+def sweep_rows(shapes: list[Shape], sizes: tuple[int, ...], quick: bool) -> tuple[list, list]:
+    """Per shape: the few-row matmul's configs (two rounds at 8 rows), then the best at every size against
+    cuBLAS (with the SwiGLU kernel after the gate/up projection); microseconds per call in a graph of 20."""
+    from executor.few_rows import FewRowsConfig
+
+    set_pdl(True)
+    bw = copy_bandwidth()["bandwidth_Bps"]
+    points, table = [], []
+    for shape in shapes:
+        point = RowsPoint(shape, max(sizes))
+        probe = 8 if 8 in sizes else max(sizes)
+
+        def timed(cfg, m: int, point=point) -> dict:
+            try:
+                ok, err = point.check(cfg, m)
+                us = time_graph([point.few_call(cfg, i, m) for i in range(CALLS)], CALLS) if ok else float("nan")
+            except Exception as exc:  # a config that does not launch (shared memory): reported, the others go on
+                print(f"{point.shape.name} {tuple(cfg)}: {type(exc).__name__}", flush=True)
+                ok, err, us = False, float("nan"), float("nan")
+            return {"shape": point.shape.name, "op": point.shape.op, "m": m, "config": list(cfg), "us": us, "ok": ok,
+                    "max_error": err, "x_roofline": us / (point.weight_bytes() / bw * 1e6)}
+
+        rows = [timed(cfg, probe) for cfg in few_candidates(shape, 1, quick=quick)]
+        good = [r for r in rows if r["ok"]]
+        if not good:
+            print(f"{shape.name}: no config matched the reference", flush=True)
+            points += rows
+            continue
+        best = min(good, key=lambda r: r["us"])
+        rows += [timed(cfg, probe) for cfg in few_candidates(shape, 2, tuple(best["config"][:2]), quick)]
+        best = min((r for r in rows if r["ok"]), key=lambda r: r["us"])
+        cfg = FewRowsConfig(*best["config"])
+        for m in sizes:
+            row = timed(cfg, m) if m != probe else dict(best)
+            cublas = time_graph([point.cublas_rows_call(i, m) for i in range(CALLS)], CALLS)
+            row.update(best=True, cublas_us=cublas, cublas_x_roofline=cublas / (point.weight_bytes() / bw * 1e6))
+            rows.append(row)
+            print(f"{shape.name:16s} M={m:2d} few-row {tuple(cfg)} {row['us']:7.2f} us ({row['x_roofline']:.2f}x) "
+                  f"cuBLAS {cublas:7.2f} us ({row['cublas_x_roofline']:.2f}x)", flush=True)
+        points += rows
+        table.append(f"    ({shape.n}, {shape.k}, {shape.op == 'swiglu'}): FewRowsConfig{tuple(cfg)},  # {shape.name}: "
+                     f"{best['us']:.1f} us at M = {probe}")
+        del point
+        torch.cuda.empty_cache()
+    return points, table
+
+
+def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
+    """Ouro-1.4B's projections, per layer: at one row on the chained path (PDL on, off); at every size on
+    the few-row path (PDL on, off) and on the cuBLAS path (norm and SwiGLU kernels PDL-launched)."""
     from executor import chain as c
+    from executor import few_rows as fr
     from executor import triton_kernels as tk
 
     h, i = 2048, 5632
@@ -231,7 +333,7 @@ def layer_chain(layers: int = 24) -> list[dict]:
     weight_bytes = sum(w.numel() * 2 for w in weights[0].values())
     bw = copy_bandwidth()["bandwidth_Bps"]
     out = []
-    for m in (1,):  # the chained path takes one row
+    for m in sizes:
         x, branch, o, act = randn(m, h), randn(m, h), randn(m, h), randn(m, i)
 
         def chained(x=x, branch=branch, o=o, act=act) -> list[Callable[[], object]]:
@@ -253,8 +355,24 @@ def layer_chain(layers: int = 24) -> list[dict]:
                           lambda w=w: F.linear(act, w["down"])]
             return calls
 
-        for name, make, pdl in (("chained+pdl", chained, True), ("chained", chained, False),
-                                ("default", default, False)):
+        def few(x=x, branch=branch, o=o, act=act, late=None, norm_pdl=None) -> list[Callable[[], object]]:
+            calls = []
+            for w in weights:
+                calls += [lambda w=w: fr.linear(tk.residual_norm(branch, x, norm, norm, EPS, True, norm_pdl)[1],
+                                                w["qkv"], late=late),
+                          lambda w=w: fr.linear(o, w["o"], late=late),
+                          lambda w=w: fr.linear(tk.residual_norm(branch, x, norm, norm, EPS, True, norm_pdl)[1],
+                                                w["gu"], True, late=late),
+                          lambda w=w: fr.linear(act, w["down"], late=late)]
+            return calls
+
+        paths = [("few+pdl-late", lambda: few(late=True), True), ("few+pdl-early", lambda: few(late=False), True),
+                 ("few+pdl-late,plain-norms", lambda: few(late=True, norm_pdl=False), True),
+                 ("few+pdl-early,plain-norms", lambda: few(late=False, norm_pdl=False), True),
+                 ("few", few, False), ("default+pdl", default, True), ("default", default, False)]
+        if m == 1:  # the chained path takes one row
+            paths = [("chained+pdl", chained, True), ("chained", chained, False), *paths]
+        for name, make, pdl in paths:
             set_pdl(pdl)
             us = time_graph(make(), layers)
             row = {"path": name, "m": m, "us_per_layer": us, "roofline_us": weight_bytes / bw * 1e6,
@@ -269,7 +387,9 @@ def layer_chain(layers: int = 24) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--parts", nargs="+", choices=("sweep", "layers"), default=["sweep", "layers"])
+    parser.add_argument("--parts", nargs="+", choices=("sweep", "rows", "layers"), default=["sweep", "layers"])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1],
+                        help="rows of the rows and layers parts (the sweep part: one row)")
     parser.add_argument("--shapes", nargs="+", choices=[s.name for s in SHAPES], help="limit the sweep")
     parser.add_argument("--quick", action="store_true", help="one config per shape (the default rule's size)")
     args = parser.parse_args(argv)
@@ -283,8 +403,12 @@ def main(argv: list[str] | None = None) -> int:
         shapes = [s for s in SHAPES if not args.shapes or s.name in args.shapes]
         result["points"], result["config_table"] = sweep(shapes, args.quick)
         print("\n".join(result["config_table"]))
+    if "rows" in args.parts:
+        shapes = [s for s in SHAPES if (not args.shapes or s.name in args.shapes) and s.name != "ouro.head"]
+        result["rows"], result["few_rows_table"] = sweep_rows(shapes, tuple(args.sizes), args.quick)
+        print("\n".join(result["few_rows_table"]))
     if "layers" in args.parts:
-        result["layers"] = layer_chain()
+        result["layers"] = layer_chain(sizes=tuple(args.sizes))
     result["meta"]["wall_s"] = time.perf_counter() - t0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -346,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fuse-rows", type=int,
                         help="run batches of at most this many rows on the chained skinny-matmul path "
                              "(executor.chain; default: the engine's own cut, 0: never)")
+    parser.add_argument("--few-rows", type=int,
+                        help="run the projections of other launches of at most this many rows on the few-row "
+                             "matmul (executor.few_rows; default: the engine's own cut, 0: never)")
     parser.add_argument("--sizes", type=int, nargs="+", help="batch sizes of the decode-type stages")
     parser.add_argument("--contexts", type=int, nargs="+", default=[512],
                         help="context lengths of the decode-type stages (sizes whose KV would exceed "
@@ -367,6 +370,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if not 0 <= args.fuse_rows <= MAX_ROWS:
             parser.error(f"--fuse-rows must be 0..{MAX_ROWS}: the chained path takes single-row launches")
+    if args.few_rows is not None:
+        from cdbsim.paths import FEW_ROWS_MAX
+
+        if not 0 <= args.few_rows <= FEW_ROWS_MAX:
+            parser.error(f"--few-rows must be 0..{FEW_ROWS_MAX}: the few-row matmul takes that many rows")
     global DEVICE, DTYPE
     if args.smoke:
         DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -382,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     device_name = torch.cuda.get_device_name() if cuda() else "cpu"
     results: dict = {"meta": {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
                               "quick": quick, "smoke": args.smoke, "dtype": str(DTYPE).replace("torch.", ""),
-                              "fuse_rows": args.fuse_rows},
+                              "fuse_rows": args.fuse_rows, "few_rows": args.few_rows},
                      "stages": [], "attention": [], "throughput": [], "errors": [], "skipped": []}
 
     def save() -> None:
@@ -430,7 +438,10 @@ def main(argv: list[str] | None = None) -> int:
         models[name] = (arch, build_model(arch, device=DEVICE, dtype=DTYPE, seed=args.seed))
         if args.fuse_rows is not None:
             models[name][1].ops.fuse_rows = args.fuse_rows  # 0: cuBLAS projections at every size
+        if args.few_rows is not None:
+            models[name][1].ops.few_rows = args.few_rows  # 0: cuBLAS projections beyond the chained path
         results["meta"]["fuse_rows"] = models[name][1].ops.fuse_rows
+        results["meta"]["few_rows"] = models[name][1].ops.few_rows
         if "stages" in args.parts:
             sizes = args.sizes or ([1, 16, 64] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256])
             prefill = args.prefill_tokens or ([128 if args.smoke else 512] if quick else [256, 1024, 4096])

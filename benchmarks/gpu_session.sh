@@ -11,8 +11,9 @@
 #                                           policies (K = 16), Ouro-1.4B calibration -> benchmarks/results/chain/final/
 #   bash benchmarks/gpu_session.sh k1       no-exit throughput of the three policies with refill at K = 1
 #                                           -> benchmarks/results/throughput-noexit/k1-chained/
-#   bash benchmarks/gpu_session.sh kernels  the kernel-level calibration (about 495 s) -> calibration/profiles/
-#                                           h200-kernels.json, benchmarks/results/kernels/
+#   bash benchmarks/gpu_session.sh kernels  the kernel-level calibration but few_gemm (about 495 s) -> calibration/profiles/
+#                                           h200-kernels.json, benchmarks/results/kernels/; then, with that profile
+#                                           shipped, FAMILIES=few_gemm bash benchmarks/gpu_session.sh update
 #   bash benchmarks/gpu_session.sh unseen   decode and prefill attention, the probes and the host re-measured into the kernel
 #                                           profile, then the unseen-shape matrix -> benchmarks/results/unseen/
 #                                           (ONLY=name,name runs those configurations of the matrix alone;
@@ -45,13 +46,16 @@
 #   bash benchmarks/gpu_session.sh update   families of the kernel profile re-measured (FAMILIES=a,b; default skew:
 #                                           the mixed-context attention points) -> calibration/profiles/h200-kernels.json;
 #                                           MODELS=a,b: those models' mixed-context core steps -> their profiles
+#   bash benchmarks/gpu_session.sh rows     GPU tests; stages at 1-64 rows as built, with late PDL triggers everywhere, and
+#                                           with cuBLAS projections; SWEEP=1: the few-row matmul's configs against cuBLAS
+#                                           per projection shape -> benchmarks/results/few-row-matmul/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -76,8 +80,10 @@ run() {  # run LIMIT_S NAME CMD...: time-limited step with its log kept; the arc
 }
 case $phase in
   kernels)  # the kernel-level profile (copied out as soon as it exists: the calibration rewrites it per family);
-    # run `matrix` in the next call, while the GPU is still held, to validate it on the same board
-    run 580 calibrate-kernels python3 cli.py calibrate --kernels --out "$work/profiles"
+    # run `matrix` in the next call, while the GPU is still held, to validate it on the same board. Every family but
+    # few_gemm (its ~80 compiled shapes do not fit this call): ship the profile, then `FAMILIES=few_gemm ... update`
+    families=$(python3 -c "from calibration.kernels import FAMILIES; print(','.join(f for f in FAMILIES if f != 'few_gemm'))")
+    run 580 calibrate-kernels python3 cli.py calibrate --kernels --families "$families" --out "$work/profiles"
     cp "$work/profiles/h200-kernels.json" "$OUT/" 2>/dev/null
     ;;
   unseen)  # the kernel profile's probes and prefill attention, then shapes no profile measured whole
@@ -217,6 +223,19 @@ case $phase in
     run 110 bench-throughput python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \
       --requests 128 --k 16 --budget-s 90 --out "$work/bench-throughput"
     run 60 calibrate-ouro-1.4b python3 cli.py calibrate --arch ouro-1.4b --out "$work/profiles"
+    ;;
+  rows)  # the few-row matmul: GPU tests; stages at 1-64 rows as built, with every PDL kernel letting its successor
+    # launch late (CDBSIM_PDL_LATE), and with cuBLAS projections (--few-rows 0); then (SWEEP=1) its configs
+    # against cuBLAS per projection shape at 1-16 rows and Ouro-1.4B's layer projections per path
+    run 120 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick --parts stages
+            --sizes 1 2 4 8 16 32 64 --contexts 512 4096 --prefill-tokens 512 --budget-s 130)
+    run 150 bench-stages "${stages[@]}" --out "$work/stages"
+    CDBSIM_PDL_LATE=few_rows,chain,attention run 150 bench-stages-late "${stages[@]}" --out "$work/stages-late"
+    run 150 bench-stages-cublas "${stages[@]}" --few-rows 0 --out "$work/stages-cublas"
+    if [ "${SWEEP:-0}" = 1 ]; then
+      run 200 bench-rows python3 benchmarks/bench_chain.py --parts rows layers --sizes 1 2 4 8 16 --out "$work/rows.json"
+    fi
     ;;
   gap)  # do few-row core steps time slower in calibration's replays than they serve? (each model about 100 s)
     for model in ${MODELS:-huginn-3.5b}; do

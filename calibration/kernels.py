@@ -2,7 +2,8 @@
 
 What a stage of *any* looped model costs is composed from these tables by :mod:`cdbsim.kernels`. Each
 kernel is timed through the executor's own code (``F.linear`` for cuBLAS GEMMs; :class:`executor.ops.Ops`
-for the Triton norm, SwiGLU, RoPE/KV-write and attention kernels and the single-row chained kernels; the
+for the few-row matmul, the Triton norm, SwiGLU, RoPE/KV-write and attention kernels and the single-row chained
+kernels; the
 engine's real stages for the glue around them), as a CUDA graph that runs a chain of the kernel on
 distinct inputs (distinct weights, distinct KV cache layers) so that launch gaps, PDL overlap and L2 misses
 are those of a stage, queued behind a spin kernel (:class:`calibration.measure.Timer`). A kernel's time is
@@ -12,6 +13,8 @@ Families (see ``TABLE_DIMS`` in :mod:`cdbsim.kernels` for each table's dimension
 
 * ``gemm``: tokens m 1..8,192 (powers of two and midpoints) x output n x input k over hidden sizes
   1,024-8,192 and intermediate sizes up to 24,576, non-powers of two included;
+* ``few_gemm``: the few-row matmul (:mod:`executor.few_rows`) at the GEMM grid's points a few-row launch reaches
+  (at most 16 rows, models up to 2,048 wide), and the rule of the build (``few_rows``: which launches take it);
 * ``gemv``: the chained single-row kernels (plain, with an RMSNorm prologue, with a residual+norm prologue,
   with SwiGLU) for models up to 2,048 wide;
 * ``rope_kv``, ``decode_attention`` (paged, split-KV, with its merge), ``chained_attention`` (RoPE, KV write
@@ -59,6 +62,7 @@ from cdbsim.kernels import GEMV_OPS, PROBE_SHAPES, STYLE_CODE, TABLE_DIMS
 from cdbsim.kvlayout import KVLayout
 from cdbsim.latency import H200
 from cdbsim.launch import Stage, decode_launch, prefill_launch
+from cdbsim.paths import FEW_ROWS_MAX, FEW_ROWS_MAX_HIDDEN
 from cdbsim.power import RESTED_REPLAYS, fit_replays
 from cdbsim.profile import Profile, ProfileKind, fit_points
 from executor.ops import Ops
@@ -587,11 +591,33 @@ def _backend(device: torch.device) -> str:
     from executor.ops import default_backend
 
     return default_backend(device)
+def few_gemm_points(plan: KernelPlan) -> list[tuple[int, int, int]]:
+    """The GEMM grid's points a few-row launch can reach: at most ``FEW_ROWS_MAX`` rows, and (n, k) pairs of
+    a model no wider than ``FEW_ROWS_MAX_HIDDEN`` (its hidden size is one of the two)."""
+    return [(m, n, k) for m, n, k in plan.gemm_points() if m <= FEW_ROWS_MAX and min(n, k) <= FEW_ROWS_MAX_HIDDEN]
+
+
+def measure_few_gemm(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
+    """``[m, n, k, t]``: the few-row matmul (:mod:`executor.few_rows`; ``F.linear`` on a CPU) of ``[m, k]`` by
+    ``[n, k]``, chained under PDL as a layer runs it."""
+    device, dtype = chain.device, _dtype(chain.device)
+    ops = Ops(_backend(device), few_rows=FEW_ROWS_MAX)
+    points = few_gemm_points(plan)
+    rows = []
+    for n, k in sorted({(n, k) for _, n, k in points}):
+        count = chain_length(2 * n * k)
+        weights = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(count)]
+        for m in sorted({m for m, n2, k2 in points if (n2, k2) == (n, k)}):
+            progress(f"few_gemm m={m} n={n} k={k}")
+            x = torch.randn(m, k, device=device, dtype=dtype)
+            rows.append([m, n, k, chain([lambda w=w, x=x: ops.linear(x, w) for w in weights])])
+        del weights
+    return rows
 
 
 # ----- the whole calibration -------------------------------------------------------------------------------
-FAMILIES = ("copy", "gemm", "elementwise", "gemv", "attention", "skew", "prefill", "glue", "adapter", "probes",
-            "mixed_probes", "sustained", "host")
+FAMILIES = ("copy", "gemm", "few_gemm", "elementwise", "gemv", "attention", "skew", "prefill", "glue", "adapter",
+            "probes", "mixed_probes", "sustained", "host")
 
 
 def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan: KernelPlan | None = None,
@@ -643,6 +669,12 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     tables = record["tables"]
     family("copy", lambda: record.update(copy_bandwidth=copy_bandwidth(dev)))
     family("gemm", lambda: tables.update(gemm=measure_gemm(plan, chain, progress)))
+
+    def few_gemm() -> None:
+        tables["few_gemm"] = measure_few_gemm(plan, chain, progress)
+        record["few_rows"] = {"rows": FEW_ROWS_MAX, "hidden": FEW_ROWS_MAX_HIDDEN}  # the build's rule (cdbsim.paths)
+
+    family("few_gemm", few_gemm)
     family("elementwise", lambda: tables.update(measure_elementwise(plan, chain, progress)))
     family("gemv", lambda: tables.update(gemv=measure_gemv(plan, chain, progress)))
 
@@ -678,8 +710,9 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
 
 
 def kernel_tables_complete(record: dict) -> list[str]:
-    """The tables :mod:`cdbsim.kernels` needs that a record lacks."""
-    return [t for t in TABLE_DIMS if t not in record.get("tables", {})]
+    """The tables :mod:`cdbsim.kernels` needs that a record lacks (``few_gemm`` is optional: a profile of a
+    build before the few-row matmul composes without it)."""
+    return [t for t in TABLE_DIMS if t not in record.get("tables", {}) and t != "few_gemm"]
 
 
 def summary_rows(profile: Profile) -> list[dict]:

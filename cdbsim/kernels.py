@@ -1,6 +1,6 @@
 """A latency model for architectures nobody has built yet: stage times composed from measured kernels.
 
-``cdbsim calibrate --kernels`` times the kernels the executor launches (cuBLAS GEMMs, the Triton norm,
+``cdbsim calibrate --kernels`` times the kernels the executor launches (its GEMMs, the Triton norm,
 SwiGLU, RoPE/KV-write and paged-attention kernels, the single-row chained kernels) over a grid that spans
 the design space, plus the glue around them (embedding and hidden-state copies, head and sampling), each
 as CUDA-graph replays of a chain of distinct inputs, so launch gaps and cache behaviour are those of a
@@ -9,6 +9,8 @@ stage. This module turns those tables into the components of :mod:`cdbsim.recipe
 
     layer    = gemm(B, qkv, h) + rope_kv + decode_attention(L) + gemm(B, h, heads*d) + residual_norm
                + gemm(B, 2i, h) + silu_mul + gemm(B, h, i) + residual_norm   (+ GEMM share, gap per kernel)
+               (a profile that measured the few-row matmul: up to its recorded rows and width the GEMMs read
+               few_gemm and the SwiGLU is in the gate/up one's epilogue, no silu_mul)
     layer    (single-row chained path) = gemv_residual(qkv) + chained_attention(L) + gemv(o)
                + gemv_swiglu(gate/up) + gemv(down)                                    (+ gap per kernel)
     core1    = layer + core glue (bank gather/scatter, first norm, Huginn's adapter)
@@ -38,11 +40,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
-from cdbsim.attention import CHAINED_MAX_HIDDEN
 from cdbsim.config import decode_graph_sizes
 from cdbsim.interp import isotonic
 from cdbsim.kernel_table import KernelTable, Lookup
 from cdbsim.launch import causal_pairs
+from cdbsim.paths import chained_rows
 from cdbsim.profile import Fit, Profile, fit_points
 from cdbsim.recipes import Component
 
@@ -50,12 +52,6 @@ if TYPE_CHECKING:
     from cdbsim.latency import DeviceSpec
 
 MANY_KERNELS = 9  # kernels of a many-row decode layer: four GEMMs, RoPE/KV write, attention, two norms, SwiGLU
-
-
-def chained_rows(hidden: int) -> int:
-    """Rows up to which the executor's GPU path runs a layer on the chained single-row kernels: single
-    rows of models no wider than 2,048 (where they beat cuBLAS on the H200; wider models do not gain)."""
-    return 1 if hidden <= CHAINED_MAX_HIDDEN else 0
 
 
 # the probe layers a kernel profile measures whole (its ``probes`` name them by index), from which the per-kernel
@@ -100,6 +96,7 @@ def _proxies(s: Speeds) -> dict[str, Callable[[tuple[float, ...]], float]]:
 
     return {
         "gemm": gemm,
+        "few_gemm": gemm,
         "gemv": lambda q: c + 2 * q[1] * q[2] / bw,
         "rope_kv": lambda q: c + q[0] * q[2] * 2 * (2 + 4 / q[1]) / bw,
         "decode_attention": lambda q: c + q[0] * q[3] * q[2] * 4 / q[1] / bw,
@@ -118,6 +115,7 @@ def _proxies(s: Speeds) -> dict[str, Callable[[tuple[float, ...]], float]]:
 
 TABLE_DIMS: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k"),
+    "few_gemm": ("m", "n", "k"),
     "gemv": ("op", "n", "k"),
     "rope_kv": ("units", "group", "head_dim"),
     "decode_attention": ("units", "group", "head_dim", "length"),
@@ -210,12 +208,33 @@ class KernelModel:
                     ("gemv", self.time("gemv", GEMV_OPS["swiglu"], i, h)),  # n: the intermediate size
                     ("gemv", self.time("gemv", GEMV_OPS["gemv"], h, i))], "chained"
         units = rows * s.heads
-        norm = self.time("residual_norm", rows, h)
-        return [("gemm", self.time("gemm", rows, qkv, h)), ("rope_kv", self.time("rope_kv", units, g, d)),
-                ("decode_attention", self.time("decode_attention", units, g, d, length)),
-                ("gemm", self.time("gemm", rows, h, s.heads * d)), ("residual_norm", norm),
-                ("residual_norm", norm), ("gemm", self.time("gemm", rows, 2 * i, h)),
-                ("silu_mul", self.time("silu_mul", rows, i)), ("gemm", self.time("gemm", rows, h, i))], "many"
+        norm = ("residual_norm", self.time("residual_norm", rows, h))
+        qkv_proj, o_proj, *mlp = self.projections(rows, s)
+        return [qkv_proj, ("rope_kv", self.time("rope_kv", units, g, d)),
+                ("decode_attention", self.time("decode_attention", units, g, d, length)), o_proj, norm, norm,
+                *mlp], "many"
+
+    def few(self, rows: int, hidden: int) -> bool:
+        """Whether the calibrated build ran the projections of a launch of ``rows`` rows of a model ``hidden``
+        wide on the few-row matmul (:mod:`cdbsim.paths`): as its profile records (``few_rows``: the rule of
+        the build it measured, and the ``few_gemm`` table). A profile measured before that kernel existed
+        composes cuBLAS GEMMs and the SwiGLU kernel, as its build ran them."""
+        rule = self.record.get("few_rows")
+        return bool(rule) and "few_gemm" in self.tables and rows <= rule["rows"] and hidden <= rule["hidden"]
+
+    def projections(self, rows: int, s: LayerShape) -> list[tuple[str, float]]:
+        """A layer's four projections and its SwiGLU: ``(qkv, o, gate/up [+ silu_mul], down)``. On the few-row
+        matmul the SwiGLU is in the gate/up projection's epilogue (timed as the plain projection: the same
+        weight bytes) and its GEMMs read the ``few_gemm`` table; they are named ``gemm`` either way, for the
+        layer's GEMM share."""
+        h, i = s.hidden, s.intermediate
+        qkv = (s.heads + 2 * s.kv_heads) * s.head_dim
+        table = "few_gemm" if self.few(rows, h) else "gemm"
+        out = [("gemm", self.time(table, rows, qkv, h)), ("gemm", self.time(table, rows, h, s.heads * s.head_dim)),
+               ("gemm", self.time(table, rows, 2 * i, h)), ("gemm", self.time(table, rows, h, i))]
+        if table == "gemm":
+            out.insert(3, ("silu_mul", self.time("silu_mul", rows, i)))
+        return out
 
     def layer(self, arch: ArchSpec, rows: int, length: float) -> float:
         """One decode layer of ``arch`` over ``rows`` padded rows attending ``length`` positions each: its
@@ -225,7 +244,8 @@ class KernelModel:
         total = sum(t for _, t in kernels)
         if path == "many":
             total += self.gemm_share(arch.layer.style) * sum(t for name, t in kernels if name == "gemm")
-        return _with_gaps(total, len(kernels), self.gap(arch.layer.style, path, rows))
+        count = MANY_KERNELS if path == "many" else len(kernels)  # the many-row gap is fitted per layer
+        return _with_gaps(total, count, self.gap(arch.layer.style, path, rows))
 
     def core1(self, arch: ArchSpec, rows: int, length: float) -> float:
         return self.layer(arch, rows, length) + self.time("core_glue", STYLE_CODE[arch.style], arch.layer.hidden,
@@ -243,13 +263,10 @@ class KernelModel:
     def prefill_layer(self, arch: ArchSpec, tokens: int, chunks: int, prefix: int) -> float:
         """One layer of a prefill of ``chunks`` prompts of ``tokens / chunks`` tokens after ``prefix``."""
         s = arch.layer
-        h, i, d, g = s.hidden, s.intermediate, s.head_dim, s.heads / s.kv_heads
-        qkv = (s.heads + 2 * s.kv_heads) * d
-        kernels = (self.time("gemm", tokens, qkv, h) + self.time("rope_kv", tokens * s.heads, g, d)
+        h, d, g = s.hidden, s.head_dim, s.heads / s.kv_heads
+        kernels = (sum(t for _, t in self.projections(tokens, s)) + self.time("rope_kv", tokens * s.heads, g, d)
                    + self.time("prefill_attention", tokens, chunks, prefix, s.heads, g, d)
-                   + self.time("gemm", tokens, h, s.heads * d) + 2 * self.time("residual_norm", tokens, h)
-                   + self.time("gemm", tokens, 2 * i, h) + self.time("silu_mul", tokens, i)
-                   + self.time("gemm", tokens, h, i))
+                   + 2 * self.time("residual_norm", tokens, h))
         return _with_gaps(kernels, MANY_KERNELS, self.gap(s.style, "many", tokens))
 
     def prefill1(self, arch: ArchSpec, tokens: int, chunks: int, prefix: int) -> float:

@@ -26,9 +26,11 @@ rounds):
 
 Every Triton kernel of a chained layer (these, and ``rope_decode_attention`` in
 :mod:`executor.triton_kernels`) waits before it touches anything its predecessor writes or reads, then lets
-its successor launch (``griddepcontrol.launch_dependents``); a kernel that is not PDL-launched (cuBLAS,
-torch) orders the chain as usual. PDL is used on CUDA devices of compute capability 9 and up unless
-``CDBSIM_PDL=0``; CUDA graphs capture it as programmatic edges.
+its successor launch (``griddepcontrol.launch_dependents``) right away or, for the kinds of
+:func:`pdl_mode` that trigger late (the few-row matmul), after its main loop; a kernel that is not
+PDL-launched (cuBLAS, torch) orders the chain as usual. PDL is used on CUDA devices of compute capability 9
+and up unless ``CDBSIM_PDL=0``; CUDA graphs capture it as programmatic edges. This module also holds those
+PDL helpers for every Triton kernel of the executor.
 
 Measured on the H200 (``benchmarks/bench_chain.py``, ``benchmarks/results/chain/``): an Ouro-1.4B layer's
 four projections take 32 us with PDL (1.33x their weight reads), 36-39 us without, 47 us on cuBLAS with the
@@ -36,7 +38,8 @@ Triton norm and SwiGLU kernels; the whole core step at B = 1, L = 512 takes 0.92
 with cuBLAS projections. The path takes one row: a first version that took up to eight rows (the slab re-
 read from registers per row) lost to cuBLAS from two rows on (a core step at B = 2: 1.57 against 1.39 ms),
 and for Huginn-3.5B (hidden 5280) even one row loses (a core step at B = 1: 1.03-1.04 against 0.98-1.00 ms),
-so :func:`executor.model.chained_rows` turns it on for single rows of models no wider than 2048.
+so :func:`executor.model.chained_rows` turns it on for single rows of models no wider than 2048 (launches of
+2-16 rows take :mod:`executor.few_rows`).
 
 Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (without PDL; how the tests check it).
 """
@@ -141,12 +144,40 @@ def launch_options(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
 
+EARLY, LATE = 1, 2  # a PDL kernel's PDL constexpr: when it lets its successor launch (0: not PDL-launched)
+LATE_KINDS = ("few_rows",)  # kernels that let their successor launch only after their main loop
+
+
+def pdl_mode(t: torch.Tensor, kind: str) -> int:
+    """The ``PDL`` constexpr of a kernel of ``kind`` on ``t``'s device: 0 without PDL (:func:`pdl_enabled`),
+    :data:`LATE` for the kinds in ``CDBSIM_PDL_LATE`` (a comma-separated list; default :data:`LATE_KINDS`),
+    else :data:`EARLY`.
+
+    Why it matters: a successor let launch right after the wait (early) becomes resident while this kernel
+    streams and issues its own first loads beside it. Behind the few-row matmul that cost the H200 ~20%: an
+    Ouro-1.4B layer's projections at two rows took 49.1 us per layer with the early trigger, 40.8 us with the
+    late one (cuBLAS 47.2 us) (``benchmarks/results/few-row-matmul``)."""
+    if not pdl_enabled(t):
+        return 0
+    env = os.environ.get("CDBSIM_PDL_LATE")
+    kinds = LATE_KINDS if env is None else tuple(k.strip() for k in env.split(","))
+    return LATE if kind in kinds else EARLY
+
+
 @triton.jit
 def wait_for_predecessor(PDL: tl.constexpr):
-    """Under PDL: wait until the previous kernel has finished and its writes are visible, then let the
-    next kernel launch. A no-op otherwise."""
+    """Under PDL: wait until the previous kernel has finished and its writes are visible, then (``EARLY``)
+    let the next kernel launch. A no-op without PDL."""
     if PDL:
         gdc_wait()
+        if PDL == 1:
+            gdc_launch_dependents()
+
+
+@triton.jit
+def let_successor_launch(PDL: tl.constexpr):
+    """The late trigger (``PDL == LATE``), at the end of a kernel's main loop: the next kernel may launch."""
+    if PDL == 2:
         gdc_launch_dependents()
 
 
@@ -272,6 +303,7 @@ def _chain_gemv_kernel(X, BR, WP, WN, W, OUT, XO, eps, N: tl.constexpr, K: tl.co
         tl.store(OUT + rows, acc.to(dt), mask=rows < N)
         w1, w2, u1, u2 = n1, n2, v1, v2
         rows = following
+    let_successor_launch(PDL)
 
 
 # ----- host side ---------------------------------------------------------------------------------------
@@ -297,7 +329,7 @@ def _launch(op: str, x: torch.Tensor, w: torch.Tensor, *, branch: torch.Tensor |
     cfg = config or config_for(op, n, k, swiglu, sm_count(x.device))
     k1, k2 = split_k(k)
     out = torch.empty((1, n), device=x.device, dtype=x.dtype)
-    pdl = pdl_enabled(x)
+    pdl = pdl_mode(x, "chain")
     _chain_gemv_kernel[(triton.cdiv(n, cfg.block_n * cfg.tiles),)](
         x, x if branch is None else branch, x if w_post is None else w_post, x if w_norm is None else w_norm, w, out,
         x if x_out is None else x_out, eps, N=n, K=k, K1=k1, K2=k2, BLOCK_N=cfg.block_n, TILES=cfg.tiles,

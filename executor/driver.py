@@ -40,8 +40,8 @@ from cdbsim.pipeline import HostPipeline
 from cdbsim.quiet_gc import paused_gc
 from cdbsim.scheduler import Scheduler
 from executor.engine import Engine, Prepared
-from executor.model import LoopedLM, ModelConfig, chained_rows
-from executor.ops import Ops, default_backend
+from executor.model import LoopedLM, ModelConfig, default_ops
+from executor.ops import default_backend
 from executor.reference import Episode
 from traces.request import Request
 
@@ -119,7 +119,7 @@ def build_model(arch: ArchSpec, *, device: torch.device | str = "cpu", dtype: to
     """A randomly initialised model of ``arch``'s exact shapes."""
     backend = backend or default_backend(device)
     config = ModelConfig.from_arch(arch, **config_overrides)
-    ops = Ops(backend, fuse_rows=chained_rows(config, backend))
+    ops = default_ops(config, backend)
     return LoopedLM.random(config, seed=seed, device=device, dtype=dtype, ops=ops)
 
 
@@ -256,6 +256,7 @@ class Executor:
             self.scheduler, backend="executor", device=device, torch=torch.__version__,
             dtype=str(model.dtype).replace("torch.", ""), mode=self.mode.value, ops=model.ops.backend,
             chained_rows=model.ops.fuse_rows,  # launches of at most this many rows take executor.chain
+            few_rows=model.ops.few_rows,  # other launches of at most this many rows take executor.few_rows
             cuda_graphs=self.graphs is not None and self.graphs.capture,
             launch_path=("eager" if self.graphs is None else
                          "cuda-graphs" if self.graphs.capture else "static-buffers"),

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from cdbsim.arch import ArchSpec, LayerStyle
-from executor.model import Layer, LoopedLM, ModelConfig, chained_rows, initial_state
-from executor.ops import Ops, default_backend
+from executor.model import Layer, LoopedLM, ModelConfig, default_ops, initial_state
+from executor.ops import default_backend
 
 # buffers some checkpoints carry that the model recomputes
 IGNORED = ("freqs_cis", "rotary_emb.inv_freq")
@@ -212,7 +212,7 @@ def load_model(arch: ArchSpec, path: str | Path, *, device: torch.device | str =
     config = ModelConfig.from_arch(arch, **config_overrides)
     with torch.device("meta"):
         backend = backend or default_backend(device)
-        model = LoopedLM(config, Ops(backend, fuse_rows=chained_rows(config, backend)))
+        model = LoopedLM(config, default_ops(config, backend))
     model = model.to_empty(device=device).to(dtype)
     if config.style is LayerStyle.HUGINN:
         model.state0.zero_()

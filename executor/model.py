@@ -34,8 +34,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from cdbsim import paths
 from cdbsim.arch import ArchSpec, LayerStyle
-from cdbsim.attention import CHAINED_MAX_HIDDEN
 from executor.ops import Ops
 
 STATE_INITS = ("zeros", "random")
@@ -44,9 +44,20 @@ STATE_INITS = ("zeros", "random")
 def chained_rows(config: ModelConfig, backend: str) -> int:
     """The batch size up to which the triton backend runs layers on the chained skinny-matmul path
     (:meth:`Layer.forward_fused`, :mod:`executor.chain`) by default: single rows of models no wider than
-    2048 (Ouro), where it wins; wider models stay on cuBLAS, where it does not (Huginn-3.5B). Measured on
-    the H200 (``benchmarks/results/chain``); the torch backend composes the same path and gains nothing."""
-    return 1 if backend == "triton" and config.hidden <= CHAINED_MAX_HIDDEN else 0
+    2048 (Ouro), where it wins; wider models do not gain (Huginn-3.5B). Measured on the H200
+    (``benchmarks/results/chain``); the torch backend composes the same path and gains nothing."""
+    return paths.chained_rows(config.hidden) if backend == "triton" else 0
+
+
+def few_rows(config: ModelConfig, backend: str) -> int:
+    """The batch size up to which the triton backend runs the projections of launches not chained on the
+    few-row matmul (:mod:`executor.few_rows`) by default (:func:`cdbsim.paths.few_rows`)."""
+    return paths.few_rows(config.hidden) if backend == "triton" else 0
+
+
+def default_ops(config: ModelConfig, backend: str) -> Ops:
+    """``backend``'s primitives with the model's default chained and few-row paths."""
+    return Ops(backend, fuse_rows=chained_rows(config, backend), few_rows=few_rows(config, backend))
 
 
 @dataclass(frozen=True)
@@ -120,9 +131,9 @@ class Layer(nn.Module):
     def forward(self, x: torch.Tensor, h: torch.Tensor, attn, layer: int, next_norm: torch.Tensor | None,
                 ops: Ops, eps: float, sandwich: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``h`` is ``norm1(x)``; returns the new residual and ``next_norm`` of it (None without one)."""
-        o = attn(F.linear(h, self.wqkv), layer, self.q_bias, self.k_bias)
-        x, h = ops.residual_norm(F.linear(o, self.wo), x, self.norm2, self.norm3, eps, sandwich)
-        m = F.linear(ops.silu_mul(F.linear(h, self.w_gate_up)), self.w_down)
+        o = attn(ops.linear(h, self.wqkv), layer, self.q_bias, self.k_bias)
+        x, h = ops.residual_norm(ops.linear(o, self.wo), x, self.norm2, self.norm3, eps, sandwich)
+        m = ops.linear(ops.linear_swiglu(h, self.w_gate_up), self.w_down)
         return ops.residual_norm(m, x, self.norm4, next_norm, eps, sandwich)
 
     def forward_fused(self, x: torch.Tensor, pending: tuple[torch.Tensor, torch.Tensor] | None, attn, layer: int,
@@ -216,7 +227,7 @@ class LoopedLM(nn.Module):
         return x.shape[0] <= self.ops.fuse_rows
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return self.ops.gemv(x, w) if self.fused(x) else F.linear(x, w)
+        return self.ops.gemv(x, w) if self.fused(x) else self.ops.linear(x, w)
 
     def run_layers(self, layers: nn.ModuleList, x: torch.Tensor, attn, first_layer: int,
                    tail_norm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -206,21 +206,31 @@ class Ops:
     triton backend the PDL-chained kernels of :mod:`executor.chain`, which take one row). 0 (off) unless
     given; :func:`executor.model.chained_rows` picks the models' default. With the torch backend it checks
     the fused composition against the plain one.
+
+    ``few_rows``: other launches of at most this many rows run their projections on the few-row matmul
+    (:mod:`executor.few_rows`, up to 16 rows; :meth:`linear`, :meth:`linear_swiglu`). 0 (off) unless given;
+    :func:`executor.model.few_rows` picks the models' default.
     """
 
-    def __init__(self, backend: str = "torch", fuse_rows: int | None = None) -> None:
+    def __init__(self, backend: str = "torch", fuse_rows: int | None = None, few_rows: int | None = None) -> None:
         if backend not in ("torch", "triton"):
             raise ValueError(f"unknown ops backend {backend!r}; expected 'torch' or 'triton'")
         self.backend = backend
         if backend == "triton":
             from executor import chain as skinny
+            from executor import few_rows as few
             from executor import triton_kernels as impl
 
         else:
-            impl = skinny = _TorchOps
+            impl = skinny = few = _TorchOps
         self.fuse_rows = fuse_rows or 0
-        if backend == "triton" and not 0 <= self.fuse_rows <= skinny.MAX_ROWS:
-            raise ValueError(f"fuse_rows must be 0..{skinny.MAX_ROWS} on the triton backend, got {self.fuse_rows}")
+        self.few_rows = few_rows or 0
+        if backend == "triton":  # the torch backend composes either path at any size
+            for name, value, most in (("fuse_rows", self.fuse_rows, skinny.MAX_ROWS),
+                                      ("few_rows", self.few_rows, few.MAX_ROWS)):
+                if not 0 <= value <= most:
+                    raise ValueError(f"{name} must be 0..{most} on the triton backend, got {value}")
+        self._few_linear = few.linear
         self.gemv = skinny.gemv
         self.gemv_rmsnorm = skinny.gemv_rmsnorm
         self.gemv_residual = skinny.gemv_residual
@@ -232,8 +242,27 @@ class Ops:
         self.rope_decode_attention = impl.rope_decode_attention
         self.prefill_attention = impl.prefill_attention
 
+    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``x @ w.T``: the few-row matmul for launches of at most ``few_rows`` rows, else ``F.linear``."""
+        if x.shape[0] <= self.few_rows:
+            return self._few_linear(x.contiguous(), w)
+        return torch.nn.functional.linear(x, w)
+
+    def linear_swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu_mul(x @ w_gate_up.T)``: one few-row matmul with the SwiGLU in its epilogue for launches of at
+        most ``few_rows`` rows, else a GEMM and the SwiGLU kernel."""
+        if x.shape[0] <= self.few_rows:
+            return self._few_linear(x.contiguous(), w_gate_up, swiglu=True)
+        return self.silu_mul(torch.nn.functional.linear(x, w_gate_up))
+
+
+def _few_linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+    out = torch.nn.functional.linear(x, w)
+    return silu_mul(out) if swiglu else out
+
 
 class _TorchOps:
+    linear = staticmethod(_few_linear)
     rms_norm = staticmethod(rms_norm)
     residual_norm = staticmethod(residual_norm)
     silu_mul = staticmethod(silu_mul)

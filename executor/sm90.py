@@ -33,6 +33,7 @@ SIGNATURES = {
     "rope_kv": {"QKV": "*bf16", "QB": "*bf16", "KB": "*bf16", "POS": "*i32", "COS": "*fp32", "SIN": "*fp32",
                 "QO": "*bf16", "KC": "*bf16", "VC": "*bf16", "ROW0": "*i32", "LB": "*i32", "FILL": "*i32", "n": "i32",
                 "layer": "i32", "rows_per_layer": "i32", "slot_stride": "i32", "qkv_stride": "i32"},
+    "few_rows": {"X": "*bf16", "W": "*bf16", "OUT": "*bf16", "M": "i32"},
     "prefill": {"Q": "*bf16", "KC": "*bf16", "VC": "*bf16", "OUT": "*bf16", "BT": "*i32", "START": "*i32",
                 "LEN": "*i32", "QOFF": "*i32", "ICHUNK": "*i32", "IQ0": "*i32", "layer": "i32",
                 "pages_per_layer": "i32", "qk_scale": "fp32", "bt_stride": "i32"},

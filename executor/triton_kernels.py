@@ -3,7 +3,12 @@
 * ``rms_norm`` and ``residual_norm``: one row per program. ``residual_norm`` closes a block branch and opens
   the next in one pass (Ouro: ``x + norm(branch)``; Huginn: ``norm(branch + x)``; then the next pre-norm),
   so the residual stream is read and written once per branch instead of four or five times.
-* ``silu_mul``: ``silu(gate) * up`` over the fused gate/up projection.
+* ``silu_mul``: ``silu(gate) * up`` over the fused gate/up projection (launches of more rows than the few-row
+  matmul takes, which has it in its epilogue).
+
+The norms and ``silu_mul`` wait for their predecessor under programmatic dependent launch like every
+Triton kernel of a step (:func:`executor.chain.wait_for_predecessor`), so a PDL-launched successor (a few-row
+matmul, the RoPE kernel) is launched under their tail.
 * ``rope_write_kv``: q/k bias, RoPE (rotate-half or interleaved pairs) and the paged K/V write in one
   kernel, one program per (row, head); an exiting token with ``fill = f`` writes its K/V into its slot and
   the ``f`` deeper slots (the last-exited fill) in the same program.
@@ -36,7 +41,7 @@ import triton
 import triton.language as tl
 
 from cdbsim.attention import CHAINED_BLOCK, MIN_SPLIT_POSITIONS, PAGE, decode_splits
-from executor.chain import launch_options, pdl_enabled, wait_for_predecessor
+from executor.chain import EARLY, launch_options, let_successor_launch, pdl_enabled, pdl_mode, wait_for_predecessor
 from executor.kv_cache import PagedKVCache
 from executor.ops import RopeTable
 
@@ -51,7 +56,8 @@ DECODE_EVICT = ""
 
 # ----- norms and activation --------------------------------------------------------------------------
 @triton.jit
-def _rms_norm_kernel(X, W, Y, n_cols, eps, BLOCK: tl.constexpr):
+def _rms_norm_kernel(X, W, Y, n_cols, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_for_predecessor(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -63,7 +69,8 @@ def _rms_norm_kernel(X, W, Y, n_cols, eps, BLOCK: tl.constexpr):
 
 @triton.jit
 def _residual_norm_kernel(A, X, WP, WN, XO, HO, n_cols, eps, SANDWICH: tl.constexpr, HAS_NEXT: tl.constexpr,
-                          BLOCK: tl.constexpr):
+                          BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_for_predecessor(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -85,7 +92,8 @@ def _residual_norm_kernel(A, X, WP, WN, XO, HO, n_cols, eps, SANDWICH: tl.conste
 
 
 @triton.jit
-def _silu_mul_kernel(GU, Y, inter, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GU, Y, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_for_predecessor(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -104,20 +112,26 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     n_cols = x.shape[-1]
     y = torch.empty_like(x)
     block = triton.next_power_of_2(n_cols)
-    _rms_norm_kernel[(x.numel() // n_cols,)](x, w, y, n_cols, eps, BLOCK=block, num_warps=_norm_warps(block))
+    pdl = pdl_enabled(x)
+    _rms_norm_kernel[(x.numel() // n_cols,)](x, w, y, n_cols, eps, BLOCK=block, PDL=pdl,
+                                             num_warps=_norm_warps(block), **launch_options(pdl))
     return y
 
 
 def residual_norm(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor | None,
-                  eps: float, sandwich: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  eps: float, sandwich: bool, pdl: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """See :func:`executor.ops.residual_norm`; ``pdl`` overrides whether it is PDL-launched (a benchmark
+    compares)."""
     branch, x = branch.contiguous(), x.contiguous()
     n_cols = x.shape[-1]
     x_out = torch.empty_like(x)
     h_out = torch.empty_like(x) if w_next is not None else x_out
     block = triton.next_power_of_2(n_cols)
+    pdl = pdl_enabled(x) if pdl is None else pdl and pdl_enabled(x)
     _residual_norm_kernel[(x.numel() // n_cols,)](
         branch, x, w_post, w_next if w_next is not None else w_post, x_out, h_out, n_cols, eps,
-        SANDWICH=sandwich, HAS_NEXT=w_next is not None, BLOCK=block, num_warps=_norm_warps(block))
+        SANDWICH=sandwich, HAS_NEXT=w_next is not None, BLOCK=block, PDL=pdl, num_warps=_norm_warps(block),
+        **launch_options(pdl))
     return x_out, (h_out if w_next is not None else None)
 
 
@@ -127,7 +141,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows = gate_up.numel() // (2 * inter)
     y = torch.empty((*gate_up.shape[:-1], inter), device=gate_up.device, dtype=gate_up.dtype)
     block = 1024
-    _silu_mul_kernel[(rows, triton.cdiv(inter, block))](gate_up, y, inter, BLOCK=block, num_warps=4)
+    pdl = pdl_enabled(gate_up)
+    _silu_mul_kernel[(rows, triton.cdiv(inter, block))](gate_up, y, inter, BLOCK=block, PDL=pdl, num_warps=4,
+                                                        **launch_options(pdl))
     return y
 
 
@@ -414,6 +430,7 @@ def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_lay
         qb = tl.load(Q + (b * H + h) * D + db, mask=db < D, other=0.0).to(tl.float32) * scale
     _attend(qa, qb, qa, qa, 0, qa, qa, start, end, KC, VC, BT, MO, ML, ML, OUT, b, h, split, kvh, page_base,
             bt_stride, H, KVH, D, DA, DB, PAGE, BLOCK, SPLITS, False, False, False, EVICT)
+    let_successor_launch(PDL)
 
 
 @triton.jit
@@ -491,6 +508,7 @@ def _rope_decode_attn_kernel(QKV, QB, KB, POS, COS, SIN, ROW0, FILL, KC, VC, BT,
     _attend(q, q, k_new.to(tl.float32), v_new.to(tl.float32), pos, k, v, start, end, KC, VC, BT, MO, ML, CNT, OUT,
             b, h, split, kvh, page_base, bt_stride, H, KVH, D, BLOCK_D, 0, PAGE, BLOCK, SPLITS, True, True, True,
             "")
+    let_successor_launch(PDL)
 
 
 @triton.jit
@@ -589,7 +607,7 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
     da, db = parts or head_parts(d)
     tile = decode_tile(d)
     block, warps = block or tile[0], warps or tile[1]
-    pdl = pdl_enabled(q)
+    pdl = pdl_mode(q, "attention")
     _decode_attn_kernel[(n, heads, splits)](
         q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, out, layer, geo.pages_per_layer,
         scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, DA=da, DB=db, PAGE=geo.block_size,
@@ -597,7 +615,7 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
         **({} if stages is None else {"num_stages": stages}), **launch_options(pdl))
     if splits > 1:
         _decode_attn_merge[(n, heads)](mid_o, mid_l, out, H=heads, D=d, BLOCK_D=triton.next_power_of_2(d),
-                                       SPLITS=splits, PDL=pdl, num_warps=1, **launch_options(pdl))
+                                       SPLITS=splits, PDL=min(pdl, EARLY), num_warps=1, **launch_options(pdl))
     return out.reshape(n, heads * d)
 
 
@@ -618,7 +636,7 @@ def rope_decode_attention(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias
     out = torch.empty((n, heads, d), device=qkv.device, dtype=qkv.dtype)
     splits, mid_o, mid_l, counters = _splits_and_partials(n, heads, d, splits, out, counters=True)
     has_bias = q_bias is not None
-    pdl = pdl_enabled(qkv)
+    pdl = pdl_mode(qkv, "attention")
     _rope_decode_attn_kernel[(n, heads, splits)](
         qkv, q_bias if has_bias else qkv, k_bias if has_bias else qkv, pos, rope.cos, rope.sin, row0, fill,
         cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, counters, out, layer, geo.rows_per_layer,

@@ -196,3 +196,17 @@ def test_sustained_family_records_its_replays_and_the_fit_they_give(tmp_path) ->
     assert entry["probe"] == 0 and entry["tokens"] == 64
     again, _ = fit_replays(replays)
     assert SustainedLoad.from_record(entry) == again
+
+
+def test_few_gemm_family_records_the_few_row_points_and_the_builds_rule(tmp_path) -> None:
+    pytest.importorskip("torch")
+    from calibration.kernels import KernelPlan, calibrate_kernels, few_gemm_points
+    from cdbsim.paths import FEW_ROWS_MAX, FEW_ROWS_MAX_HIDDEN
+
+    plan = KernelPlan(gemm_m=(1, 8, 32), gemm_n=(64, 4096), gemm_k=(64, 4096), repeats=2, warmup=1)
+    record = calibrate_kernels(tmp_path, device="cpu", plan=plan, families=("few_gemm",)).kernels
+    assert record["few_rows"] == {"rows": FEW_ROWS_MAX, "hidden": FEW_ROWS_MAX_HIDDEN}
+    measured = {tuple(p[:3]) for p in record["tables"]["few_gemm"]}
+    assert measured == set(few_gemm_points(plan))
+    assert (32, 64, 64) not in measured and (8, 4096, 4096) not in measured  # past its rows; a wide model's
+    assert (8, 4096, 64) in measured and all(p[3] > 0 for p in record["tables"]["few_gemm"])

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
+from cdbsim.arch import PRESETS, ArchSpec, LayerShape, LayerStyle
 from cdbsim.devices import device_preset
 from cdbsim.kernel_table import KernelTable
 from cdbsim.latency import H200, LatencyModel
@@ -131,7 +131,7 @@ def test_one_slow_small_batch_is_averaged_not_carried_to_every_larger_batch(monk
 def _probe_record(share: float, per_kernel: float) -> dict:
     """The shipped kernel record with its probe layers replaced by layers that take exactly their kernels'
     tables, ``share`` more of their GEMMs' and ``per_kernel`` seconds per kernel (many-row path)."""
-    from cdbsim.kernels import PROBE_SHAPES, KernelModel
+    from cdbsim.kernels import MANY_KERNELS, PROBE_SHAPES, KernelModel
 
     record = dict(kernel_profile().kernels)
     model = KernelModel({**record, "gaps": {}})
@@ -141,7 +141,8 @@ def _probe_record(share: float, per_kernel: float) -> dict:
         for rows, length in itertools.product((1, 2, 16, 128), (128, 2048)):
             kernels, path = model.layer_kernels(arch, rows, float(length))
             gemm = sum(t for name, t in kernels if name == "gemm")
-            extra = share * gemm + per_kernel * len(kernels) if path == "many" else 1e-7 * len(kernels)
+            # the many-row gap is per layer (MANY_KERNELS of them, whether the SwiGLU has its own kernel or not)
+            extra = share * gemm + per_kernel * MANY_KERNELS if path == "many" else 1e-7 * len(kernels)
             probes.append([index, rows, length, sum(t for _, t in kernels) + extra])
     return {**record, "probes": probes}
 
@@ -302,3 +303,27 @@ def test_profile_decode_plots_saved_tables_together(tmp_path) -> None:
     tables = [str(results / f"{name}.csv") for name in ("decode-profile", "decode-profile-skew")]
     assert script.main(["--summarize", *tables, "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_profile_composes_the_few_row_matmul_only_if_it_measured_it() -> None:
+    """A profile with a ``few_gemm`` table and the build's rule composes few-row launches of narrow models from
+    that table without the SwiGLU kernel; the shipped one (measured before) and wide models compose cuBLAS GEMMs
+    and the SwiGLU kernel, as their build ran them."""
+    from cdbsim.kernels import KernelModel
+
+    record = dict(kernel_profile().kernels)
+    assert "few_gemm" not in record["tables"]
+    gemm = record["tables"]["gemm"]
+    few = {**record, "tables": {**record["tables"], "few_gemm": [[m, n, k, 0.5 * t] for m, n, k, t in gemm]},
+           "few_rows": {"rows": 16, "hidden": 2048}}
+    narrow = ArchSpec(name="n", layer=PRESETS["ouro-1.4b"].layer, vocab=4096, prelude=0, core=1, coda=0, r_max=1)
+    wide = PRESETS["huginn-3.5b"]
+    old, new = KernelModel(record), KernelModel(few)
+    for model, arch, rows, few_path in ((old, narrow, 8, False), (new, narrow, 8, True), (new, narrow, 32, False),
+                                        (new, wide, 8, False)):
+        kernels, path = model.layer_kernels(arch, rows, 512.0)
+        names = [name for name, _ in kernels]
+        assert path == "many" and names.count("gemm") == 4
+        assert ("silu_mul" in names) != few_path, (arch.name, rows)
+    halved = sum(t for n, t in new.layer_kernels(narrow, 8, 512.0)[0] if n == "gemm")
+    assert halved == pytest.approx(0.5 * sum(t for n, t in old.layer_kernels(narrow, 8, 512.0)[0] if n == "gemm"))

@@ -33,9 +33,9 @@ def test_cuda_graph_executor_matches_reference_fp32() -> None:
     check_end_to_end("cuda", graphs=True, atol=1e-3)
 
 
-@pytest.mark.parametrize("fuse_rows", [0, 1], ids=["cublas", "chained"])
+@pytest.mark.parametrize("fuse_rows,few_rows", [(0, 0), (0, 16), (1, 16)], ids=["cublas", "few-rows", "chained"])
 @pytest.mark.parametrize("style", ["ouro", "huginn"])
-def test_bf16_lookahead_run_with_captured_graphs(style: str, fuse_rows: int) -> None:
+def test_bf16_lookahead_run_with_captured_graphs(style: str, fuse_rows: int, few_rows: int) -> None:
     from cdbsim.config import ServeConfig
     from executor.driver import execute
 
@@ -43,7 +43,7 @@ def test_bf16_lookahead_run_with_captured_graphs(style: str, fuse_rows: int) -> 
 
     arch = tiny_arch(style)
     model = tiny_model(arch, backend="triton", device="cuda", dtype=torch.bfloat16)
-    model.ops.fuse_rows = fuse_rows
+    model.ops.fuse_rows, model.ops.few_rows = fuse_rows, few_rows
     requests = tiny_requests(n=12, seed=11, max_prompt=60, max_output=20)
     config = ServeConfig(policy="refill", width=8, coda_batch=2, prefill_budget=64, timing="lookahead",
                          layout="depth")

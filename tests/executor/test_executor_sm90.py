@@ -44,3 +44,20 @@ def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int) -> N
                                     SPLITS=8, MIN_PER=64, PDL=True, EVICT=tk.DECODE_EVICT), tk.decode_tile(d)[1])
     r = sm90.resources(kernel)
     assert r.stack == 0 and r.fits, r
+
+
+@pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048, True), (2048, 5632, False),
+                                        (15840, 5280, False), (17920, 5280, True), (5280, 17920, False)])
+def test_few_row_matmul_compiles_at_its_shipped_configs(n: int, k: int, swiglu: bool) -> None:
+    from executor import few_rows
+    from executor.chain import LATE
+
+    cfg = few_rows.config_for(n, k, swiglu)
+    kernel = sm90.compile_sm90(few_rows._few_rows_kernel, sm90.SIGNATURES["few_rows"],
+                               dict(N=n, K=k, BLOCK_M=few_rows.BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                                    STAGES=cfg.stages, SWIGLU=swiglu, IEEE=False, PDL=LATE),
+                               cfg.num_warps, cfg.stages)
+    ptx = kernel.asm["ptx"]
+    assert "mma" in ptx and "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+    r = sm90.resources(kernel)
+    assert r.stack == 0 and r.fits, r

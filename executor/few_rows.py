@@ -1,0 +1,157 @@
+"""Matmuls of launches with a few rows (``x @ w.T`` for up to :data:`MAX_ROWS` rows), PDL-chained, optionally
+with the SwiGLU of a fused gate/up projection in the epilogue.
+
+Why: at 2-16 rows a decode layer's projections read a layer's weights and do next to no arithmetic, and cuBLAS
+reads them at about 60% of copy bandwidth on Ouro-1.4B's shapes (an H200 core step at B = 2 spent 940 us in
+GEMMs against 578 us of weight reads, ``benchmarks/results/decode-profile/shipped-ouro-pdl0.csv``). cuBLAS
+kernels are not launched with programmatic dependent launch either, so each starts only once its predecessor
+has drained, and the SwiGLU after the gate/up projection is one more launch.
+
+Design ("swap AB"). A program owns ``BLOCK_N`` output columns for every row and computes them as
+``w_tile @ x.T``: the weight tile ``[BLOCK_N, BLOCK_K]`` is the MMA's wide operand and the rows, padded to
+``BLOCK_M = 16`` with masked (never loaded) rows, its narrow one, so padding costs tensor-core work that is
+free here, not bandwidth. The program walks ``K`` in ``BLOCK_K`` chunks that Triton software-pipelines
+(``STAGES``). Its first weight chunk is loaded before the wait for the predecessor (``griddepcontrol.wait``):
+weights never depend on it, so under PDL a projection's weight stream starts under the tail of the kernel
+before it. The successor is let launch only after the K loop (:func:`executor.chain.pdl_mode`). With
+``SWIGLU`` the weight is the fused ``[2I, K]`` gate/up projection; each program holds the same
+columns of both halves and writes ``silu(gate) * up`` (each rounded to the output dtype first, as the torch
+backend rounds), ``[M, I]``.
+
+Which launches take it: :func:`cdbsim.paths.few_rows` (shared with the latency model's kernel composition).
+Launch configs are per ``(N, K, swiglu)`` from ``benchmarks/bench_chain.py --parts rows`` on the H200.
+Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (float32 in IEEE precision: how the tests check
+it against ``F.linear``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from cdbsim.paths import FEW_ROWS_MAX
+from executor.chain import LATE, launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
+
+MAX_ROWS = FEW_ROWS_MAX
+BLOCK_M = 16  # rows per MMA (tl.dot's smallest dimension); rows past M are masked, never loaded
+
+
+class FewRowsConfig(NamedTuple):
+    """One launch configuration: output columns per program (per half with SwiGLU), the K chunk, warps and
+    pipeline stages."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    stages: int
+
+
+# (N, K, swiglu) -> config, from benchmarks/bench_chain.py --parts rows on the H200 (benchmarks/results/few-row-matmul/
+# sweep, run while every kernel still let its successor launch early); other shapes use default_config. Huginn-3.5B's
+# entries serve explicit use (Ops(few_rows=...)): its default path is cuBLAS (cdbsim.paths.few_rows)
+CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
+    (6144, 2048, False): FewRowsConfig(64, 256, 4, 3),  # ouro.wqkv: 8.4 us at M = 8
+    (2048, 2048, False): FewRowsConfig(16, 256, 4, 4),  # ouro.wo: 5.5 us at M = 8
+    (5632, 2048, True): FewRowsConfig(32, 128, 2, 4),  # ouro.gate_up: 13.7 us at M = 8
+    (2048, 5632, False): FewRowsConfig(16, 256, 4, 6),  # ouro.down: 10.4 us at M = 8
+    (15840, 5280, False): FewRowsConfig(64, 256, 4, 4),  # huginn.wqkv: 44.2 us at M = 8
+    (5280, 5280, False): FewRowsConfig(64, 128, 4, 4),  # huginn.wo: 18.9 us at M = 8
+    (17920, 5280, True): FewRowsConfig(64, 128, 2, 2),  # huginn.gate_up: 100.4 us at M = 8
+    (5280, 17920, False): FewRowsConfig(32, 256, 4, 4),  # huginn.down: 52.3 us at M = 8
+    (5280, 10560, False): FewRowsConfig(32, 256, 2, 4),  # huginn.adapter: 30.7 us at M = 8
+}
+
+
+def default_config(n: int, k: int, swiglu: bool = False) -> FewRowsConfig:
+    """16 columns (32 for a wide output: at least ~3 programs per SM of an H200 either way) over 256-column
+    chunks, four warps, four stages."""
+    block_n = 32 if n >= 8192 and not swiglu else 16
+    return FewRowsConfig(block_n, min(256, max(16, triton.next_power_of_2(k))), 4, 4)
+
+
+def config_for(n: int, k: int, swiglu: bool = False) -> FewRowsConfig:
+    return CONFIGS.get((n, k, swiglu)) or default_config(n, k, swiglu)
+
+
+@triton.jit
+def _dot(w, x, acc, IEEE: tl.constexpr):
+    """``acc + w @ x.T`` in fp32 (IEEE products for fp32 inputs, which the interpreter checks)."""
+    if IEEE:
+        return tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+    return tl.dot(w, tl.trans(x), acc)
+
+
+@triton.jit
+def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SWIGLU: tl.constexpr,
+                     IEEE: tl.constexpr, PDL: tl.constexpr):
+    """``OUT[m, n] = sum_k X[m, k] W[n, k]`` for this program's ``BLOCK_N`` columns and all ``M`` rows; with
+    ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[m, n] = silu(gate) * up`` of rows ``n`` and ``N + n``."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
+    ks = tl.arange(0, BLOCK_K)
+    col_ok = (cols < N)[:, None]
+    row_ok = (rows < M)[:, None]
+    w_ptrs = W + cols.to(tl.int64)[:, None] * K + ks[None, :]
+    x_ptrs = X + rows.to(tl.int64)[:, None] * K + ks[None, :]
+    dt = OUT.dtype.element_ty
+    k_ok = (ks < K)[None, :]
+    w = tl.load(w_ptrs, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
+    u = w
+    if SWIGLU:
+        u = tl.load(w_ptrs + N * K, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
+    wait_for_predecessor(PDL)
+    x = tl.load(x_ptrs, mask=row_ok & k_ok, other=0.0)
+    acc = _dot(w, x, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), IEEE)
+    acc_up = acc
+    if SWIGLU:
+        acc_up = _dot(u, x, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), IEEE)
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+        k_ok = ((k0 + ks) < K)[None, :]
+        w = tl.load(w_ptrs + k0, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
+        x = tl.load(x_ptrs + k0, mask=row_ok & k_ok, other=0.0)
+        acc = _dot(w, x, acc, IEEE)
+        if SWIGLU:
+            u = tl.load(w_ptrs + N * K + k0, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
+            acc_up = _dot(u, x, acc_up, IEEE)
+    let_successor_launch(PDL)
+    if SWIGLU:
+        gate = acc.to(dt).to(tl.float32)
+        acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(dt).to(tl.float32)
+    out_ptrs = OUT + rows.to(tl.int64)[None, :] * N + cols[:, None]
+    tl.store(out_ptrs, acc.to(dt), mask=col_ok & (rows < M)[None, :])
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> None:
+    """Shapes, dtypes and contiguity (metadata only: no device work, no sync)."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.dtype != w.dtype:
+        raise ValueError(f"few-row matmul: activation {tuple(x.shape)} {x.dtype} does not fit weight "
+                         f"{tuple(w.shape)} {w.dtype}")
+    if not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"few-row matmul: takes 1..{MAX_ROWS} rows, got {x.shape[0]}")
+    if swiglu and w.shape[0] % 2:
+        raise ValueError(f"few-row matmul: a fused gate/up weight has an even row count, got {w.shape[0]}")
+    if not (x.is_contiguous() and w.is_contiguous()):
+        raise ValueError("few-row matmul: inputs must be contiguous")
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
+           config: FewRowsConfig | None = None, late: bool | None = None) -> torch.Tensor:
+    """``x @ w.T`` (``F.linear(x, w)``) for ``x`` ``[M, K]`` with ``M <= MAX_ROWS``, ``w`` ``[N, K]``; with
+    ``swiglu``, ``silu(gate) * up`` of the fused projection (``silu_mul(F.linear(x, w))``). ``late`` overrides
+    when the successor may launch (:func:`executor.chain.pdl_mode`; a benchmark compares)."""
+    _check(x, w, swiglu)
+    m, k = x.shape
+    n = w.shape[0] // 2 if swiglu else w.shape[0]
+    cfg = config or config_for(n, k, swiglu)
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    pdl = pdl_mode(x, "few_rows")
+    if pdl and late is not None:
+        pdl = LATE if late else 1
+    _few_rows_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x, w, out, m, N=n, K=k, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
+        SWIGLU=swiglu, IEEE=x.dtype == torch.float32, PDL=pdl, num_warps=cfg.num_warps, **launch_options(pdl))
+    return out

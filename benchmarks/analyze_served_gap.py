@@ -10,7 +10,8 @@ one the error follows. Runs anywhere (no GPU):
         --matrix calibration/matrices/unseen-h200.json --logs benchmarks/results/unseen/measured-logs.tgz
 
 The latency model is the one ``cdbsim validate`` uses for that configuration (``--profile``: the matrix
-entry's, by default ``auto``), with the run's block-table width.
+entry's, by default ``auto``), with the run's block-table width. ``--padded P`` keeps the launches of one
+graph size (so the length groups compare like with like).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from cdbsim.validate import launch_from_row
 from traces.errors import InputError
 
 IDLE_S = 2e-6          # a start more than this after the previous launch's end: the device waited
-LENGTH_BINS = [0, 256, 1024, 2048, 4096, 1 << 20]
+LENGTH_BINS = [0, 32, 64, 128, 256, 1024, 2048, 4096, 1 << 20]
 PADDING_BINS = [-0.01, 0.001, 0.15, 0.3, 1.0]  # share of a launch's rows that are padding
 PADDING_LABELS = ["none", "up to 15%", "15-30%", "over 30%"]
 
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs", type=Path, default=Path("benchmarks/results/unseen/measured-logs.tgz"),
                         help="directory or .tgz of saved logs")
     parser.add_argument("--profile", default="auto", help="profile name or file (default: auto)")
+    parser.add_argument("--padded", type=int, help="only launches of this padded batch size")
     args = parser.parse_args(argv)
     try:
         with unpacked_logs(args.logs, "--logs") as logs:
@@ -89,7 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{args.config}: measured over predicted device time ({args.profile} profile)")
+    if args.padded is not None:
+        d = d[d["padded"] == args.padded]
+        if d.empty:
+            print(f"error: {args.config} has no decode-type launch of padded size {args.padded}", file=sys.stderr)
+            return 2
+    print(f"{args.config}: measured over predicted device time ({args.profile} profile"
+          + (f", padded batch {args.padded}" if args.padded is not None else "") + ")")
     for by, title in (("all", "every launch"), ("padded", "by padded batch"), ("after", "by the launch before"),
                       ("idle_before", f"by an idle gap (> {IDLE_S * 1e6:g} us) before"),
                       ("length", "by attended length per row"), ("padding", "by the share of padded rows")):

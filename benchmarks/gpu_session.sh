@@ -38,8 +38,9 @@
 #                                           splits for four head shapes; every stage at B = 1 ... 256, L = 512
 #                                           and 4,096 against its roofline -> benchmarks/results/attention-sweep/
 #   bash benchmarks/gpu_session.sh gap      calibration's replay conditions against serving's (scattered KV blocks, the
-#                                           depth layout, sustained load, the metadata copy) for few-row core steps of
-#                                           the shipped models (MODELS, default huginn-3.5b); not run yet
+#                                           depth layout, sustained load, the metadata copy, a prelude just before) for
+#                                           core steps of the shipped models (MODELS, default huginn-3.5b; POINTS:
+#                                           stage:batch:context,...) -> benchmarks/results/few-row-matmul/gap/
 #   bash benchmarks/gpu_session.sh profile  core steps of the unseen shapes kernel by kernel against the kernel model's
 #                                           composition: uniform contexts (PDL on; off for the two smallest), then
 #                                           mixed contexts and loop steps -> benchmarks/results/decode-profile/
@@ -240,7 +241,8 @@ case $phase in
   gap)  # do few-row core steps time slower in calibration's replays than they serve? (each model about 100 s)
     for model in ${MODELS:-huginn-3.5b}; do
       run 200 "gap-$model" python3 benchmarks/probe_calibration_gap.py --repeats 10 --arch "$model" \
-        --points core:1:128,core:1:512,core:2:512,core:4:512,core:16:512,core:64:512 --out "$work/gap-$model.json"
+        --points "${POINTS:-core:1:128,core:1:512,core:2:512,core:4:512,core:16:512,core:64:512}" \
+        --out "$work/gap-$model.json"
     done
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)

@@ -14,6 +14,8 @@ changing them one at a time, then all together:
 ``sustained``  2 s of back-to-back replays before timing, instead of a short burst
 ``run-like``   random data + scatter + depth + sustained
 ``served``     run-like, each replay preceded by its metadata copy, as the executor launches it
+``after-prelude`` a core step queued right behind a prelude of the same rows, as a refill run launches most of
+               its full-width core steps: the pair timed, less the prelude timed alone
 
 ``base`` is how calibration measures now (random data, consecutive blocks, shared layout, burst). The
 table prints each variant's time and its ratio to ``base``; the JSON keeps everything. On the H200 every
@@ -52,12 +54,14 @@ class Variant:
     depth: bool = False
     sustained: bool = False
     copy: bool = False
+    after_prelude: bool = False
 
 
 VARIANTS = (Variant("base"), Variant("zeros", zeros=True), Variant("scatter", scatter=True),
             Variant("depth", depth=True), Variant("sustained", sustained=True),
             Variant("run-like", scatter=True, depth=True, sustained=True),
-            Variant("served", scatter=True, depth=True, sustained=True, copy=True))
+            Variant("served", scatter=True, depth=True, sustained=True, copy=True),
+            Variant("after-prelude", after_prelude=True))
 
 
 def measure(variant: Variant, arch: ArchSpec, repeats: int, device: torch.device,
@@ -71,8 +75,18 @@ def measure(variant: Variant, arch: ArchSpec, repeats: int, device: torch.device
     out = {}
     for stage, batch, context in points:
         mixed = variant.depth and stage is Stage.CORE
-        out[f"{stage.value} B={batch} L={context}"] = bench.timer(
-            bench.graph(stage, batch, context, mixed_steps=mixed, with_copy=variant.copy))
+        step = bench.graph(stage, batch, context, mixed_steps=mixed, with_copy=variant.copy)
+        key = f"{stage.value} B={batch} L={context}"
+        if variant.after_prelude and stage is Stage.CORE:
+            prelude = bench.graph(Stage.PRELUDE, batch, context)
+
+            def pair(prelude=prelude, step=step) -> None:
+                prelude()
+                step()
+
+            out[key] = bench.timer(pair) - bench.timer(prelude)
+        else:
+            out[key] = bench.timer(step)
     bench.close()
     return out
 

@@ -3,8 +3,7 @@
 What a stage of *any* looped model costs is composed from these tables by :mod:`cdbsim.kernels`. Each
 kernel is timed through the executor's own code (``F.linear`` for cuBLAS GEMMs; :class:`executor.ops.Ops`
 for the few-row matmul, the Triton norm, SwiGLU, RoPE/KV-write and attention kernels and the single-row chained
-kernels; the
-engine's real stages for the glue around them), as a CUDA graph that runs a chain of the kernel on
+kernels; the engine's real stages for the glue around them), as a CUDA graph that runs a chain of the kernel on
 distinct inputs (distinct weights, distinct KV cache layers) so that launch gaps, PDL overlap and L2 misses
 are those of a stage, queued behind a spin kernel (:class:`calibration.measure.Timer`). A kernel's time is
 the chain's over its length.
@@ -214,18 +213,36 @@ def _dtype(device: torch.device) -> torch.dtype:
 # ----- the families --------------------------------------------------------------------------------------
 def measure_gemm(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
     """``[m, n, k, t]``: ``F.linear`` of ``[m, k]`` by ``[n, k]`` (cuBLAS)."""
+    return _time_matmuls(plan.gemm_points(), F.linear, "gemm", chain, progress)
+
+
+def _time_matmuls(points: list[tuple[int, int, int]], matmul: Callable[[torch.Tensor, torch.Tensor], object],
+                  label: str, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
+    """``[m, n, k, t]`` of ``matmul(x [m, k], w [n, k])`` at ``points``, each a chain over distinct weights."""
     device, dtype = chain.device, _dtype(chain.device)
     rows = []
-    pairs = sorted({(n, k) for _, n, k in plan.gemm_points()})
-    for n, k in pairs:
+    for n, k in sorted({(n, k) for _, n, k in points}):
         count = chain_length(2 * n * k)
         weights = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(count)]
-        for m in plan.gemm_m:
-            progress(f"gemm m={m} n={n} k={k}")
+        for m in sorted({m for m, n2, k2 in points if (n2, k2) == (n, k)}):
+            progress(f"{label} m={m} n={n} k={k}")
             x = torch.randn(m, k, device=device, dtype=dtype)
-            rows.append([m, n, k, chain([lambda w=w, x=x: F.linear(x, w) for w in weights])])
+            rows.append([m, n, k, chain([lambda w=w, x=x: matmul(x, w) for w in weights])])
         del weights
     return rows
+
+
+def few_gemm_points(plan: KernelPlan) -> list[tuple[int, int, int]]:
+    """The GEMM grid's points a few-row launch can reach: at most ``FEW_ROWS_MAX`` rows, and (n, k) pairs of
+    a model no wider than ``FEW_ROWS_MAX_HIDDEN`` (its hidden size is one of the two)."""
+    return [(m, n, k) for m, n, k in plan.gemm_points() if m <= FEW_ROWS_MAX and min(n, k) <= FEW_ROWS_MAX_HIDDEN]
+
+
+def measure_few_gemm(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
+    """``[m, n, k, t]``: the few-row matmul (:mod:`executor.few_rows`; ``F.linear`` on a CPU) of ``[m, k]`` by
+    ``[n, k]``, chained under PDL as a layer runs it."""
+    ops = Ops(_backend(chain.device), few_rows=FEW_ROWS_MAX)
+    return _time_matmuls(few_gemm_points(plan), ops.linear, "few_gemm", chain, progress)
 
 
 def measure_gemv(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
@@ -591,28 +608,6 @@ def _backend(device: torch.device) -> str:
     from executor.ops import default_backend
 
     return default_backend(device)
-def few_gemm_points(plan: KernelPlan) -> list[tuple[int, int, int]]:
-    """The GEMM grid's points a few-row launch can reach: at most ``FEW_ROWS_MAX`` rows, and (n, k) pairs of
-    a model no wider than ``FEW_ROWS_MAX_HIDDEN`` (its hidden size is one of the two)."""
-    return [(m, n, k) for m, n, k in plan.gemm_points() if m <= FEW_ROWS_MAX and min(n, k) <= FEW_ROWS_MAX_HIDDEN]
-
-
-def measure_few_gemm(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
-    """``[m, n, k, t]``: the few-row matmul (:mod:`executor.few_rows`; ``F.linear`` on a CPU) of ``[m, k]`` by
-    ``[n, k]``, chained under PDL as a layer runs it."""
-    device, dtype = chain.device, _dtype(chain.device)
-    ops = Ops(_backend(device), few_rows=FEW_ROWS_MAX)
-    points = few_gemm_points(plan)
-    rows = []
-    for n, k in sorted({(n, k) for _, n, k in points}):
-        count = chain_length(2 * n * k)
-        weights = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(count)]
-        for m in sorted({m for m, n2, k2 in points if (n2, k2) == (n, k)}):
-            progress(f"few_gemm m={m} n={n} k={k}")
-            x = torch.randn(m, k, device=device, dtype=dtype)
-            rows.append([m, n, k, chain([lambda w=w, x=x: ops.linear(x, w) for w in weights])])
-        del weights
-    return rows
 
 
 # ----- the whole calibration -------------------------------------------------------------------------------

@@ -50,13 +50,16 @@
 #   bash benchmarks/gpu_session.sh rows     GPU tests; stages at 1-64 rows as built, with late PDL triggers everywhere, and
 #                                           with cuBLAS projections; SWEEP=1: the few-row matmul's configs against cuBLAS
 #                                           per projection shape -> benchmarks/results/few-row-matmul/
+#   bash benchmarks/gpu_session.sh pdl      GPU tests; the executor table; the stages with PDL behind cuBLAS too
+#                                           (CDBSIM_PDL=all); calibration's replays of 32-64-row core steps
+#                                           -> benchmarks/results/pdl-behind-cublas/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -241,9 +244,22 @@ case $phase in
   gap)  # do few-row core steps time slower in calibration's replays than they serve? (each model about 100 s)
     for model in ${MODELS:-huginn-3.5b}; do
       run 200 "gap-$model" python3 benchmarks/probe_calibration_gap.py --repeats 10 --arch "$model" \
-        --points "${POINTS:-core:1:128,core:1:512,core:2:512,core:4:512,core:16:512,core:64:512}" \
+        --variants "${VARIANTS:-base,zeros,scatter,depth,sustained,run-like,served,after-prelude,wide,queued}" --points "${POINTS:-core:1:128,core:1:512,core:2:512,core:4:512,core:16:512,core:64:512}" \
         --out "$work/gap-$model.json"
     done
+    ;;
+  pdl)  # GPU tests; the executor table (every stage at 1-256 rows, attention, prefill); the stages at L = 512 with
+    # the Triton kernels PDL-launched behind cuBLAS too (CDBSIM_PDL=all, the previous build); Ouro-1.4B's 32-64-row
+    # core steps replayed as calibration replays them, in a calibration-sized bench and back to back
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick --sizes 1 2 4 8 16 32 64 128 256)
+    run 300 bench-stages "${stages[@]}" --parts stages attention --contexts 512 4096 --prefill-tokens 512 2048 4096 \
+      --budget-s 270 --out "$work/stages"
+    CDBSIM_PDL=all run 120 bench-stages-all "${stages[@]}" --parts stages --contexts 512 --prefill-tokens 2048 \
+      --budget-s 100 --out "$work/stages-all"
+    run 80 gap-ouro-1.4b python3 benchmarks/probe_calibration_gap.py --repeats 10 --arch ouro-1.4b \
+      --variants base,sustained,wide,queued --points core:64:32,core:48:32,core:32:32,core:64:128,decode:64:128 \
+      --out "$work/gap-ouro-1.4b.json"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

@@ -16,6 +16,9 @@ changing them one at a time, then all together:
 ``served``     run-like, each replay preceded by its metadata copy, as the executor launches it
 ``after-prelude`` a core step queued right behind a prelude of the same rows, as a refill run launches most of
                its full-width core steps: the pair timed, less the prelude timed alone
+``wide``       the bench calibration builds (512 rows, 8,192 positions a row) instead of one sized to the points
+``queued``     replays queued back to back for 0.3 s, each timed by its own events, as a run's launches follow
+               each other (the median), instead of one replay behind a spin kernel
 
 ``base`` is how calibration measures now (random data, consecutive blocks, shared layout, burst). The
 table prints each variant's time and its ratio to ``base``; the JSON keeps everything. On the H200 every
@@ -31,13 +34,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from dataclasses import dataclass
 
 import torch
 
-from calibration.measure import Timer, UnitBench, probe_arch
+from calibration.measure import Plan, Timer, UnitBench, back_to_back, probe_arch
 from cdbsim.arch import PRESETS, ArchSpec
 from cdbsim.kvlayout import KVLayout
 from cdbsim.launch import Stage
@@ -55,13 +59,15 @@ class Variant:
     sustained: bool = False
     copy: bool = False
     after_prelude: bool = False
+    wide: bool = False
+    queued: bool = False
 
 
 VARIANTS = (Variant("base"), Variant("zeros", zeros=True), Variant("scatter", scatter=True),
             Variant("depth", depth=True), Variant("sustained", sustained=True),
             Variant("run-like", scatter=True, depth=True, sustained=True),
             Variant("served", scatter=True, depth=True, sustained=True, copy=True),
-            Variant("after-prelude", after_prelude=True))
+            Variant("after-prelude", after_prelude=True), Variant("wide", wide=True), Variant("queued", queued=True))
 
 
 def measure(variant: Variant, arch: ArchSpec, repeats: int, device: torch.device,
@@ -70,6 +76,10 @@ def measure(variant: Variant, arch: ArchSpec, repeats: int, device: torch.device
     layout = KVLayout.DEPTH if variant.depth else KVLayout.SHARED
     max_batch = max(b for _, b, _ in points)
     max_context = max(c for _, _, c in points) + 1
+    if variant.wide:
+        plan = Plan()
+        max_batch = max(max_batch, *plan.batches)
+        max_context = max(max_context, *plan.model_contexts, *plan.decode_contexts, plan.longest_prompt)
     bench = UnitBench(arch, max_batch, max_context, POSITIONS, layout, device, timer, zeros=variant.zeros,
                       scatter=variant.scatter)
     out = {}
@@ -85,6 +95,8 @@ def measure(variant: Variant, arch: ArchSpec, repeats: int, device: torch.device
                 step()
 
             out[key] = bench.timer(pair) - bench.timer(prelude)
+        elif variant.queued:
+            out[key] = statistics.median(t for _, t in back_to_back(step, 0.3, device, min_calls=repeats))
         else:
             out[key] = bench.timer(step)
     bench.close()
@@ -98,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--points", type=parse_points, default=POINTS,
                         help="stage:batch:context,... (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--variants", default=",".join(v.name for v in VARIANTS),
+                        help="comma-separated variants to run, base always first (default: all)")
     parser.add_argument("--out", help="write the times as JSON")
     args = parser.parse_args(argv)
     arch = probe_arch("probe_calibration_gap", args.arch)
@@ -105,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     results: dict[str, dict[str, float]] = {}
-    for variant in VARIANTS:  # each variant is printed and saved as it finishes: a cut-short run keeps them
+    chosen = {name.strip() for name in args.variants.split(",")} | {"base"}
+    unknown = chosen - {v.name for v in VARIANTS}
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(sorted(unknown))}; valid: {', '.join(v.name for v in VARIANTS)}")
+    for variant in (v for v in VARIANTS if v.name in chosen):  # each variant is printed and saved as it finishes: a cut-short run keeps them
         results[variant.name] = measure(variant, arch, args.repeats, torch.device("cuda"), args.points)
         print_row(variant.name, results[variant.name], results["base"], time.perf_counter() - t0)
         if args.out:

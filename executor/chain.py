@@ -30,7 +30,8 @@ its successor launch (``griddepcontrol.launch_dependents``) right away or, for t
 :func:`pdl_mode` that trigger late (the few-row matmul), after its main loop; a kernel that is not
 PDL-launched (cuBLAS, torch) orders the chain as usual. PDL is used on CUDA devices of compute capability 9
 and up unless ``CDBSIM_PDL=0``; CUDA graphs capture it as programmatic edges. This module also holds those
-PDL helpers for every Triton kernel of the executor.
+PDL helpers for every Triton kernel of the executor, and :func:`pdl_behind`, which keeps the kernels of a
+launch whose projections run on cuBLAS from being PDL-launched (why: its docstring).
 
 Measured on the H200 (``benchmarks/bench_chain.py``, ``benchmarks/results/chain/``): an Ouro-1.4B layer's
 four projections take 32 us with PDL (1.33x their weight reads), 36-39 us without, 47 us on cuBLAS with the
@@ -48,6 +49,9 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import NamedTuple
 
 import torch
@@ -129,12 +133,39 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(_index(device)) if device.type == "cuda" else 4
 
 
+_BEHIND_OWN: ContextVar[bool] = ContextVar("cdbsim_pdl_behind_own", default=True)
+
+
+@contextmanager
+def pdl_behind(own_kernels: bool) -> Iterator[None]:
+    """Within the block, PDL-launch the executor's Triton kernels only if ``own_kernels``: their predecessors
+    are kernels of this package (the chained or few-row path), not cuBLAS GEMMs. ``CDBSIM_PDL=all`` launches
+    them with PDL behind cuBLAS too.
+
+    Why: cuBLAS's kernels let their dependents launch before they end, so a PDL-launched norm or attention
+    kernel behind one becomes resident while the GEMM still has tiles to run, and waits there. On the H200
+    Ouro-1.4B's core step at B = 32, L = 32 took 1.578 ms with the norm, SwiGLU and attention kernels
+    PDL-launched behind cuBLAS and 1.472 ms without; at B = 64 1.51 or 1.61 ms depending on the capture
+    (1.54 without, every capture); its CB step at B = 64, L = 128 7.83 against 7.57 ms
+    (``benchmarks/results/pdl-behind-cublas``)."""
+    token = _BEHIND_OWN.set(own_kernels or os.environ.get("CDBSIM_PDL") == "all")
+    try:
+        yield
+    finally:
+        _BEHIND_OWN.reset(token)
+
+
+def pdl_allowed_here() -> bool:
+    """Whether the enclosing :func:`pdl_behind` block (if any) lets kernels be PDL-launched."""
+    return _BEHIND_OWN.get()
+
+
 def pdl_enabled(t: torch.Tensor) -> bool:
     """Whether kernels on ``t``'s device launch with PDL: CUDA, compute capability >= 9, not interpreted,
-    and ``CDBSIM_PDL`` not ``0``."""
+    ``CDBSIM_PDL`` not ``0``, and not in a :func:`pdl_behind` block of a cuBLAS path."""
     if t.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return False
-    if os.environ.get("CDBSIM_PDL", "1") == "0":
+    if os.environ.get("CDBSIM_PDL", "1") == "0" or not pdl_allowed_here():
         return False
     return _pdl_on(_index(t.device))
 

@@ -232,6 +232,11 @@ class LoopedLM(nn.Module):
     def run_layers(self, layers: nn.ModuleList, x: torch.Tensor, attn, first_layer: int,
                    tail_norm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Apply ``layers`` (cache layers ``first_layer ..``); also returns ``tail_norm(x)`` if given."""
+        with self.ops.pdl_scope(x.shape[0]):
+            return self._run_layers(layers, x, attn, first_layer, tail_norm)
+
+    def _run_layers(self, layers: nn.ModuleList, x: torch.Tensor, attn, first_layer: int,
+                    tail_norm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         cfg, ops = self.config, self.ops
         if not len(layers):
             return x, (ops.rms_norm(x, tail_norm, cfg.norm_eps) if tail_norm is not None else None)

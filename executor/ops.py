@@ -12,6 +12,7 @@ layer ``layer_base[i] + layer`` is ``(layer_base[i] + layer) * rows_per_layer + 
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -231,6 +232,7 @@ class Ops:
                 if not 0 <= value <= most:
                     raise ValueError(f"{name} must be 0..{most} on the triton backend, got {value}")
         self._few_linear = few.linear
+        self._pdl_behind = skinny.pdl_behind if backend == "triton" else None
         self.gemv = skinny.gemv
         self.gemv_rmsnorm = skinny.gemv_rmsnorm
         self.gemv_residual = skinny.gemv_residual
@@ -241,6 +243,14 @@ class Ops:
         self.decode_attention = impl.decode_attention
         self.rope_decode_attention = impl.rope_decode_attention
         self.prefill_attention = impl.prefill_attention
+
+    def pdl_scope(self, rows: int) -> AbstractContextManager[None]:
+        """A block of a launch of ``rows`` rows: its Triton kernels are PDL-launched only when its projections
+        are kernels of this package too (the chained or few-row path), not behind cuBLAS
+        (:func:`executor.chain.pdl_behind`)."""
+        if self._pdl_behind is None:
+            return nullcontext()
+        return self._pdl_behind(rows <= max(self.fuse_rows, self.few_rows))
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``x @ w.T``: the few-row matmul for launches of at most ``few_rows`` rows, else ``F.linear``."""

@@ -190,6 +190,29 @@ def test_pdl_is_off_without_a_gpu_or_when_disabled(monkeypatch) -> None:
         assert not c.pdl_enabled(torch.zeros(1, device="cuda"))
 
 
+def test_pdl_is_kept_off_behind_cublas(monkeypatch) -> None:
+    """A launch whose projections run on cuBLAS PDL-launches none of its Triton kernels; the chained and
+    few-row paths do, and ``CDBSIM_PDL=all`` restores PDL behind cuBLAS."""
+    from executor import chain as c
+    from executor.ops import Ops
+
+    ops = Ops("triton", fuse_rows=1, few_rows=16)
+    assert c.pdl_allowed_here()
+    with ops.pdl_scope(64):
+        assert not c.pdl_allowed_here()
+        with ops.pdl_scope(8):  # a nested block decides for itself
+            assert c.pdl_allowed_here()
+        assert not c.pdl_allowed_here()
+    assert c.pdl_allowed_here()
+    with ops.pdl_scope(1), Ops("triton").pdl_scope(1):  # chained rows of one Ops, cuBLAS rows of another
+        assert not c.pdl_allowed_here()
+    monkeypatch.setenv("CDBSIM_PDL", "all")
+    with ops.pdl_scope(256):
+        assert c.pdl_allowed_here()
+    with Ops("torch").pdl_scope(256):  # the torch backend launches no PDL kernels: nothing to scope
+        assert c.pdl_allowed_here()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])

@@ -95,7 +95,7 @@ class Plan:
     spread_points: tuple[tuple[int, int, int], ...] = (
         (2, 600, 4096), (4, 400, 4096), (8, 300, 4096), (9, 300, 4096), (16, 300, 4096), (17, 300, 4096),
         (32, 200, 4096), (13, 2500, 2500), (17, 2500, 2500))
-    decode_contexts: tuple[int, ...] = (128, 1024, 4096)
+    decode_contexts: tuple[int, ...] = (32, 128, 1024, 4096)
     model_max_positions: int = 65536  # the whole model's KV (shared slots) for batch x context
     # long prompts packed as serving packs them (2-8 to a launch): at thousands of tokens the attention's
     # share is large, and these set its cost per pair where it weighs (cdbsim.prefill)

@@ -22,7 +22,7 @@ matmul rate and per-kernel launch cost, so a user can ask what a GPU with other 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cdbsim.arch import ArchSpec
 from cdbsim.attention import CHAINED_MAX_HIDDEN, chained_walk_length, equivalent_length, padded_mean
@@ -289,8 +289,13 @@ class LatencyModel:
             terms = [(surfaces[c], count) for c, count in recipe(stage, a) if count]
             stage_time[stage] = summed(terms)
             lengths[stage] = measured_lengths
-        for stage in self.measured_stages - {Stage.PREFILL}:
-            surface = Surface(comps[model_stage_name(a, stage)])
+        measured = {stage: comps[model_stage_name(a, stage)] for stage in self.measured_stages - {Stage.PREFILL}}
+        if Stage.DECODE in measured and {Stage.PRELUDE, Stage.CORE, Stage.CODA} <= measured.keys():
+            loops = ((Stage.PRELUDE, 1), (Stage.CORE, a.r_max), (Stage.CODA, 1))
+            measured[Stage.DECODE] = below_shortest_context(
+                measured[Stage.DECODE], [(Surface(measured[stage]), count) for stage, count in loops])
+        for stage, fit in measured.items():
+            surface = Surface(fit)
             stage_time[stage], lengths[stage] = surface, surface.lengths
         for stage, fn in stage_time.items():
             self.tables[stage] = StageTable(fn, lengths[stage])
@@ -373,6 +378,33 @@ class LatencyModel:
         """B*(L) of a stage: the batch at which the weight-read floor stops dominating."""
         cost = self.costs[stage]
         return saturation_batch(cost.delta, cost.gamma, cost.alpha, context_len)
+
+
+def below_shortest_context(step: Fit, parts: list[tuple[Surface, int]]) -> Fit:
+    """A CB step's fit with points added below its shortest measured context, where the stages it is made of
+    (``parts``: each surface and how many times the step runs it) were measured shorter: at each measured
+    batch, the step's time at its shortest context less what the parts save between that context and the
+    shorter one.
+
+    Why: calibration measured the whole model's CB step from 128 positions and its prelude, core and coda
+    from 32, and below 128 the step's own first segment (128 to 1,024) continued down too gently: attention
+    costs more per position at short contexts, where a row's keys fit in one split. Ouro-1.4B's served CB
+    steps at W = 64 with at most 32 positions ran at 0.91 of that prediction
+    (``benchmarks/results/validation``)."""
+    points = [list(p) for p in step.points]
+    per_row = [round(c / max(b, 1.0)) for b, c, *_ in points]
+    shortest = min(per_row)
+    shorter = sorted({n for surface, _ in parts for n in surface.lengths if 0 < n < shortest})
+    if not shorter:
+        return step
+    added = []
+    for (b, _, *rest), n in zip(points, per_row, strict=True):
+        if n != shortest:
+            continue
+        for length in shorter:
+            saved = sum(count * (surface(b, shortest) - surface(b, length)) for surface, count in parts)
+            added.append([b, b * length, *rest[:-1], max(rest[-1] - saved, 1e-9)])
+    return replace(step, points=points + added)
 
 
 def summed(terms: list[tuple[Surface, int]]) -> Callable[[float, float], float]:

@@ -137,6 +137,24 @@ def test_below_the_shortest_length_times_stay_above_the_smallest_measured() -> N
     assert surface(2, 50) == pytest.approx(5.0 + (9.0 - 5.0) * 0.5)
 
 
+def test_a_cb_step_below_its_shortest_context_saves_what_its_stages_save() -> None:
+    """A CB step measured from 128 positions, made of a core (run twice) measured from 32: at 32 positions it
+    takes its 128-position time less twice what the core saves there; where its parts were measured no
+    shorter, the step's own fit stands."""
+    from cdbsim.latency import below_shortest_context
+
+    core = Surface(Fit(delta=1.0, points=[[b, b * n, t] for n, row in ((32, (1.0, 1.2)), (128, (1.5, 2.0)))
+                                          for b, t in zip((1, 4), row, strict=True)]))
+    step = Fit(delta=3.0, points=[[b, b * n, t] for n, row in ((128, (4.0, 5.0)), (1024, (8.0, 12.0)))
+                                  for b, t in zip((1, 4), row, strict=True)])
+    extended = Surface(below_shortest_context(step, [(core, 2)]))
+    assert extended(1, 32) == pytest.approx(4.0 - 2 * 0.5)
+    assert extended(4, 32) == pytest.approx(5.0 - 2 * 0.8)
+    assert extended(4, 80) == pytest.approx(3.4 + (5.0 - 3.4) * 0.5)  # linear between the knots
+    assert extended(1, 500) == Surface(step)(1, 500)
+    assert below_shortest_context(step, [(Surface(step), 1)]) is step
+
+
 SHAREGPT_1000 = ["--workload", "sharegpt", "-n", "1000", "--mean-depth", "2.5"]
 RAGGED_RUNS = [  # runs that used to meet Ouro's prelude below zero (ValueError: Negative delay)
     pytest.param(["predict", "--policy", "norefill", "--W", "128", "--kv-layout", "shared", *SHAREGPT_1000,

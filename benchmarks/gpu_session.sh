@@ -53,13 +53,15 @@
 #   bash benchmarks/gpu_session.sh pdl      GPU tests; the executor table; the stages with PDL behind cuBLAS too
 #                                           (CDBSIM_PDL=all); calibration's replays of 32-64-row core steps
 #                                           -> benchmarks/results/pdl-behind-cublas/
+#   bash benchmarks/gpu_session.sh splitk   GPU tests; the few-row O and down projections split over K (configs,
+#                                           then Ouro-1.4B's layers split 1-4 ways) -> benchmarks/results/few-row-matmul/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | splitk) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, splitk" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -260,6 +262,12 @@ case $phase in
     run 80 gap-ouro-1.4b python3 benchmarks/probe_calibration_gap.py --repeats 10 --arch ouro-1.4b \
       --variants base,sustained,wide,queued --points core:64:32,core:48:32,core:32:32,core:64:128,decode:64:128 \
       --out "$work/gap-ouro-1.4b.json"
+    ;;
+  splitk)  # the few-row matmul's O and down projections split over K: GPU tests, then their configs (rounds 1-3)
+    # against cuBLAS at 2-16 rows and Ouro-1.4B's layer projections with the split 1-4 ways
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 300 bench-rows python3 benchmarks/bench_chain.py --parts rows layers --shapes ouro.wo ouro.down \
+      --sizes 2 8 16 --out "$work/splitk.json"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

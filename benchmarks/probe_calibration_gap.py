@@ -23,7 +23,10 @@ changing them one at a time, then all together:
 ``base`` is how calibration measures now (random data, consecutive blocks, shared layout, burst). The
 table prints each variant's time and its ratio to ``base``; the JSON keeps everything. On the H200 every
 variant came within 1% of ``base`` (``benchmarks/results/calibration-gap-probe``): the gap was the
-executor's attention split, not a calibration condition (``cdbsim/attention.py``).
+executor's attention split, not a calibration condition (``cdbsim/attention.py``). Later, ``wide`` and ``queued``
+against ``base`` and runs with ``CDBSIM_PDL=0`` showed Ouro-1.4B's 32-64-row core steps taking one of two times per
+graph capture while its norm and attention kernels were PDL-launched behind cuBLAS
+(``benchmarks/results/pdl-behind-cublas``).
 
     python benchmarks/probe_calibration_gap.py --out probe.json          # on a CUDA GPU, about a minute
     python benchmarks/probe_calibration_gap.py --arch calibration/archs/unseen-huginn-2048.json \

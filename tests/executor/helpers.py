@@ -18,6 +18,19 @@ from traces.request import Request
 INIT_STD = {"ouro": 0.15, "huginn": 0.1}
 
 
+def replayed(kernel, change) -> object:
+    """``kernel``'s result replayed from a CUDA graph captured of it, after ``change()`` altered its inputs (so a
+    result that does not follow them shows)."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = kernel()
+    change()
+    graph.replay()
+    torch.cuda.synchronize()
+    return got
+
+
 def tiny_arch(style: str, r_max: int = 4, kv_heads: int = 2) -> ArchSpec:
     """hidden 64, 4 heads of 16 (GQA 2 kv heads), Ouro 0-2-0 or Huginn 1-2-1, vocab 101."""
     layer = LayerShape(hidden=64, intermediate=96, heads=4, kv_heads=kv_heads, head_dim=16, style=style)

@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from .helpers import replayed  # noqa: E402
 from .triton_interpreter import report_checks, run_interpreted  # noqa: E402
 
 EPS = 1e-6
@@ -75,15 +76,12 @@ def check_op(op: str, m: int, n: int, k: int, config, device: str, dtype, atol: 
     kernel, reference = _calls(op, t, config)
     got = kernel()
     if graph:
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            got = kernel()
-        for name in ("x", "branch"):
-            t[name].mul_(-0.5)
-        before = {name: v.clone() for name, v in t.items()}
-        g.replay()
-        torch.cuda.synchronize()
+        def change() -> None:
+            for name in ("x", "branch"):
+                t[name].mul_(-0.5)
+            before.update({name: v.clone() for name, v in t.items()})
+
+        got = replayed(kernel, change)
     for name, a, b in zip(("out", "x_new"), got, reference(), strict=False):
         _close(a, b, atol, rtol, f"{what} {name}")
     changed = [name for name, v in t.items() if not torch.equal(v, before[name])]

@@ -879,6 +879,23 @@ def validate(
              + f" | predicted with profile {profiles} | files in {out}")
 
 
+def _saved_launches(path: Path) -> list:
+    """The launch logs of every saved executor run under ``path`` (a directory of run directories, one run's
+    directory, or a .tgz of them), read before the archive's temporary copy goes."""
+    from calibration import validation as val
+    from cdbsim.logs import RunLog
+
+    if not path.exists():
+        raise ConfigError(f"--launch-gap {path}: no such directory or archive")
+    with val.unpacked_logs(path, "--launch-gap") as root:
+        if not root.is_dir():
+            raise ConfigError(f"--launch-gap {path}: not a directory of saved executor runs (or a .tgz of one)")
+        runs = [root] if RunLog.saved_in(root) else sorted(d for d in root.iterdir() if RunLog.saved_in(d))
+        if not runs:
+            raise ConfigError(f"--launch-gap {path}: no saved executor runs in it")
+        return [RunLog.load(run).launches for run in runs]
+
+
 @app.command()
 @friendly
 def calibrate(
@@ -899,16 +916,24 @@ def calibrate(
                          "mixed-context core steps (family skew) into this --arch model's profile.")] = None,
     families: Annotated[str | None, typer.Option(
         "--families", help="Kernel-level: comma-separated families to measure (default: all).")] = None,
+    launch_gap: Annotated[Path | None, typer.Option(
+        "--launch-gap", help="With --refit: set the device's launch gap to the mean back-to-back gap over these "
+                             "saved executor runs (a directory or .tgz, as validate --out saves them).")] = None,
 ) -> None:
     """Measure this GPU with the executor, fit the latency model, and write a profile per model and a
     kernel-level profile that predicts architectures nobody has built."""
-    from calibration.fit import attention_rows, quality_rows, refit_profile, saturation_rows
+    from calibration.fit import attention_rows, quality_rows, refit_profile, saturation_rows, with_launch_gap
     from calibration.run import calibrate as run_calibration
     from cdbsim.profile import load_profile_file
 
+    if launch_gap is not None and not refit:
+        raise ConfigError("--launch-gap goes with --refit (it sets the gap of the profiles refitted)")
     if refit:  # every file checked, read and refitted before any is rewritten
         refitted = [(path, refit_profile(load_profile_file(check_file(path, "--refit", (".json",)))))
                     for path in refit]
+        if launch_gap is not None:
+            logs = _saved_launches(launch_gap)
+            refitted = [(path, with_launch_gap(profile, logs)) for path, profile in refitted]
         for path, profile in refitted:
             profile.save(path)
             emit(quality_rows(profile), f"{profile.label()}: refitted fits", False, False,

@@ -216,6 +216,11 @@ case $phase in
     done
     run 400 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
       --out "$work/validation"
+    for model in ${MODELS:-ouro-1.4b ouro-2.6b huginn-3.5b}; do  # the board's launch gap, from the matrix's runs
+      run 30 "launch-gap-$model" python3 cli.py calibrate --refit "calibration/profiles/h200-$model.json" \
+        --launch-gap "$work/validation/measured"
+      cp "calibration/profiles/h200-$model.json" "$work/profiles/"
+    done
     ;;
   matrix)  # the validation matrix against the shipped profiles, then the GPU tests
     run 420 validate python3 cli.py validate --matrix calibration/matrices/validation-h200.json \

@@ -211,6 +211,13 @@ def fit_launch_gap(logs: list[pd.DataFrame]) -> float:
     return float(gaps.mean())
 
 
+def with_launch_gap(profile: Profile, logs: list[pd.DataFrame]) -> Profile:
+    """``profile`` with its device's launch gap (``device.launch_gap_s``) fitted over executor launch logs
+    (:func:`fit_launch_gap`): the gap is the board's and the build's, so it is fitted over runs on the board
+    and build the profile was measured with (the validation matrix of the same GPU call)."""
+    return replace(profile, device={**profile.device, "launch_gap_s": round(fit_launch_gap(logs), 12)})
+
+
 HUBER_SCALE_S = 2e-6  # residuals beyond this count linearly: a probe layer whose attention is off by tens of us
 
 

@@ -150,6 +150,37 @@ def test_calibrate_refit_rewrites_a_profile_from_its_raw_points(tmp_path) -> Non
     assert missing.exit_code == 2 and "does not exist" in missing.output
 
 
+def test_calibrate_refit_sets_the_launch_gap_from_saved_runs(tmp_path) -> None:
+    """--launch-gap fits the device's gap over the runs of a saved matrix (the shipped profiles' own came from
+    the logs beside them); it needs --refit and saved runs."""
+    import shutil
+    from pathlib import Path
+
+    import pandas as pd
+
+    from calibration.fit import fit_launch_gap
+    from calibration.validation import unpacked_logs
+
+    root = Path(__file__).parents[1]
+    logs = root / "benchmarks/results/validation/measured-logs.tgz"
+    path = tmp_path / "p.json"
+    shutil.copy(root / "calibration/profiles/h200-huginn-3.5b.json", path)
+    raw = json.loads(path.read_text())
+    raw["device"]["launch_gap_s"] = 9e-6
+    path.write_text(json.dumps(raw))
+    result = runner.invoke(app, ["calibrate", "--refit", str(path), "--launch-gap", str(logs)])
+    assert result.exit_code == 0, result.output
+    with unpacked_logs(logs) as runs:
+        want = fit_launch_gap([pd.read_parquet(f) for f in sorted(runs.glob("*/launches.parquet"))])
+    assert json.loads(path.read_text())["device"]["launch_gap_s"] == pytest.approx(want, rel=1e-9)
+    assert 1e-6 < want < 2e-6
+    for args, message in ((["--launch-gap", str(logs)], "goes with --refit"),
+                          (["--refit", str(path), "--launch-gap", str(tmp_path)], "no saved executor runs"),
+                          (["--refit", str(path), "--launch-gap", str(tmp_path / "none")], "no such directory")):
+        bad = runner.invoke(app, ["calibrate", *args])
+        assert bad.exit_code == 2 and message in " ".join(bad.output.split()), bad.output
+
+
 def run_predict(*args: str) -> dict:
     result = runner.invoke(app, ["predict", "--no-baseline", "--json", "--profile", "roofline", *args])
     assert result.exit_code == 0, result.output

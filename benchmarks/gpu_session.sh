@@ -11,9 +11,9 @@
 #                                           policies (K = 16), Ouro-1.4B calibration -> benchmarks/results/chain/final/
 #   bash benchmarks/gpu_session.sh k1       no-exit throughput of the three policies with refill at K = 1
 #                                           -> benchmarks/results/throughput-noexit/k1-chained/
-#   bash benchmarks/gpu_session.sh kernels  the kernel-level calibration but few_gemm (about 495 s) -> calibration/profiles/
-#                                           h200-kernels.json, benchmarks/results/kernels/; then, with that profile
-#                                           shipped, FAMILIES=few_gemm bash benchmarks/gpu_session.sh update
+#   bash benchmarks/gpu_session.sh kernels  the kernel-level calibration but the few-row families (about 535 s)
+#                                           -> calibration/profiles/h200-kernels.json, benchmarks/results/kernels/; then,
+#                                           that profile shipped, FAMILIES=few_gemm,few_swiglu bash benchmarks/gpu_session.sh update
 #   bash benchmarks/gpu_session.sh unseen   decode and prefill attention, the probes and the host re-measured into the kernel
 #                                           profile, then the unseen-shape matrix -> benchmarks/results/unseen/
 #                                           (ONLY=name,name runs those configurations of the matrix alone;
@@ -87,8 +87,9 @@ run() {  # run LIMIT_S NAME CMD...: time-limited step with its log kept; the arc
 case $phase in
   kernels)  # the kernel-level profile (copied out as soon as it exists: the calibration rewrites it per family);
     # run `matrix` in the next call, while the GPU is still held, to validate it on the same board. Every family but
-    # few_gemm (its ~80 compiled shapes do not fit this call): ship the profile, then `FAMILIES=few_gemm ... update`
-    families=$(python3 -c "from calibration.kernels import FAMILIES; print(','.join(f for f in FAMILIES if f != 'few_gemm'))")
+    # few_gemm and few_swiglu (their compiled shapes do not fit this call): ship the profile, then
+    # `FAMILIES=few_gemm,few_swiglu ... update`
+    families=$(python3 -c "from calibration.kernels import FAMILIES; print(','.join(f for f in FAMILIES if not f.startswith('few_')))")
     run 580 calibrate-kernels python3 cli.py calibrate --kernels --families "$families" --out "$work/profiles"
     cp "$work/profiles/h200-kernels.json" "$OUT/" 2>/dev/null
     ;;

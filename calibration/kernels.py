@@ -14,6 +14,8 @@ Families (see ``TABLE_DIMS`` in :mod:`cdbsim.kernels` for each table's dimension
   1,024-8,192 and intermediate sizes up to 24,576, non-powers of two included;
 * ``few_gemm``: the few-row matmul (:mod:`executor.few_rows`) at the GEMM grid's points a few-row launch reaches
   (at most 16 rows, models up to 2,048 wide), and the rule of the build (``few_rows``: which launches take it);
+* ``few_swiglu``: the same kernel as the gate/up projection runs it, SwiGLU in its epilogue, at those points
+  whose output is at least twice their input (``I`` x ``h``);
 * ``gemv``: the chained single-row kernels (plain, with an RMSNorm prologue, with a residual+norm prologue,
   with SwiGLU) for models up to 2,048 wide;
 * ``rope_kv``, ``decode_attention`` (paged, split-KV, with its merge), ``chained_attention`` (RoPE, KV write
@@ -217,13 +219,15 @@ def measure_gemm(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], 
 
 
 def _time_matmuls(points: list[tuple[int, int, int]], matmul: Callable[[torch.Tensor, torch.Tensor], object],
-                  label: str, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
-    """``[m, n, k, t]`` of ``matmul(x [m, k], w [n, k])`` at ``points``, each a chain over distinct weights."""
+                  label: str, chain: ChainTimer, progress: Callable[[str], None],
+                  weight_rows: int = 1) -> list[list[float]]:
+    """``[m, n, k, t]`` of ``matmul(x [m, k], w [weight_rows * n, k])`` at ``points``, each a chain over distinct
+    weights."""
     device, dtype = chain.device, _dtype(chain.device)
     rows = []
     for n, k in sorted({(n, k) for _, n, k in points}):
-        count = chain_length(2 * n * k)
-        weights = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(count)]
+        count = chain_length(2 * weight_rows * n * k)
+        weights = [torch.randn(weight_rows * n, k, device=device, dtype=dtype) * 0.02 for _ in range(count)]
         for m in sorted({m for m, n2, k2 in points if (n2, k2) == (n, k)}):
             progress(f"{label} m={m} n={n} k={k}")
             x = torch.randn(m, k, device=device, dtype=dtype)
@@ -244,6 +248,19 @@ def measure_few_gemm(plan: KernelPlan, chain: ChainTimer, progress: Callable[[st
     O and down projections run: :meth:`executor.ops.Ops.linear_partials`)."""
     ops = Ops(_backend(chain.device), few_rows=FEW_ROWS_MAX)
     return _time_matmuls(few_gemm_points(plan), ops.linear_partials, "few_gemm", chain, progress)
+
+
+def few_swiglu_points(plan: KernelPlan) -> list[tuple[int, int, int]]:
+    """``(m, I, h)`` of the few-row gate/up projections: the few-row points whose output is at least twice
+    their input (a SwiGLU MLP's ``2I``: I is 2.5-3.5 times the hidden size in the shapes calibrated), halved."""
+    return [(m, n // 2, k) for m, n, k in few_gemm_points(plan) if n >= 2 * k and n % 2 == 0]
+
+
+def measure_few_swiglu(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
+    """``[m, I, k, t]``: the few-row matmul of the fused gate/up weight ``[2I, k]`` with SwiGLU in its epilogue, as
+    a layer runs it (its own launch configuration; ``silu_mul(F.linear)`` on a CPU)."""
+    ops = Ops(_backend(chain.device), few_rows=FEW_ROWS_MAX)
+    return _time_matmuls(few_swiglu_points(plan), ops.linear_swiglu, "few_swiglu", chain, progress, weight_rows=2)
 
 
 def measure_gemv(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
@@ -612,8 +629,8 @@ def _backend(device: torch.device) -> str:
 
 
 # ----- the whole calibration -------------------------------------------------------------------------------
-FAMILIES = ("copy", "gemm", "few_gemm", "elementwise", "gemv", "attention", "skew", "prefill", "glue", "adapter",
-            "probes", "mixed_probes", "sustained", "host")
+FAMILIES = ("copy", "gemm", "few_gemm", "few_swiglu", "elementwise", "gemv", "attention", "skew", "prefill", "glue",
+            "adapter", "probes", "mixed_probes", "sustained", "host")
 
 
 def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan: KernelPlan | None = None,
@@ -671,6 +688,7 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
         record["few_rows"] = {"rows": FEW_ROWS_MAX, "hidden": FEW_ROWS_MAX_HIDDEN}  # the build's rule (cdbsim.paths)
 
     family("few_gemm", few_gemm)
+    family("few_swiglu", lambda: tables.update(few_swiglu=measure_few_swiglu(plan, chain, progress)))
     family("elementwise", lambda: tables.update(measure_elementwise(plan, chain, progress)))
     family("gemv", lambda: tables.update(gemv=measure_gemv(plan, chain, progress)))
 
@@ -706,9 +724,9 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
 
 
 def kernel_tables_complete(record: dict) -> list[str]:
-    """The tables :mod:`cdbsim.kernels` needs that a record lacks (``few_gemm`` is optional: a profile of a
-    build before the few-row matmul composes without it)."""
-    return [t for t in TABLE_DIMS if t not in record.get("tables", {}) and t != "few_gemm"]
+    """The tables :mod:`cdbsim.kernels` needs that a record lacks (``few_gemm`` and ``few_swiglu`` are optional:
+    a profile of a build before the few-row matmul composes without them)."""
+    return [t for t in TABLE_DIMS if t not in record.get("tables", {}) and t not in ("few_gemm", "few_swiglu")]
 
 
 def summary_rows(profile: Profile) -> list[dict]:

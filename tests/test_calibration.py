@@ -210,3 +210,26 @@ def test_few_gemm_family_records_the_few_row_points_and_the_builds_rule(tmp_path
     assert measured == set(few_gemm_points(plan))
     assert (32, 64, 64) not in measured and (8, 4096, 4096) not in measured  # past its rows; a wide model's
     assert (8, 4096, 64) in measured and all(p[3] > 0 for p in record["tables"]["few_gemm"])
+
+
+def test_few_swiglu_family_times_the_gate_up_kernel_and_the_model_reads_it(tmp_path) -> None:
+    """The SwiGLU variant is measured at the few-row points whose output is at least twice their input, as
+    ``(m, I, h)``; a record with it composes a few-row gate/up projection from it (not from the plain table)."""
+    pytest.importorskip("torch")
+    from dataclasses import replace
+
+    from calibration.kernels import KernelPlan, calibrate_kernels, few_swiglu_points
+    from cdbsim.arch import PRESETS
+    from cdbsim.kernels import KernelModel
+
+    plan = KernelPlan(gemm_m=(1, 8), gemm_n=(64, 4096), gemm_k=(64, 2048), repeats=2, warmup=1)
+    record = calibrate_kernels(tmp_path, device="cpu", plan=plan, families=("few_gemm", "few_swiglu")).kernels
+    measured = {tuple(p[:3]) for p in record["tables"]["few_swiglu"]}
+    assert measured == set(few_swiglu_points(plan)) == {(m, 2048, k) for m in (1, 8) for k in (64, 2048)}
+    shape = replace(PRESETS["ouro-1.4b"].layer, intermediate=2048)  # its gate/up on the table's grid
+    with_swiglu = KernelModel({**record, "tables": {**record["tables"], "few_swiglu": [[m, n, k, 1.0]
+                                                                                      for m, n, k in measured]}})
+    without = KernelModel({**record, "tables": {k: v for k, v in record["tables"].items() if k != "few_swiglu"}})
+    assert with_swiglu.projections(8, shape)[2][1] == pytest.approx(1.0)  # read off the SwiGLU table
+    assert without.projections(8, shape)[2][1] < 0.1  # the plain table's (a CPU's microseconds)
+    assert [t for _, t in with_swiglu.projections(8, shape)][:2] == [t for _, t in without.projections(8, shape)][:2]

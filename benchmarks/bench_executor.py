@@ -349,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--few-rows", type=int,
                         help="run the projections of other launches of at most this many rows on the few-row "
                              "matmul (executor.few_rows; default: the engine's own cut, 0: never)")
+    parser.add_argument("--fused-attention-rows", type=int,
+                        help="run RoPE, the KV write and attention of decode launches of at most this many rows "
+                             "as one kernel (default: the chained path's rows)")
     parser.add_argument("--sizes", type=int, nargs="+", help="batch sizes of the decode-type stages")
     parser.add_argument("--contexts", type=int, nargs="+", default=[512],
                         help="context lengths of the decode-type stages (sizes whose KV would exceed "
@@ -370,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if not 0 <= args.fuse_rows <= MAX_ROWS:
             parser.error(f"--fuse-rows must be 0..{MAX_ROWS}: the chained path takes single-row launches")
+    if args.fused_attention_rows is not None and args.fused_attention_rows < 0:
+        parser.error("--fused-attention-rows must be 0 or more")
     if args.few_rows is not None:
         from cdbsim.paths import FEW_ROWS_MAX
 
@@ -440,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
             models[name][1].ops.fuse_rows = args.fuse_rows  # 0: cuBLAS projections at every size
         if args.few_rows is not None:
             models[name][1].ops.few_rows = args.few_rows  # 0: cuBLAS projections beyond the chained path
+        if args.fused_attention_rows is not None:
+            models[name][1].ops.fused_attention_rows = args.fused_attention_rows
+        results["meta"]["fused_attention_rows"] = models[name][1].ops.fused_attention_rows
         results["meta"]["fuse_rows"] = models[name][1].ops.fuse_rows
         results["meta"]["few_rows"] = models[name][1].ops.few_rows
         if "stages" in args.parts:

@@ -53,15 +53,16 @@
 #   bash benchmarks/gpu_session.sh pdl      GPU tests; the executor table; the stages with PDL behind cuBLAS too
 #                                           (CDBSIM_PDL=all); calibration's replays of 32-64-row core steps
 #                                           -> benchmarks/results/pdl-behind-cublas/
-#   bash benchmarks/gpu_session.sh splitk   GPU tests; the few-row O and down projections split over K (configs,
-#                                           then Ouro-1.4B's layers split 1-4 ways) -> benchmarks/results/few-row-matmul/
+#   bash benchmarks/gpu_session.sh fewrow   GPU tests; the few-row O and down projections split over K (configs,
+#                                           then Ouro-1.4B's layers split 1-4 ways); Ouro-1.4B's 2-16-row stages with
+#                                           one-kernel attention and as built -> benchmarks/results/few-row-matmul/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | splitk) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, splitk" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | fewrow) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, fewrow" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -269,11 +270,16 @@ case $phase in
       --variants base,sustained,wide,queued --points core:64:32,core:48:32,core:32:32,core:64:128,decode:64:128 \
       --out "$work/gap-ouro-1.4b.json"
     ;;
-  splitk)  # the few-row matmul's O and down projections split over K: GPU tests, then their configs (rounds 1-3)
-    # against cuBLAS at 2-16 rows and Ouro-1.4B's layer projections with the split 1-4 ways
+  fewrow)  # two candidates for Ouro's 2-16-row launches: GPU tests; the O and down projections split over K
+    # (their configs, rounds 1-3, against cuBLAS; the layer's projections split 1-4 ways); Ouro-1.4B's stages with
+    # RoPE, KV write and attention as one kernel at up to 16 rows, and as built
     run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
-    run 300 bench-rows python3 benchmarks/bench_chain.py --parts rows layers --shapes ouro.wo ouro.down \
+    run 240 bench-rows python3 benchmarks/bench_chain.py --parts rows layers --shapes ouro.wo ouro.down \
       --sizes 2 8 16 --out "$work/splitk.json"
+    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b --quick --parts stages --sizes 2 4 8 16
+            --contexts 512 4096 --prefill-tokens 512 --budget-s 80)
+    run 100 bench-stages "${stages[@]}" --out "$work/stages"
+    run 100 bench-stages-fused "${stages[@]}" --fused-attention-rows 16 --out "$work/stages-fused"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

@@ -39,7 +39,7 @@ class DecodeAttention:
 
     def __call__(self, qkv: torch.Tensor, layer: int, q_bias: torch.Tensor | None,
                  k_bias: torch.Tensor | None) -> torch.Tensor:
-        if qkv.shape[0] <= self.ops.fuse_rows:  # the chained (latency-bound) path: one kernel
+        if qkv.shape[0] <= self.ops.fused_attention_rows:  # one kernel (the chained path's rows by default)
             return self.ops.rope_decode_attention(qkv, q_bias, k_bias, self.pos, self.rope, self.cache, self.row0,
                                                   self.layer_base, layer, self.fill, self.max_fill,
                                                   self.block_table, self.seq_len, self.scale)

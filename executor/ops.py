@@ -230,6 +230,7 @@ class Ops:
             impl = skinny = few = _TorchOps
         self.fuse_rows = fuse_rows or 0
         self.few_rows = few_rows or 0
+        self._fused_attention_rows: int | None = None
         if backend == "triton":  # the torch backend composes either path at any size
             for name, value, most in (("fuse_rows", self.fuse_rows, skinny.MAX_ROWS),
                                       ("few_rows", self.few_rows, few.MAX_ROWS)):
@@ -248,6 +249,18 @@ class Ops:
         self.decode_attention = impl.decode_attention
         self.rope_decode_attention = impl.rope_decode_attention
         self.prefill_attention = impl.prefill_attention
+
+    @property
+    def fused_attention_rows(self) -> int:
+        """Decode launches of at most this many rows run RoPE, the KV write and attention as one kernel
+        (:meth:`rope_decode_attention`, the in-kernel merge); larger ones as :meth:`rope_write_kv`,
+        :meth:`decode_attention` and its merge. The chained path's rows unless set (a benchmark compares the
+        few-row launches both ways)."""
+        return self.fuse_rows if self._fused_attention_rows is None else self._fused_attention_rows
+
+    @fused_attention_rows.setter
+    def fused_attention_rows(self, rows: int | None) -> None:
+        self._fused_attention_rows = rows
 
     def pdl_scope(self, rows: int) -> AbstractContextManager[None]:
         """A block of a launch of ``rows`` rows: its Triton kernels are PDL-launched only when its projections

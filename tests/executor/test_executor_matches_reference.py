@@ -135,3 +135,17 @@ def test_fused_small_batch_layers_equal_the_plain_ones(style: str) -> None:
     assert plain.logits.keys() == fused.logits.keys()
     worst = max(float((plain.logits[k] - fused.logits[k]).abs().max()) for k in plain.logits)
     assert worst < 1e-5
+
+
+@pytest.mark.parametrize("style", ["ouro", "huginn"])
+def test_fused_attention_on_multi_row_launches_matches_reference(style: str) -> None:
+    """Every decode launch's RoPE, KV write and attention composed as the one-kernel path composes them
+    (``Ops.fused_attention_rows`` past the width; a benchmark compares it with the three-kernel path)."""
+    arch = tiny_arch(style)
+    model = tiny_model(arch)
+    model.ops.fused_attention_rows = 64
+    requests = tiny_requests(seed=7)
+    config = ServeConfig(policy="refill", width=4, coda_batch=2, prefill_budget=32, timing="sync", layout="depth")
+    run = execute(arch, config, requests, kv_blocks=64, model=model, keep_logits=True)
+    assert run.log.launches["size"].max() > 1  # multi-row decode launches took the fused path
+    assert_matches_reference(run, model, arch, config, requests)

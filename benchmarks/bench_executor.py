@@ -347,8 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run batches of at most this many rows on the chained skinny-matmul path "
                              "(executor.chain; default: the engine's own cut, 0: never)")
     parser.add_argument("--few-rows", type=int,
-                        help="run the projections of other launches of at most this many rows on the few-row "
-                             "matmul (executor.few_rows; default: the engine's own cut, 0: never)")
+                        help="run the projections of other launches of at most this many rows (up to 64) on the "
+                             "few-row matmul (executor.few_rows; default: the engine's own cut, 0: never)")
     parser.add_argument("--fused-attention-rows", type=int,
                         help="run RoPE, the KV write and attention of decode launches of at most this many rows "
                              "as one kernel (default: the chained path's rows)")
@@ -376,10 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.fused_attention_rows is not None and args.fused_attention_rows < 0:
         parser.error("--fused-attention-rows must be 0 or more")
     if args.few_rows is not None:
-        from cdbsim.paths import FEW_ROWS_MAX
+        from executor.few_rows import MAX_ROWS as FEW_MAX
 
-        if not 0 <= args.few_rows <= FEW_ROWS_MAX:
-            parser.error(f"--few-rows must be 0..{FEW_ROWS_MAX}: the few-row matmul takes that many rows")
+        if not 0 <= args.few_rows <= FEW_MAX:
+            parser.error(f"--few-rows must be 0..{FEW_MAX}: the few-row matmul takes that many rows")
     global DEVICE, DTYPE
     if args.smoke:
         DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -54,8 +54,9 @@
 #                                           (CDBSIM_PDL=all); calibration's replays of 32-64-row core steps
 #                                           -> benchmarks/results/pdl-behind-cublas/
 #   bash benchmarks/gpu_session.sh fewrow   GPU tests; the few-row O and down projections split over K (configs,
-#                                           then Ouro-1.4B's layers split 1-4 ways); Ouro-1.4B's 2-16-row stages with
-#                                           one-kernel attention and as built -> benchmarks/results/few-row-matmul/
+#                                           then Ouro-1.4B's layers split 1-4 ways); Ouro-1.4B's 2-64-row stages as
+#                                           built, with one-kernel attention, with the few-row matmul up to 64 rows
+#                                           -> benchmarks/results/few-row-matmul/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
@@ -270,16 +271,17 @@ case $phase in
       --variants base,sustained,wide,queued --points core:64:32,core:48:32,core:32:32,core:64:128,decode:64:128 \
       --out "$work/gap-ouro-1.4b.json"
     ;;
-  fewrow)  # two candidates for Ouro's 2-16-row launches: GPU tests; the O and down projections split over K
-    # (their configs, rounds 1-3, against cuBLAS; the layer's projections split 1-4 ways); Ouro-1.4B's stages with
-    # RoPE, KV write and attention as one kernel at up to 16 rows, and as built
+  fewrow)  # three candidates for Ouro's launches of 2-64 rows: GPU tests; the O and down projections split over K
+    # (their configs, rounds 1-3, against cuBLAS; the layer's projections split 1-4 ways); Ouro-1.4B's stages as
+    # built, with RoPE, KV write and attention as one kernel up to 16 rows, and with the few-row matmul up to 64
     run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
-    run 240 bench-rows python3 benchmarks/bench_chain.py --parts rows layers --shapes ouro.wo ouro.down \
+    run 200 bench-rows python3 benchmarks/bench_chain.py --parts rows layers --shapes ouro.wo ouro.down \
       --sizes 2 8 16 --out "$work/splitk.json"
-    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b --quick --parts stages --sizes 2 4 8 16
-            --contexts 512 4096 --prefill-tokens 512 --budget-s 80)
-    run 100 bench-stages "${stages[@]}" --out "$work/stages"
-    run 100 bench-stages-fused "${stages[@]}" --fused-attention-rows 16 --out "$work/stages-fused"
+    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b --quick --parts stages --sizes 2 4 8 16 32 64
+            --contexts 512 4096 --prefill-tokens 512 --budget-s 60)
+    run 80 bench-stages "${stages[@]}" --out "$work/stages"
+    run 80 bench-stages-fused "${stages[@]}" --fused-attention-rows 16 --out "$work/stages-fused"
+    run 80 bench-stages-few64 "${stages[@]}" --few-rows 64 --out "$work/stages-few64"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from cdbsim.attention import CHAINED_MAX_HIDDEN
 
-FEW_ROWS_MAX = 16  # most rows the few-row matmul takes (its MMA's narrow side)
+FEW_ROWS_MAX = 16  # most rows a launch runs on the few-row matmul (measured; the kernel takes up to 64)
 FEW_ROWS_MAX_HIDDEN = CHAINED_MAX_HIDDEN  # widest model whose few-row launches take it (2,048 wins; 5,280 not)
 
 

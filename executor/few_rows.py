@@ -9,8 +9,8 @@ has drained, and the SwiGLU after the gate/up projection is one more launch.
 
 Design ("swap AB"). A program owns ``BLOCK_N`` output columns for every row and computes them as
 ``w_tile @ x.T``: the weight tile ``[BLOCK_N, BLOCK_K]`` is the MMA's wide operand and the rows, padded to
-``BLOCK_M = 16`` with masked (never loaded) rows, its narrow one, so padding costs tensor-core work that is
-free here, not bandwidth. The program walks ``K`` in ``BLOCK_K`` chunks that Triton software-pipelines
+``BLOCK_M`` (16, or the next power of two up to 64) with masked (never loaded) rows, its narrow one, so
+padding costs tensor-core work that is free here, not bandwidth. The program walks ``K`` in ``BLOCK_K`` chunks that Triton software-pipelines
 (``STAGES``). Its first weight chunk is loaded before the wait for the predecessor (``griddepcontrol.wait``):
 weights never depend on it, so under PDL a projection's weight stream starts under the tail of the kernel
 before it. The successor is let launch only after the K loop (:func:`executor.chain.pdl_mode`). With
@@ -43,8 +43,32 @@ import triton.language as tl
 from cdbsim.paths import FEW_ROWS_MAX
 from executor.chain import LATE, launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
 
-MAX_ROWS = FEW_ROWS_MAX
-BLOCK_M = 16  # rows per MMA (tl.dot's smallest dimension); rows past M are masked, never loaded
+MAX_ROWS = 64  # most rows the kernel takes; launches take it up to cdbsim.paths.FEW_ROWS_MAX rows (measured)
+MIN_BLOCK_M = 16  # rows per MMA at least (tl.dot's smallest dimension); rows past M are masked, never loaded
+SHARED_BUDGET = 224 * 1024  # bytes of tiles a program may hold in shared memory (an H200 block: 227 KB)
+assert FEW_ROWS_MAX <= MAX_ROWS
+
+
+def block_rows(m: int) -> int:
+    """The MMA's row tile for ``m`` rows: 16, 32 or 64."""
+    return max(MIN_BLOCK_M, triton.next_power_of_2(m))
+
+
+def warps_for(cfg: FewRowsConfig, block_m: int) -> int:
+    """``cfg``'s warps, more for a taller row tile (each thread's share of the ``[BLOCK_N, BLOCK_M]`` float32
+    accumulators stays what the config measured at 16 rows; at most 8 warps): a 2-warp SwiGLU config spilled
+    112-360 bytes a thread at 32-64 rows when compiled for sm_90 with its own warps."""
+    return min(8, cfg.num_warps * block_m // MIN_BLOCK_M)
+
+
+def stages_for(cfg: FewRowsConfig, block_m: int, swiglu: bool) -> int:
+    """``cfg``'s pipeline stages, fewer where a taller row tile would not fit :data:`SHARED_BUDGET` (the configs
+    are measured at 16 rows; their stages are kept there). Triton holds ``stages + 1`` tiles of weights and rows
+    (the sm_90 compile of the shipped configs at 32 and 64 rows: 245,760 bytes for 4 stages of 48 KB)."""
+    if block_m <= MIN_BLOCK_M:
+        return cfg.stages
+    per_stage = ((2 if swiglu else 1) * cfg.block_n + block_m) * cfg.block_k * 2
+    return max(2, min(cfg.stages, SHARED_BUDGET // per_stage - 1))
 
 
 class FewRowsConfig(NamedTuple):
@@ -193,8 +217,10 @@ def _launch(x: torch.Tensor, w: torch.Tensor, n: int, swiglu: bool, cfg: FewRows
     pdl = pdl_mode(x, "few_rows")
     if pdl and late is not None:
         pdl = LATE if late else 1
+    block_m = block_rows(m)
+    stages, warps = stages_for(cfg, block_m, swiglu), warps_for(cfg, block_m)
     _few_rows_kernel[(triton.cdiv(n, cfg.block_n), splits)](
-        x, w, out, m, N=n, K=k, BLOCK_M=BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
+        x, w, out, m, N=n, K=k, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=stages,
         SWIGLU=swiglu, IEEE=x.dtype == torch.float32, PDL=pdl, SPLIT_K=splits, K_SPLIT=k_split if splits > 1 else 0,
-        num_warps=cfg.num_warps, **launch_options(pdl))
+        num_warps=warps, **launch_options(pdl))
     return out

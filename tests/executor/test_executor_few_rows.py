@@ -93,12 +93,13 @@ def checks(device: str = "cpu", dtype=None, atol: float = 1e-4, rtol: float = 1e
     C = f.FewRowsConfig  # (block_n, block_k, num_warps, stages)
     out = {}
     for kind, swiglu in (("plain", False), ("swiglu", True)):
-        cases = [(m, 40, 72, C(16, 32, 4, 2)) for m in (1, 3, f.MAX_ROWS)]  # three chunks, the last ragged
+        # three chunks, the last ragged; row tiles of 16, 32 and 64
+        cases = [(m, 40, 72, C(16, 32, 4, 2)) for m in (1, 3, 16, 17, 40, f.MAX_ROWS)]
         cases += [(5, 48, 64, C(32, 64, 4, 3)), (2, 24, 40, None)]  # one chunk; the default
         out[kind] = lambda cases=cases, swiglu=swiglu: [
             check_linear(m, n, k, swiglu, cfg, device, dtype, atol, rtol, graph) for m, n, k, cfg in cases]
     # split K: two ranges (the last ragged), four, and three asked of two chunks (two ranges result)
-    split = [(m, 40, 72, C(16, 32, 4, 2, 2), 2) for m in (1, 3, f.MAX_ROWS)]
+    split = [(m, 40, 72, C(16, 32, 4, 2, 2), 2) for m in (1, 3, 16, 33)]
     split += [(5, 48, 200, C(32, 32, 4, 3, 4), 4), (2, 24, 64, C(16, 32, 4, 2, 3), 2)]
     out["split"] = lambda: [check_split(m, n, k, cfg, splits, device, dtype, atol, rtol, graph)
                             for m, n, k, cfg, splits in split]
@@ -182,8 +183,11 @@ def test_ops_dispatch_by_rows() -> None:
         config = ModelConfig.from_arch(PRESETS[name])
         assert default_ops(config, "triton").few_rows == rows  # measured: Huginn-3.5B's cuBLAS GEMMs win
         assert default_ops(config, "torch").few_rows == 0
+    from executor.few_rows import MAX_ROWS
+
+    assert Ops("triton", few_rows=MAX_ROWS).few_rows == MAX_ROWS  # the kernel takes more rows than the rule gives
     with pytest.raises(ValueError, match="few_rows"):
-        Ops("triton", few_rows=FEW_ROWS_MAX + 1)
+        Ops("triton", few_rows=MAX_ROWS + 1)
 
 
 @pytest.mark.gpu

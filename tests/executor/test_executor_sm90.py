@@ -46,17 +46,22 @@ def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int) -> N
     assert r.stack == 0 and r.fits, r
 
 
-@pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048, True), (2048, 5632, False),
-                                        (15840, 5280, False), (17920, 5280, True), (5280, 17920, False)])
-def test_few_row_matmul_compiles_at_its_shipped_configs(n: int, k: int, swiglu: bool) -> None:
+@pytest.mark.parametrize("rows", [16, 32, 64])
+@pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048, True), (2048, 2048, False),
+                                        (2048, 5632, False), (15840, 5280, False), (17920, 5280, True),
+                                        (5280, 17920, False)])
+def test_few_row_matmul_compiles_at_its_shipped_configs(n: int, k: int, swiglu: bool, rows: int) -> None:
+    """At every row tile, with the stages that fit it (a 64-row tile takes more shared memory per stage)."""
     from executor import few_rows
     from executor.chain import LATE
 
     cfg = few_rows.config_for(n, k, swiglu)
+    block_m = few_rows.block_rows(rows)
+    stages = few_rows.stages_for(cfg, block_m, swiglu)
     kernel = sm90.compile_sm90(few_rows._few_rows_kernel, sm90.SIGNATURES["few_rows"],
-                               dict(N=n, K=k, BLOCK_M=few_rows.BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                    STAGES=cfg.stages, SWIGLU=swiglu, IEEE=False, PDL=LATE, SPLIT_K=1, K_SPLIT=0),
-                               cfg.num_warps, cfg.stages)
+                               dict(N=n, K=k, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                                    STAGES=stages, SWIGLU=swiglu, IEEE=False, PDL=LATE, SPLIT_K=1, K_SPLIT=0),
+                               few_rows.warps_for(cfg, block_m), stages)
     ptx = kernel.asm["ptx"]
     assert "mma" in ptx and "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
     r = sm90.resources(kernel)
@@ -72,7 +77,7 @@ def test_few_row_matmul_compiles_split_over_k(n: int, k: int, split: int) -> Non
     cfg = few_rows.config_for(n, k)
     k_split = -(-(-(-k // split)) // cfg.block_k) * cfg.block_k
     kernel = sm90.compile_sm90(few_rows._few_rows_kernel, {**sm90.SIGNATURES["few_rows"], "OUT": "*fp32"},
-                               dict(N=n, K=k, BLOCK_M=few_rows.BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                               dict(N=n, K=k, BLOCK_M=few_rows.MIN_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                     STAGES=cfg.stages, SWIGLU=False, IEEE=False, PDL=LATE, SPLIT_K=split,
                                     K_SPLIT=k_split), cfg.num_warps, cfg.stages)
     assert "mma" in kernel.asm["ptx"]

@@ -282,6 +282,11 @@ case $phase in
     run 80 bench-stages "${stages[@]}" --out "$work/stages"
     run 80 bench-stages-fused "${stages[@]}" --fused-attention-rows 16 --out "$work/stages-fused"
     run 80 bench-stages-few64 "${stages[@]}" --few-rows 64 --out "$work/stages-few64"
+    # served few-row core steps ran 4% under the table (validation/served-gap-ouro-W64.txt): replayed alone as
+    # calibration times them, or back to back as served?
+    run 60 gap-ouro-1.4b python3 benchmarks/probe_calibration_gap.py --repeats 10 --arch ouro-1.4b \
+      --variants base,queued --points core:1:512,core:2:512,core:4:512,core:16:512,core:64:512 \
+      --out "$work/gap-ouro-1.4b.json"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

@@ -376,7 +376,7 @@ def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
                           lambda w=w: fr.linear(act, w["down"], late=late)]
             return calls
 
-        def few_split(split: int, x=x, o=o, act=act) -> list[Callable[[], object]]:
+        def few_split(split: int, x=x, branch=branch, o=o, act=act) -> list[Callable[[], object]]:
             """The few-row path as a layer runs it, O and down split over K into float32 partials that the
             next residual norm adds (each norm reads the previous projection's output)."""
             held: dict[str, torch.Tensor] = {}

@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = chosen - {v.name for v in VARIANTS}
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(sorted(unknown))}; valid: {', '.join(v.name for v in VARIANTS)}")
-    for variant in (v for v in VARIANTS if v.name in chosen):  # each variant is printed and saved as it finishes: a cut-short run keeps them
+    # each variant is printed and saved as it finishes: a cut-short run keeps them
+    for variant in (v for v in VARIANTS if v.name in chosen):
         results[variant.name] = measure(variant, arch, args.repeats, torch.device("cuda"), args.points)
         print_row(variant.name, results[variant.name], results["base"], time.perf_counter() - t0)
         if args.out:

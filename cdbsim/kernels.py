@@ -228,8 +228,8 @@ class KernelModel:
         """A layer's four projections and its SwiGLU: ``(qkv, o, gate/up [+ silu_mul], down)``. On the few-row
         matmul the SwiGLU is in the gate/up projection's epilogue (the ``few_swiglu`` table where the profile
         measured it: the kernel the executor runs, on its own launch configuration; else timed as the plain
-        projection of the same weight bytes) and its other GEMMs read the ``few_gemm`` table; they are named ``gemm`` either way, for the
-        layer's GEMM share."""
+        projection of the same weight bytes) and its other GEMMs read the ``few_gemm`` table; they are named
+        ``gemm`` either way, for the layer's GEMM share."""
         h, i = s.hidden, s.intermediate
         qkv = (s.heads + 2 * s.kv_heads) * s.head_dim
         table = "few_gemm" if self.few(rows, h) else "gemm"

@@ -10,13 +10,13 @@ has drained, and the SwiGLU after the gate/up projection is one more launch.
 Design ("swap AB"). A program owns ``BLOCK_N`` output columns for every row and computes them as
 ``w_tile @ x.T``: the weight tile ``[BLOCK_N, BLOCK_K]`` is the MMA's wide operand and the rows, padded to
 ``BLOCK_M`` (16, or the next power of two up to 64) with masked (never loaded) rows, its narrow one, so
-padding costs tensor-core work that is free here, not bandwidth. The program walks ``K`` in ``BLOCK_K`` chunks that Triton software-pipelines
-(``STAGES``). Its first weight chunk is loaded before the wait for the predecessor (``griddepcontrol.wait``):
-weights never depend on it, so under PDL a projection's weight stream starts under the tail of the kernel
-before it. The successor is let launch only after the K loop (:func:`executor.chain.pdl_mode`). With
-``SWIGLU`` the weight is the fused ``[2I, K]`` gate/up projection; each program holds the same
-columns of both halves and writes ``silu(gate) * up`` (each rounded to the output dtype first, as the torch
-backend rounds), ``[M, I]``.
+padding costs tensor-core work that is free here, not bandwidth. The program walks ``K`` in ``BLOCK_K``
+chunks that Triton software-pipelines (``STAGES``). Its first weight chunk is loaded before the wait for the
+predecessor (``griddepcontrol.wait``): weights never depend on it, so under PDL a projection's weight stream
+starts under the tail of the kernel before it. The successor is let launch only after the K loop
+(:func:`executor.chain.pdl_mode`). With ``SWIGLU`` the weight is the fused ``[2I, K]`` gate/up projection; each
+program holds the same columns of both halves and writes ``silu(gate) * up`` (each rounded to the output dtype
+first, as the torch backend rounds), ``[M, I]``.
 
 Split K. A projection with few output columns (Ouro-1.4B's O and down projections: 2,048) has about one program
 per SM, each streaming a long weight slab alone. With ``split_k`` > 1 each column block is walked by that many
@@ -47,28 +47,6 @@ MAX_ROWS = 64  # most rows the kernel takes; launches take it up to cdbsim.paths
 MIN_BLOCK_M = 16  # rows per MMA at least (tl.dot's smallest dimension); rows past M are masked, never loaded
 SHARED_BUDGET = 224 * 1024  # bytes of tiles a program may hold in shared memory (an H200 block: 227 KB)
 assert FEW_ROWS_MAX <= MAX_ROWS
-
-
-def block_rows(m: int) -> int:
-    """The MMA's row tile for ``m`` rows: 16, 32 or 64."""
-    return max(MIN_BLOCK_M, triton.next_power_of_2(m))
-
-
-def warps_for(cfg: FewRowsConfig, block_m: int) -> int:
-    """``cfg``'s warps, more for a taller row tile (each thread's share of the ``[BLOCK_N, BLOCK_M]`` float32
-    accumulators stays what the config measured at 16 rows; at most 8 warps): a 2-warp SwiGLU config spilled
-    112-360 bytes a thread at 32-64 rows when compiled for sm_90 with its own warps."""
-    return min(8, cfg.num_warps * block_m // MIN_BLOCK_M)
-
-
-def stages_for(cfg: FewRowsConfig, block_m: int, swiglu: bool) -> int:
-    """``cfg``'s pipeline stages, fewer where a taller row tile would not fit :data:`SHARED_BUDGET` (the configs
-    are measured at 16 rows; their stages are kept there). Triton holds ``stages + 1`` tiles of weights and rows
-    (the sm_90 compile of the shipped configs at 32 and 64 rows: 245,760 bytes for 4 stages of 48 KB)."""
-    if block_m <= MIN_BLOCK_M:
-        return cfg.stages
-    per_stage = ((2 if swiglu else 1) * cfg.block_n + block_m) * cfg.block_k * 2
-    return max(2, min(cfg.stages, SHARED_BUDGET // per_stage - 1))
 
 
 class FewRowsConfig(NamedTuple):
@@ -107,6 +85,29 @@ def default_config(n: int, k: int, swiglu: bool = False) -> FewRowsConfig:
 
 def config_for(n: int, k: int, swiglu: bool = False) -> FewRowsConfig:
     return CONFIGS.get((n, k, swiglu)) or default_config(n, k, swiglu)
+
+
+def block_rows(m: int) -> int:
+    """The MMA's row tile for ``m`` rows: 16, 32 or 64."""
+    return max(MIN_BLOCK_M, triton.next_power_of_2(m))
+
+
+def warps_for(cfg: FewRowsConfig, block_m: int) -> int:
+    """``cfg``'s warps, more for a taller row tile (each thread's share of the ``[BLOCK_N, BLOCK_M]`` float32
+    accumulators stays what the config measured at 16 rows; at most 8 warps): a 2-warp SwiGLU config spilled
+    112-360 bytes a thread at 32-64 rows when compiled for sm_90 with its own warps."""
+    return min(8, cfg.num_warps * block_m // MIN_BLOCK_M)
+
+
+def stages_for(cfg: FewRowsConfig, block_m: int, swiglu: bool) -> int:
+    """``cfg``'s pipeline stages, fewer where a taller row tile would not fit :data:`SHARED_BUDGET` (the configs
+    are measured at 16 rows; their stages are kept there). Triton holds ``stages + 1`` tiles of weights and rows
+    (the sm_90 compile of the shipped configs at 32 and 64 rows: 245,760 bytes for 4 stages of 48 KB)."""
+    if block_m <= MIN_BLOCK_M:
+        return cfg.stages
+    per_stage = ((2 if swiglu else 1) * cfg.block_n + block_m) * cfg.block_k * 2
+    return max(2, min(cfg.stages, SHARED_BUDGET // per_stage - 1))
+
 
 
 @triton.jit

@@ -75,7 +75,7 @@ def test_few_row_matmul_compiles_split_over_k(n: int, k: int, split: int) -> Non
     from executor.chain import LATE
 
     cfg = few_rows.config_for(n, k)
-    k_split = -(-(-(-k // split)) // cfg.block_k) * cfg.block_k
+    k_split = triton.cdiv(triton.cdiv(k, split), cfg.block_k) * cfg.block_k
     kernel = sm90.compile_sm90(few_rows._few_rows_kernel, {**sm90.SIGNATURES["few_rows"], "OUT": "*fp32"},
                                dict(N=n, K=k, BLOCK_M=few_rows.MIN_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                     STAGES=cfg.stages, SWIGLU=False, IEEE=False, PDL=LATE, SPLIT_K=split,

@@ -2,16 +2,19 @@
 
 A launch in a serving run can differ from the same launch in calibration by what ran before it (another
 stage, a KV fill), by an idle gap before it (the device waited for the host), by its padded batch, by the
-share of its rows that are padding (a graph of 24 rows serving 17) or by its context. Grouping the
-measured/predicted ratio of every decode-type launch of saved executor logs by each of these shows which
-one the error follows. Runs anywhere (no GPU):
+share of its rows that are padding (a graph of 24 rows serving 17), by its context and how unevenly its rows
+share it (longest over mean), by exiting rows (and their KV copies) or by how many loop steps it mixes.
+Grouping the measured/predicted ratio of every decode-type launch of saved executor logs by each of these
+shows which one the error follows. Runs anywhere (no GPU):
 
     python benchmarks/analyze_served_gap.py --config huginn-2048-sharegpt-refill \\
         --matrix calibration/matrices/unseen-h200.json --logs benchmarks/results/unseen/measured-logs.tgz
 
 The latency model is the one ``cdbsim validate`` uses for that configuration (``--profile``: the matrix
 entry's, by default ``auto``), with the run's block-table width. ``--padded P`` keeps the launches of one
-graph size (so the length groups compare like with like).
+graph size (so the length groups compare like with like). ``--config`` takes several configurations
+(comma-separated): their launches are pooled, and ``--within-padded`` groups each feature within padded-batch
+ranges, so a size's own ratio does not pass for the feature's.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ IDLE_S = 2e-6          # a start more than this after the previous launch's end:
 LENGTH_BINS = [0, 32, 64, 128, 256, 1024, 2048, 4096, 1 << 20]
 PADDING_BINS = [-0.01, 0.001, 0.15, 0.3, 1.0]  # share of a launch's rows that are padding
 PADDING_LABELS = ["none", "up to 15%", "15-30%", "over 30%"]
+SPREAD_BINS = [0, 1.2, 1.5, 2, 3, 5, 1e9]  # longest context over the mean of a launch's rows
+PADDED_RANGES = [0, 1, 4, 16, 32, 64, 1 << 20]  # padded-batch ranges --within-padded groups by
 
 
 def ratios(config: str, logs: Path, matrix: Path, profile: str) -> pd.DataFrame:
@@ -64,13 +69,25 @@ def launch_ratios(config: str, logs: Path, matrix: Path, profile: str) -> pd.Dat
     d["length"] = pd.cut(d["context"] / d["size"], LENGTH_BINS).astype(str)
     d["padding"] = pd.cut((d["padded"] - d["size"]) / d["padded"].clip(lower=1), PADDING_BINS,
                           labels=PADDING_LABELS).astype(str)
+    d["spread"] = pd.cut(d["longest"] / (d["context"] / d["size"]).clip(lower=1e-9), SPREAD_BINS).astype(str)
+    d["exiting"] = d["exits"] > 0
+    d["loop_steps"] = d["step_mix"].fillna("").str.count(":")
+    d["sizes"] = pd.cut(d["padded"], PADDED_RANGES).astype(str)
     d["all"] = "all"
     return d
 
 
-def grouped(d: pd.DataFrame, by: str) -> pd.DataFrame:
-    """Launches and measured/predicted (summed seconds) per stage and ``by``."""
-    table = d.groupby(["stage", by], observed=True).agg(
+FEATURES = (("all", "every launch"), ("padded", "by padded batch"), ("after", "by the launch before"),
+            ("idle_before", f"by an idle gap (> {IDLE_S * 1e6:g} us) before"),
+            ("length", "by attended length per row"), ("padding", "by the share of padded rows"),
+            ("spread", "by longest over mean context"), ("exiting", "by exiting rows"),
+            ("loop_steps", "by loop steps mixed"))
+
+
+def grouped(d: pd.DataFrame, by: str, within: str | None = None) -> pd.DataFrame:
+    """Launches and measured/predicted (summed seconds) per stage and ``by`` (and ``within``, first)."""
+    keys = ["stage", *([within] if within else []), by]
+    table = d.groupby(keys, observed=True).agg(
         launches=("measured_s", "size"), measured_s=("measured_s", "sum"), predicted_s=("predicted_s", "sum"))
     table["measured/predicted"] = table["measured_s"] / table["predicted_s"]
     return table.drop(columns=["measured_s", "predicted_s"]).reset_index().rename(columns={by: "group"})
@@ -78,16 +95,20 @@ def grouped(d: pd.DataFrame, by: str) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="a configuration of the matrix with a saved log")
+    parser.add_argument("--config", required=True,
+                        help="configurations of the matrix with saved logs (comma-separated: pooled)")
     parser.add_argument("--matrix", type=Path, default=Path("calibration/matrices/unseen-h200.json"))
     parser.add_argument("--logs", type=Path, default=Path("benchmarks/results/unseen/measured-logs.tgz"),
                         help="directory or .tgz of saved logs")
     parser.add_argument("--profile", default="auto", help="profile name or file (default: auto)")
     parser.add_argument("--padded", type=int, help="only launches of this padded batch size")
+    parser.add_argument("--within-padded", action="store_true",
+                        help=f"group every feature within padded-batch ranges ({PADDED_RANGES[1:-1]} bounds)")
     args = parser.parse_args(argv)
+    configs = [c.strip() for c in args.config.split(",") if c.strip()]
     try:
         with unpacked_logs(args.logs, "--logs") as logs:
-            d = ratios(args.config, logs, args.matrix, args.profile)
+            d = pd.concat([ratios(config, logs, args.matrix, args.profile) for config in configs])
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -96,13 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         if d.empty:
             print(f"error: {args.config} has no decode-type launch of padded size {args.padded}", file=sys.stderr)
             return 2
-    print(f"{args.config}: measured over predicted device time ({args.profile} profile"
-          + (f", padded batch {args.padded}" if args.padded is not None else "") + ")")
-    for by, title in (("all", "every launch"), ("padded", "by padded batch"), ("after", "by the launch before"),
-                      ("idle_before", f"by an idle gap (> {IDLE_S * 1e6:g} us) before"),
-                      ("length", "by attended length per row"), ("padding", "by the share of padded rows")):
+    print(f"{', '.join(configs)}: measured over predicted device time ({args.profile} profile"
+          + (f", padded batch {args.padded}" if args.padded is not None else "")
+          + (", within padded-batch ranges" if args.within_padded else "") + ")")
+    within = "sizes" if args.within_padded else None
+    for by, title in FEATURES:
         print(f"{title}")
-        print(grouped(d, by).round(3).to_string(index=False) + "\n")
+        print(grouped(d, by, within if by not in ("all", "padded") else None).round(3).to_string(index=False) + "\n")
     return 0
 
 

@@ -289,3 +289,17 @@ def test_served_gap_analysis_names_the_configurations_of_its_matrix(capsys) -> N
     assert code == 2
     assert err.startswith("error: ") and err.count("\n") == 1
     assert "'no-such-run'" in err and "huginn-alpaca-norefill-W64" in err
+    # several configurations pool their launches; --within-padded splits each feature by padded-batch range
+    code = module.main(["--config", "ouro-alpaca-cb-W64,ouro-alpaca-cb-W256", "--matrix",
+                        "calibration/matrices/validation-h200.json", "--logs",
+                        "benchmarks/results/validation/measured-logs.tgz", "--within-padded"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("ouro-alpaca-cb-W64, ouro-alpaca-cb-W256:")
+    every = next(line for line in out.splitlines() if line.strip().startswith("decode   all"))
+    from calibration.validation import unpacked_logs
+
+    with unpacked_logs(Path("benchmarks/results/validation/measured-logs.tgz")) as logs:
+        each = [len(module.ratios(c, logs, Path("calibration/matrices/validation-h200.json"), "auto"))
+                for c in ("ouro-alpaca-cb-W64", "ouro-alpaca-cb-W256")]
+    assert int(every.split()[2]) == sum(each) and min(each) > 0  # both runs' decode launches
+    assert "by loop steps mixed" in out and "(32, 64]" in out

@@ -59,6 +59,7 @@ from calibration.measure import (
     spread_contexts,
 )
 from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
+from cdbsim.attention import CHAINED_MAX_HIDDEN
 from cdbsim.kernels import GEMV_OPS, PROBE_SHAPES, STYLE_CODE, TABLE_DIMS
 from cdbsim.kvlayout import KVLayout
 from cdbsim.latency import H200
@@ -263,23 +264,36 @@ def measure_few_swiglu(plan: KernelPlan, chain: ChainTimer, progress: Callable[[
     return _time_matmuls(few_swiglu_points(plan), ops.linear_swiglu, "few_swiglu", chain, progress, weight_rows=2)
 
 
+def gemv_points(plan: KernelPlan) -> list[tuple[str, int, int]]:
+    """``(op, n, k)`` of the chained single-row kernels a layer can launch: it runs on models no wider than
+    :data:`~cdbsim.attention.CHAINED_MAX_HIDDEN`, so the ops whose input is the hidden state (the QKV and
+    gate/up projections, with their norm or residual prologue) take ``k`` up to that width, and the plain one
+    (O and down, whose output is the hidden state) ``n`` up to it. Points past those would never be read; on
+    the H200 they took more than half of the family's 134 s."""
+    out = []
+    for op in GEMV_OPS:
+        for n, k in itertools.product(plan.gemv_n, plan.gemv_k):
+            if (k if op != "gemv" else n) <= CHAINED_MAX_HIDDEN:
+                out.append((op, n, k))
+    return out
+
+
 def measure_gemv(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
-    """``[op, n, k, t]``: the chained single-row kernels (:mod:`executor.chain`) at one row."""
+    """``[op, n, k, t]``: the chained single-row kernels (:mod:`executor.chain`) at one row, at
+    :func:`gemv_points`."""
     device, dtype = chain.device, _dtype(chain.device)
     ops = Ops(_backend(device), fuse_rows=1)
     rows = []
-    for n, k in itertools.product(plan.gemv_n, plan.gemv_k):
-        for op, code in GEMV_OPS.items():
-            width = 2 * n if op == "swiglu" else n
-            if op == "swiglu" and width > 2 * max(plan.gemv_n):
-                continue
-            progress(f"gemv {op} n={n} k={k}")
-            count = chain_length(2 * width * k)
-            ws = [torch.randn(width, k, device=device, dtype=dtype) * 0.02 for _ in range(count)]
-            x, branch = (torch.randn(1, k, device=device, dtype=dtype) for _ in range(2))
-            norm = torch.ones(k, device=device, dtype=dtype)
-            calls = [_gemv_call(ops, op, w, x, branch, norm) for w in ws]
-            rows.append([code, n, k, chain(calls)])
+    for op, n, k in gemv_points(plan):
+        code = GEMV_OPS[op]
+        width = 2 * n if op == "swiglu" else n
+        progress(f"gemv {op} n={n} k={k}")
+        count = chain_length(2 * width * k)
+        ws = [torch.randn(width, k, device=device, dtype=dtype) * 0.02 for _ in range(count)]
+        x, branch = (torch.randn(1, k, device=device, dtype=dtype) for _ in range(2))
+        norm = torch.ones(k, device=device, dtype=dtype)
+        calls = [_gemv_call(ops, op, w, x, branch, norm) for w in ws]
+        rows.append([code, n, k, chain(calls)])
     return rows
 
 

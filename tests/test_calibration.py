@@ -233,3 +233,31 @@ def test_few_swiglu_family_times_the_gate_up_kernel_and_the_model_reads_it(tmp_p
     assert with_swiglu.projections(8, shape)[2][1] == pytest.approx(1.0)  # read off the SwiGLU table
     assert without.projections(8, shape)[2][1] < 0.1  # the plain table's (a CPU's microseconds)
     assert [t for _, t in with_swiglu.projections(8, shape)][:2] == [t for _, t in without.projections(8, shape)][:2]
+
+
+def test_gemv_points_cover_every_chained_layer_and_only_those() -> None:
+    """The single-row family measures only what a chained layer launches (models up to 2,048 wide), and
+    brackets every such launch of the shipped, probe and unseen shapes in its op's grid."""
+    from pathlib import Path
+
+    from calibration.kernels import KernelPlan, gemv_points
+    from cdbsim.arch import PRESETS, load_arch
+    from cdbsim.attention import CHAINED_MAX_HIDDEN
+    from cdbsim.kernels import PROBE_SHAPES
+
+    points = gemv_points(KernelPlan())
+    grid = {op: ({n for o, n, _ in points if o == op}, {k for o, _, k in points if o == op})
+            for op in ("gemv", "rmsnorm", "residual", "swiglu")}
+    assert len(points) < 4 * len(KernelPlan().gemv_n) * len(KernelPlan().gemv_k)
+    assert all(k <= CHAINED_MAX_HIDDEN for op, _, k in points if op != "gemv")
+    assert all(n <= CHAINED_MAX_HIDDEN for op, n, _ in points if op == "gemv")
+    archs = [*(a.layer for a in PRESETS.values()), *PROBE_SHAPES,
+             *(load_arch(str(p)).layer for p in sorted(Path("calibration/archs").glob("*.json")))]
+    narrow = [s for s in archs if s.hidden <= CHAINED_MAX_HIDDEN]
+    assert len(narrow) >= 5
+    for s in narrow:  # the chained layer's launches (cdbsim.kernels.KernelModel.layer_kernels)
+        qkv = (s.heads + 2 * s.kv_heads) * s.head_dim
+        for op, n, k in (("residual", qkv, s.hidden), ("gemv", s.hidden, s.heads * s.head_dim),
+                         ("swiglu", s.intermediate, s.hidden), ("gemv", s.hidden, s.intermediate)):
+            ns, ks = grid[op]
+            assert min(ns) <= n <= max(ns) and min(ks) <= k <= max(ks), (s, op, n, k)

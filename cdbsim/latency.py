@@ -289,13 +289,15 @@ class LatencyModel:
             terms = [(surfaces[c], count) for c, count in recipe(stage, a) if count]
             stage_time[stage] = summed(terms)
             lengths[stage] = measured_lengths
-        measured = {stage: comps[model_stage_name(a, stage)] for stage in self.measured_stages - {Stage.PREFILL}}
-        if Stage.DECODE in measured and {Stage.PRELUDE, Stage.CORE, Stage.CODA} <= measured.keys():
-            loops = ((Stage.PRELUDE, 1), (Stage.CORE, a.r_max), (Stage.CODA, 1))
-            measured[Stage.DECODE] = below_shortest_context(
-                measured[Stage.DECODE], [(Surface(measured[stage]), count) for stage, count in loops])
-        for stage, fit in measured.items():
-            surface = Surface(fit)
+        measured = {stage: Surface(comps[model_stage_name(a, stage)])
+                    for stage in self.measured_stages - {Stage.PREFILL, Stage.DECODE}}
+        if Stage.DECODE in self.measured_stages:
+            step = comps[model_stage_name(a, Stage.DECODE)]
+            if {Stage.PRELUDE, Stage.CORE, Stage.CODA} <= measured.keys():
+                loops = ((Stage.PRELUDE, 1), (Stage.CORE, a.r_max), (Stage.CODA, 1))
+                step = below_shortest_context(step, [(measured[stage], count) for stage, count in loops])
+            measured[Stage.DECODE] = Surface(step)
+        for stage, surface in measured.items():
             stage_time[stage], lengths[stage] = surface, surface.lengths
         for stage, fn in stage_time.items():
             self.tables[stage] = StageTable(fn, lengths[stage])

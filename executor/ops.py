@@ -213,7 +213,7 @@ class Ops:
     the fused composition against the plain one.
 
     ``few_rows``: other launches of at most this many rows run their projections on the few-row matmul
-    (:mod:`executor.few_rows`, up to 16 rows; :meth:`linear`, :meth:`linear_swiglu`). 0 (off) unless given;
+    (:mod:`executor.few_rows`, up to its ``MAX_ROWS``; :meth:`linear`, :meth:`linear_swiglu`). 0 (off) unless given;
     :func:`executor.model.few_rows` picks the models' default.
     """
 

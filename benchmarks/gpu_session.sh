@@ -53,9 +53,6 @@
 #   bash benchmarks/gpu_session.sh pdl      GPU tests; the executor table; the stages with PDL behind cuBLAS too
 #                                           (CDBSIM_PDL=all); calibration's replays of 32-64-row core steps
 #                                           -> benchmarks/results/pdl-behind-cublas/
-#   bash benchmarks/gpu_session.sh prefetch GPU tests with the O and gate/up weights prefetched into L2 during attention
-#                                           (executor/l2_prefetch.py); Ouro-1.4B's 1-32-row stages without it and with
-#                                           four settings of it (CDBSIM_L2_PREFETCH) -> benchmarks/results/l2-prefetch/
 #   bash benchmarks/gpu_session.sh fewrow   GPU tests; the few-row O and down projections split over K (configs,
 #                                           then Ouro-1.4B's layers split 1-4 ways); Ouro-1.4B's 2-64-row stages as
 #                                           built, with one-kernel attention, with the few-row matmul up to 64 rows
@@ -65,8 +62,8 @@
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | fewrow | prefetch) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, fewrow, prefetch" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | fewrow) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, fewrow" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -290,16 +287,6 @@ case $phase in
     run 60 gap-ouro-1.4b python3 benchmarks/probe_calibration_gap.py --repeats 10 --arch ouro-1.4b \
       --variants base,queued --points core:1:512,core:2:512,core:4:512,core:16:512,core:64:512 \
       --out "$work/gap-ouro-1.4b.json"
-    ;;
-  prefetch)  # does pulling the next projections' weights into L2 while attention runs pay at 1-32 rows?
-    CDBSIM_L2_PREFETCH=4096,1024 run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
-    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b --quick --parts stages --sizes 1 2 4 8 16 32
-            --contexts 512 4096 --prefill-tokens 512 --budget-s 60)
-    for setting in ${SETTINGS:-off 4096,0 4096,512 4096,1024 4096,2048 off}; do
-      tag=${setting//,/-}
-      [ -e "$work/stages-$tag" ] && tag=$tag-again  # the baseline runs first and last: the board's drift
-      CDBSIM_L2_PREFETCH=$setting run 80 "bench-stages-$tag" "${stages[@]}" --out "$work/stages-$tag"
-    done
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

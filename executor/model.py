@@ -131,9 +131,7 @@ class Layer(nn.Module):
     def forward(self, x: torch.Tensor, h: torch.Tensor, attn, layer: int, next_norm: torch.Tensor | None,
                 ops: Ops, eps: float, sandwich: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``h`` is ``norm1(x)``; returns the new residual and ``next_norm`` of it (None without one)."""
-        qkv = ops.linear(h, self.wqkv)
-        ops.prefetch_weights(h.shape[0], self.wo, self.w_gate_up)
-        o = attn(qkv, layer, self.q_bias, self.k_bias)
+        o = attn(ops.linear(h, self.wqkv), layer, self.q_bias, self.k_bias)
         x, h = ops.residual_norm(ops.linear_partials(o, self.wo), x, self.norm2, self.norm3, eps, sandwich)
         m = ops.linear_partials(ops.linear_swiglu(h, self.w_gate_up), self.w_down)
         return ops.residual_norm(m, x, self.norm4, next_norm, eps, sandwich)
@@ -151,7 +149,6 @@ class Layer(nn.Module):
             qkv = ops.gemv_rmsnorm(x, self.norm1, eps, self.wqkv)
         else:
             qkv, x = ops.gemv_residual(pending[0], x, pending[1], self.norm1, eps, sandwich, self.wqkv)
-        ops.prefetch_weights(x.shape[0], self.wo, self.w_gate_up)
         o = attn(qkv, layer, self.q_bias, self.k_bias)
         act, x = ops.gemv_residual(ops.gemv(o, self.wo), x, self.norm2, self.norm3, eps, sandwich,
                                    self.w_gate_up, swiglu=True)

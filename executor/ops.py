@@ -239,12 +239,6 @@ class Ops:
         self._few_linear = few.linear
         self._few_partials = few.linear_partials
         self._pdl_behind = skinny.pdl_behind if backend == "triton" else None
-        self._prefetch = None
-        if backend == "triton":
-            from executor import l2_prefetch
-
-            if (per_row := l2_prefetch.setting()) is not None:
-                self._prefetch = lambda wo, w_gate_up: l2_prefetch.prefetch(wo, per_row[0], w_gate_up, per_row[1])
         self.gemv = skinny.gemv
         self.gemv_rmsnorm = skinny.gemv_rmsnorm
         self.gemv_residual = skinny.gemv_residual
@@ -275,12 +269,6 @@ class Ops:
         if self._pdl_behind is None:
             return nullcontext()
         return self._pdl_behind(rows <= max(self.fuse_rows, self.few_rows))
-
-    def prefetch_weights(self, rows: int, wo: torch.Tensor, w_gate_up: torch.Tensor) -> None:
-        """Pull the O and gate/up projections' weights toward L2 while attention runs, on launches whose
-        projections are this package's kernels (:mod:`executor.l2_prefetch`; off unless ``CDBSIM_L2_PREFETCH``)."""
-        if self._prefetch is not None and rows <= max(self.fuse_rows, self.few_rows):
-            self._prefetch(wo, w_gate_up)
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``x @ w.T``: the few-row matmul for launches of at most ``few_rows`` rows, else ``F.linear``."""

@@ -120,12 +120,13 @@ case $phase in
       --budget-s 280 --out "$work/stages"
     ;;
   profile)  # which kernels of a core step differ from their kernel-table times (PART=uniform or skew: one half)
-    archs=$(printf 'calibration/archs/unseen-%s.json ' huginn-2048 ouro-1536 ouro-2560 huginn-3072)
+    # (ARCHS="a b": those architectures, names or files, both with PDL and without, instead of the unseen shapes)
+    archs=${ARCHS:-$(printf 'calibration/archs/unseen-%s.json ' huginn-2048 ouro-1536 ouro-2560 huginn-3072)}
     if [ "${PART:-uniform}" = uniform ]; then
       run 240 decode-profile python3 benchmarks/profile_decode.py --arch $archs \
         --points "${POINTS:-1:3072,2:256,4:256,16:256,4:3072,16:3072,64:512}" --out "$work/decode-profile"
       CDBSIM_PDL=0 run 150 decode-profile-nopdl python3 benchmarks/profile_decode.py \
-        --arch calibration/archs/unseen-huginn-2048.json calibration/archs/unseen-ouro-1536.json \
+        --arch ${ARCHS:-calibration/archs/unseen-huginn-2048.json calibration/archs/unseen-ouro-1536.json} \
         --points "${POINTS:-1:3072,2:256,4:256,16:256,4:3072,16:3072,64:512}" --out "$work/decode-profile-nopdl"
     fi
     if [ "${PART:-skew}" = skew ]; then  # rows at mixed contexts, at one loop step and at mixed ones

@@ -46,8 +46,10 @@ from cdbsim.profile import load_profile_file  # noqa: E402
 
 KERNEL_PROFILE = ROOT / "calibration" / "profiles" / "h200-kernels.json"
 # kernel-name fragments of each kernel table's family, first match wins (cuBLAS/CUTLASS GEMMs carry one of
-# the first); anything else is glue (copies, gathers, the adapter's cat)
-FAMILIES = {"gemm": ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas"), "chained_attention": ("_rope_decode_attn",),
+# the first; the few-row matmul counts as a GEMM, as the kernel model names it); anything else is glue (copies,
+# gathers, the adapter's cat)
+FAMILIES = {"gemm": ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas", "_few_rows_kernel"),
+            "chained_attention": ("_rope_decode_attn",),
             "decode_attention": ("_decode_attn",), "rope_kv": ("_rope_kv",), "residual_norm": ("_residual_norm",),
             "rms_norm": ("_rms_norm",), "silu_mul": ("_silu_mul",), "gemv": ("_chain_gemv",)}
 POSITIONS = 65536  # KV positions of the bench's cache (calibration's), or what the points need if more

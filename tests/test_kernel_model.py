@@ -255,6 +255,13 @@ def test_the_committed_core_steps_of_unseen_shapes_are_composed_within_seven_per
         assert point.set_index("family").measured_us.get("gemm", 0) > 0 or 1 in set(point.batch)
 
 
+def test_profile_decode_counts_the_few_row_matmul_as_a_gemm() -> None:
+    """The kernel model names the few-row matmul's projections ``gemm``; the profiler's families must match."""
+    script, _ = _profile_decode()
+    assert script.family("_few_rows_kernel") == "gemm" == script.family("nvjet_tst_64x8_64x16_4x1_v_bz_TNT")
+    assert script.family("_chain_gemv_kernel") == "gemv" and script.family("triton_poi_fused_cat_0") == "glue"
+
+
 def test_profile_decode_refuses_bad_points_and_missing_tables(tmp_path, capsys) -> None:
     import argparse
 

@@ -9,15 +9,12 @@ Two parts (``--parts``):
            copies exceed 200 MB, four times the L2, so every call streams from HBM), median of replays,
            per call. Under PDL consecutive calls overlap, as the kernels of a layer do.
 ``rows``   per decode shape, the few-row matmul (:mod:`executor.few_rows`): its configs at 8 rows (tile,
-           then warps and stages, then for projections without SwiGLU a split over K of 2-4 ranges, timed
-           as the float32 partials a residual norm reads), then the best at every ``--sizes`` against cuBLAS
-           (and the SwiGLU kernel).
+           then warps and stages), then the best at every ``--sizes`` against cuBLAS (and the SwiGLU kernel).
 ``layers`` Ouro-1.4B's four projections per layer, 24 layers of distinct weights in one graph, as the
            fused path runs them (residual + QKV, O, residual + gate/up + SwiGLU, down) with and without
            PDL, and at every ``--sizes`` as the few-row path and the cuBLAS path run them (the latter with
-           the Triton norm / SiLU kernels; attention left out), the few-row path also with O and down split
-           over K 1-4 ways and each norm reading the projection before it: microseconds per layer against
-           the weight-read roofline.
+           the Triton norm / SiLU kernels; attention left out): microseconds per layer against the
+           weight-read roofline.
 
     python benchmarks/bench_chain.py --out chain.json [--parts sweep rows layers] [--sizes 1 2 4 8 16] [--quick]
 
@@ -247,8 +244,6 @@ class RowsPoint(Point):
         from executor import few_rows
 
         w, x = self.w[i % self.copies], self.x[:m]
-        if cfg.split_k > 1:  # float32 partials, as a residual norm consumes them
-            return lambda: few_rows.linear_partials(x, w, cfg)
         return lambda: few_rows.linear(x, w, self.shape.op == "swiglu", cfg)
 
     def cublas_rows_call(self, i: int, m: int) -> Callable[[], torch.Tensor]:
@@ -263,7 +258,6 @@ class RowsPoint(Point):
         from executor import triton_kernels as tk
 
         got = self.few_call(cfg, 0, m)()
-        got = got.sum(0) if got.dim() == 3 else got
         want = F.linear(self.x[:m], self.w[0])
         want = tk.silu_mul(want) if self.shape.op == "swiglu" else want
         diff = (got.float() - want.float()).abs()
@@ -304,9 +298,6 @@ def sweep_rows(shapes: list[Shape], sizes: tuple[int, ...], quick: bool) -> tupl
         best = min(good, key=lambda r: r["us"])
         rows += [timed(cfg, probe) for cfg in few_candidates(shape, 2, tuple(best["config"][:2]), quick)]
         best = min((r for r in rows if r["ok"]), key=lambda r: r["us"])
-        if shape.op != "swiglu" and not quick:  # round 3: the best split over K (O and down take partials)
-            rows += [timed(FewRowsConfig(*best["config"])._replace(split_k=split), probe) for split in (2, 3, 4)]
-            best = min((r for r in rows if r["ok"]), key=lambda r: r["us"])
         cfg = FewRowsConfig(*best["config"])
         for m in sizes:
             row = timed(cfg, m) if m != probe else dict(best)
@@ -325,8 +316,7 @@ def sweep_rows(shapes: list[Shape], sizes: tuple[int, ...], quick: bool) -> tupl
 
 def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
     """Ouro-1.4B's projections, per layer: at one row on the chained path (PDL on, off); at every size on
-    the few-row path (PDL on, off; with O and down split over K 1-4 ways, their partials read by the next
-    norm) and on the cuBLAS path (norm and SwiGLU kernels PDL-launched)."""
+    the few-row path (PDL on, off) and on the cuBLAS path (norm and SwiGLU kernels PDL-launched)."""
     from executor import chain as c
     from executor import few_rows as fr
     from executor import triton_kernels as tk
@@ -376,23 +366,7 @@ def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
                           lambda w=w: fr.linear(act, w["down"], late=late)]
             return calls
 
-        def few_split(split: int, x=x, branch=branch, o=o, act=act) -> list[Callable[[], object]]:
-            """The few-row path as a layer runs it, O and down split over K into float32 partials that the
-            next residual norm adds (each norm reads the previous projection's output)."""
-            held: dict[str, torch.Tensor] = {}
-            cfg_o, cfg_down = (fr.config_for(n, k)._replace(split_k=split) for n, k in ((h, h), (h, i)))
-            calls = []
-            for w in weights:
-                calls += [lambda w=w: fr.linear(tk.residual_norm(held.get("down", branch), x, norm, norm, EPS,
-                                                                 True)[1], w["qkv"]),
-                          lambda w=w: held.__setitem__("o", fr.linear_partials(o, w["o"], cfg_o)),
-                          lambda w=w: fr.linear(tk.residual_norm(held["o"], x, norm, norm, EPS, True)[1],
-                                                w["gu"], True),
-                          lambda w=w: held.__setitem__("down", fr.linear_partials(act, w["down"], cfg_down))]
-            return calls
-
-        paths = [*((f"few+split{k}", lambda k=k: few_split(k), True) for k in (1, 2, 3, 4)),
-                 ("few+pdl-late", lambda: few(late=True), True), ("few+pdl-early", lambda: few(late=False), True),
+        paths = [("few+pdl-late", lambda: few(late=True), True), ("few+pdl-early", lambda: few(late=False), True),
                  ("few+pdl-late,plain-norms", lambda: few(late=True, norm_pdl=False), True),
                  ("few+pdl-early,plain-norms", lambda: few(late=False, norm_pdl=False), True),
                  ("few", few, False), ("default+pdl", default, True), ("default", default, False)]

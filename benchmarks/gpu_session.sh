@@ -53,9 +53,9 @@
 #   bash benchmarks/gpu_session.sh pdl      GPU tests; the executor table; the stages with PDL behind cuBLAS too
 #                                           (CDBSIM_PDL=all); calibration's replays of 32-64-row core steps
 #                                           -> benchmarks/results/pdl-behind-cublas/
-#   bash benchmarks/gpu_session.sh fewrow   GPU tests; the few-row O and down projections split over K (configs,
-#                                           then Ouro-1.4B's layers split 1-4 ways); Ouro-1.4B's 2-64-row stages as
-#                                           built, with one-kernel attention, with the few-row matmul up to 64 rows
+#   bash benchmarks/gpu_session.sh fewrow   GPU tests; the few-row O and down projections' configs, then Ouro-1.4B's
+#                                           layers; Ouro-1.4B's 2-64-row stages as built, with one-kernel attention,
+#                                           with the few-row matmul up to 64 rows
 #                                           -> benchmarks/results/few-row-matmul/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
@@ -272,12 +272,13 @@ case $phase in
       --variants base,sustained,wide,queued --points core:64:32,core:48:32,core:32:32,core:64:128,decode:64:128 \
       --out "$work/gap-ouro-1.4b.json"
     ;;
-  fewrow)  # three candidates for Ouro's launches of 2-64 rows: GPU tests; the O and down projections split over K
-    # (their configs, rounds 1-3, against cuBLAS; the layer's projections split 1-4 ways); Ouro-1.4B's stages as
-    # built, with RoPE, KV write and attention as one kernel up to 16 rows, and with the few-row matmul up to 64
+  fewrow)  # candidates for Ouro's launches of 2-64 rows: GPU tests; the O and down projections' configs against
+    # cuBLAS and the layer's projections (this phase measured them split over K 2-4 ways, which gained nothing:
+    # benchmarks/results/few-row-matmul/candidates/); Ouro-1.4B's stages as built, with RoPE, KV write and attention
+    # as one kernel up to 16 rows, and with the few-row matmul up to 64
     run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
     run 200 bench-rows python3 benchmarks/bench_chain.py --parts rows layers --shapes ouro.wo ouro.down \
-      --sizes 2 8 16 --out "$work/splitk.json"
+      --sizes 2 8 16 --out "$work/rows-layers.json"
     stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b --quick --parts stages --sizes 2 4 8 16 32 64
             --contexts 512 4096 --prefill-tokens 512 --budget-s 60)
     run 80 bench-stages "${stages[@]}" --out "$work/stages"

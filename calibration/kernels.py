@@ -245,10 +245,9 @@ def few_gemm_points(plan: KernelPlan) -> list[tuple[int, int, int]]:
 
 def measure_few_gemm(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
     """``[m, n, k, t]``: the few-row matmul (:mod:`executor.few_rows`; ``F.linear`` on a CPU) of ``[m, k]`` by
-    ``[n, k]``, chained under PDL as a layer runs it (split over K where its config splits that shape, as the
-    O and down projections run: :meth:`executor.ops.Ops.linear_partials`)."""
+    ``[n, k]``, chained under PDL as a layer runs it."""
     ops = Ops(_backend(chain.device), few_rows=FEW_ROWS_MAX)
-    return _time_matmuls(few_gemm_points(plan), ops.linear_partials, "few_gemm", chain, progress)
+    return _time_matmuls(few_gemm_points(plan), ops.linear, "few_gemm", chain, progress)
 
 
 def few_swiglu_points(plan: KernelPlan) -> list[tuple[int, int, int]]:

@@ -18,14 +18,6 @@ starts under the tail of the kernel before it. The successor is let launch only 
 program holds the same columns of both halves and writes ``silu(gate) * up`` (each rounded to the output dtype
 first, as the torch backend rounds), ``[M, I]``.
 
-Split K. A projection with few output columns (Ouro-1.4B's O and down projections: 2,048) has about one program
-per SM, each streaming a long weight slab alone. With ``split_k`` > 1 each column block is walked by that many
-programs over consecutive K ranges, and each writes its float32 partial sums, ``[split_k, M, N]``
-(:func:`linear_partials`); the residual-norm kernel that consumes a projection's output adds the partials as it
-loads them (:func:`executor.triton_kernels.residual_norm`), so the split costs no extra launch. Only projections
-feeding a residual norm take it (``Layer.forward``: O and down); a config with ``split_k`` > 1 serves
-:func:`linear` unsplit.
-
 Which launches take it: :func:`cdbsim.paths.few_rows` (shared with the latency model's kernel composition).
 Launch configs are per ``(N, K, swiglu)`` from ``benchmarks/bench_chain.py --parts rows`` on the H200.
 Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (float32 in IEEE precision: how the tests check
@@ -50,14 +42,13 @@ assert FEW_ROWS_MAX <= MAX_ROWS
 
 
 class FewRowsConfig(NamedTuple):
-    """One launch configuration: output columns per program (per half with SwiGLU), the K chunk, warps,
-    pipeline stages and the programs that share a column block's K (:func:`linear_partials`)."""
+    """One launch configuration: output columns per program (per half with SwiGLU), the K chunk, warps and
+    pipeline stages."""
 
     block_n: int
     block_k: int
     num_warps: int
     stages: int
-    split_k: int = 1
 
 
 # (N, K, swiglu) -> config, from benchmarks/bench_chain.py --parts rows on the H200 (benchmarks/results/few-row-matmul/
@@ -121,28 +112,18 @@ def _dot(w, x, acc, IEEE: tl.constexpr):
 @triton.jit
 def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SWIGLU: tl.constexpr,
-                     IEEE: tl.constexpr, PDL: tl.constexpr, SPLIT_K: tl.constexpr, K_SPLIT: tl.constexpr):
+                     IEEE: tl.constexpr, PDL: tl.constexpr):
     """``OUT[m, n] = sum_k X[m, k] W[n, k]`` for this program's ``BLOCK_N`` columns and all ``M`` rows; with
-    ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[m, n] = silu(gate) * up`` of rows ``n`` and ``N + n``. With
-    ``SPLIT_K`` > 1 the program sums ``K_SPLIT`` columns of K (the ``program_id(1)``-th range) and writes
-    them in float32 to ``OUT[program_id(1), m, n]``."""
+    ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[m, n] = silu(gate) * up`` of rows ``n`` and ``N + n``."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     ks = tl.arange(0, BLOCK_K)
     col_ok = (cols < N)[:, None]
     row_ok = (rows < M)[:, None]
-    if SPLIT_K == 1:
-        k_end = K
-        w_ptrs = W + cols.to(tl.int64)[:, None] * K + ks[None, :]
-        x_ptrs = X + rows.to(tl.int64)[:, None] * K + ks[None, :]
-    else:
-        k_begin = tl.program_id(1) * K_SPLIT
-        k_end = tl.minimum(k_begin + K_SPLIT, K)
-        w_ptrs = W + cols.to(tl.int64)[:, None] * K + k_begin + ks[None, :]
-        x_ptrs = X + rows.to(tl.int64)[:, None] * K + k_begin + ks[None, :]
-        k_end = k_end - k_begin  # the loop below walks offsets within this program's range
+    w_ptrs = W + cols.to(tl.int64)[:, None] * K + ks[None, :]
+    x_ptrs = X + rows.to(tl.int64)[:, None] * K + ks[None, :]
     dt = OUT.dtype.element_ty
-    k_ok = (ks < k_end)[None, :]
+    k_ok = (ks < K)[None, :]
     w = tl.load(w_ptrs, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
     u = w
     if SWIGLU:
@@ -153,8 +134,8 @@ def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl
     acc_up = acc
     if SWIGLU:
         acc_up = _dot(u, x, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), IEEE)
-    for k0 in tl.range(BLOCK_K, k_end, BLOCK_K, num_stages=STAGES):
-        k_ok = ((k0 + ks) < k_end)[None, :]
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+        k_ok = ((k0 + ks) < K)[None, :]
         w = tl.load(w_ptrs + k0, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
         x = tl.load(x_ptrs + k0, mask=row_ok & k_ok, other=0.0)
         acc = _dot(w, x, acc, IEEE)
@@ -166,10 +147,7 @@ def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl
         gate = acc.to(dt).to(tl.float32)
         acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(dt).to(tl.float32)
     out_ptrs = OUT + rows.to(tl.int64)[None, :] * N + cols[:, None]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(dt), mask=col_ok & (rows < M)[None, :])
-    else:
-        tl.store(out_ptrs + tl.program_id(1).to(tl.int64) * M * N, acc, mask=col_ok & (rows < M)[None, :])
+    tl.store(out_ptrs, acc.to(dt), mask=col_ok & (rows < M)[None, :])
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> None:
@@ -189,39 +167,18 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
            config: FewRowsConfig | None = None, late: bool | None = None) -> torch.Tensor:
     """``x @ w.T`` (``F.linear(x, w)``) for ``x`` ``[M, K]`` with ``M <= MAX_ROWS``, ``w`` ``[N, K]``; with
     ``swiglu``, ``silu(gate) * up`` of the fused projection (``silu_mul(F.linear(x, w))``). ``late`` overrides
-    when the successor may launch (:func:`executor.chain.pdl_mode`; a benchmark compares). Never split."""
+    when the successor may launch (:func:`executor.chain.pdl_mode`; a benchmark compares)."""
     _check(x, w, swiglu)
-    n = w.shape[0] // 2 if swiglu else w.shape[0]
-    cfg = (config or config_for(n, x.shape[1], swiglu))._replace(split_k=1)
-    return _launch(x, w, n, swiglu, cfg, late)
-
-
-def linear_partials(x: torch.Tensor, w: torch.Tensor, config: FewRowsConfig | None = None,
-                    late: bool | None = None) -> torch.Tensor:
-    """``x @ w.T`` split over K as the config says: ``[M, N]`` in ``x``'s dtype unsplit, else the float32
-    partial sums ``[split_k, M, N]`` (their sum is the product; a residual norm adds them as it loads them)."""
-    _check(x, w, False)
-    return _launch(x, w, w.shape[0], False, config or config_for(w.shape[0], x.shape[1]), late)
-
-
-def _launch(x: torch.Tensor, w: torch.Tensor, n: int, swiglu: bool, cfg: FewRowsConfig,
-            late: bool | None) -> torch.Tensor:
     m, k = x.shape
-    if cfg.split_k < 1 or (swiglu and cfg.split_k > 1):
-        raise ValueError(f"few-row matmul: split_k must be >= 1 (1 with SwiGLU), got {cfg.split_k}")
-    k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k  # whole K chunks per split
-    splits = triton.cdiv(k, k_split)
-    if splits > 1:
-        out = torch.empty((splits, m, n), device=x.device, dtype=torch.float32)
-    else:
-        out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    n = w.shape[0] // 2 if swiglu else w.shape[0]
+    cfg = config or config_for(n, k, swiglu)
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     pdl = pdl_mode(x, "few_rows")
     if pdl and late is not None:
         pdl = LATE if late else 1
     block_m = block_rows(m)
     stages, warps = stages_for(cfg, block_m, swiglu), warps_for(cfg, block_m)
-    _few_rows_kernel[(triton.cdiv(n, cfg.block_n), splits)](
+    _few_rows_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, w, out, m, N=n, K=k, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=stages,
-        SWIGLU=swiglu, IEEE=x.dtype == torch.float32, PDL=pdl, SPLIT_K=splits, K_SPLIT=k_split if splits > 1 else 0,
-        num_warps=warps, **launch_options(pdl))
+        SWIGLU=swiglu, IEEE=x.dtype == torch.float32, PDL=pdl, num_warps=warps, **launch_options(pdl))
     return out

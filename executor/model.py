@@ -132,8 +132,8 @@ class Layer(nn.Module):
                 ops: Ops, eps: float, sandwich: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``h`` is ``norm1(x)``; returns the new residual and ``next_norm`` of it (None without one)."""
         o = attn(ops.linear(h, self.wqkv), layer, self.q_bias, self.k_bias)
-        x, h = ops.residual_norm(ops.linear_partials(o, self.wo), x, self.norm2, self.norm3, eps, sandwich)
-        m = ops.linear_partials(ops.linear_swiglu(h, self.w_gate_up), self.w_down)
+        x, h = ops.residual_norm(ops.linear(o, self.wo), x, self.norm2, self.norm3, eps, sandwich)
+        m = ops.linear(ops.linear_swiglu(h, self.w_gate_up), self.w_down)
         return ops.residual_norm(m, x, self.norm4, next_norm, eps, sandwich)
 
     def forward_fused(self, x: torch.Tensor, pending: tuple[torch.Tensor, torch.Tensor] | None, attn, layer: int,

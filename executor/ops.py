@@ -63,12 +63,8 @@ def residual_norm(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w
     """Close a block branch and open the next one.
 
     sandwich (Ouro): ``x + norm_post(branch)``; otherwise (Huginn): ``norm_post(branch + x)``.
-    Returns the new residual and, if ``w_next`` is given, ``norm_next`` of it (the next pre-norm). ``branch``
-    may be float32 partial sums ``[splits, *x.shape]`` (:meth:`Ops.linear_partials`): added, then rounded to
-    ``x``'s dtype as a projection's output is.
+    Returns the new residual and, if ``w_next`` is given, ``norm_next`` of it (the next pre-norm).
     """
-    if branch.dim() == x.dim() + 1:
-        branch = branch.sum(0).to(x.dtype)
     if sandwich:
         x_new = (x.float() + rms_norm(branch.float(), w_post, eps)).to(x.dtype)
     else:
@@ -237,7 +233,6 @@ class Ops:
                 if not 0 <= value <= most:
                     raise ValueError(f"{name} must be 0..{most} on the triton backend, got {value}")
         self._few_linear = few.linear
-        self._few_partials = few.linear_partials
         self._pdl_behind = skinny.pdl_behind if backend == "triton" else None
         self.gemv = skinny.gemv
         self.gemv_rmsnorm = skinny.gemv_rmsnorm
@@ -276,14 +271,6 @@ class Ops:
             return self._few_linear(x.contiguous(), w)
         return torch.nn.functional.linear(x, w)
 
-    def linear_partials(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``x @ w.T`` for a residual norm to consume (:meth:`residual_norm`): on the few-row matmul, split over
-        K where its config says so (float32 partials ``[splits, M, N]``, :func:`executor.few_rows.
-        linear_partials`), else as :meth:`linear`."""
-        if x.shape[0] <= self.few_rows:
-            return self._few_partials(x.contiguous(), w)
-        return torch.nn.functional.linear(x, w)
-
     def linear_swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
         """``silu_mul(x @ w_gate_up.T)``: one few-row matmul with the SwiGLU in its epilogue for launches of at
         most ``few_rows`` rows, else a GEMM and the SwiGLU kernel."""
@@ -299,7 +286,6 @@ def _few_linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False) -> torch
 
 class _TorchOps:
     linear = staticmethod(_few_linear)
-    linear_partials = staticmethod(torch.nn.functional.linear)
     rms_norm = staticmethod(rms_norm)
     residual_norm = staticmethod(residual_norm)
     silu_mul = staticmethod(silu_mul)

@@ -69,16 +69,12 @@ def _rms_norm_kernel(X, W, Y, n_cols, eps, BLOCK: tl.constexpr, PDL: tl.constexp
 
 @triton.jit
 def _residual_norm_kernel(A, X, WP, WN, XO, HO, n_cols, eps, SANDWICH: tl.constexpr, HAS_NEXT: tl.constexpr,
-                          BLOCK: tl.constexpr, PDL: tl.constexpr, SPLITS: tl.constexpr, n_rows):
+                          BLOCK: tl.constexpr, PDL: tl.constexpr):
     wait_for_predecessor(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     a = tl.load(A + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    if SPLITS > 1:  # float32 partial sums of a split-K projection: add them, round as its output would be
-        for s in tl.static_range(1, SPLITS):
-            a += tl.load(A + (s * n_rows + row) * n_cols + cols, mask=mask, other=0.0)
-        a = a.to(XO.dtype.element_ty).to(tl.float32)
     x = tl.load(X + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     wp = tl.load(WP + cols, mask=mask, other=0.0).to(tl.float32)
     if SANDWICH:
@@ -125,22 +121,17 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def residual_norm(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor | None,
                   eps: float, sandwich: bool, pdl: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """See :func:`executor.ops.residual_norm`; ``pdl`` overrides whether it is PDL-launched (a benchmark
-    compares). ``branch`` may be a split-K projection's float32 partials, ``[splits, *x.shape]``
-    (:func:`executor.few_rows.linear_partials`)."""
+    compares)."""
     branch, x = branch.contiguous(), x.contiguous()
-    splits = branch.shape[0] if branch.dim() == x.dim() + 1 else 1
-    if branch.shape[branch.dim() - x.dim():] != x.shape:
-        raise ValueError(f"residual_norm: branch {tuple(branch.shape)} does not fit x {tuple(x.shape)}")
     n_cols = x.shape[-1]
     x_out = torch.empty_like(x)
     h_out = torch.empty_like(x) if w_next is not None else x_out
     block = triton.next_power_of_2(n_cols)
     pdl = pdl_enabled(x) if pdl is None else pdl and pdl_enabled(x)
-    rows = x.numel() // n_cols
-    _residual_norm_kernel[(rows,)](
+    _residual_norm_kernel[(x.numel() // n_cols,)](
         branch, x, w_post, w_next if w_next is not None else w_post, x_out, h_out, n_cols, eps,
-        SANDWICH=sandwich, HAS_NEXT=w_next is not None, BLOCK=block, PDL=pdl, SPLITS=splits, n_rows=rows,
-        num_warps=_norm_warps(block), **launch_options(pdl))
+        SANDWICH=sandwich, HAS_NEXT=w_next is not None, BLOCK=block, PDL=pdl, num_warps=_norm_warps(block),
+        **launch_options(pdl))
     return x_out, (h_out if w_next is not None else None)
 
 

@@ -49,40 +49,6 @@ def check_linear(m: int, n: int, k: int, swiglu: bool, config, device: str, dtyp
         raise AssertionError(f"{what}: modified its inputs")
 
 
-def check_split(m: int, n: int, k: int, config, splits: int, device: str, dtype, atol: float, rtol: float,
-                graph: bool = False) -> None:
-    """A split-K config: ``splits`` float32 partials that sum to ``F.linear``, and the residual norm that
-    consumes them agreeing with the torch backend's on the unsplit product (both norm styles)."""
-    import torch.nn.functional as F
-
-    from executor import few_rows
-    from executor import ops as torch_ops
-    from executor import triton_kernels as tk
-
-    gen = torch.Generator(device=device).manual_seed(m * 1000 + n + k + splits)
-    x = torch.randn(m, k, generator=gen, device=device).to(dtype)
-    w = (torch.randn(n, k, generator=gen, device=device) * k**-0.5).to(dtype)
-    res = torch.randn(m, n, generator=gen, device=device).to(dtype)
-    norm = (1.0 + 0.1 * torch.randn(n, generator=gen, device=device)).to(dtype)
-
-    def run() -> tuple:
-        parts = few_rows.linear_partials(x, w, config)
-        return (parts, *tk.residual_norm(parts, res, norm, norm, 1e-6, True),
-                *tk.residual_norm(parts, res, norm, None, 1e-6, False))
-
-    got = replayed(run, lambda: x.mul_(-0.5)) if graph else run()
-    what = f"M={m} N={n} K={k} {config}"
-    assert got[0].shape == (splits, m, n) and got[0].dtype == torch.float32, f"{what}: {tuple(got[0].shape)}"
-    product = F.linear(x, w)
-    want = (product, *torch_ops.residual_norm(product, res, norm, norm, 1e-6, True),
-            torch_ops.residual_norm(product, res, norm, None, 1e-6, False)[0])
-    for name, a, b in zip(("sum", "sandwich x", "sandwich h", "post-norm x"), (got[0].sum(0), *got[1:3], got[3]), want,
-                          strict=True):
-        diff = (a.float() - b.float()).abs()
-        if not bool((diff <= atol + rtol * b.float().abs()).all()):
-            raise AssertionError(f"{what} {name}: max difference {float(diff.max()):.3e}")
-
-
 def checks(device: str = "cpu", dtype=None, atol: float = 1e-4, rtol: float = 1e-5,
            graph: bool = False) -> dict[str, Callable]:
     """Per kind (plain, SwiGLU): one, a few and the most rows; N not a multiple of the columns per program;
@@ -98,11 +64,6 @@ def checks(device: str = "cpu", dtype=None, atol: float = 1e-4, rtol: float = 1e
         cases += [(5, 48, 64, C(32, 64, 4, 3)), (2, 24, 40, None)]  # one chunk; the default
         out[kind] = lambda cases=cases, swiglu=swiglu: [
             check_linear(m, n, k, swiglu, cfg, device, dtype, atol, rtol, graph) for m, n, k, cfg in cases]
-    # split K: two ranges (the last ragged), four, and three asked of two chunks (two ranges result)
-    split = [(m, 40, 72, C(16, 32, 4, 2, 2), 2) for m in (1, 3, 16, 33)]
-    split += [(5, 48, 200, C(32, 32, 4, 3, 4), 4), (2, 24, 64, C(16, 32, 4, 2, 3), 2)]
-    out["split"] = lambda: [check_split(m, n, k, cfg, splits, device, dtype, atol, rtol, graph)
-                            for m, n, k, cfg, splits in split]
     return out
 
 
@@ -115,13 +76,13 @@ def interpreted() -> dict[str, str]:
     return run_interpreted("tests.executor.test_executor_few_rows")
 
 
-@pytest.mark.parametrize("name", ["plain", "swiglu", "split"])
+@pytest.mark.parametrize("name", ["plain", "swiglu"])
 def test_kernel_under_the_interpreter(interpreted: dict[str, str], name: str) -> None:
     assert interpreted.get(name) == "ok", interpreted.get(name, "not run")
 
 
 def test_every_check_is_collected() -> None:
-    assert sorted(checks()) == ["plain", "split", "swiglu"]
+    assert sorted(checks()) == ["plain", "swiglu"]
 
 
 def test_bad_inputs_are_refused_before_any_launch() -> None:
@@ -136,29 +97,6 @@ def test_bad_inputs_are_refused_before_any_launch() -> None:
         f.linear(x, torch.zeros(5, 8), swiglu=True)
     with pytest.raises(ValueError, match="contiguous"):
         f.linear(torch.zeros(8, 2).t(), w)
-    with pytest.raises(ValueError, match="split_k"):
-        f.linear_partials(x, w, f.FewRowsConfig(16, 32, 4, 2, 0))
-
-
-def test_a_split_config_serves_linear_unsplit_and_partials_split() -> None:
-    """``linear`` never splits (its callers want the product); ``Ops.linear_partials`` takes the few-row path up
-    to ``few_rows`` rows and returns what the torch backend's residual norm sums."""
-    import torch.nn.functional as F
-
-    from executor.ops import Ops, residual_norm
-
-    ops = Ops("torch", few_rows=4)
-    seen: list[int] = []
-    ops._few_partials = lambda x, w: seen.append(x.shape[0]) or torch.stack([F.linear(x, w) / 2] * 2).float()
-    w, res, norm = torch.randn(6, 8), torch.randn(3, 6), torch.ones(6)
-    x = torch.randn(3, 8)
-    parts = ops.linear_partials(x, w)
-    assert parts.shape == (2, 3, 6) and seen == [3]
-    assert ops.linear_partials(torch.randn(5, 8), w).shape == (5, 6) and seen == [3]
-    for sandwich in (True, False):
-        got, want = residual_norm(parts, res, norm, norm, 1e-6, sandwich), residual_norm(F.linear(x, w), res, norm,
-                                                                                         norm, 1e-6, sandwich)
-        torch.testing.assert_close(got, want)
 
 
 def test_ops_dispatch_by_rows() -> None:

@@ -60,26 +60,9 @@ def test_few_row_matmul_compiles_at_its_shipped_configs(n: int, k: int, swiglu: 
     stages = few_rows.stages_for(cfg, block_m, swiglu)
     kernel = sm90.compile_sm90(few_rows._few_rows_kernel, sm90.SIGNATURES["few_rows"],
                                dict(N=n, K=k, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                    STAGES=stages, SWIGLU=swiglu, IEEE=False, PDL=LATE, SPLIT_K=1, K_SPLIT=0),
+                                    STAGES=stages, SWIGLU=swiglu, IEEE=False, PDL=LATE),
                                few_rows.warps_for(cfg, block_m), stages)
     ptx = kernel.asm["ptx"]
     assert "mma" in ptx and "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
-    r = sm90.resources(kernel)
-    assert r.stack == 0 and r.fits, r
-
-
-@pytest.mark.parametrize("n,k,split", [(2048, 2048, 2), (2048, 5632, 4)])
-def test_few_row_matmul_compiles_split_over_k(n: int, k: int, split: int) -> None:
-    """The split-K variant (float32 partials out, a runtime K range per program) compiles without spilling."""
-    from executor import few_rows
-    from executor.chain import LATE
-
-    cfg = few_rows.config_for(n, k)
-    k_split = triton.cdiv(triton.cdiv(k, split), cfg.block_k) * cfg.block_k
-    kernel = sm90.compile_sm90(few_rows._few_rows_kernel, {**sm90.SIGNATURES["few_rows"], "OUT": "*fp32"},
-                               dict(N=n, K=k, BLOCK_M=few_rows.MIN_BLOCK_M, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                    STAGES=cfg.stages, SWIGLU=False, IEEE=False, PDL=LATE, SPLIT_K=split,
-                                    K_SPLIT=k_split), cfg.num_warps, cfg.stages)
-    assert "mma" in kernel.asm["ptx"]
     r = sm90.resources(kernel)
     assert r.stack == 0 and r.fits, r

@@ -3,9 +3,10 @@ with the SwiGLU of a fused gate/up projection in the epilogue.
 
 Why: at 2-16 rows a decode layer's projections read a layer's weights and do next to no arithmetic, and cuBLAS
 reads them at about 60% of copy bandwidth on Ouro-1.4B's shapes (an H200 core step at B = 2 spent 940 us in
-GEMMs against 578 us of weight reads, ``benchmarks/results/decode-profile/shipped-ouro-pdl0.csv``). cuBLAS
-kernels are not launched with programmatic dependent launch either, so each starts only once its predecessor
-has drained, and the SwiGLU after the gate/up projection is one more launch.
+GEMMs against 578 us of weight reads, profiled before this kernel: ``benchmarks/results/decode-profile/
+shipped-ouro-pdl0.csv`` as of commit 4c3fa8f). cuBLAS kernels are not launched with programmatic dependent launch
+either, so each starts only once its predecessor has drained, and the SwiGLU after the gate/up projection is one
+more launch.
 
 Design ("swap AB"). A program owns ``BLOCK_N`` output columns for every row and computes them as
 ``w_tile @ x.T``: the weight tile ``[BLOCK_N, BLOCK_K]`` is the MMA's wide operand and the rows, padded to

@@ -53,9 +53,6 @@
 #   bash benchmarks/gpu_session.sh pdl      GPU tests; the executor table; the stages with PDL behind cuBLAS too
 #                                           (CDBSIM_PDL=all); calibration's replays of 32-64-row core steps
 #                                           -> benchmarks/results/pdl-behind-cublas/
-#   bash benchmarks/gpu_session.sh merge    GPU tests with every decode launch merging its KV splits in the attention
-#                                           kernel; both models' stages at 1-128 rows with the merge launch (shipped)
-#                                           and in the kernel (CDBSIM_DECODE_MERGE_ROWS) -> benchmarks/results/decode-merge/
 #   bash benchmarks/gpu_session.sh fewrow   GPU tests; the few-row O and down projections' configs, then Ouro-1.4B's
 #                                           layers; Ouro-1.4B's 2-64-row stages as built, with one-kernel attention,
 #                                           with the few-row matmul up to 64 rows
@@ -65,8 +62,8 @@
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | fewrow | merge) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, fewrow, merge" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | fewrow) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, fewrow" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -292,14 +289,6 @@ case $phase in
     run 60 gap-ouro-1.4b python3 benchmarks/probe_calibration_gap.py --repeats 10 --arch ouro-1.4b \
       --variants base,queued --points core:1:512,core:2:512,core:4:512,core:16:512,core:64:512 \
       --out "$work/gap-ouro-1.4b.json"
-    ;;
-  merge)  # decode attention's KV splits merged by the last split in the kernel instead of a merge launch
-    CDBSIM_DECODE_MERGE_ROWS=256 run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
-    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick --parts stages
-            --sizes 1 2 4 8 16 32 64 128 --contexts 512 4096 --prefill-tokens 512 --budget-s 100)
-    for rows in ${SETTINGS:-0 256}; do
-      CDBSIM_DECODE_MERGE_ROWS=$rows run 120 "bench-stages-merge$rows" "${stages[@]}" --out "$work/stages-merge$rows"
-    done
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

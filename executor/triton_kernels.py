@@ -34,7 +34,6 @@ Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests che
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -407,18 +406,15 @@ def _attend(qa, qb, k_new, v_new, pos, k, v, start, end, KC, VC, BT, MO, ML, CNT
             tl.debug_barrier()
             done = tl.atomic_add(CNT + b * H + h, 1, sem="acq_rel", scope="gpu")
             if done == SPLITS - 1:
-                if DB > 0:  # a head in two parts: DA is half its padded width
-                    _merge_splits(MO, ML, OUT, b, h, H, D, 2 * DA, SPLITS, ".cg")
-                else:
-                    _merge_splits(MO, ML, OUT, b, h, H, D, DA, SPLITS, ".cg")
+                _merge_splits(MO, ML, OUT, b, h, H, D, DA, SPLITS, ".cg")
                 tl.store(CNT + b * H + h, 0)  # ready for the next launch
 
 
 @triton.jit(do_not_specialize=["layer"])
-def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, CNT, OUT, layer, pages_per_layer, scale, bt_stride,
+def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_layer, scale, bt_stride,
                         H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
                         PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, MIN_PER: tl.constexpr,
-                        PDL: tl.constexpr, EVICT: tl.constexpr, MERGE_HERE: tl.constexpr = False):
+                        PDL: tl.constexpr, EVICT: tl.constexpr):
     wait_for_predecessor(PDL)  # before any cache read: the predecessor (rope_write_kv) writes this launch's k/v
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -432,8 +428,8 @@ def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, CNT, OUT, layer, pages_pe
     if DB > 0:
         db = DA + tl.arange(0, DB)
         qb = tl.load(Q + (b * H + h) * D + db, mask=db < D, other=0.0).to(tl.float32) * scale
-    _attend(qa, qb, qa, qa, 0, qa, qa, start, end, KC, VC, BT, MO, ML, CNT, OUT, b, h, split, kvh, page_base,
-            bt_stride, H, KVH, D, DA, DB, PAGE, BLOCK, SPLITS, False, False, MERGE_HERE, EVICT)
+    _attend(qa, qb, qa, qa, 0, qa, qa, start, end, KC, VC, BT, MO, ML, ML, OUT, b, h, split, kvh, page_base,
+            bt_stride, H, KVH, D, DA, DB, PAGE, BLOCK, SPLITS, False, False, False, EVICT)
     let_successor_launch(PDL)
 
 
@@ -562,16 +558,6 @@ def split_counters(device: torch.device, numel: int) -> torch.Tensor:
     return held[-1]
 
 
-def merge_in_kernel_rows() -> int:
-    """Decode launches of at most this many rows merge their KV splits in the attention kernel (the last split
-    of a (row, head) to finish), larger ones in a merge launch: ``CDBSIM_DECODE_MERGE_ROWS``, default 0 (a
-    measured candidate, not the shipped path: ``benchmarks/results/decode-merge/``)."""
-    env = os.environ.get("CDBSIM_DECODE_MERGE_ROWS", "0")
-    if not env.isdigit():
-        raise ValueError(f"CDBSIM_DECODE_MERGE_ROWS must be a row count (0: never), got {env!r}")
-    return int(env)
-
-
 def _splits_and_partials(n: int, heads: int, d: int, splits: int | None, out: torch.Tensor, counters: bool
                          ) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The grid's split count, the merge's fp32 partials and (for an in-kernel merge) its counters;
@@ -607,31 +593,27 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
                      layer_base: torch.Tensor, layer: int, seq_len: torch.Tensor, scale: float,
                      splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS, block: int | None = None,
                      warps: int | None = None, parts: tuple[int, int] | None = None, evict: str = DECODE_EVICT,
-                     stages: int | None = None, merge_here: bool | None = None) -> torch.Tensor:
+                     stages: int | None = None) -> torch.Tensor:
     """See :func:`executor.ops.decode_attention`. ``splits`` overrides the grid's split count
     (:func:`cdbsim.attention.decode_splits`), ``min_split`` the fewest positions a split covers; ``block``
     (positions per tile), ``warps``, ``parts`` (:func:`head_parts`), ``evict`` (the KV loads' eviction policy)
-    and ``stages`` (Triton's ``num_stages``) override the kernel's launch shape (a benchmark sweeps them).
-    ``merge_here``: the last split of a (row, head) merges them in the kernel, as the single-row kernel does,
-    instead of a merge launch after it (default: launches of at most :func:`merge_in_kernel_rows` rows)."""
+    and ``stages`` (Triton's ``num_stages``) override the kernel's launch shape (a benchmark sweeps them)."""
     q = q.contiguous()
     n, heads, d = q.shape
     geo = cache.geometry
     assert geo.block_size == PAGE, "split boundaries are whole KV pages"
     out = torch.empty_like(q)
-    merge_here = n <= merge_in_kernel_rows() if merge_here is None else merge_here
-    splits, mid_o, mid_l, counters = _splits_and_partials(n, heads, d, splits, out, counters=merge_here)
+    splits, mid_o, mid_l, _ = _splits_and_partials(n, heads, d, splits, out, counters=False)
     da, db = parts or head_parts(d)
     tile = decode_tile(d)
     block, warps = block or tile[0], warps or tile[1]
     pdl = pdl_mode(q, "attention")
     _decode_attn_kernel[(n, heads, splits)](
-        q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, counters, out, layer,
-        geo.pages_per_layer, scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, DA=da, DB=db,
-        PAGE=geo.block_size, BLOCK=block, SPLITS=splits, MIN_PER=min_split, PDL=pdl, EVICT=evict,
-        MERGE_HERE=merge_here and splits > 1, num_warps=warps, **({} if stages is None else {"num_stages": stages}),
-        **launch_options(pdl))
-    if splits > 1 and not merge_here:
+        q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, out, layer, geo.pages_per_layer,
+        scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, DA=da, DB=db, PAGE=geo.block_size,
+        BLOCK=block, SPLITS=splits, MIN_PER=min_split, PDL=pdl, EVICT=evict, num_warps=warps,
+        **({} if stages is None else {"num_stages": stages}), **launch_options(pdl))
+    if splits > 1:
         _decode_attn_merge[(n, heads)](mid_o, mid_l, out, H=heads, D=d, BLOCK_D=triton.next_power_of_2(d),
                                        SPLITS=splits, PDL=min(pdl, EARLY), num_warps=1, **launch_options(pdl))
     return out.reshape(n, heads * d)

@@ -140,10 +140,6 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
         got = tk.decode_attention(q, caches[0], table, layer_base, 1, seq_len, 1 / math.sqrt(d), splits=splits,
                                   min_split=min_split, parts=parts, block=block)
         _close(got, want, atol * 10, f"decode_attention splits={splits} min_split={min_split} parts={parts}")
-        # the same with the last split merging them in the kernel, not in a merge launch
-        here = tk.decode_attention(q, caches[0], table, layer_base, 1, seq_len, 1 / math.sqrt(d), splits=splits,
-                                   min_split=min_split, parts=parts, block=block, merge_here=True)
-        _close(here, want, atol * 10, f"decode_attention merged in-kernel splits={splits} parts={parts}")
         _counters_back_to_zero(tk, device)
     _check_wide_head_parts(tk, device, dtype, atol)
     # RoPE + KV write + attention in one kernel: the new k/v come from registers at each row's position

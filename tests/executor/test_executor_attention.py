@@ -165,16 +165,3 @@ def test_work_items_cover_every_query_once_longest_first(lens: list[int], starts
     assert len(chunk) == sum(-(-n // block_m) for n in lens)
     seen = np.asarray(starts)[chunk] + q0
     assert (np.diff(seen) <= 0).all()
-
-
-def test_the_in_kernel_merge_setting_is_a_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("triton")
-    from executor import triton_kernels as tk
-
-    monkeypatch.delenv("CDBSIM_DECODE_MERGE_ROWS", raising=False)
-    assert tk.merge_in_kernel_rows() == 0  # the shipped path: a merge launch
-    monkeypatch.setenv("CDBSIM_DECODE_MERGE_ROWS", "16")
-    assert tk.merge_in_kernel_rows() == 16
-    monkeypatch.setenv("CDBSIM_DECODE_MERGE_ROWS", "all")
-    with pytest.raises(ValueError, match="CDBSIM_DECODE_MERGE_ROWS"):
-        tk.merge_in_kernel_rows()

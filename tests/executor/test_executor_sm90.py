@@ -36,14 +36,12 @@ def test_rope_write_kv_compiles(interleaved: bool) -> None:
     assert sm90.resources(kernel).stack == 0
 
 
-@pytest.mark.parametrize("merge_here", [False, True])
 @pytest.mark.parametrize("heads,d", [(16, 128), (55, 96)])
-def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int, merge_here: bool) -> None:
+def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int) -> None:
     da, db = tk.head_parts(d)
     kernel = sm90.compile_sm90(tk._decode_attn_kernel, sm90.SIGNATURES["decode"],
                                dict(H=heads, KVH=heads, D=d, DA=da, DB=db, PAGE=16, BLOCK=tk.decode_tile(d)[0],
-                                    SPLITS=8, MIN_PER=64, PDL=True, EVICT=tk.DECODE_EVICT, MERGE_HERE=merge_here),
-                               tk.decode_tile(d)[1])
+                                    SPLITS=8, MIN_PER=64, PDL=True, EVICT=tk.DECODE_EVICT), tk.decode_tile(d)[1])
     r = sm90.resources(kernel)
     assert r.stack == 0 and r.fits, r
 

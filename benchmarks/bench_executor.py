@@ -349,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--few-rows", type=int,
                         help="run the projections of other launches of at most this many rows (up to 64) on the "
                              "few-row matmul (executor.few_rows; default: the engine's own cut, 0: never)")
+    parser.add_argument("--persistent-mlp", action="store_true",
+                        help="run the MLP block of few-row launches as one persistent kernel (executor.persistent_mlp)")
     parser.add_argument("--fused-attention-rows", type=int,
                         help="run RoPE, the KV write and attention of decode launches of at most this many rows "
                              "as one kernel (default: the chained path's rows)")
@@ -447,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
             models[name][1].ops.few_rows = args.few_rows  # 0: cuBLAS projections beyond the chained path
         if args.fused_attention_rows is not None:
             models[name][1].ops.fused_attention_rows = args.fused_attention_rows
+        models[name][1].ops.persistent_mlp = args.persistent_mlp
+        results["meta"]["persistent_mlp"] = args.persistent_mlp
         results["meta"]["fused_attention_rows"] = models[name][1].ops.fused_attention_rows
         results["meta"]["fuse_rows"] = models[name][1].ops.fuse_rows
         results["meta"]["few_rows"] = models[name][1].ops.few_rows

@@ -53,6 +53,9 @@
 #   bash benchmarks/gpu_session.sh pdl      GPU tests; the executor table; the stages with PDL behind cuBLAS too
 #                                           (CDBSIM_PDL=all); calibration's replays of 32-64-row core steps
 #                                           -> benchmarks/results/pdl-behind-cublas/
+#   bash benchmarks/gpu_session.sh persistent GPU tests; Ouro-1.4B's layer projections at 2-16 rows with the MLP block
+#                                           as one persistent kernel (executor/persistent_mlp.py) against the few-row
+#                                           path; its stages at 1-16 rows both ways -> benchmarks/results/persistent-mlp/
 #   bash benchmarks/gpu_session.sh fewrow   GPU tests; the few-row O and down projections' configs, then Ouro-1.4B's
 #                                           layers; Ouro-1.4B's 2-64-row stages as built, with one-kernel attention,
 #                                           with the few-row matmul up to 64 rows
@@ -62,8 +65,8 @@
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | fewrow) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, fewrow" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | fewrow | persistent) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, fewrow, persistent" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -289,6 +292,14 @@ case $phase in
     run 60 gap-ouro-1.4b python3 benchmarks/probe_calibration_gap.py --repeats 10 --arch ouro-1.4b \
       --variants base,queued --points core:1:512,core:2:512,core:4:512,core:16:512,core:64:512 \
       --out "$work/gap-ouro-1.4b.json"
+    ;;
+  persistent)  # the MLP block of few-row launches as one persistent kernel: does it beat three launches?
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 120 bench-layers python3 benchmarks/bench_chain.py --parts layers --sizes 2 8 16 --out "$work/layers.json"
+    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b --quick --parts stages --sizes 1 2 4 8 16
+            --contexts 512 4096 --prefill-tokens 512 --budget-s 60)
+    run 80 bench-stages "${stages[@]}" --out "$work/stages"
+    run 80 bench-stages-persistent "${stages[@]}" --persistent-mlp --out "$work/stages-persistent"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

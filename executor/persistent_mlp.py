@@ -5,7 +5,8 @@ on the H200, ``docs/executor.md``), and the MLP block is three of them: the gate
 epilogue), the down projection and the residual norm after it. Here one launch runs all three as work items
 taken from a queue in dependency order, so a program that finishes a gate/up tile goes straight on to a down tile
 and loads that tile's first weights *before* it waits for the last gate/up tile: the next phase's weight stream
-starts under the tail of the last, with no launch between them.
+starts under the tail of the last, with no launch between them. Each program's first gate/up tile likewise loads
+its first weights before it waits for the kernel before (PDL), as :mod:`executor.few_rows` does.
 
 Work items, in queue order: ``cdiv(INTER, BN_A)`` gate/up tiles (``BN_A`` columns of ``silu(gate) * up`` for every
 row), ``cdiv(H, BN_B)`` down tiles (``BN_B`` output columns, rounded to the activation dtype as ``F.linear``
@@ -31,8 +32,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
-from executor.chain import LATE, launch_options, let_successor_launch, pdl_mode, sm_count, wait_for_predecessor
+from executor.chain import LATE, launch_options, let_successor_launch, pdl_mode, sm_count
 from executor.few_rows import MAX_ROWS, _dot, block_rows
 from executor.triton_kernels import residual_norm_row
 
@@ -51,6 +53,12 @@ class MlpConfig(NamedTuple):
     stages_a: int = 3
     stages_b: int = 4
     programs_per_sm: int = 1
+
+
+def warps(cfg: MlpConfig, block_m: int) -> int:
+    """``cfg``'s warps at 16 rows, more for a taller row tile (at most 8): with its own warps the kernel spilled at
+    32 rows when compiled for sm_90 (the first weight chunk is held across the wait)."""
+    return min(8, cfg.num_warps * block_m // 16)
 
 
 _SYNC: dict[torch.device, torch.Tensor] = {}
@@ -82,9 +90,10 @@ def _count_done(COUNTER):
 
 @triton.jit
 def _gate_up_tile(Hin, WGU, ACT, M, tile, INTER: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, IEEE: tl.constexpr):
+                  BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
     """``ACT[m, cols] = silu(h @ Wg[cols].T) * (h @ Wu[cols].T)`` for this tile's columns (each product rounded to
-    the output dtype first, as the torch backend rounds)."""
+    the output dtype first, as the torch backend rounds). The first weight chunk is loaded before the wait for the
+    kernel before (which writes ``h``): under PDL a program's first tile streams under that kernel's tail."""
     cols = tile * BN + tl.arange(0, BN)
     rows = tl.arange(0, BLOCK_M)
     ks = tl.arange(0, BK)
@@ -92,9 +101,15 @@ def _gate_up_tile(Hin, WGU, ACT, M, tile, INTER: tl.constexpr, K: tl.constexpr, 
     row_ok = (rows < M)[:, None]
     w_ptrs = WGU + cols.to(tl.int64)[:, None] * K + ks[None, :]
     x_ptrs = Hin + rows.to(tl.int64)[:, None] * K + ks[None, :]
-    acc = tl.zeros((BN, BLOCK_M), dtype=tl.float32)
-    acc_up = tl.zeros((BN, BLOCK_M), dtype=tl.float32)
-    for k0 in tl.range(0, K, BK, num_stages=STAGES):
+    k_ok = (ks < K)[None, :]
+    g = tl.load(w_ptrs, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
+    u = tl.load(w_ptrs + INTER * K, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
+    if PDL:
+        gdc_wait()  # at once after the first item's: the kernel before has finished
+    x = tl.load(x_ptrs, mask=row_ok & k_ok, other=0.0)
+    acc = _dot(g, x, tl.zeros((BN, BLOCK_M), dtype=tl.float32), IEEE)
+    acc_up = _dot(u, x, tl.zeros((BN, BLOCK_M), dtype=tl.float32), IEEE)
+    for k0 in tl.range(BK, K, BK, num_stages=STAGES):
         k_ok = ((k0 + ks) < K)[None, :]
         x = tl.load(x_ptrs + k0, mask=row_ok & k_ok, other=0.0)
         g = tl.load(w_ptrs + k0, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
@@ -143,16 +158,21 @@ def _mlp_kernel(Hin, X, WGU, WD, WP, WN, ACT, MO, XO, HO, SYNC, M, eps, INTER: t
     n_a = tl.cdiv(INTER, BN_A)
     n_b = tl.cdiv(N, BN_B)
     total = n_a + n_b + M
-    wait_for_predecessor(PDL)  # h and x come from the kernel before
+    # the queue is taken before the wait for the kernel before: the launch that last used it has finished (a
+    # kernel is let launch only once the one before it has waited, so every launch two back is done)
     t = tl.atomic_add(SYNC + 0, 1, sem="relaxed", scope="gpu")
     while t < total:
         if t < n_a:
-            _gate_up_tile(Hin, WGU, ACT, M, t, INTER, N, BLOCK_M, BN_A, BK_A, STAGES_A, IEEE)
+            _gate_up_tile(Hin, WGU, ACT, M, t, INTER, N, BLOCK_M, BN_A, BK_A, STAGES_A, IEEE, PDL)
             _count_done(SYNC + 1)
         elif t < n_a + n_b:
+            if PDL:
+                gdc_wait()  # a program whose first item is a down tile (fewer programs than gate/up tiles: none)
             _down_tile(ACT, WD, MO, SYNC + 1, n_a, M, t - n_a, N, INTER, BLOCK_M, BN_B, BK_B, STAGES_B, IEEE)
             _count_done(SYNC + 2)
         else:
+            if PDL:
+                gdc_wait()  # x comes from the kernel before
             _wait_count(SYNC + 2, n_b)
             residual_norm_row(MO, X, WP, WN, XO, HO, t - n_a - n_b, N, eps, SANDWICH, HAS_NEXT, BLOCK_N, ".cg")
         t = tl.atomic_add(SYNC + 0, 1, sem="relaxed", scope="gpu")
@@ -190,5 +210,5 @@ def mlp(h: torch.Tensor, x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch
         sync_buffer(x.device), m, eps, INTER=inter, N=hidden, BLOCK_M=block_rows(m),
         BLOCK_N=triton.next_power_of_2(hidden), BN_A=cfg.bn_a, BK_A=cfg.bk_a, BN_B=cfg.bn_b, BK_B=cfg.bk_b,
         STAGES_A=cfg.stages_a, STAGES_B=cfg.stages_b, SANDWICH=sandwich, HAS_NEXT=w_next is not None,
-        IEEE=x.dtype == torch.float32, PDL=pdl, num_warps=cfg.num_warps, **launch_options(bool(pdl)))
+        IEEE=x.dtype == torch.float32, PDL=pdl, num_warps=warps(cfg, block_rows(m)), **launch_options(bool(pdl)))
     return x_out, (h_out if w_next is not None else None)

@@ -368,17 +368,23 @@ def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
                           lambda w=w: fr.linear(act, w["down"], late=late)]
             return calls
 
-        def persistent(x=x, branch=branch, o=o) -> list[Callable[[], object]]:
+        def persistent(x=x, branch=branch, o=o, cfg=None) -> list[Callable[[], object]]:
             """The few-row path with the MLP block (gate/up, down and the residual norm after it) as one
             persistent kernel (executor.persistent_mlp): the same two norms and four projections a layer."""
             calls = []
             for w in weights:
                 calls += [lambda w=w: fr.linear(tk.residual_norm(branch, x, norm, norm, EPS, True)[1], w["qkv"]),
                           lambda w=w: fr.linear(o, w["o"]),
-                          lambda w=w: pm.mlp(branch, x, w["gu"], w["down"], norm, norm, EPS, True)]
+                          lambda w=w: pm.mlp(branch, x, w["gu"], w["down"], norm, norm, EPS, True, cfg)]
             return calls
 
-        paths = [("few+pdl-late", lambda: few(late=True), True), ("few+persistent-mlp", persistent, True),
+        # the persistent kernel's default, with two programs per SM (its 176 gate/up tiles in one wave), and
+        # with 16-column gate/up tiles (352: the waves' tail a smaller share)
+        persistent_cfgs = [("", None), (",2/SM", pm.MlpConfig(programs_per_sm=2)),
+                           (",gate/up 16", pm.MlpConfig(bn_a=16))]
+        paths = [("few+pdl-late", lambda: few(late=True), True),
+                 *((f"few+persistent-mlp{tag}", lambda cfg=cfg: persistent(cfg=cfg), True)
+                   for tag, cfg in persistent_cfgs),
                  ("few+pdl-early", lambda: few(late=False), True),
                  ("few+pdl-late,plain-norms", lambda: few(late=True, norm_pdl=False), True),
                  ("few+pdl-early,plain-norms", lambda: few(late=False, norm_pdl=False), True),

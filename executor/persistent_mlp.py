@@ -73,10 +73,14 @@ def sync_buffer(device: torch.device) -> torch.Tensor:
 
 @triton.jit
 def _wait_count(COUNTER, target):
-    """Spin until ``COUNTER`` reaches ``target`` (acquire), then a block barrier: every thread may read what the
-    counted items wrote."""
-    seen = tl.atomic_add(COUNTER, 0, sem="acquire", scope="gpu")
+    """Spin until ``COUNTER`` reaches ``target``, then one acquire and a block barrier: every thread may read what
+    the counted items wrote. The spin reads with volatile loads, not read-modify-writes, so a hundred waiting
+    programs do not queue atomics on the address the producers count on."""
+    seen = tl.load(COUNTER, volatile=True)
     while seen < target:
+        seen = tl.load(COUNTER, volatile=True)
+    seen = tl.atomic_add(COUNTER, 0, sem="acquire", scope="gpu")
+    while seen < target:  # never loops (the count only grows); it keeps the acquire, whose value is used here
         seen = tl.atomic_add(COUNTER, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 

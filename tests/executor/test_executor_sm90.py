@@ -84,4 +84,7 @@ def test_the_persistent_mlp_compiles_without_spilling(inter: int, hidden: int, r
     assert r.stack == 0 and r.fits, r
     ptx = kernel.asm["ptx"]  # PDL-launched: waits for the kernel before (per item kind), lets the next launch
     assert ptx.count("griddepcontrol.wait") >= 1 and ptx.count("griddepcontrol.launch_dependents") == 1
+    # the phases' hand-over survives compilation: finished items counted with release, waiters acquire
+    assert ptx.count("atom.global.gpu.release.add") == 2
+    assert ptx.count("ld.global.gpu.acquire") + ptx.count("atom.global.gpu.acquire") >= 2
 

@@ -14,6 +14,7 @@ with r_max 16 as in the CDB paper, arXiv 2608.09444).
 from __future__ import annotations
 
 import math
+import os
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
@@ -307,7 +308,7 @@ def load_arch(name_or_path: str, split: str | None = None, r_max: int | None = N
     """A preset by name or an architecture JSON file, optionally re-split or with other loop limits."""
     if name_or_path in PRESETS:
         arch = PRESETS[name_or_path]
-    elif name_or_path.endswith(".json"):
+    elif name_or_path.endswith(".json") or os.path.isfile(name_or_path):  # any file: read (a bad one is named)
         arch = arch_from_dict(read_json(name_or_path, "architecture file"), name_or_path)
     else:
         raise unknown("architecture", name_or_path, [*PRESETS, "<file>.json"])

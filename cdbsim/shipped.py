@@ -62,7 +62,7 @@ def resolve_profile(name: str, arch: ArchSpec, device: DeviceSpec = H200) -> Pro
     """
     if name == "roofline":
         return roofline_profile(arch, device)
-    if name.endswith(".json"):
+    if name.endswith(".json") or Path(name).is_file():  # any file: read as a profile (a bad one is named)
         return _on(load_profile_file(name), device)
     shipped = shipped_profiles()
     if name == "auto":

@@ -151,6 +151,9 @@ BAD = [
     ("calibrate --update IN/list.json --kernels --device cpu --out k", "IN/list.json: not a cdbsim profile"),
     # malformed files: the file and, where there is one, the line
     ("bound --arch IN/binary.json", "IN/binary.json:1: not UTF-8 text (byte 0xff at offset 10)"),
+    # a file without the .json suffix is still read as the file it is, not taken for an unknown name
+    ("bound --arch IN/good.csv", "IN/good.csv:1: invalid JSON"),
+    ("bound --profile IN/good.csv", "IN/good.csv:1: invalid JSON"),
     ("predict -n 5 --config IN/latin1.toml", "IN/latin1.toml:2: not UTF-8 text (byte 0xe9"),
     ("bound --profile IN/kind_list.json", "IN/kind_list.json: malformed profile (unknown profile kind [1, 2]"),
     ("bound --profile IN/slots_text.json", "IN/slots_text.json: attention.slots must be a finite number > 0"),

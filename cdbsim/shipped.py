@@ -62,7 +62,7 @@ def resolve_profile(name: str, arch: ArchSpec, device: DeviceSpec = H200) -> Pro
     """
     if name == "roofline":
         return roofline_profile(arch, device)
-    if name.endswith(".json") or Path(name).is_file():  # any file: read as a profile (a bad one is named)
+    if name.endswith(".json"):
         return _on(load_profile_file(name), device)
     shipped = shipped_profiles()
     if name == "auto":
@@ -74,6 +74,8 @@ def resolve_profile(name: str, arch: ArchSpec, device: DeviceSpec = H200) -> Pro
         return (exact or matching or kernels or [roofline_profile(arch, device)])[0]
     if name in shipped:
         return _on(shipped[name], device)
+    if Path(name).is_file():  # a file by another suffix: read as the profile it claims to be (a bad one is named)
+        return _on(load_profile_file(name), device)
     raise unknown("profile", name, ["auto", "roofline", "<file>.json", *shipped])
 
 

@@ -35,7 +35,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from executor.chain import LATE, launch_options, let_successor_launch, pdl_mode, sm_count
-from executor.few_rows import MAX_ROWS, _dot, block_rows
+from executor.few_rows import MAX_ROWS, block_rows, finish_tile, first_chunk
 from executor.triton_kernels import residual_norm_row
 
 QUEUE, DONE_A, DONE_B, EXITED = 0, 1, 2, 3  # the sync buffer's counters
@@ -93,66 +93,6 @@ def _count_done(COUNTER):
 
 
 @triton.jit
-def _gate_up_tile(Hin, WGU, ACT, M, tile, INTER: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
-    """``ACT[m, cols] = silu(h @ Wg[cols].T) * (h @ Wu[cols].T)`` for this tile's columns (each product rounded to
-    the output dtype first, as the torch backend rounds). The first weight chunk is loaded before the wait for the
-    kernel before (which writes ``h``): under PDL a program's first tile streams under that kernel's tail."""
-    cols = tile * BN + tl.arange(0, BN)
-    rows = tl.arange(0, BLOCK_M)
-    ks = tl.arange(0, BK)
-    col_ok = (cols < INTER)[:, None]
-    row_ok = (rows < M)[:, None]
-    w_ptrs = WGU + cols.to(tl.int64)[:, None] * K + ks[None, :]
-    x_ptrs = Hin + rows.to(tl.int64)[:, None] * K + ks[None, :]
-    k_ok = (ks < K)[None, :]
-    g = tl.load(w_ptrs, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
-    u = tl.load(w_ptrs + INTER * K, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
-    if PDL:
-        gdc_wait()  # at once after the first item's: the kernel before has finished
-    x = tl.load(x_ptrs, mask=row_ok & k_ok, other=0.0)
-    acc = _dot(g, x, tl.zeros((BN, BLOCK_M), dtype=tl.float32), IEEE)
-    acc_up = _dot(u, x, tl.zeros((BN, BLOCK_M), dtype=tl.float32), IEEE)
-    for k0 in tl.range(BK, K, BK, num_stages=STAGES):
-        k_ok = ((k0 + ks) < K)[None, :]
-        x = tl.load(x_ptrs + k0, mask=row_ok & k_ok, other=0.0)
-        g = tl.load(w_ptrs + k0, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
-        u = tl.load(w_ptrs + INTER * K + k0, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
-        acc = _dot(g, x, acc, IEEE)
-        acc_up = _dot(u, x, acc_up, IEEE)
-    dt = ACT.dtype.element_ty
-    gate = acc.to(dt).to(tl.float32)
-    act = gate / (1.0 + tl.exp(-gate)) * acc_up.to(dt).to(tl.float32)
-    tl.store(ACT + rows.to(tl.int64)[None, :] * INTER + cols[:, None], act.to(dt), mask=col_ok & (rows < M)[None, :])
-
-
-@triton.jit
-def _down_tile(ACT, WD, MO, DONE, n_before, M, tile, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, IEEE: tl.constexpr):
-    """``MO[m, cols] = act @ Wd[cols].T``: the first weight chunk is loaded before waiting for the ``n_before``
-    gate/up tiles that write ``act``."""
-    cols = tile * BN + tl.arange(0, BN)
-    rows = tl.arange(0, BLOCK_M)
-    ks = tl.arange(0, BK)
-    col_ok = (cols < N)[:, None]
-    row_ok = (rows < M)[:, None]
-    w_ptrs = WD + cols.to(tl.int64)[:, None] * K + ks[None, :]
-    x_ptrs = ACT + rows.to(tl.int64)[:, None] * K + ks[None, :]
-    k_ok = (ks < K)[None, :]
-    w = tl.load(w_ptrs, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
-    _wait_count(DONE, n_before)
-    x = tl.load(x_ptrs, mask=row_ok & k_ok, other=0.0, cache_modifier=".cg")
-    acc = _dot(w, x, tl.zeros((BN, BLOCK_M), dtype=tl.float32), IEEE)
-    for k0 in tl.range(BK, K, BK, num_stages=STAGES):
-        k_ok = ((k0 + ks) < K)[None, :]
-        w = tl.load(w_ptrs + k0, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
-        x = tl.load(x_ptrs + k0, mask=row_ok & k_ok, other=0.0, cache_modifier=".cg")
-        acc = _dot(w, x, acc, IEEE)
-    tl.store(MO + rows.to(tl.int64)[None, :] * N + cols[:, None], acc.to(MO.dtype.element_ty),
-             mask=col_ok & (rows < M)[None, :])
-
-
-@triton.jit
 def _mlp_kernel(Hin, X, WGU, WD, WP, WN, ACT, MO, XO, HO, SYNC, M, eps, INTER: tl.constexpr, N: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BN_A: tl.constexpr, BK_A: tl.constexpr,
                 BN_B: tl.constexpr, BK_B: tl.constexpr, STAGES_A: tl.constexpr, STAGES_B: tl.constexpr,
@@ -166,13 +106,23 @@ def _mlp_kernel(Hin, X, WGU, WD, WP, WN, ACT, MO, XO, HO, SYNC, M, eps, INTER: t
     # kernel is let launch only once the one before it has waited, so every launch two back is done)
     t = tl.atomic_add(SYNC + 0, 1, sem="relaxed", scope="gpu")
     while t < total:
+        # a tile's first weight chunk is loaded before it waits for its inputs (executor.few_rows): under PDL the
+        # first gate/up tile's streams under the kernel before; a down tile's under the last gate/up tiles
         if t < n_a:
-            _gate_up_tile(Hin, WGU, ACT, M, t, INTER, N, BLOCK_M, BN_A, BK_A, STAGES_A, IEEE, PDL)
+            w, u, w_ptrs, x_ptrs, col_ok, row_ok = first_chunk(Hin, WGU, M, t, INTER, N, BLOCK_M, BN_A, BK_A, True)
+            if PDL:
+                gdc_wait()  # h comes from the kernel before (at once after a program's first item)
+            finish_tile(ACT, M, t, w, u, w_ptrs, x_ptrs, col_ok, row_ok, INTER, N, BLOCK_M, BN_A, BK_A, STAGES_A,
+                        True, IEEE, 0, "")
             _count_done(SYNC + 1)
         elif t < n_a + n_b:
+            w, u, w_ptrs, x_ptrs, col_ok, row_ok = first_chunk(ACT, WD, M, t - n_a, N, INTER, BLOCK_M, BN_B, BK_B,
+                                                               False)
             if PDL:
                 gdc_wait()  # a program whose first item is a down tile (fewer programs than gate/up tiles: none)
-            _down_tile(ACT, WD, MO, SYNC + 1, n_a, M, t - n_a, N, INTER, BLOCK_M, BN_B, BK_B, STAGES_B, IEEE)
+            _wait_count(SYNC + 1, n_a)  # every gate/up tile has written its share of act
+            finish_tile(MO, M, t - n_a, w, u, w_ptrs, x_ptrs, col_ok, row_ok, N, INTER, BLOCK_M, BN_B, BK_B,
+                        STAGES_B, False, IEEE, 0, ".cg")
             _count_done(SYNC + 2)
         else:
             if PDL:

@@ -12,9 +12,9 @@ Two parts (``--parts``):
            then warps and stages), then the best at every ``--sizes`` against cuBLAS (and the SwiGLU kernel).
 ``layers`` Ouro-1.4B's four projections per layer, 24 layers of distinct weights in one graph, as the
            fused path runs them (residual + QKV, O, residual + gate/up + SwiGLU, down) with and without
-           PDL, and at every ``--sizes`` as the few-row path (also with the MLP block as one persistent
-           kernel, :mod:`executor.persistent_mlp`) and the cuBLAS path run them (the latter with the Triton
-           norm / SiLU kernels; attention left out): microseconds per layer against the weight-read roofline.
+           PDL, and at every ``--sizes`` as the few-row path and the cuBLAS path run them (the latter with
+           the Triton norm / SiLU kernels; attention left out): microseconds per layer against the
+           weight-read roofline.
 
     python benchmarks/bench_chain.py --out chain.json [--parts sweep rows layers] [--sizes 1 2 4 8 16] [--quick]
 
@@ -316,11 +316,9 @@ def sweep_rows(shapes: list[Shape], sizes: tuple[int, ...], quick: bool) -> tupl
 
 def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
     """Ouro-1.4B's projections, per layer: at one row on the chained path (PDL on, off); at every size on
-    the few-row path (PDL on, off; with the MLP block as one persistent kernel) and on the cuBLAS path (norm and
-    SwiGLU kernels PDL-launched)."""
+    the few-row path (PDL on, off) and on the cuBLAS path (norm and SwiGLU kernels PDL-launched)."""
     from executor import chain as c
     from executor import few_rows as fr
-    from executor import persistent_mlp as pm
     from executor import triton_kernels as tk
 
     h, i = 2048, 5632
@@ -368,24 +366,7 @@ def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
                           lambda w=w: fr.linear(act, w["down"], late=late)]
             return calls
 
-        def persistent(x=x, branch=branch, o=o, cfg=None) -> list[Callable[[], object]]:
-            """The few-row path with the MLP block (gate/up, down and the residual norm after it) as one
-            persistent kernel (executor.persistent_mlp): the same two norms and four projections a layer."""
-            calls = []
-            for w in weights:
-                calls += [lambda w=w: fr.linear(tk.residual_norm(branch, x, norm, norm, EPS, True)[1], w["qkv"]),
-                          lambda w=w: fr.linear(o, w["o"]),
-                          lambda w=w: pm.mlp(branch, x, w["gu"], w["down"], norm, norm, EPS, True, cfg)]
-            return calls
-
-        # the persistent kernel's default, with two programs per SM (its 176 gate/up tiles in one wave), and
-        # with 16-column gate/up tiles (352: the waves' tail a smaller share)
-        persistent_cfgs = [("", None), (",2/SM", pm.MlpConfig(programs_per_sm=2)),
-                           (",gate/up 16", pm.MlpConfig(bn_a=16))]
-        paths = [("few+pdl-late", lambda: few(late=True), True),
-                 *((f"few+persistent-mlp{tag}", lambda cfg=cfg: persistent(cfg=cfg), True)
-                   for tag, cfg in persistent_cfgs),
-                 ("few+pdl-early", lambda: few(late=False), True),
+        paths = [("few+pdl-late", lambda: few(late=True), True), ("few+pdl-early", lambda: few(late=False), True),
                  ("few+pdl-late,plain-norms", lambda: few(late=True, norm_pdl=False), True),
                  ("few+pdl-early,plain-norms", lambda: few(late=False, norm_pdl=False), True),
                  ("few", few, False), ("default+pdl", default, True), ("default", default, False)]

@@ -111,37 +111,26 @@ def _dot(w, x, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
-def first_chunk(X, W, M, tile, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr):
-    """Column block ``tile``'s pointers and masks and its first K chunk of weights, for a caller to load before
-    it waits for its inputs (weights never depend on them): ``(w, u, w_ptrs, x_ptrs, col_ok, row_ok)``, ``u``
-    the up half's chunk with ``SWIGLU`` (else ``w``). :func:`finish_tile` does the rest."""
-    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SWIGLU: tl.constexpr,
+                     IEEE: tl.constexpr, PDL: tl.constexpr):
+    """``OUT[m, n] = sum_k X[m, k] W[n, k]`` for this program's ``BLOCK_N`` columns and all ``M`` rows; with
+    ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[m, n] = silu(gate) * up`` of rows ``n`` and ``N + n``."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     ks = tl.arange(0, BLOCK_K)
     col_ok = (cols < N)[:, None]
     row_ok = (rows < M)[:, None]
     w_ptrs = W + cols.to(tl.int64)[:, None] * K + ks[None, :]
     x_ptrs = X + rows.to(tl.int64)[:, None] * K + ks[None, :]
+    dt = OUT.dtype.element_ty
     k_ok = (ks < K)[None, :]
     w = tl.load(w_ptrs, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
     u = w
     if SWIGLU:
         u = tl.load(w_ptrs + N * K, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
-    return w, u, w_ptrs, x_ptrs, col_ok, row_ok
-
-
-@triton.jit
-def finish_tile(OUT, M, tile, w, u, w_ptrs, x_ptrs, col_ok, row_ok, N: tl.constexpr, K: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                SWIGLU: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, X_CACHE: tl.constexpr):
-    """``OUT[m, n] = sum_k X[m, k] W[n, k]`` for column block ``tile`` and all ``M`` rows, from its
-    :func:`first_chunk` on (with ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[m, n] = silu(gate) * up`` of rows
-    ``n`` and ``N + n``). The activations are loaded with cache modifier ``X_CACHE`` (``.cg`` where another
-    program of the same kernel wrote them); under PDL (``LATE``) the successor may launch after the K loop."""
-    ks = tl.arange(0, BLOCK_K)
-    dt = OUT.dtype.element_ty
-    x = tl.load(x_ptrs, mask=row_ok & (ks < K)[None, :], other=0.0, cache_modifier=X_CACHE)
+    wait_for_predecessor(PDL)
+    x = tl.load(x_ptrs, mask=row_ok & k_ok, other=0.0)
     acc = _dot(w, x, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), IEEE)
     acc_up = acc
     if SWIGLU:
@@ -149,7 +138,7 @@ def finish_tile(OUT, M, tile, w, u, w_ptrs, x_ptrs, col_ok, row_ok, N: tl.conste
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
         k_ok = ((k0 + ks) < K)[None, :]
         w = tl.load(w_ptrs + k0, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
-        x = tl.load(x_ptrs + k0, mask=row_ok & k_ok, other=0.0, cache_modifier=X_CACHE)
+        x = tl.load(x_ptrs + k0, mask=row_ok & k_ok, other=0.0)
         acc = _dot(w, x, acc, IEEE)
         if SWIGLU:
             u = tl.load(w_ptrs + N * K + k0, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
@@ -158,22 +147,8 @@ def finish_tile(OUT, M, tile, w, u, w_ptrs, x_ptrs, col_ok, row_ok, N: tl.conste
     if SWIGLU:
         gate = acc.to(dt).to(tl.float32)
         acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(dt).to(tl.float32)
-    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.arange(0, BLOCK_M)
     out_ptrs = OUT + rows.to(tl.int64)[None, :] * N + cols[:, None]
     tl.store(out_ptrs, acc.to(dt), mask=col_ok & (rows < M)[None, :])
-
-
-@triton.jit
-def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SWIGLU: tl.constexpr,
-                     IEEE: tl.constexpr, PDL: tl.constexpr):
-    """One column block per program, its first weight chunk loaded before the wait for the kernel before."""
-    tile = tl.program_id(0)
-    w, u, w_ptrs, x_ptrs, col_ok, row_ok = first_chunk(X, W, M, tile, N, K, BLOCK_M, BLOCK_N, BLOCK_K, SWIGLU)
-    wait_for_predecessor(PDL)
-    finish_tile(OUT, M, tile, w, u, w_ptrs, x_ptrs, col_ok, row_ok, N, K, BLOCK_M, BLOCK_N, BLOCK_K, STAGES,
-                SWIGLU, IEEE, PDL, "")
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> None:

@@ -133,7 +133,8 @@ class Layer(nn.Module):
         """``h`` is ``norm1(x)``; returns the new residual and ``next_norm`` of it (None without one)."""
         o = attn(ops.linear(h, self.wqkv), layer, self.q_bias, self.k_bias)
         x, h = ops.residual_norm(ops.linear(o, self.wo), x, self.norm2, self.norm3, eps, sandwich)
-        return ops.mlp(h, x, self.w_gate_up, self.w_down, self.norm4, next_norm, eps, sandwich)
+        m = ops.linear(ops.linear_swiglu(h, self.w_gate_up), self.w_down)
+        return ops.residual_norm(m, x, self.norm4, next_norm, eps, sandwich)
 
     def forward_fused(self, x: torch.Tensor, pending: tuple[torch.Tensor, torch.Tensor] | None, attn, layer: int,
                       ops: Ops, eps: float, sandwich: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:

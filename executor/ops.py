@@ -227,18 +227,12 @@ class Ops:
         self.fuse_rows = fuse_rows or 0
         self.few_rows = few_rows or 0
         self._fused_attention_rows: int | None = None
-        self.persistent_mlp = False  # a candidate, off unless set: see mlp()
         if backend == "triton":  # the torch backend composes either path at any size
             for name, value, most in (("fuse_rows", self.fuse_rows, skinny.MAX_ROWS),
                                       ("few_rows", self.few_rows, few.MAX_ROWS)):
                 if not 0 <= value <= most:
                     raise ValueError(f"{name} must be 0..{most} on the triton backend, got {value}")
         self._few_linear = few.linear
-        self._persistent_mlp = None
-        if backend == "triton":
-            from executor.persistent_mlp import mlp as persistent
-
-            self._persistent_mlp = persistent
         self._pdl_behind = skinny.pdl_behind if backend == "triton" else None
         self.gemv = skinny.gemv
         self.gemv_rmsnorm = skinny.gemv_rmsnorm
@@ -276,17 +270,6 @@ class Ops:
         if x.shape[0] <= self.few_rows:
             return self._few_linear(x.contiguous(), w)
         return torch.nn.functional.linear(x, w)
-
-    def mlp(self, h: torch.Tensor, x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-            w_post: torch.Tensor, w_next: torch.Tensor | None, eps: float,
-            sandwich: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A layer's MLP block and the residual norm after it: :meth:`residual_norm` of ``linear(linear_swiglu(h,
-        w_gate_up), w_down)``. With ``persistent_mlp`` set, launches of at most ``few_rows`` rows on the triton
-        backend run it as one persistent kernel (:mod:`executor.persistent_mlp`, a candidate being measured)."""
-        if self.persistent_mlp and self._persistent_mlp is not None and x.shape[0] <= self.few_rows:
-            return self._persistent_mlp(h, x, w_gate_up, w_down, w_post, w_next, eps, sandwich)
-        m = self.linear(self.linear_swiglu(h, w_gate_up), w_down)
-        return self.residual_norm(m, x, w_post, w_next, eps, sandwich)
 
     def linear_swiglu(self, x: torch.Tensor, w_gate_up: torch.Tensor) -> torch.Tensor:
         """``silu_mul(x @ w_gate_up.T)``: one few-row matmul with the SwiGLU in its epilogue for launches of at

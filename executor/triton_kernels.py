@@ -71,18 +71,10 @@ def _rms_norm_kernel(X, W, Y, n_cols, eps, BLOCK: tl.constexpr, PDL: tl.constexp
 def _residual_norm_kernel(A, X, WP, WN, XO, HO, n_cols, eps, SANDWICH: tl.constexpr, HAS_NEXT: tl.constexpr,
                           BLOCK: tl.constexpr, PDL: tl.constexpr):
     wait_for_predecessor(PDL)
-    residual_norm_row(A, X, WP, WN, XO, HO, tl.program_id(0), n_cols, eps, SANDWICH, HAS_NEXT, BLOCK, "")
-
-
-@triton.jit
-def residual_norm_row(A, X, WP, WN, XO, HO, row, n_cols, eps, SANDWICH: tl.constexpr, HAS_NEXT: tl.constexpr,
-                      BLOCK: tl.constexpr, CACHE: tl.constexpr):
-    """One row of :func:`residual_norm` (the branch ``A`` loaded with cache modifier ``CACHE``: ``.cg`` where
-    another program of the same kernel wrote it, :mod:`executor.persistent_mlp`)."""
-    row = row.to(tl.int64)
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    a = tl.load(A + row * n_cols + cols, mask=mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
+    a = tl.load(A + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(X + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     wp = tl.load(WP + cols, mask=mask, other=0.0).to(tl.float32)
     if SANDWICH:

@@ -66,25 +66,3 @@ def test_few_row_matmul_compiles_at_its_shipped_configs(n: int, k: int, swiglu: 
     assert "mma" in ptx and "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
     r = sm90.resources(kernel)
     assert r.stack == 0 and r.fits, r
-
-
-@pytest.mark.parametrize("rows", [16, 32, 64])
-@pytest.mark.parametrize("inter,hidden", [(5632, 2048), (17920, 5280)])
-def test_the_persistent_mlp_compiles_without_spilling(inter: int, hidden: int, rows: int) -> None:
-    from executor import persistent_mlp as pm
-
-    c = pm.MlpConfig()
-    signature = {name: "*bf16" for name in ("Hin", "X", "WGU", "WD", "WP", "WN", "ACT", "MO", "XO", "HO")}
-    kernel = sm90.compile_sm90(pm._mlp_kernel, {**signature, "SYNC": "*i32", "M": "i32", "eps": "fp32"},
-                               dict(INTER=inter, N=hidden, BLOCK_M=rows, BLOCK_N=triton.next_power_of_2(hidden),
-                                    BN_A=c.bn_a, BK_A=c.bk_a, BN_B=c.bn_b, BK_B=c.bk_b, STAGES_A=c.stages_a,
-                                    STAGES_B=c.stages_b, SANDWICH=True, HAS_NEXT=True, IEEE=False, PDL=2),
-                               pm.warps(c, rows))
-    r = sm90.resources(kernel)
-    assert r.stack == 0 and r.fits, r
-    ptx = kernel.asm["ptx"]  # PDL-launched: waits for the kernel before (per item kind), lets the next launch
-    assert ptx.count("griddepcontrol.wait") >= 1 and ptx.count("griddepcontrol.launch_dependents") == 1
-    # the phases' hand-over survives compilation: finished items counted with release, waiters acquire
-    assert ptx.count("atom.global.gpu.release.add") == 2
-    assert ptx.count("ld.global.gpu.acquire") + ptx.count("atom.global.gpu.acquire") >= 2
-

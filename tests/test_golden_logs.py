@@ -68,14 +68,16 @@ PROFILES = Path(__file__).parent / "data" / "golden-profiles"
 # row on the chained path is looked up at the length of its whole tiles (cdbsim.attention.chained_walk_length);
 # a prefill is priced on the curve through its measured points (cdbsim.prefill), not on one line; the launch
 # gap is the current build's 1.30 us; the tables are the least-squares non-decreasing grid through the points
-# (cdbsim.interp.monotone_grid), not their running maximum (the launches are the same, their times not)
+# (cdbsim.interp.monotone_grid), not their running maximum (the launches are the same, their times not); the
+# prefill curve's coefficients are solved on unit columns, with non-negative least squares where a bound binds,
+# and kept to 10 significant digits, so that no CPU's BLAS kernels move a launch's time (cdbsim.prefill)
 GOLDEN = {
-    "huginn-refill-K8-shared": "5f44e493aea202a8",  # 4,454 launches
-    "huginn040-sync": "4e00293ac99ce40d",           # 7,412 launches
-    "ouro-cb-online": "430ede3eedb7402d",           # 773 launches
-    "ouro-norefill": "2f17b3a1a5f9dc2e",            # 3,272 launches
-    "ouro-refill": "d4d1dcd837e3673d",              # 4,464 launches
-    "ouro-refill-preempting": "b6c10adab365c550",   # 14,715 launches, 2 preemptions
+    "huginn-refill-K8-shared": "0fbab61eef06e981",  # 4,454 launches
+    "huginn040-sync": "bf40706b3aa54ffd",           # 7,412 launches
+    "ouro-cb-online": "309d536f74ce03cb",           # 773 launches
+    "ouro-norefill": "44a9fa35904e41ac",            # 3,272 launches
+    "ouro-refill": "36888e2f7afd48de",              # 4,464 launches
+    "ouro-refill-preempting": "598368a717eec82b",   # 14,715 launches, 2 preemptions
 }
 
 

@@ -5,9 +5,10 @@ Parts (each bounded; ``--quick`` keeps the whole run to a few minutes):
 (a) ``stages``     per-stage latency (prelude, core, coda, CB decode, prefill chunk) at several batch sizes
                    for each model, replayed as CUDA graphs, against the weight-read roofline (weight bytes
                    one pass reads / measured copy bandwidth) and the weight+KV roofline.
-(b) ``attention``  the paged decode-attention kernel at B = 64, L = 4096: KV bytes actually read / time,
-                   against the measured copy bandwidth (``--attention-sweep``: also over the kernel's tile
-                   and warps, and two more head shapes).
+(b) ``attention``  the paged decode-attention kernel at B = 64, L = 4096 and B = 1, L = 512
+                   (``--attention-points`` for others): KV bytes actually read / time, against the measured
+                   copy bandwidth (``--attention-sweep``: also over the kernel's tile and warps, and two
+                   more head shapes; ``--attention-rule``: a candidate split rule).
 (c) ``throughput`` offline output-token throughput of CB, no-refill and refill on a small Alpaca trace
                    (``--workload sharegpt`` for ShareGPT lengths) with synthetic exits (mean 2.5 for Ouro,
                    8 for Huginn) and without exits, in lookahead mode (full runs add sync), with the
@@ -42,7 +43,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from cdbsim.arch import PRESETS, ArchSpec  # noqa: E402
-from cdbsim.attention import decode_splits  # noqa: E402
+from cdbsim.attention import MAX_SPLITS, decode_splits  # noqa: E402
 from cdbsim.config import Policy, ServeConfig  # noqa: E402
 from cdbsim.kv import need_blocks  # noqa: E402
 from cdbsim.kvlayout import KVLayout  # noqa: E402
@@ -192,7 +193,7 @@ def _stage_row(arch: ArchSpec, stage: str, b: int, context: int, ms: float, weig
 # ----- (b) decode attention --------------------------------------------------------------------------
 def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, batch: int, length: int,
                         bandwidth: float, iters: int, repeats: int, with_torch: bool,
-                        sweep: bool = False) -> list[dict]:
+                        sweep: bool = False, split_grid: bool = False) -> list[dict]:
     from executor import ops as torch_ops
     from executor import triton_kernels as tk
 
@@ -214,6 +215,11 @@ def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, bat
         for splits in (1, 2, 4, 8, 16):
             impls.append((f"triton-splits{splits}", lambda splits=splits: tk.decode_attention(
                 q, cache, table, base, 0, seq, scale, splits=splits)))
+            for least in (128, 256, 512) if split_grid else ():  # a split's fewest positions (shipped: 64)
+                if splits > 1 and least < length:
+                    impls.append((f"triton-splits{splits}-min{least}", lambda splits=splits, least=least:
+                                  tk.decode_attention(q, cache, table, base, 0, seq, scale, splits=splits,
+                                                      min_split=least)))
         if sweep:  # the tile's positions, the warps per program and the head's parts, at the default split count
             import triton
 
@@ -254,6 +260,41 @@ def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, bat
                      "kv_heads": kv_heads, "head_dim": head_dim, "ms": ms, "kv_bytes": kv_bytes,
                      "achieved_Bps": achieved, "fraction_of_copy_bw": achieved / bandwidth})
     return rows
+
+
+def attention_point(text: str) -> tuple[int, int]:
+    """``B:L`` (rows, positions a row; ``L`` a multiple of the 16-position page) as an argparse type."""
+    try:
+        batch, length = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected B:L (two integers), got {text!r}") from None
+    if batch < 1 or length < 16 or length % 16:
+        raise argparse.ArgumentTypeError(f"B must be >= 1 and L a positive multiple of 16, got {text!r}")
+    return batch, length
+
+
+def attention_rule(text: str) -> tuple[int, int]:
+    """``PROGRAMS:LEAST`` of ``--attention-rule`` as an argparse type."""
+    try:
+        programs, least = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected PROGRAMS:LEAST (two integers), got {text!r}") from None
+    if programs < 1 or not 1 <= least <= MAX_SPLITS:
+        raise argparse.ArgumentTypeError(f"PROGRAMS must be >= 1 and LEAST 1..{MAX_SPLITS}, got {text!r}")
+    return programs, least
+
+
+def use_attention_rule(programs: int, least: int) -> None:
+    """Launch decode attention with a candidate split count for the rest of this process. The executor's
+    kernels read the rule through ``executor.triton_kernels.decode_splits``; the simulator keeps the shipped
+    one, so this measures a candidate and is not a configuration."""
+    from executor import triton_kernels as tk
+
+    def splits(rows: int, heads: int) -> int:
+        return max(least, min(MAX_SPLITS, programs // max(rows * heads, 1)))
+
+    tk.decode_splits = splits
+    globals()["decode_splits"] = splits  # the attention table's auto_splits column
 
 
 # ----- (c) throughput --------------------------------------------------------------------------------
@@ -349,8 +390,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--few-rows", type=int,
                         help="run the projections of other launches of at most this many rows (up to 64) on the "
                              "few-row matmul (executor.few_rows; default: the engine's own cut, 0: never)")
-    parser.add_argument("--persistent-mlp", action="store_true",
-                        help="run the MLP block of few-row launches as one persistent kernel (executor.persistent_mlp)")
     parser.add_argument("--fused-attention-rows", type=int,
                         help="run RoPE, the KV write and attention of decode launches of at most this many rows "
                              "as one kernel (default: the chained path's rows)")
@@ -367,6 +406,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attention-sweep", action="store_true",
                         help="attention part: also sweep the tile's positions and warps, and add head shapes "
                              "55x128 and 16x96 (which of heads and head_dim sets the bandwidth)")
+    parser.add_argument("--attention-points", type=attention_point, nargs="+", default=[(64, 4096), (1, 512)],
+                        metavar="B:L", help="attention part: batch and context of each point (default 64:4096 1:512)")
+    parser.add_argument("--split-grid", action="store_true",
+                        help="attention part: also every split count with 128, 256 and 512 as a split's fewest "
+                             "positions (the shipped kernel: 64)")
+    parser.add_argument("--attention-rule", type=attention_rule, metavar="PROGRAMS:LEAST",
+                        help="a candidate split rule for decode attention, this run only: splits = PROGRAMS // "
+                             "(rows x heads), at least LEAST, at most 16 (shipped: cdbsim.attention.decode_splits)")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script itself: tiny same-style models, float32, CPU unless CUDA is there")
     args = parser.parse_args(argv)
@@ -375,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if not 0 <= args.fuse_rows <= MAX_ROWS:
             parser.error(f"--fuse-rows must be 0..{MAX_ROWS}: the chained path takes single-row launches")
+    if args.attention_rule is not None:
+        use_attention_rule(*args.attention_rule)
     if args.fused_attention_rows is not None and args.fused_attention_rows < 0:
         parser.error("--fused-attention-rows must be 0 or more")
     if args.few_rows is not None:
@@ -423,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bw = copy_bandwidth(0.05 if args.smoke else 2.0 if quick else 8.0)
     results["meta"]["copy_bandwidth"] = bw
+    results["meta"]["attention_rule"] = list(args.attention_rule) if args.attention_rule else "shipped"
     bandwidth = bw["bandwidth_Bps"]
     iters, repeats = (5, 5) if quick else (20, 7)
 
@@ -430,14 +480,15 @@ def main(argv: list[str] | None = None) -> int:
         shapes = [("ouro-mha-16x128", 16, 16, 128), ("huginn-mha-55x96", 55, 55, 96)]
         if args.attention_sweep:
             shapes += [("mha-55x128", 55, 55, 128), ("mha-16x96", 16, 16, 96)]
-        sizes = [(4, 256)] if args.smoke else [(64, 4096), (1, 512)]  # the bandwidth target; a B = 1 step's
+        sizes = [(4, 256)] if args.smoke else args.attention_points  # default: the bandwidth target; a B = 1 step's
         for name, h, kvh, d in shapes:
             for batch, length in sizes:
                 part(f"attention {name} B={batch} L={length}",
                      lambda name=name, h=h, kvh=kvh, d=d, batch=batch, length=length: results["attention"].extend(
                          attention_bandwidth(name, h, kvh, d, batch, length, bandwidth, iters, repeats,
                                              with_torch=args.smoke or not quick,
-                                             sweep=args.attention_sweep and batch > 1)))
+                                             sweep=args.attention_sweep and batch > 1,
+                                             split_grid=args.split_grid)))
 
     models = {}
     for name in args.models:  # stage latencies of every model first: the cheapest, most reused numbers
@@ -449,8 +500,6 @@ def main(argv: list[str] | None = None) -> int:
             models[name][1].ops.few_rows = args.few_rows  # 0: cuBLAS projections beyond the chained path
         if args.fused_attention_rows is not None:
             models[name][1].ops.fused_attention_rows = args.fused_attention_rows
-        models[name][1].ops.persistent_mlp = args.persistent_mlp
-        results["meta"]["persistent_mlp"] = args.persistent_mlp
         results["meta"]["fused_attention_rows"] = models[name][1].ops.fused_attention_rows
         results["meta"]["fuse_rows"] = models[name][1].ops.fuse_rows
         results["meta"]["few_rows"] = models[name][1].ops.few_rows

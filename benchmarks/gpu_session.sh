@@ -53,9 +53,13 @@
 #   bash benchmarks/gpu_session.sh pdl      GPU tests; the executor table; the stages with PDL behind cuBLAS too
 #                                           (CDBSIM_PDL=all); calibration's replays of 32-64-row core steps
 #                                           -> benchmarks/results/pdl-behind-cublas/
-#   bash benchmarks/gpu_session.sh persistent GPU tests; Ouro-1.4B's layer projections at 2-16 rows with the MLP block
-#                                           as one persistent kernel (executor/persistent_mlp.py) against the few-row
-#                                           path; its stages at 1-16 rows both ways -> benchmarks/results/persistent-mlp/
+#   bash benchmarks/gpu_session.sh table    GPU tests; the executor table (README: every stage of both models at 1-256
+#                                           rows, L = 512 and 4,096, decode attention, prefill); Huginn-3.5B's 64-256-row
+#                                           core steps kernel by kernel (shared KV layout) -> benchmarks/results/executor-table/
+#   bash benchmarks/gpu_session.sh splits   decode attention's split rule: each model's stages at 1-512 rows with the
+#                                           shipped rule and with candidates (RULES, default "8192:2 16384:2"; MODELS,
+#                                           SIZES, CONTEXTS, ROUNDS), then the kernel alone at POINTS (ATTENTION=0: not;
+#                                           GRID=1: a split's fewest positions too) -> benchmarks/results/attention-rule/
 #   bash benchmarks/gpu_session.sh fewrow   GPU tests; the few-row O and down projections' configs, then Ouro-1.4B's
 #                                           layers; Ouro-1.4B's 2-64-row stages as built, with one-kernel attention,
 #                                           with the few-row matmul up to 64 rows
@@ -65,8 +69,8 @@
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | fewrow | persistent) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, fewrow, persistent" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | splits | fewrow) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, splits, fewrow" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -275,6 +279,33 @@ case $phase in
       --variants base,sustained,wide,queued --points core:64:32,core:48:32,core:32:32,core:64:128,decode:64:128 \
       --out "$work/gap-ouro-1.4b.json"
     ;;
+  table)  # the README's executor table on the build as shipped, and where Huginn-3.5B's many-row steps spend it
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 300 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick \
+      --sizes 1 2 4 8 16 32 64 128 256 --parts stages attention --contexts 512 4096 --prefill-tokens 512 2048 4096 \
+      --budget-s 270 --out "$work/stages"
+    run 120 decode-profile-huginn python3 benchmarks/profile_decode.py --arch huginn-3.5b --layout shared \
+      --points 64:512,128:512,256:512 --out "$work/decode-profile-huginn"
+    ;;
+  splits)  # decode attention's split count at many rows: the shipped rule (one split from 4,097 row x head
+    # programs) against candidates PROGRAMS:LEAST (bench_executor.py --attention-rule), one process per model
+    # (MODELS), SIZES and CONTEXTS as given, ROUNDS times in turn (the spread between rounds is the noise)
+    for round in $(seq "${ROUNDS:-1}"); do
+      for model in ${MODELS:-ouro-1.4b huginn-3.5b}; do
+        stages=(python3 benchmarks/bench_executor.py --models "$model" --quick --parts stages --prefill-tokens 512
+                --sizes ${SIZES:-1 2 4 8 16 32 64 128 256 512} --contexts ${CONTEXTS:-512 4096} --budget-s 110)
+        tag=${model}${ROUNDS:+-round$round}
+        run 130 "stages-$tag-shipped" "${stages[@]}" --out "$work/stages-$tag-shipped"
+        for rule in ${RULES:-8192:2 16384:2}; do
+          run 130 "stages-$tag-${rule/:/-}" "${stages[@]}" --attention-rule "$rule" --out "$work/stages-$tag-${rule/:/-}"
+        done
+      done
+    done
+    # the kernel alone at POINTS (B:L), every split count; GRID=1: also with longer fewest positions per split
+    [ "${ATTENTION:-1}" = 1 ] && run 240 attention python3 benchmarks/bench_executor.py --models ouro-1.4b --quick \
+      --parts attention --attention-points ${POINTS:-128:512 256:512 512:512 64:4096} \
+      $([ "${GRID:-0}" = 1 ] && echo --split-grid) --out "$work/attention"
+    ;;
   fewrow)  # candidates for Ouro's launches of 2-64 rows: GPU tests; the O and down projections' configs against
     # cuBLAS and the layer's projections (this phase measured them split over K 2-4 ways, which gained nothing:
     # benchmarks/results/few-row-matmul/candidates/); Ouro-1.4B's stages as built, with RoPE, KV write and attention
@@ -292,14 +323,6 @@ case $phase in
     run 60 gap-ouro-1.4b python3 benchmarks/probe_calibration_gap.py --repeats 10 --arch ouro-1.4b \
       --variants base,queued --points core:1:512,core:2:512,core:4:512,core:16:512,core:64:512 \
       --out "$work/gap-ouro-1.4b.json"
-    ;;
-  persistent)  # the MLP block of few-row launches as one persistent kernel: does it beat three launches?
-    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
-    run 120 bench-layers python3 benchmarks/bench_chain.py --parts layers --sizes 2 8 16 --out "$work/layers.json"
-    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b --quick --parts stages --sizes 1 2 4 8 16
-            --contexts 512 4096 --prefill-tokens 512 --budget-s 60)
-    run 80 bench-stages "${stages[@]}" --out "$work/stages"
-    run 80 bench-stages-persistent "${stages[@]}" --persistent-mlp --out "$work/stages-persistent"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

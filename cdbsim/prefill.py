@@ -13,8 +13,9 @@ bend, so one long chunk and several shorter ones of the same tokens came out too
 is ``G(tokens) + alpha * pairs + kappa * chunks``: ``G`` is piecewise linear through one value per token
 count the points were measured at (non-decreasing; flat below the smallest, the last slope beyond the
 largest), ``alpha`` and ``kappa`` are shared by all, and all are fitted together to the points by least
-squares relative to each point's time, every term >= 0 (``scipy.optimize.nnls`` where a bound binds;
-a whole model's points seldom need it, so predicting a shipped model does not import it). A point measured
+squares relative to each point's time, every term >= 0 (:func:`cdbsim.profile.nonnegative_lstsq`, the same
+curve on every CPU; ``scipy.optimize.nnls`` where a bound binds, which a whole model's points seldom need, so
+predicting a shipped model does not import it). A point measured
 alone at a token count then pins ``G`` there, and ``alpha`` comes from the points that share a token
 count but differ in pairs (one chunk against several, with a prefix or without).
 """
@@ -29,12 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cdbsim.power import SustainedLoad
-
-FIT_DIGITS = 10
-"""Significant digits a fitted coefficient keeps. The least-squares solvers run on the BLAS kernels the CPU
-selects, whose last bits differ from one CPU to another (an H200 profile's curve fitted on an AMD EPYC and on
-an Intel Xeon differed in the last place): rounded far below the measurements' precision, one profile predicts
-the same to the bit on every machine."""
+from cdbsim.profile import nonnegative_lstsq
 
 
 @dataclass(frozen=True)
@@ -106,16 +102,7 @@ def _fit(points: tuple[tuple[float, ...], ...]) -> PrefillCurve:
     extra = [col for col in (pairs, chunks) if np.ptp(col) > 0]  # a column that does not vary stays out
     design = np.hstack([rises, *(c[:, None] for c in extra)])
     weights = 1.0 / np.maximum(t, 1e-12)
-    a, b = design * weights[:, None], t * weights
-    scale = np.linalg.norm(a, axis=0)  # unit columns: the pairs column is ~10^7 times the others, which left the
-    scale[scale == 0] = 1.0            # solution's last ~5 digits to the BLAS kernels; scaled, only its last bits
-    a = a / scale
-    coef = np.linalg.lstsq(a, b, rcond=None)[0]
-    if np.any(coef < 0):  # a bound binds: non-negative least squares (where none does, both give the same minimum)
-        from scipy.optimize import nnls  # imported only here: a whole model's points rarely need it
-
-        coef = nnls(a, b)[0]  # an active-set method: exact where it stops, unlike an iterative solver's tolerance
-    coef = np.array([float(f"{c:.{FIT_DIGITS}g}") for c in coef / scale])
+    coef = nonnegative_lstsq(design * weights[:, None], t * weights)
     values = np.cumsum(coef[:len(knots)])
     rest = iter(coef[len(knots):])
     alpha = float(next(rest)) if np.ptp(pairs) > 0 else 0.0

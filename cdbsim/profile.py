@@ -82,6 +82,31 @@ class Fit:
         return asdict(self)
 
 
+FIT_DIGITS = 10
+"""Significant digits a fitted coefficient keeps. A least-squares solve runs on the BLAS kernels the CPU
+selects, whose last bits differ between CPUs (an H200 profile's prefill curve fitted with OpenBLAS's Haswell and
+SkylakeX kernels differed from the 9th digit): rounded far below the measurements' precision, one profile
+predicts the same to the bit on every machine."""
+
+
+def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``argmin |a x - b|`` over ``x >= 0``, to :data:`FIT_DIGITS` significant digits.
+
+    The columns are scaled to unit norm first (a pairs or context column is ~10^7 times a constant one, which
+    left a solution's last five digits to the BLAS kernels), the plain solution is kept where it is already
+    non-negative, and otherwise scipy's ``nnls`` (an active-set method: exact where it stops, where an
+    iterative bounded solver stops at a tolerance) gives it."""
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    a = a / scale
+    x = np.linalg.lstsq(a, b, rcond=None)[0]
+    if np.any(x < 0):  # a bound binds
+        from scipy.optimize import nnls  # imported only here: predicting a shipped model seldom needs it
+
+        x = nnls(a, b)[0]
+    return np.array([float(f"{v:.{FIT_DIGITS}g}") for v in x / scale])
+
+
 def fit_points(points: np.ndarray | list, with_context: bool = True, relative: bool = True) -> Fit:
     """Least-squares fit of ``t = delta + gamma x + alpha c (+ kappa k)``, all terms >= 0, to rows
     ``[x, c, t]`` or ``[x, c, k, t]``.
@@ -107,16 +132,14 @@ def fit_points(points: np.ndarray | list, with_context: bool = True, relative: b
         columns.append(pts[:, 2])
     design = np.stack(columns, axis=1)
     weights = 1.0 / t if relative else np.ones(len(t))
-    from scipy.optimize import lsq_linear  # only fitting needs it; predicting imports numpy alone
-
-    result = lsq_linear(design * weights[:, None], t * weights, bounds=(0.0, np.inf))
-    predicted = design @ result.x
+    solution = nonnegative_lstsq(design * weights[:, None], t * weights)
+    predicted = design @ solution
     ss_res = float(np.sum((t - predicted) ** 2))
     ss_tot = float(np.sum((t - t.mean()) ** 2))
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
     scale = t if relative else np.full(len(t), np.abs(t).max())  # unweighted: against the largest time
     worst = float(np.max(np.abs(predicted - t) / np.maximum(scale, 1e-12)))
-    coef = dict(zip(names, map(float, result.x), strict=True))
+    coef = dict(zip(names, map(float, solution), strict=True))
     return Fit(r2=r2, max_rel_residual=worst, points=pts.tolist(), **{"delta": 0.0, **coef})
 
 

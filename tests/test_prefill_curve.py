@@ -80,34 +80,3 @@ def test_a_per_row_component_without_chunks_is_fitted_on_its_rows() -> None:
     assert curve(256) == pytest.approx(1e-5 + 1e-8 * 256, rel=1e-6)
     assert curve(4096) == pytest.approx(1e-5 + 1e-8 * 4096, rel=1e-6)
 
-
-FIT_ON_ONE_CPU = """
-import json, sys
-from pathlib import Path
-from cdbsim.prefill import _fit
-from cdbsim.profile import load_profile_file
-profile = load_profile_file(Path(sys.argv[1]))
-curves = {name: _fit(tuple(tuple(float(v) for v in p) for p in fit.points))
-          for name, fit in sorted(profile.components.items()) if fit.points and len(fit.points[0]) in (3, 4)}
-print(json.dumps({name: [*c.values, c.alpha, c.kappa] for name, c in curves.items()}))
-"""
-
-
-@pytest.mark.parametrize("profile", ["h200-huginn-3.5b.json", "h200-ouro-1.4b.json"])
-def test_a_profile_fits_the_same_curves_on_every_cpu(profile: str) -> None:
-    """The least-squares solve runs on the BLAS kernels the CPU selects; the fitted curves (and so every
-    prediction) must not depend on them. OpenBLAS is made to take four CPUs' kernels in turn; unscaled columns
-    left Huginn-3.5B's curves differing in the 11th digit and Ouro-1.4B's bounded fit in the 9th."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).parent / "data" / "golden-profiles" / profile
-    fits = {core: json.loads(subprocess.run([sys.executable, "-c", FIT_ON_ONE_CPU, str(path)], check=True,
-                                            capture_output=True, text=True,
-                                            env={**os.environ, "OPENBLAS_CORETYPE": core}).stdout)
-            for core in ("Prescott", "Sandybridge", "Haswell", "SkylakeX")}
-    assert fits["Prescott"], "no curve was fitted"
-    assert all(f == fits["Prescott"] for f in fits.values())

@@ -1,0 +1,57 @@
+"""Predictions do not depend on which CPU computes them.
+
+Fitting a line or a prefill curve solves a least-squares problem on the BLAS kernels the CPU selects, and
+their last bits differ from one CPU to another. Unscaled columns let that reach the fitted coefficients (a
+shipped profile's prefill curve differed from the 9th digit between two CPUs, and every golden log with it).
+Here OpenBLAS is made to take four CPUs' kernels in turn (``OPENBLAS_CORETYPE``), each in a fresh process, and
+the fits must agree to the bit: a shipped model's prefill curves and an unseen architecture's profile composed
+from the kernel profile, whose lines are fitted at prediction time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CORES = ("Prescott", "Sandybridge", "Haswell", "SkylakeX")
+
+FITS = """
+import json, sys
+from pathlib import Path
+from cdbsim.arch import load_arch
+from cdbsim.kernels import compose_profile
+from cdbsim.prefill import fit_curve
+from cdbsim.profile import load_profile_file
+root = Path(sys.argv[1])
+out = {}
+for name in ("h200-huginn-3.5b.json", "h200-ouro-1.4b.json"):
+    profile = load_profile_file(root / "tests" / "data" / "golden-profiles" / name)
+    for key, fit in sorted(profile.components.items()):
+        if fit.points and len(fit.points[0]) in (3, 4):
+            c = fit_curve(fit.points)
+            out[name + "/" + key] = [*c.values, c.alpha, c.kappa]
+kernels = load_profile_file(root / "calibration" / "profiles" / "h200-kernels.json")
+composed, _ = compose_profile(kernels, load_arch(str(root / "calibration" / "archs" / "unseen-huginn-3072.json")))
+for key, fit in sorted(composed.components.items()):
+    out["composed/" + key] = [fit.delta, fit.gamma, fit.alpha, fit.kappa]
+print(json.dumps(out))
+"""
+
+
+def fits_on(core: str) -> dict[str, list[float]]:
+    run = subprocess.run([sys.executable, "-c", FITS, str(ROOT)], check=True, capture_output=True, text=True,
+                         env={**os.environ, "OPENBLAS_CORETYPE": core})
+    return json.loads(run.stdout)
+
+
+def test_fitted_curves_and_composed_lines_are_the_same_on_every_cpu() -> None:
+    fits = {core: fits_on(core) for core in CORES}
+    first = fits[CORES[0]]
+    assert any(k.startswith("composed/") for k in first) and any(k.startswith("h200-") for k in first)
+    for core in CORES[1:]:
+        differ = sorted(k for k in first if fits[core].get(k) != first[k])
+        assert not differ, f"{core} fits differently: {differ[:5]}"

@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from cdbsim.arch import PRESETS, ArchSpec  # noqa: E402
-from cdbsim.attention import MAX_SPLITS, decode_splits  # noqa: E402
+from cdbsim.attention import MAX_SPLITS  # noqa: E402
 from cdbsim.config import Policy, ServeConfig  # noqa: E402
 from cdbsim.kv import need_blocks  # noqa: E402
 from cdbsim.kvlayout import KVLayout  # noqa: E402
@@ -256,18 +256,24 @@ def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, bat
         ms = time_fn(graphed(fn), iters, repeats)
         achieved = kv_bytes / (ms / 1e3)
         rows.append({"shape": name, "impl": impl, "batch": batch, "length": length, "heads": heads,
-                     "auto_splits": decode_splits(batch, heads),
+                     "auto_splits": tk.decode_splits(batch, heads),  # the rule the kernel launched with
                      "kv_heads": kv_heads, "head_dim": head_dim, "ms": ms, "kv_bytes": kv_bytes,
                      "achieved_Bps": achieved, "fraction_of_copy_bw": achieved / bandwidth})
     return rows
 
 
+def _int_pair(text: str, form: str) -> tuple[int, int]:
+    """``A:B`` as two integers (an argparse error naming ``form`` otherwise)."""
+    try:
+        first, second = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {form} (two integers), got {text!r}") from None
+    return first, second
+
+
 def attention_point(text: str) -> tuple[int, int]:
     """``B:L`` (rows, positions a row; ``L`` a multiple of the 16-position page) as an argparse type."""
-    try:
-        batch, length = (int(v) for v in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected B:L (two integers), got {text!r}") from None
+    batch, length = _int_pair(text, "B:L")
     if batch < 1 or length < 16 or length % 16:
         raise argparse.ArgumentTypeError(f"B must be >= 1 and L a positive multiple of 16, got {text!r}")
     return batch, length
@@ -275,10 +281,7 @@ def attention_point(text: str) -> tuple[int, int]:
 
 def attention_rule(text: str) -> tuple[int, int]:
     """``PROGRAMS:LEAST`` of ``--attention-rule`` as an argparse type."""
-    try:
-        programs, least = (int(v) for v in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected PROGRAMS:LEAST (two integers), got {text!r}") from None
+    programs, least = _int_pair(text, "PROGRAMS:LEAST")
     if programs < 1 or not 1 <= least <= MAX_SPLITS:
         raise argparse.ArgumentTypeError(f"PROGRAMS must be >= 1 and LEAST 1..{MAX_SPLITS}, got {text!r}")
     return programs, least
@@ -294,7 +297,6 @@ def use_attention_rule(programs: int, least: int) -> None:
         return max(least, min(MAX_SPLITS, programs // max(rows * heads, 1)))
 
     tk.decode_splits = splits
-    globals()["decode_splits"] = splits  # the attention table's auto_splits column
 
 
 # ----- (c) throughput --------------------------------------------------------------------------------

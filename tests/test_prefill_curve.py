@@ -79,4 +79,3 @@ def test_a_per_row_component_without_chunks_is_fitted_on_its_rows() -> None:
     assert curve.alpha == curve.kappa == 0.0
     assert curve(256) == pytest.approx(1e-5 + 1e-8 * 256, rel=1e-6)
     assert curve(4096) == pytest.approx(1e-5 + 1e-8 * 4096, rel=1e-6)
-

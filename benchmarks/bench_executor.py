@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import json
 import math
 import os
@@ -65,6 +66,9 @@ def sync() -> None:
 
 
 def empty_cache() -> None:
+    """Hand the memory of what the last part built (an engine's KV cache of up to ~50 GB, its captured graphs)
+    back to the device before the next part builds its own: collected first, in case a cycle still holds it."""
+    gc.collect()
     if cuda():
         torch.cuda.empty_cache()
 
@@ -256,7 +260,7 @@ def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, bat
         ms = time_fn(graphed(fn), iters, repeats)
         achieved = kv_bytes / (ms / 1e3)
         rows.append({"shape": name, "impl": impl, "batch": batch, "length": length, "heads": heads,
-                     "auto_splits": tk.decode_splits(batch, heads),  # the rule the kernel launched with
+                     "auto_splits": tk.decode_splits(batch, heads, head_dim),  # the rule the kernel launched with
                      "kv_heads": kv_heads, "head_dim": head_dim, "ms": ms, "kv_bytes": kv_bytes,
                      "achieved_Bps": achieved, "fraction_of_copy_bw": achieved / bandwidth})
     return rows
@@ -293,7 +297,7 @@ def use_attention_rule(programs: int, least: int) -> None:
     one, so this measures a candidate and is not a configuration."""
     from executor import triton_kernels as tk
 
-    def splits(rows: int, heads: int) -> int:
+    def splits(rows: int, heads: int, head_dim: int) -> int:  # the candidate ignores the head's width
         return max(least, min(MAX_SPLITS, programs // max(rows * heads, 1)))
 
     tk.decode_splits = splits
@@ -516,6 +520,10 @@ def main(argv: list[str] | None = None) -> int:
                 part(f"stages {name} L={context}", lambda arch=arch, model=model, sizes=fits, context=context,
                      prefill=prefill if i == 0 else []: results["stages"].extend(stage_latency(
                          arch, model, sizes, context, prefill, bandwidth, iters, repeats)))
+        if "throughput" not in args.parts:  # nothing reads the weights again: the next model gets the memory
+            del models[name]
+            model = None
+            empty_cache()
     if "throughput" in args.parts:
         n = args.requests or (8 if args.smoke else 64 if quick else 256)
         max_len = args.max_len

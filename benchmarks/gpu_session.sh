@@ -60,6 +60,14 @@
 #                                           shipped rule and with candidates (RULES, default "8192:2 16384:2"; MODELS,
 #                                           SIZES, CONTEXTS, ROUNDS), then the kernel alone at POINTS (ATTENTION=0: not;
 #                                           GRID=1: a split's fewest positions too) -> benchmarks/results/attention-rule/
+#   bash benchmarks/gpu_session.sh rule     after a change to decode attention's split rule: GPU tests, the executor
+#                                           table, the kernel profile's attention tables and probe layers
+#                                           -> benchmarks/results/executor-table/, calibration/profiles/h200-kernels.json;
+#                                           then `MODELS=... rebuild` for the shipped models whose launches changed
+#   bash benchmarks/gpu_session.sh served   served throughput of the three policies (MODELS, default huginn-3.5b; W, default
+#                                           256; N requests, default 1024, Alpaca) with the shipped split rule and with
+#                                           RULES (default 8192:1, the rule before heads in two parts kept two splits)
+#                                           -> benchmarks/results/attention-rule/served/
 #   bash benchmarks/gpu_session.sh fewrow   GPU tests; the few-row O and down projections' configs, then Ouro-1.4B's
 #                                           layers; Ouro-1.4B's 2-64-row stages as built, with one-kernel attention,
 #                                           with the few-row matmul up to 64 rows
@@ -69,8 +77,8 @@
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | splits | fewrow) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, splits, fewrow" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -286,6 +294,25 @@ case $phase in
       --budget-s 270 --out "$work/stages"
     run 120 decode-profile-huginn python3 benchmarks/profile_decode.py --arch huginn-3.5b --layout shared \
       --points 64:512,128:512,256:512 --out "$work/decode-profile-huginn"
+    ;;
+  rule)  # a new split rule changes the executor's launches and the kernels' tables (not the prefill or the
+    # mixed-context points, which stay within the rows x heads the rule left alone)
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    run 300 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick \
+      --sizes 1 2 4 8 16 32 64 128 256 --parts stages attention --contexts 512 4096 --prefill-tokens 512 2048 4096 \
+      --budget-s 270 --out "$work/stages"
+    run 300 kernels-attention python3 cli.py calibrate --kernels --families attention,probes \
+      --update calibration/profiles/h200-kernels.json --out "$work/profiles"
+    cp "$work/profiles/h200-kernels.json" "$OUT/" 2>/dev/null
+    ;;
+  served)  # what a split rule does to served throughput: one process per (model, rule), the same requests
+    for model in ${MODELS:-huginn-3.5b}; do
+      for rule in shipped ${RULES:-8192:1}; do
+        run 200 "served-$model-${rule/:/-}" python3 benchmarks/bench_executor.py --models "$model" --quick \
+          --parts throughput --exits synthetic --width "${W:-256}" --requests "${N:-1024}" --budget-s 30 \
+          $([ "$rule" = shipped ] || echo --attention-rule "$rule") --out "$work/served-$model-${rule/:/-}"
+      done
+    done
     ;;
   splits)  # decode attention's split count at many rows: the shipped rule (one split from 4,097 row x head
     # programs) against candidates PROGRAMS:LEAST (bench_executor.py --attention-rule), one process per model

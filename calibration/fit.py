@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
@@ -41,10 +42,10 @@ SHARPNESS_GRID = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, math.inf)  # p of the p-nor
 
 def fit_attention_slots(arch: ArchSpec, core: Fit, rows: list[list[float]]) -> dict:
     """:func:`fit_slots` for a model's core stage measured at uniform lengths (its ``Fit`` points)."""
-    return fit_slots(arch.layer.heads, Surface(core), rows)
+    return fit_slots(arch.layer.heads, arch.layer.head_dim, Surface(core), rows)
 
 
-def fit_slots(heads: int, stage_time: Callable[[float, float], float], rows: list[list[float]],
+def fit_slots(heads: int, head_dim: int, stage_time: Callable[[float, float], float], rows: list[list[float]],
               sharpnesses: tuple[float, ...] = SHARPNESS_GRID) -> dict:
     """The decode-attention width (programs the device runs at once) and the sharpness with which the
     spread and the critical path combine that best predict core steps whose rows have different context
@@ -65,7 +66,7 @@ def fit_slots(heads: int, stage_time: Callable[[float, float], float], rows: lis
             padded, contexts = int(r[0]), [int(c) for c in r[1:-1]]
             mean = sum(contexts) / len(contexts)
             length = (padded_mean(sum(contexts), len(contexts), padded) if slots is None else equivalent_length(
-                mean, max(contexts), len(contexts), padded, heads, slots, sharpness))
+                mean, max(contexts), len(contexts), padded, heads, head_dim, slots, sharpness))
             predicted.append(surface(padded, length))
         return np.asarray(predicted) / measured - 1
 
@@ -75,7 +76,7 @@ def fit_slots(heads: int, stage_time: Callable[[float, float], float], rows: lis
     best = min(((float(s), p) for p in sharpnesses for s in SLOT_GRID), key=loss)
     slots, sharpness = best if loss(best) < loss((None, math.inf)) else (None, math.inf)
     return {"slots": slots, "sharpness": None if sharpness == math.inf else sharpness, "heads": heads,
-            "points": [list(map(float, r)) for r in rows],
+            "head_dim": head_dim, "points": [list(map(float, r)) for r in rows],
             "error_with_mean_length_pct": (100 * errors(None)).round(2).tolist(),
             "error_with_slots_pct": (100 * errors(slots, sharpness)).round(2).tolist()}
 
@@ -88,7 +89,7 @@ def fit_attention_width(rows: list[list[float]], uniform: list[list[float]], hea
     points = [[p[0], p[3], p[4]] for p in uniform if p[1] == group and p[2] == head_dim]
     require(len(points) >= 4, f"decode_attention has no uniform points at group {group}, head size {head_dim}")
     table = KernelTable("decode_attention", ("units", "length"), points, proxy=lambda q: q[0] * q[1])
-    return fit_slots(heads, lambda padded, length: table(padded * heads, max(length, 1.0)), rows, sharpnesses)
+    return fit_slots(heads, head_dim, lambda padded, length: table(padded * heads, max(length, 1.0)), rows, sharpnesses)
 
 
 def attention_record(fits: dict[str, dict[str, dict]], heads: int) -> dict:
@@ -142,8 +143,8 @@ def fit_mixed_sharpness(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHA
             for arch, index, padded, contexts, t in points:
                 slots = model.attention_slots(arch)
                 length = (padded_mean(sum(contexts), len(contexts), padded) if slots is None else equivalent_length(
-                    sum(contexts) / len(contexts), max(contexts), len(contexts), padded, arch.layer.heads, slots,
-                    p))
+                    sum(contexts) / len(contexts), max(contexts), len(contexts), padded, arch.layer.heads,
+                    arch.layer.head_dim, slots, p))
                 errors.append(math.log(model.layer(arch, padded, length) / t) - bias(index, padded))
             candidates[(p, scale)] = (float(np.mean(np.square(errors))), scaled, errors)
     best = min(candidates, key=lambda key: candidates[key][0])
@@ -305,6 +306,17 @@ def refit_sustained(entry: dict) -> dict:
     return {**entry, "onset_s": fit.onset_s, "slowdown": fit.slowdown, "rested_s": rested}
 
 
+def _attention_head_dim(attention: dict, components: dict[str, Fit]) -> int:
+    """The head width of a profile's mixed-context points (it sets their fewest attention splits): recorded
+    with them, or in a profile measured before it was, read from its layer's name (``...-a55x96-...``)."""
+    if isinstance(attention.get("head_dim"), int):
+        return attention["head_dim"]
+    widths = {int(m.group(2)) for name in components for m in [re.search(r"-a(\d+)x(\d+)-", name)] if m}
+    require(len(widths) == 1, "attention.head_dim (a whole number) is needed to refit the attention width from "
+                              "attention.points")
+    return widths.pop()
+
+
 def refit_profile(profile: Profile) -> Profile:
     """The same measured profile with every component, and the attention width from its mixed-length
     points, fitted afresh from the raw points (after a change to the fitting, no GPU needed); a kernel
@@ -335,7 +347,8 @@ def refit_profile(profile: Profile) -> Profile:
         if attention.get("points") and len(core) == 1 and core[0].points:
             require(isinstance(attention.get("heads"), int), "attention.heads (a whole number) is needed to refit "
                                                              "the attention width from attention.points")
-            attention = fit_slots(attention["heads"], Surface(core[0]), attention["points"])
+            attention = fit_slots(attention["heads"], _attention_head_dim(attention, components),
+                                  Surface(core[0]), attention["points"])
     except ConfigError as exc:
         raise ConfigError(f"{profile.source or profile.name}: {exc}") from None
     return replace(profile, components=components, attention=attention)

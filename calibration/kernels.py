@@ -384,19 +384,22 @@ class AttentionBench:
         self.bench.close()
 
 
+ROPE_CONTEXT = 64  # positions before the one a rope_kv point writes (its time does not depend on them)
+
+
 def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
                       ) -> dict[str, list[list[float]]]:
     """The RoPE/KV-write, decode-attention and chained-attention tables."""
     tables: dict[str, list[list[float]]] = {"rope_kv": [], "decode_attention": [], "chained_attention": []}
     h8 = plan.attention_heads
-    longest = max(plan.attention_lengths)
+    longest = max(*plan.attention_lengths, ROPE_CONTEXT)
     for d, g in itertools.product(plan.head_dims, plan.groups):
         progress(f"attention d={d} group={g}: building")
         bench = AttentionBench(h8, g, d, max(plan.attention_rows), longest, plan.max_positions, chain.device,
                                chain.timer)
         for rows in plan.attention_rows:
             progress(f"rope_kv rows={rows} d={d} g={g}")
-            tables["rope_kv"].append([rows * h8, g, d, chain(bench.calls("rope_kv", rows, [64] * rows))])
+            tables["rope_kv"].append([rows * h8, g, d, chain(bench.calls("rope_kv", rows, [ROPE_CONTEXT] * rows))])
         for rows, length in itertools.product(plan.attention_rows, plan.attention_lengths):
             if rows * length <= plan.max_positions:
                 progress(f"decode_attention rows={rows} L={length} d={d} g={g}")
@@ -705,8 +708,14 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     family("elementwise", lambda: tables.update(measure_elementwise(plan, chain, progress)))
     family("gemv", lambda: tables.update(gemv=measure_gemv(plan, chain, progress)))
 
-    family("attention", lambda: tables.update({k: v for k, v in measure_attention(plan, chain, progress).items()
-                                               if v}))
+    def attention() -> None:
+        measured = {k: v for k, v in measure_attention(plan, chain, progress).items() if v}
+        if "rope_kv" in measured:  # the prefill family's rows beyond the decode grid stay (an --update of this one)
+            beyond = [row for row in tables.get("rope_kv", []) if row[0] > plan.decode_units]
+            measured["rope_kv"] = merge_prefill_rope(measured["rope_kv"], beyond, plan.decode_units)
+        tables.update(measured)
+
+    family("attention", attention)
     family("skew", lambda: record.update(attention_record(
         measure_skew(plan, chain, tables["decode_attention"], progress), plan.skew_heads)))
     def prefill() -> None:

@@ -1,12 +1,13 @@
 """How the executor's paged decode attention divides its work, shared with the latency model.
 
 The decode-attention kernel (``executor.triton_kernels.decode_attention``) runs one program per (row, head,
-split). The number of splits is part of the launch shape, so it may depend on rows x heads only: a stage's
-CUDA graph must run the same kernel whatever contexts its requests have. Two rules follow, kept here in
-plain Python so the simulator can reason about the same kernel without torch:
+split). The number of splits is part of the launch shape, so it may depend on rows x heads and the head's width
+only: a stage's CUDA graph must run the same kernel whatever contexts its requests have. Two rules follow, kept
+here in plain Python so the simulator can reason about the same kernel without torch:
 
 * ``decode_splits``: the largest split count (at most ``MAX_SPLITS``) that keeps rows x heads x splits
-  within ``TARGET_PROGRAMS``. Rounding the count *down* matters: rounding up to a power of two (the old
+  within ``TARGET_PROGRAMS``, but never fewer than the head's shape needs (``least_splits``: two for a head
+  loaded in two parts, :func:`head_parts`). Rounding the count *down* matters: rounding up to a power of two (the old
   rule) let a launch of 248 rows start twice the programs of one of 256 rows, and on an H200 Ouro-1.4B's
   core step took 4.75 ms at B = 248 against 3.50 ms at B = 256 (``benchmarks/results/
   validation-graphed-prefill``).
@@ -29,13 +30,44 @@ CHAINED_MAX_HIDDEN = 2048  # widest model whose single rows run the chained kern
 CHAINED_BLOCK = 64  # positions per tile of the chained path's fused attention kernel (its BLOCK_N)
 
 
-def decode_splits(rows: int, heads: int) -> int:
-    """Splits per (row, head) of a decode-attention launch of ``rows`` x ``heads``.
+def head_parts(head_dim: int) -> tuple[int, int]:
+    """Column widths of the two power-of-two parts a ``head_dim``-wide head is loaded in (``(a, 0)``: one part).
+
+    A 96-wide head in one 128-lane tile leaves a quarter of every load idle: on the H200 at B = 64, L = 4,096
+    such heads read KV at 60-72% of copy bandwidth against 89-94% for 128-wide ones
+    (``benchmarks/results/attention-sweep/``). Two parts, 64 + 32, keep every lane busy; a width that two
+    parts cannot cover with fewer lanes than one padded tile (e.g. 112 = 64 + 64) stays one part."""
+    padded = _next_power_of_2(head_dim)
+    a = padded // 2
+    if a >= 16 and head_dim > a and a + _next_power_of_2(head_dim - a) < padded:
+        return a, _next_power_of_2(head_dim - a)
+    return padded, 0
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def least_splits(head_dim: int) -> int:
+    """The fewest splits a (row, head) of ``head_dim``-wide heads gets, however many rows a launch has.
+
+    A head loaded in two parts issues more, narrower loads per position, and one program per (row, head)
+    does not keep enough of them in flight: on the H200 Huginn-3.5B's 55 x 96 heads read KV at 81-86% of copy
+    bandwidth with one split at 128-512 rows and L = 512, and at 90-92% with two; its core step took 5-7% less
+    at 128-256 rows (``benchmarks/results/attention-rule/``). Heads in one part (Ouro's 16 x 128) got slower
+    with a second split (+1.9% at 512 rows), so they keep one. The price is at short contexts: a 32-position row
+    fills one split, yet the second split's programs and the merge still run (the kernel profile's 96-wide
+    attention at 8,192 rows x heads and more took 40-60% longer at L = 32, 5% less at L = 512)."""
+    return 2 if head_parts(head_dim)[1] else 1
+
+
+def decode_splits(rows: int, heads: int, head_dim: int) -> int:
+    """Splits per (row, head) of a decode-attention launch of ``rows`` x ``heads`` heads ``head_dim`` wide.
 
     On the H200 at B = 64, L = 4,096 one split reads KV at 49% of copy bandwidth and eight at 88%
     (``benchmarks/results/executor``); the rule gives eight there.
     """
-    return max(1, min(MAX_SPLITS, TARGET_PROGRAMS // max(rows * heads, 1)))
+    return max(least_splits(head_dim), min(MAX_SPLITS, TARGET_PROGRAMS // max(rows * heads, 1)))
 
 
 def split_positions(context: int, splits: int, min_positions: int = MIN_SPLIT_POSITIONS) -> int:
@@ -56,7 +88,7 @@ def critical_positions(context: int, splits: int) -> int:
     return min(context, split_positions(context, splits))
 
 
-def chained_walk_length(context: float, heads: int) -> float:
+def chained_walk_length(context: float, heads: int, head_dim: int) -> float:
     """The context at which one row on the chained path (models up to :data:`CHAINED_MAX_HIDDEN` wide) walks
     as many whole tiles as it does at ``context``.
 
@@ -69,7 +101,7 @@ def chained_walk_length(context: float, heads: int) -> float:
     two tiles a split's fewest positions set the walk, and ``context`` is returned unchanged."""
     if context <= 0:
         return context
-    splits = decode_splits(1, heads)
+    splits = decode_splits(1, heads, head_dim)
     per = split_positions(math.ceil(context), splits)
     if per <= CHAINED_BLOCK:
         return context
@@ -87,11 +119,11 @@ def padded_mean(context: float, rows: int, padded: int) -> float:
     return (context + max(padded - rows, 0)) / max(padded, rows, 1)
 
 
-def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: int, slots: float,
+def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: int, head_dim: int, slots: float,
                       sharpness: float = math.inf) -> float:
     """The context length every row would need for a launch's decode attention to take as long as it
     does when its ``rows`` rows (in a ``padded``-row graph, ``heads`` heads each) attend ``mean`` tokens on
-    average and ``longest`` at most.
+    average and ``longest`` at most (``head_dim`` sets the fewest splits, :func:`least_splits`).
 
     Calibration measures each stage with every row at one length L, where the mean and the longest row
     agree. A served batch mixes lengths. Its attention is bound by two things: the total work spread over
@@ -113,11 +145,11 @@ def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: 
     if rows <= 0 or longest <= mean * 1.0001:
         return float(mean)
     if sharpness != math.inf:
-        return _blended_length(mean, longest, rows, padded, heads, slots, sharpness)
+        return _blended_length(mean, longest, rows, padded, heads, head_dim, slots, sharpness)
     # the helpers below (decode_splits, critical_positions, first_context_reaching) written out in place:
     # the simulator calls this once per mixed launch, and the calls cost more than the arithmetic
-    splits = TARGET_PROGRAMS // max(padded * heads, 1)
-    splits = 1 if splits < 1 else MAX_SPLITS if splits > MAX_SPLITS else splits
+    splits, least = TARGET_PROGRAMS // max(padded * heads, 1), least_splits(head_dim)
+    splits = least if splits < least else MAX_SPLITS if splits > MAX_SPLITS else splits
     per_position = heads * rows / slots  # positions per program of one extra position in every row
     spread = per_position * mean
     per = -(-longest // splits)
@@ -151,7 +183,7 @@ def _root(x: float, p: float) -> float:
     return x if p == 1.0 else math.sqrt(x) if p == 2.0 else math.cbrt(x * x) if p == 1.5 else x ** (1.0 / p)
 
 
-def _blended_length(mean: float, longest: int, rows: int, padded: int, heads: int, slots: float,
+def _blended_length(mean: float, longest: int, rows: int, padded: int, heads: int, head_dim: int, slots: float,
                     p: float) -> float:
     """:func:`equivalent_length` with a finite ``p``: the uniform length ``L`` whose work ``((a L)^p +
     critical(L)^p)^(1/p)`` (``a`` positions per program for one position in every row) equals the
@@ -159,8 +191,7 @@ def _blended_length(mean: float, longest: int, rows: int, padded: int, heads: in
     until every split holds ``m``, then its split's share rounded up to whole pages, ``page * k`` for ``L``
     in ``(splits * page * (k - 1), splits * page * k]``; the work never decreases in ``L``, so it is
     inverted piece by piece (where it jumps at a page boundary, the boundary is the length)."""
-    splits = TARGET_PROGRAMS // max(padded * heads, 1)
-    splits = 1 if splits < 1 else MAX_SPLITS if splits > MAX_SPLITS else splits
+    splits = decode_splits(padded, heads, head_dim)
     per_position = heads * rows / slots
     critical = float(critical_positions(longest, splits))
     spread_p, critical_p = _power(per_position * mean, p), _power(critical, p)

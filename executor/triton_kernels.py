@@ -15,11 +15,12 @@ matmul, the RoPE kernel) is launched under their tail.
 * ``decode_attention``: split-KV paged decode attention (after SGLang's decode_attention and vLLM's unified
   attention). Program (row, head, split) walks its share of the row's positions in tiles of
   16 or 32 tokens (:func:`decode_tile`) (a head that is no power of two wide in two power-of-two column parts,
-  :func:`head_parts`), translating each through the row's own block-table row and cache layer (``layer_base[row] +
-  layer``) - so one launch mixes rows at different loop steps - and keeps an online softmax; a second small
-  kernel merges the splits by their log-sum-exp. The grid's split count comes from rows x heads only (never
-  from lengths), so the launch shape is fixed for a CUDA graph; how many splits of a row do work depends on
-  its context (:mod:`cdbsim.attention`), so short contexts do not pay for long ones' parallelism.
+  :func:`cdbsim.attention.head_parts`), translating each through the row's own block-table row and cache layer
+  (``layer_base[row] + layer``) - so one launch mixes rows at different loop steps - and keeps an online softmax; a
+  second small kernel merges the splits by their log-sum-exp. The grid's split count comes from rows x heads and
+  the head's width only (never from lengths), so the launch shape is fixed for a CUDA graph; how many splits of a
+  row do work depends on its context (:mod:`cdbsim.attention`), so short contexts do not pay for long ones'
+  parallelism.
 * ``rope_decode_attention``: ``rope_write_kv`` and ``decode_attention`` in one kernel, for the latency-bound
   launches of the chained path (:mod:`executor.chain`): the launch's own k/v come from registers, so the
   first K/V tile is read from the cache before waiting for the QKV projection (programmatic dependent
@@ -40,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cdbsim.attention import CHAINED_BLOCK, MIN_SPLIT_POSITIONS, PAGE, decode_splits
+from cdbsim.attention import CHAINED_BLOCK, MIN_SPLIT_POSITIONS, PAGE, decode_splits, head_parts
 from executor.chain import EARLY, launch_options, let_successor_launch, pdl_enabled, pdl_mode, wait_for_predecessor
 from executor.kv_cache import PagedKVCache
 from executor.ops import RopeTable
@@ -562,26 +563,12 @@ def _splits_and_partials(n: int, heads: int, d: int, splits: int | None, out: to
                          ) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The grid's split count, the merge's fp32 partials and (for an in-kernel merge) its counters;
     ``out`` stands in for whatever is not needed."""
-    splits = splits or decode_splits(n, heads)
+    splits = splits or decode_splits(n, heads, d)
     if splits == 1:
         return 1, out, out, out
     return (splits, torch.empty((n, heads, splits, d), device=out.device, dtype=torch.float32),
             torch.empty((n, heads, splits), device=out.device, dtype=torch.float32),
             split_counters(out.device, n * heads) if counters else out)
-
-
-def head_parts(d: int) -> tuple[int, int]:
-    """Column widths of the two power-of-two parts a ``d``-wide head is loaded in (``(a, 0)``: one part).
-
-    A 96-wide head in one 128-lane tile leaves a quarter of every load idle: on the H200 at B = 64, L = 4,096
-    such heads read KV at 60-72% of copy bandwidth against 89-94% for 128-wide ones
-    (``benchmarks/results/attention-sweep/``). Two parts, 64 + 32, keep every lane busy; a width that two
-    parts cannot cover with fewer lanes than one padded tile (e.g. 112 = 64 + 64) stays one part."""
-    padded = triton.next_power_of_2(d)
-    a = padded // 2
-    if a >= 16 and d > a and a + triton.next_power_of_2(d - a) < padded:
-        return a, triton.next_power_of_2(d - a)
-    return padded, 0
 
 
 def decode_tile(d: int) -> tuple[int, int]:

@@ -22,6 +22,8 @@ from cdbsim.attention import (
     decode_splits,
     equivalent_length,
     first_context_reaching,
+    head_parts,
+    least_splits,
     padded_mean,
     split_positions,
 )
@@ -31,18 +33,29 @@ from cdbsim.profile import Fit
 from cdbsim.shipped import resolve_profile
 
 
-@given(st.integers(1, 4096), st.integers(1, 128))
-def test_splits_never_overshoot_the_program_target(rows: int, heads: int) -> None:
-    splits = decode_splits(rows, heads)
-    assert 1 <= splits <= MAX_SPLITS
-    assert splits == 1 or rows * heads * splits <= TARGET_PROGRAMS
-    assert decode_splits(rows + 1, heads) <= splits  # more rows never get more splits
+@given(st.integers(1, 4096), st.integers(1, 128), st.integers(1, 256))
+def test_splits_never_overshoot_the_program_target(rows: int, heads: int, head_dim: int) -> None:
+    splits = decode_splits(rows, heads, head_dim)
+    least = least_splits(head_dim)
+    assert least <= splits <= MAX_SPLITS
+    assert splits == least or rows * heads * splits <= TARGET_PROGRAMS
+    assert decode_splits(rows + 1, heads, head_dim) <= splits  # more rows never get more splits
 
 
 def test_no_batch_starts_more_programs_than_a_larger_one_at_the_target() -> None:
     """The old power-of-two rule gave 248 rows x 16 heads 4 splits (15,872 programs) and 256 rows 2."""
-    assert decode_splits(248, 16) == 2 and decode_splits(256, 16) == 2
-    assert decode_splits(64, 16) == 8  # the B = 64, L = 4096 attention benchmark's eight splits
+    assert decode_splits(248, 16, 128) == 2 and decode_splits(256, 16, 128) == 2
+    assert decode_splits(64, 16, 128) == 8  # the B = 64, L = 4096 attention benchmark's eight splits
+
+
+def test_heads_loaded_in_two_parts_keep_two_splits_at_many_rows() -> None:
+    """Huginn-3.5B's 55 x 96 heads: one split from 75 rows under the rows x heads rule alone, two now (its
+    core step 5-7% faster at 128-256 rows on the H200); Ouro's 16 x 128 heads keep one past 512 rows."""
+    assert head_parts(96) == (64, 32) and head_parts(128) == (128, 0) and head_parts(112) == (128, 0)
+    assert head_parts(64) == (64, 0) and head_parts(80) == (64, 16) and head_parts(1) == (1, 0)
+    assert [decode_splits(rows, 55, 96) for rows in (64, 75, 128, 512)] == [2, 2, 2, 2]
+    assert decode_splits(8, 55, 96) == MAX_SPLITS
+    assert decode_splits(513, 16, 128) == 1 and decode_splits(513, 16, 112) == 1
 
 
 @given(st.integers(1, 20000), st.integers(1, MAX_SPLITS))
@@ -55,8 +68,9 @@ def test_active_splits_cover_the_context_exactly(context: int, splits: int) -> N
     assert critical_positions(context, splits) == min(context, per)
 
 
-def _equivalent(contexts: list[int], padded: int, heads: int, slots: float) -> float:
-    return equivalent_length(sum(contexts) / len(contexts), max(contexts), len(contexts), padded, heads, slots)
+def _equivalent(contexts: list[int], padded: int, heads: int, slots: float, head_dim: int = 128) -> float:
+    return equivalent_length(sum(contexts) / len(contexts), max(contexts), len(contexts), padded, heads, head_dim,
+                             slots)
 
 
 def test_equivalent_length_lies_between_mean_and_longest() -> None:
@@ -79,9 +93,9 @@ def test_equivalent_length_is_bounded_by_mean_and_longest(contexts: list[int], s
 
 
 @given(st.floats(1, 20000), st.integers(1, 20000), st.integers(1, 512), st.sampled_from([1, 7, 16, 64, 256]),
-       st.integers(1, 64), st.floats(16, 1e6))
+       st.integers(1, 64), st.sampled_from([64, 96, 128]), st.floats(16, 1e6))
 def test_equivalent_length_equals_its_definition_by_the_named_helpers(mean: float, longest: int, rows: int,
-                                                                      padded: int, heads: int,
+                                                                      padded: int, heads: int, head_dim: int,
                                                                       slots: float) -> None:
     """equivalent_length writes decode_splits, critical_positions and first_context_reaching out in place
     for speed; it must return exactly what composing them returns (padded rows folded in first)."""
@@ -90,7 +104,7 @@ def test_equivalent_length_equals_its_definition_by_the_named_helpers(mean: floa
     if rows <= 0 or longest <= mean * 1.0001:
         expected = float(mean)
     else:
-        splits = decode_splits(padded, heads)
+        splits = decode_splits(padded, heads, head_dim)
         per_position = heads * rows / slots
         target = max(critical_positions(longest, splits), per_position * mean)
         if max(critical_positions(math.ceil(mean), splits), per_position * mean) >= target:
@@ -98,15 +112,15 @@ def test_equivalent_length_equals_its_definition_by_the_named_helpers(mean: floa
         else:
             length = min(target / per_position, float(first_context_reaching(target, splits)))
             expected = min(max(length, float(mean)), float(longest))
-    assert equivalent_length(mean, longest, rows, padded, heads, slots) == expected
+    assert equivalent_length(mean, longest, rows, padded, heads, head_dim, slots) == expected
 
 
 @given(st.integers(1, 40000), st.integers(1, 128))
 def test_a_single_row_is_read_at_the_length_of_its_whole_tiles(context: int, heads: int) -> None:
     """One row on the chained path costs what its longest split's walk in whole tiles costs: the length
     returned walks as many tiles, is never shorter, and is the context itself where one tile is all."""
-    splits = decode_splits(1, heads)
-    walked = chained_walk_length(context, heads)
+    splits = decode_splits(1, heads, 128)
+    walked = chained_walk_length(context, heads, 128)
     per = split_positions(context, splits)
     assert walked >= context
     if per <= CHAINED_BLOCK:
@@ -115,7 +129,7 @@ def test_a_single_row_is_read_at_the_length_of_its_whole_tiles(context: int, hea
         tiles = -(-per // CHAINED_BLOCK)
         assert walked == splits * CHAINED_BLOCK * tiles
         assert -(-split_positions(int(walked), splits) // CHAINED_BLOCK) == tiles
-    assert chained_walk_length(context + 1, heads) >= walked  # never shorter for a longer row
+    assert chained_walk_length(context + 1, heads, 128) >= walked  # never shorter for a longer row
 
 
 def test_a_single_row_costs_the_same_within_one_tile_step() -> None:
@@ -155,7 +169,7 @@ def test_equivalent_length_is_where_the_uniform_batch_first_takes_as_long(contex
     does not (unless that is below the mean)."""
     rows, heads = len(contexts), 16
     mean, longest = sum(contexts) / rows, max(contexts)
-    splits = decode_splits(rows, heads)
+    splits = decode_splits(rows, heads, 128)
     per_position = heads * rows / slots
 
     def time_at(length: float) -> float:
@@ -168,17 +182,18 @@ def test_equivalent_length_is_where_the_uniform_batch_first_takes_as_long(contex
         assert length - 1 < mean or time_at(length - 1) < target
 
 
-@given(st.lists(st.integers(1, 20000), min_size=2, max_size=64), st.floats(16, 1e6),
-       st.sampled_from([1.0, 1.5, 2.0, 3.0, 8.0]), st.sampled_from([1, 16, 55]))
-@example([2, 2, 325, 80], 597782.0, 3.0, 1)  # a spread far below the critical path: once lost to rounding
+@given(st.lists(st.integers(1, 20000), min_size=2, max_size=160), st.floats(16, 1e6),
+       st.sampled_from([1.0, 1.5, 2.0, 3.0, 8.0]), st.sampled_from([1, 16, 55]), st.sampled_from([96, 128]))
+@example([2, 2, 325, 80], 597782.0, 3.0, 1, 128)  # a spread far below the critical path: once lost to rounding
 def test_blended_length_is_where_the_uniform_batch_first_does_as_much_work(contexts: list[int], slots: float,
-                                                                          sharpness: float, heads: int) -> None:
+                                                                          sharpness: float, heads: int,
+                                                                          head_dim: int) -> None:
     """With a finite sharpness the spread work and the critical path combine as a p-norm: at the returned
     length a uniform batch's combined work reaches the mixed batch's, and a token shorter it does not
     (unless that is below the mean, or the length sits on a page boundary where the work jumps)."""
     rows = len(contexts)
     mean, longest = sum(contexts) / rows, max(contexts)
-    splits = decode_splits(rows, heads)
+    splits = decode_splits(rows, heads, head_dim)
     per_position = heads * rows / slots
 
     def work(spread: float, critical: float) -> float:
@@ -188,7 +203,7 @@ def test_blended_length_is_where_the_uniform_batch_first_does_as_much_work(conte
         return work(per_position * length, min(length, split_positions(math.ceil(length), splits)))
 
     target = work(per_position * mean, critical_positions(longest, splits))
-    length = equivalent_length(mean, longest, rows, rows, heads, slots, sharpness)
+    length = equivalent_length(mean, longest, rows, rows, heads, head_dim, slots, sharpness)
     assert mean - 1e-9 <= length <= longest
     if mean < length < longest:
         on_boundary = length % (splits * 16) == 0  # the work jumps just past it: reached there
@@ -199,9 +214,9 @@ def test_blended_length_is_where_the_uniform_batch_first_does_as_much_work(conte
 def test_a_sharper_blend_approaches_the_larger_bound() -> None:
     contexts = [2300] * 10 + [6800] * 3 + [900] * 2  # a ShareGPT-like core step of 15 rows at W = 16
     mean, longest = sum(contexts) / 15, max(contexts)
-    lengths = [equivalent_length(mean, longest, 15, 16, 16, 790.0, p) for p in (1.0, 2.0, 8.0, 64.0)]
+    lengths = [equivalent_length(mean, longest, 15, 16, 16, 128, 790.0, p) for p in (1.0, 2.0, 8.0, 64.0)]
     assert lengths == sorted(lengths, reverse=True)  # the p-norm shrinks toward the max as p grows
-    assert lengths[-1] == pytest.approx(equivalent_length(mean, longest, 15, 16, 16, 790.0), rel=0.02)
+    assert lengths[-1] == pytest.approx(equivalent_length(mean, longest, 15, 16, 16, 128, 790.0), rel=0.02)
     assert lengths[0] > 1.1 * mean  # where spread and critical path are close, the blend exceeds the mean
 
 
@@ -210,7 +225,7 @@ def _synthetic_core(slots: float, heads: int = 16, sharpness: float = math.inf) 
     (infinite: the larger), on a dense grid."""
 
     def t(rows: int, contexts: list[int]) -> float:
-        splits = decode_splits(rows, heads)
+        splits = decode_splits(rows, heads, 128)
         bounds = np.array([max(critical_positions(c, splits) for c in contexts), heads * sum(contexts) / slots])
         work = bounds.max() if sharpness == math.inf else float((bounds ** sharpness).sum() ** (1 / sharpness))
         return 1e-3 + 2e-6 * rows + 4e-7 * work
@@ -252,12 +267,33 @@ def test_refit_fits_the_attention_record_again() -> None:
 
     core, skew = _synthetic_core(1024.0, sharpness=2.0)
     arch = PRESETS["ouro-1.4b"]
-    old = {"slots": 512.0, "heads": 16, "points": skew}  # fitted before the sharpness was
+    old = {"slots": 512.0, "heads": 16, "head_dim": 128, "points": skew}  # fitted before the sharpness was
     profile = Profile(name="synthetic", kind=ProfileKind.MEASURED, device={},
                       components={model_stage_name(arch, Stage.CORE): core}, attention=old)
     assert profile.attention_sharpness == math.inf
     refitted = refit_profile(replace(profile))
     assert refitted.attention_sharpness == 2.0 and refitted.attention_slots == pytest.approx(1024.0, rel=0.2)
+
+
+def test_refit_reads_the_head_width_an_older_record_lacks_from_its_layer() -> None:
+    """The head width sets the fewest splits of the mixed-context points, so a refit needs it: recorded with
+    the points, or (a profile measured before it was) in its layer's name; neither is a one-line error."""
+    from calibration.fit import refit_profile
+    from cdbsim.errors import ConfigError
+    from cdbsim.profile import Profile, ProfileKind
+    from cdbsim.recipes import model_stage_name
+
+    core, skew = _synthetic_core(1024.0)
+    arch = PRESETS["huginn-3.5b"]
+    components = {model_stage_name(arch, Stage.CORE): core}
+    older = {"slots": 512.0, "heads": 55, "points": skew}
+    with pytest.raises(ConfigError, match=r"attention\.head_dim"):
+        refit_profile(Profile(name="synthetic", kind=ProfileKind.MEASURED, device={}, components=components,
+                              attention=older))
+    layer = {f"kv_copy/{arch.layer.key}": Fit(delta=1e-6)}
+    refitted = refit_profile(Profile(name="synthetic", kind=ProfileKind.MEASURED, device={},
+                                     components={**components, **layer}, attention=older))
+    assert refitted.attention["head_dim"] == 96
 
 
 def test_latency_model_looks_up_mixed_batches_at_their_equivalent_length() -> None:

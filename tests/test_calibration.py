@@ -150,6 +150,23 @@ def test_prefill_family_extends_rope_kv_beyond_the_decode_grid(tmp_path) -> None
     assert len(tables["prefill_attention"]) == 2
 
 
+def test_attention_family_alone_keeps_the_prefill_rows_of_rope_kv(tmp_path) -> None:
+    """Re-measuring the attention family into an existing profile (``--update``) replaces the decode grid's
+    RoPE / KV-write rows and keeps the prefill family's beyond it: the prefill composition needs them."""
+    from calibration.kernels import KernelPlan, calibrate_kernels
+
+    plan = KernelPlan(attention_rows=(1, 2), attention_lengths=(32,), head_dims=(64,), groups=(1,), chained_heads=(),
+                      max_positions=4096,
+                      prefill_tokens=(1, 16), prefill_chunks=(1,), prefill_prefix=(0,), prefill_heads=(8,),
+                      prefill_groups=(1,), repeats=2, warmup=1)
+    base = calibrate_kernels(tmp_path / "base", device="cpu", plan=plan, families=("prefill",))
+    prefill_rows = base.kernels["tables"]["rope_kv"]
+    updated = calibrate_kernels(tmp_path / "updated", device="cpu", plan=plan, families=("attention",), base=base)
+    rows = updated.kernels["tables"]["rope_kv"]
+    assert [row[:3] for row in rows] == [[8, 1, 64], [16, 1, 64], [128, 1, 64]]  # 1 and 2 rows x 8 heads, then prefill
+    assert rows[-1] == prefill_rows[-1]
+
+
 def test_skew_family_fits_the_attention_width_on_its_own_head_layout_and_refits_alike(tmp_path) -> None:
     """The mixed-context points run on the plan's skew layout (heads, group), against the uniform table at
     that layout; refitting a record from its points gives the same width and sharpness."""

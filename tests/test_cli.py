@@ -143,7 +143,9 @@ def test_calibrate_refit_rewrites_a_profile_from_its_raw_points(tmp_path) -> Non
     layer = "layer/ouro-h2048-i5632-a16x128-kv16"
     assert after.components[layer].delta == pytest.approx(before.components[layer].delta)
     assert all(after.components[n].points == before.components[n].points for n in before.components)
-    assert after.attention == before.attention  # the stored mixed-context points give the same width and p
+    # the stored mixed-context points give the same width and p; a profile measured before the head width
+    # was recorded with them gets it from its layer
+    assert after.attention == {**before.attention, "head_dim": 128}
     title = f"attention width {before.attention_slots:,.0f}, sharpness {before.attention_sharpness:g}"
     assert title in " ".join(result.output.split())
     missing = runner.invoke(app, ["calibrate", "--refit", str(tmp_path / "none.json")])

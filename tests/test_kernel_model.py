@@ -184,7 +184,7 @@ def test_mixed_probe_layers_choose_the_sharpness_they_were_made_with(sharpness: 
         for padded, contexts in ((4, [6000, 2000, 700, 300]), (16, [4000, 3000] + [500] * 14),
                                  (24, [6000] + [900] * 16)):
             length = equivalent_length(sum(contexts) / len(contexts), max(contexts), len(contexts), padded,
-                                       shape.heads, model.attention_slots(arch), sharpness)
+                                       shape.heads, shape.head_dim, model.attention_slots(arch), sharpness)
             probes.append([index, padded, *contexts, model.layer(arch, padded, length)])
     fitted = fit_mixed_sharpness({**record, "mixed_probes": probes})
     assert fitted["attention_mixed_probes"]["sharpness"] == sharpness

@@ -57,7 +57,7 @@ def least_splits(head_dim: int) -> int:
     at 128-256 rows (``benchmarks/results/attention-rule/``). Heads in one part (Ouro's 16 x 128) got slower
     with a second split (+1.9% at 512 rows), so they keep one. The price is at short contexts: a 32-position row
     fills one split, yet the second split's programs and the merge still run (the kernel profile's 96-wide
-    attention at 8,192 rows x heads and more took 40-60% longer at L = 32, 5% less at L = 512)."""
+    attention at 8,192 rows x heads and more took 40-60% longer at L = 32, 1-5% less at L = 512)."""
     return 2 if head_parts(head_dim)[1] else 1
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from cdbsim.arch import ArchSpec, LayerShape
-from cdbsim.attention import equivalent_length, padded_mean
+from cdbsim.attention import equivalent_length, least_splits, padded_mean
 from cdbsim.errors import ConfigError, require
 from cdbsim.interp import Surface
 from cdbsim.kernel_table import KernelTable
@@ -59,6 +59,7 @@ def fit_slots(heads: int, head_dim: int, stage_time: Callable[[float, float], fl
     """
     surface = stage_time
     measured = np.array([r[-1] for r in rows])
+    least = least_splits(head_dim)
 
     def errors(slots: float | None, sharpness: float = math.inf) -> np.ndarray:
         predicted = []
@@ -66,7 +67,7 @@ def fit_slots(heads: int, head_dim: int, stage_time: Callable[[float, float], fl
             padded, contexts = int(r[0]), [int(c) for c in r[1:-1]]
             mean = sum(contexts) / len(contexts)
             length = (padded_mean(sum(contexts), len(contexts), padded) if slots is None else equivalent_length(
-                mean, max(contexts), len(contexts), padded, heads, head_dim, slots, sharpness))
+                mean, max(contexts), len(contexts), padded, heads, least, slots, sharpness))
             predicted.append(surface(padded, length))
         return np.asarray(predicted) / measured - 1
 
@@ -144,7 +145,7 @@ def fit_mixed_sharpness(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHA
                 slots = model.attention_slots(arch)
                 length = (padded_mean(sum(contexts), len(contexts), padded) if slots is None else equivalent_length(
                     sum(contexts) / len(contexts), max(contexts), len(contexts), padded, arch.layer.heads,
-                    arch.layer.head_dim, slots, p))
+                    least_splits(arch.layer.head_dim), slots, p))
                 errors.append(math.log(model.layer(arch, padded, length) / t) - bias(index, padded))
             candidates[(p, scale)] = (float(np.mean(np.square(errors))), scaled, errors)
     best = min(candidates, key=lambda key: candidates[key][0])

@@ -67,7 +67,13 @@ def decode_splits(rows: int, heads: int, head_dim: int) -> int:
     On the H200 at B = 64, L = 4,096 one split reads KV at 49% of copy bandwidth and eight at 88%
     (``benchmarks/results/executor``); the rule gives eight there.
     """
-    return max(least_splits(head_dim), min(MAX_SPLITS, TARGET_PROGRAMS // max(rows * heads, 1)))
+    return splits_at_least(rows, heads, least_splits(head_dim))
+
+
+def splits_at_least(rows: int, heads: int, least: int) -> int:
+    """:func:`decode_splits` with the head's fewest splits (:func:`least_splits`) already known: the
+    simulator works it out once per model, not once per launch."""
+    return max(least, min(MAX_SPLITS, TARGET_PROGRAMS // max(rows * heads, 1)))
 
 
 def split_positions(context: int, splits: int, min_positions: int = MIN_SPLIT_POSITIONS) -> int:
@@ -88,7 +94,7 @@ def critical_positions(context: int, splits: int) -> int:
     return min(context, split_positions(context, splits))
 
 
-def chained_walk_length(context: float, heads: int, head_dim: int) -> float:
+def chained_walk_length(context: float, heads: int, least: int) -> float:
     """The context at which one row on the chained path (models up to :data:`CHAINED_MAX_HIDDEN` wide) walks
     as many whole tiles as it does at ``context``.
 
@@ -101,7 +107,7 @@ def chained_walk_length(context: float, heads: int, head_dim: int) -> float:
     two tiles a split's fewest positions set the walk, and ``context`` is returned unchanged."""
     if context <= 0:
         return context
-    splits = decode_splits(1, heads, head_dim)
+    splits = splits_at_least(1, heads, least)
     per = split_positions(math.ceil(context), splits)
     if per <= CHAINED_BLOCK:
         return context
@@ -119,11 +125,11 @@ def padded_mean(context: float, rows: int, padded: int) -> float:
     return (context + max(padded - rows, 0)) / max(padded, rows, 1)
 
 
-def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: int, head_dim: int, slots: float,
+def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: int, least: int, slots: float,
                       sharpness: float = math.inf) -> float:
     """The context length every row would need for a launch's decode attention to take as long as it
     does when its ``rows`` rows (in a ``padded``-row graph, ``heads`` heads each) attend ``mean`` tokens on
-    average and ``longest`` at most (``head_dim`` sets the fewest splits, :func:`least_splits`).
+    average and ``longest`` at most (``least``: the heads' fewest splits, :func:`least_splits`).
 
     Calibration measures each stage with every row at one length L, where the mean and the longest row
     agree. A served batch mixes lengths. Its attention is bound by two things: the total work spread over
@@ -145,10 +151,10 @@ def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: 
     if rows <= 0 or longest <= mean * 1.0001:
         return float(mean)
     if sharpness != math.inf:
-        return _blended_length(mean, longest, rows, padded, heads, head_dim, slots, sharpness)
+        return _blended_length(mean, longest, rows, padded, heads, least, slots, sharpness)
     # the helpers below (decode_splits, critical_positions, first_context_reaching) written out in place:
     # the simulator calls this once per mixed launch, and the calls cost more than the arithmetic
-    splits, least = TARGET_PROGRAMS // max(padded * heads, 1), least_splits(head_dim)
+    splits = TARGET_PROGRAMS // max(padded * heads, 1)
     splits = least if splits < least else MAX_SPLITS if splits > MAX_SPLITS else splits
     per_position = heads * rows / slots  # positions per program of one extra position in every row
     spread = per_position * mean
@@ -183,7 +189,7 @@ def _root(x: float, p: float) -> float:
     return x if p == 1.0 else math.sqrt(x) if p == 2.0 else math.cbrt(x * x) if p == 1.5 else x ** (1.0 / p)
 
 
-def _blended_length(mean: float, longest: int, rows: int, padded: int, heads: int, head_dim: int, slots: float,
+def _blended_length(mean: float, longest: int, rows: int, padded: int, heads: int, least: int, slots: float,
                     p: float) -> float:
     """:func:`equivalent_length` with a finite ``p``: the uniform length ``L`` whose work ``((a L)^p +
     critical(L)^p)^(1/p)`` (``a`` positions per program for one position in every row) equals the
@@ -191,19 +197,19 @@ def _blended_length(mean: float, longest: int, rows: int, padded: int, heads: in
     until every split holds ``m``, then its split's share rounded up to whole pages, ``page * k`` for ``L``
     in ``(splits * page * (k - 1), splits * page * k]``; the work never decreases in ``L``, so it is
     inverted piece by piece (where it jumps at a page boundary, the boundary is the length)."""
-    splits = decode_splits(padded, heads, head_dim)
+    splits = splits_at_least(padded, heads, least)
     per_position = heads * rows / slots
     critical = float(critical_positions(longest, splits))
     spread_p, critical_p = _power(per_position * mean, p), _power(critical, p)
     work_p = spread_p + critical_p
-    least = float(MIN_SPLIT_POSITIONS)
+    fewest = float(MIN_SPLIT_POSITIONS)  # one split's fewest positions, m
     length = _root(work_p / (_power(per_position, p) + 1.0), p)  # the whole row is one program's walk
-    if length > least and splits > 1:  # (one split: the whole row is always one program's walk)
+    if length > fewest and splits > 1:  # (one split: the whole row is always one program's walk)
         # work less a uniform row's critical path, the spread kept out of the difference: a spread many
         # orders below the path would otherwise vanish in the rounding of the sum and move the length
-        rest = spread_p + (critical_p - _power(least, p))
+        rest = spread_p + (critical_p - _power(fewest, p))
         length = _root(max(rest, 0.0), p) / per_position  # every split walks m
-        if length > splits * least:  # a split's share: first without its page rounding (an upper bound),
+        if length > splits * fewest:  # a split's share: first without its page rounding (an upper bound),
             unrounded = _root(work_p / (_power(per_position, p) + _power(1.0 / splits, p)), p)
             pages = math.ceil(unrounded / (splits * PAGE))  # then in the pages that bound holds
             rest = spread_p + (critical_p - _power(float(PAGE * pages), p))

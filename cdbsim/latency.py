@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from cdbsim.arch import ArchSpec
-from cdbsim.attention import CHAINED_MAX_HIDDEN, chained_walk_length, equivalent_length, padded_mean
+from cdbsim.attention import CHAINED_MAX_HIDDEN, chained_walk_length, equivalent_length, least_splits, padded_mean
 from cdbsim.bounds import saturation_batch
 from cdbsim.errors import ConfigError
 from cdbsim.interp import StageTable, Surface
@@ -212,7 +212,7 @@ class LatencyModel:
         self._copy_times: dict[tuple[int, int], float] = {}
         self.attention_slots = profile.attention_slots
         self.attention_sharpness = profile.attention_sharpness
-        self._heads, self._head_dim = arch.layer.heads, arch.layer.head_dim
+        self._heads, self._least_splits = arch.layer.heads, least_splits(arch.layer.head_dim)
         self._chained = arch.layer.hidden <= CHAINED_MAX_HIDDEN  # its single rows run the chained kernels
         self.tables: dict[Stage, StageTable] = {}
         self.prefill: PrefillCost | None = None  # the curve a measured profile prices prefills on
@@ -311,11 +311,11 @@ class LatencyModel:
         if table is not None:  # attended_length, written out in place
             padded, size, longest, slots = launch.padded, launch.size, launch.longest, self.attention_slots
             if padded == 1 and self._chained:
-                t = table(1, chained_walk_length(launch.context, self._heads, self._head_dim))
+                t = table(1, chained_walk_length(launch.context, self._heads, self._least_splits))
             else:
                 t = table(padded, padded_mean(launch.context, size, padded) if slots is None or longest <= 0
                           else equivalent_length(launch.context / size, longest, size, padded, self._heads,
-                                                 self._head_dim, slots, self.attention_sharpness))
+                                                 self._least_splits, slots, self.attention_sharpness))
             copies = launch.kv_copies
             if copies:
                 cost = self.costs[stage]
@@ -345,10 +345,10 @@ class LatencyModel:
         mix of contexts runs like (:func:`cdbsim.attention.equivalent_length`)."""
         mean = launch.context / launch.size
         if launch.padded == 1 and self._chained:
-            return chained_walk_length(launch.context, self._heads, self._head_dim)
+            return chained_walk_length(launch.context, self._heads, self._least_splits)
         if self.attention_slots is None or launch.longest <= 0:
             return padded_mean(launch.context, launch.size, launch.padded)
-        return equivalent_length(mean, launch.longest, launch.size, launch.padded, self._heads, self._head_dim,
+        return equivalent_length(mean, launch.longest, launch.size, launch.padded, self._heads, self._least_splits,
                                  self.attention_slots, self.attention_sharpness)
 
     def with_host(self, host: Fit, stages: dict[Stage, Fit] | None = None) -> LatencyModel:

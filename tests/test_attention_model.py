@@ -69,8 +69,8 @@ def test_active_splits_cover_the_context_exactly(context: int, splits: int) -> N
 
 
 def _equivalent(contexts: list[int], padded: int, heads: int, slots: float, head_dim: int = 128) -> float:
-    return equivalent_length(sum(contexts) / len(contexts), max(contexts), len(contexts), padded, heads, head_dim,
-                             slots)
+    return equivalent_length(sum(contexts) / len(contexts), max(contexts), len(contexts), padded, heads,
+                             least_splits(head_dim), slots)
 
 
 def test_equivalent_length_lies_between_mean_and_longest() -> None:
@@ -112,7 +112,7 @@ def test_equivalent_length_equals_its_definition_by_the_named_helpers(mean: floa
         else:
             length = min(target / per_position, float(first_context_reaching(target, splits)))
             expected = min(max(length, float(mean)), float(longest))
-    assert equivalent_length(mean, longest, rows, padded, heads, head_dim, slots) == expected
+    assert equivalent_length(mean, longest, rows, padded, heads, least_splits(head_dim), slots) == expected
 
 
 @given(st.integers(1, 40000), st.integers(1, 128))
@@ -120,7 +120,7 @@ def test_a_single_row_is_read_at_the_length_of_its_whole_tiles(context: int, hea
     """One row on the chained path costs what its longest split's walk in whole tiles costs: the length
     returned walks as many tiles, is never shorter, and is the context itself where one tile is all."""
     splits = decode_splits(1, heads, 128)
-    walked = chained_walk_length(context, heads, 128)
+    walked = chained_walk_length(context, heads, least_splits(128))
     per = split_positions(context, splits)
     assert walked >= context
     if per <= CHAINED_BLOCK:
@@ -129,7 +129,7 @@ def test_a_single_row_is_read_at_the_length_of_its_whole_tiles(context: int, hea
         tiles = -(-per // CHAINED_BLOCK)
         assert walked == splits * CHAINED_BLOCK * tiles
         assert -(-split_positions(int(walked), splits) // CHAINED_BLOCK) == tiles
-    assert chained_walk_length(context + 1, heads, 128) >= walked  # never shorter for a longer row
+    assert chained_walk_length(context + 1, heads, least_splits(128)) >= walked  # never shorter for a longer row
 
 
 def test_a_single_row_costs_the_same_within_one_tile_step() -> None:
@@ -203,7 +203,7 @@ def test_blended_length_is_where_the_uniform_batch_first_does_as_much_work(conte
         return work(per_position * length, min(length, split_positions(math.ceil(length), splits)))
 
     target = work(per_position * mean, critical_positions(longest, splits))
-    length = equivalent_length(mean, longest, rows, rows, heads, head_dim, slots, sharpness)
+    length = equivalent_length(mean, longest, rows, rows, heads, least_splits(head_dim), slots, sharpness)
     assert mean - 1e-9 <= length <= longest
     if mean < length < longest:
         on_boundary = length % (splits * 16) == 0  # the work jumps just past it: reached there
@@ -214,9 +214,9 @@ def test_blended_length_is_where_the_uniform_batch_first_does_as_much_work(conte
 def test_a_sharper_blend_approaches_the_larger_bound() -> None:
     contexts = [2300] * 10 + [6800] * 3 + [900] * 2  # a ShareGPT-like core step of 15 rows at W = 16
     mean, longest = sum(contexts) / 15, max(contexts)
-    lengths = [equivalent_length(mean, longest, 15, 16, 16, 128, 790.0, p) for p in (1.0, 2.0, 8.0, 64.0)]
+    lengths = [equivalent_length(mean, longest, 15, 16, 16, 1, 790.0, p) for p in (1.0, 2.0, 8.0, 64.0)]
     assert lengths == sorted(lengths, reverse=True)  # the p-norm shrinks toward the max as p grows
-    assert lengths[-1] == pytest.approx(equivalent_length(mean, longest, 15, 16, 16, 128, 790.0), rel=0.02)
+    assert lengths[-1] == pytest.approx(equivalent_length(mean, longest, 15, 16, 16, 1, 790.0), rel=0.02)
     assert lengths[0] > 1.1 * mean  # where spread and critical path are close, the blend exceeds the mean
 
 

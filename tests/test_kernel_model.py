@@ -173,7 +173,7 @@ def test_mixed_probe_layers_choose_the_sharpness_they_were_made_with(sharpness: 
     """Probe layers built to take what the rule says at one sharpness (and each layout's width fitted at
     it) are fitted back to that sharpness, every layer then exact."""
     from calibration.fit import fit_mixed_sharpness, refit_attention_width
-    from cdbsim.attention import equivalent_length
+    from cdbsim.attention import equivalent_length, least_splits
     from cdbsim.kernels import PROBE_SHAPES, KernelModel
 
     record = {k: v for k, v in kernel_profile().kernels.items() if k != "probes"}  # no layer error to take out
@@ -184,7 +184,8 @@ def test_mixed_probe_layers_choose_the_sharpness_they_were_made_with(sharpness: 
         for padded, contexts in ((4, [6000, 2000, 700, 300]), (16, [4000, 3000] + [500] * 14),
                                  (24, [6000] + [900] * 16)):
             length = equivalent_length(sum(contexts) / len(contexts), max(contexts), len(contexts), padded,
-                                       shape.heads, shape.head_dim, model.attention_slots(arch), sharpness)
+                                       shape.heads, least_splits(shape.head_dim), model.attention_slots(arch),
+                                       sharpness)
             probes.append([index, padded, *contexts, model.layer(arch, padded, length)])
     fitted = fit_mixed_sharpness({**record, "mixed_probes": probes})
     assert fitted["attention_mixed_probes"]["sharpness"] == sharpness

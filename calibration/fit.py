@@ -442,9 +442,16 @@ def plot_profile(profile: Profile, arch: ArchSpec, path: str | Path) -> Path:
     ax.legend(fontsize=8)
     model = LatencyModel(arch, profile)
     contexts = np.geomspace(64, 16384, 60)
-    ax_b.plot(contexts, [model.saturation_batch(c) for c in contexts])
-    ax_b.set(xscale="log", yscale="log", xlabel="context length L", ylabel="B*(L) of the core stage",
-             title=f"{arch.name}: saturation batch")
+    saturation = np.array([model.saturation_batch(c) for c in contexts])
+    # non-negative least squares on noisy (CPU) points can fit no per-token cost (B* infinite) or no
+    # weight-read floor (B* zero), which a log axis cannot show: only the finite, positive B* are drawn
+    shown = np.isfinite(saturation) & (saturation > 0)
+    ax_b.plot(contexts[shown], saturation[shown])
+    if not shown.any():
+        ax_b.text(0.5, 0.5, "B*(L) is 0 or unbounded at every L\n(the fit has no floor or no per-token cost)",
+                  ha="center", va="center", transform=ax_b.transAxes, fontsize=8)
+    ax_b.set(xscale="log", yscale="log" if shown.any() else "linear", xlabel="context length L",
+             ylabel="B*(L) of the core stage", title=f"{arch.name}: saturation batch")
     for ax_ in (ax, ax_b):
         ax_.grid(alpha=0.3)
     fig.suptitle(profile.label(), fontsize=9)

@@ -283,3 +283,17 @@ def test_gemv_points_cover_every_chained_layer_and_only_those() -> None:
                          ("swiglu", s.intermediate, s.hidden), ("gemv", s.hidden, s.intermediate)):
             ns, ks = grid[op]
             assert min(ns) <= n <= max(ns) and min(ks) <= k <= max(ks), (s, op, n, k)
+
+
+@pytest.mark.parametrize("bstar", [0.0, math.inf])
+def test_the_profile_plot_draws_an_undefined_saturation_batch(tmp_path, monkeypatch, bstar: float) -> None:
+    """A CPU calibration can fit no weight-read floor (B*(L) = 0 at every L) or no per-token cost (B*
+    unbounded): the plot is still written (a log axis over such values raised)."""
+    from calibration import fit
+    from cdbsim.arch import PRESETS
+    from cdbsim.shipped import resolve_profile
+
+    arch = PRESETS["ouro-1.4b"]
+    monkeypatch.setattr(fit.LatencyModel, "saturation_batch", lambda self, context: bstar)
+    path = fit.plot_profile(resolve_profile("h200-ouro-1.4b", arch), arch, tmp_path / "p.png")
+    assert path.stat().st_size > 0

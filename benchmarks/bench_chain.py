@@ -3,16 +3,16 @@
 Two parts (``--parts``):
 
 ``sweep``  per decode shape (Ouro-1.4B and Huginn-3.5B projections, the op that feeds each in a fused
-           layer): the candidate ``(BLOCK_N, warps, tiles)`` configs for one row with PDL, each checked
+           layer) and row count: the candidate ``(BLOCK_N, warps, tiles)`` configs with PDL, each checked
            against the torch reference; the best again without PDL, and cuBLAS ``F.linear`` beside it.
            Timing: a CUDA graph of 20 back-to-back calls, each on its own copy of the weight (the
            copies exceed 200 MB, four times the L2, so every call streams from HBM), median of replays,
            per call. Under PDL consecutive calls overlap, as the kernels of a layer do.
 ``rows``   per decode shape, the few-row matmul (:mod:`executor.few_rows`): its configs at 8 rows (tile,
            then warps and stages), then the best at every ``--sizes`` against cuBLAS (and the SwiGLU kernel).
-``layers`` Ouro-1.4B's four projections per layer, 24 layers of distinct weights in one graph, as the
-           fused path runs them (residual + QKV, O, residual + gate/up + SwiGLU, down) with and without
-           PDL, and at every ``--sizes`` as the few-row path and the cuBLAS path run them (the latter with
+``layers`` Ouro-1.4B's four projections per layer, 24 layers of distinct weights in one graph: as the
+           chained path runs them up to its most rows (residual + QKV, O, residual + gate/up + SwiGLU, down) with
+           and without PDL, and at every ``--sizes`` as the few-row path and the cuBLAS path run them (the latter with
            the Triton norm / SiLU kernels; attention left out): microseconds per layer against the
            weight-read roofline.
 
@@ -81,7 +81,7 @@ SHAPES = (
 )
 
 
-def candidates(shape: Shape, quick: bool) -> list:
+def candidates(shape: Shape, quick: bool, rows: int = 1) -> list:
     """Tiles of 4K, 8K or 16K weight elements, about 2 or 4 programs per SM, 4 or 8 warps (quick: the
     default rule's config only)."""
     from executor.chain import default_config
@@ -89,7 +89,7 @@ def candidates(shape: Shape, quick: bool) -> list:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     swiglu = shape.op == "swiglu"
     if quick:
-        return [default_config(shape.n, shape.k, swiglu, sms)]
+        return [default_config(shape.n, shape.k, swiglu, sms, rows=rows)]
     out = []
     for elements in (4096, 8192, 16384):
         for per_sm in (2, 4):
@@ -191,29 +191,33 @@ def measure(point: Point, cfg, pdl: bool) -> dict:
             "max_error": float(diff.max())}
 
 
-def sweep(shapes: list[Shape], quick: bool) -> tuple[list, list]:
+def sweep(shapes: list[Shape], quick: bool, sizes: tuple[int, ...] = (1,)) -> tuple[list, list]:
+    """Per shape and row count (those of ``sizes`` the chained kernels take): every candidate config with PDL,
+    the best again without, cuBLAS beside it; the table lines of the best."""
+    from executor.chain import MAX_ROWS
+
     points, table = [], []
-    for shape in shapes:
-        point = Point(shape, 1)
-        rows = [measure(point, cfg, True) for cfg in candidates(shape, quick)]
+    for shape, m in ((shape, m) for shape in shapes for m in sizes if m <= MAX_ROWS):
+        point = Point(shape, m)
+        rows = [measure(point, cfg, True) for cfg in candidates(shape, quick, m)]
         good = [r for r in rows if r["ok"]]
         if not good:
             points += rows
             print(f"{shape.name}: no candidate matched the reference", flush=True)
             continue
         best = min(good, key=lambda r: r["us"])
-        cfg = type(candidates(shape, quick)[0])(*best["config"])
+        cfg = type(candidates(shape, quick, m)[0])(*best["config"])
         rows.append(measure(point, cfg, False))
         cublas = time_graph([point.cublas_call(i) for i in range(CALLS)], CALLS) if shape.op == "gemv" else None
-        print(f"{shape.name:16s} M=1 best {tuple(cfg)} {best['us']:.2f} us ({best['tbps']:.2f} TB/s) with PDL, "
+        print(f"{shape.name:16s} M={m} best {tuple(cfg)} {best['us']:.2f} us ({best['tbps']:.2f} TB/s) with PDL, "
               f"{rows[-1]['us']:.2f} us without" + (f"; cuBLAS {cublas:.2f} us" if cublas else ""), flush=True)
         for r in rows:
             r["cublas_us"] = cublas
         del point
         points += rows
         key = "swiglu" if shape.op == "swiglu" else "gemv"
-        table.append(f"    ({key!r}, {shape.n}, {shape.k}): ChainConfig{tuple(cfg)},  # {shape.name}: "
-                     f"{best['us']:.1f} us with PDL")
+        table.append(f"    ({key!r}, {shape.n}, {shape.k}, {m}): ChainConfig{tuple(cfg)},  "
+                     f"# {shape.name}: {best['us']:.1f} us with PDL")
         torch.cuda.empty_cache()
     return points, table
 
@@ -315,7 +319,7 @@ def sweep_rows(shapes: list[Shape], sizes: tuple[int, ...], quick: bool) -> tupl
 
 
 def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
-    """Ouro-1.4B's projections, per layer: at one row on the chained path (PDL on, off); at every size on
+    """Ouro-1.4B's projections, per layer: on the chained path up to its most rows (PDL on, off); at every size on
     the few-row path (PDL on, off) and on the cuBLAS path (norm and SwiGLU kernels PDL-launched)."""
     from executor import chain as c
     from executor import few_rows as fr
@@ -370,7 +374,7 @@ def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
                  ("few+pdl-late,plain-norms", lambda: few(late=True, norm_pdl=False), True),
                  ("few+pdl-early,plain-norms", lambda: few(late=False, norm_pdl=False), True),
                  ("few", few, False), ("default+pdl", default, True), ("default", default, False)]
-        if m == 1:  # the chained path takes one row
+        if m <= c.MAX_ROWS:  # the rows the chained kernels take
             paths = [("chained+pdl", chained, True), ("chained", chained, False), *paths]
         for name, make, pdl in paths:
             set_pdl(pdl)
@@ -389,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--parts", nargs="+", choices=("sweep", "rows", "layers"), default=["sweep", "layers"])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1],
-                        help="rows of the rows and layers parts (the sweep part: one row)")
+                        help="rows of every part (the sweep part: those the chained kernels take)")
     parser.add_argument("--shapes", nargs="+", choices=[s.name for s in SHAPES], help="limit the sweep")
     parser.add_argument("--quick", action="store_true", help="one config per shape (the default rule's size)")
     args = parser.parse_args(argv)
@@ -401,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                              "calls_per_graph": CALLS, "replays": REPLAYS, "working_set_bytes": WORKING_SET}}
     if "sweep" in args.parts:
         shapes = [s for s in SHAPES if not args.shapes or s.name in args.shapes]
-        result["points"], result["config_table"] = sweep(shapes, args.quick)
+        result["points"], result["config_table"] = sweep(shapes, args.quick, tuple(args.sizes))
         print("\n".join(result["config_table"]))
     if "rows" in args.parts:
         shapes = [s for s in SHAPES if (not args.shapes or s.name in args.shapes) and s.name != "ouro.head"]

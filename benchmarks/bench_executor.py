@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         from executor.chain import MAX_ROWS
 
         if not 0 <= args.fuse_rows <= MAX_ROWS:
-            parser.error(f"--fuse-rows must be 0..{MAX_ROWS}: the chained path takes single-row launches")
+            parser.error(f"--fuse-rows must be 0..{MAX_ROWS}: the most rows the chained kernels take")
     if args.attention_rule is not None:
         use_attention_rule(*args.attention_rule)
     if args.fused_attention_rows is not None and args.fused_attention_rows < 0:

@@ -72,13 +72,15 @@
 #                                           layers; Ouro-1.4B's 2-64-row stages as built, with one-kernel attention,
 #                                           with the few-row matmul up to 64 rows
 #                                           -> benchmarks/results/few-row-matmul/
+#   bash benchmarks/gpu_session.sh chainrows  the chained kernels at 2-4 rows: GPU tests, Ouro-1.4B's configs, layers
+#                                           and stages against the few-row path -> benchmarks/results/chain-rows/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -350,6 +352,28 @@ case $phase in
     run 60 gap-ouro-1.4b python3 benchmarks/probe_calibration_gap.py --repeats 10 --arch ouro-1.4b \
       --variants base,queued --points core:1:512,core:2:512,core:4:512,core:16:512,core:64:512 \
       --out "$work/gap-ouro-1.4b.json"
+    ;;
+  chainrows)  # the chained kernels at 2-4 rows: their GPU tests; a config sweep of Ouro-1.4B's projections at 2 and
+    # 4 rows; the layer's projections chained against the few-row path; Ouro-1.4B's stages as built, with the chained
+    # path up to 4 rows (RoPE, KV write and attention as one kernel), and the same with the separate attention kernels
+    run 90 gpu-tests python3 -m pytest tests/executor/test_executor_chain.py -m gpu -q -x -p no:cacheprovider
+    run 170 sweep python3 benchmarks/bench_chain.py --parts sweep --shapes ouro.wqkv ouro.wo ouro.gate_up ouro.down \
+      --sizes 2 4 --out "$work/sweep.json"
+    run 50 layers python3 benchmarks/bench_chain.py --parts layers --sizes 1 2 4 --out "$work/layers.json"
+    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b --quick --parts stages --sizes 1 2 4 8
+            --contexts 512 4096 --prefill-tokens 512 --budget-s 55)
+    run 75 stages "${stages[@]}" --out "$work/stages"
+    run 75 stages-chain4 "${stages[@]}" --fuse-rows 4 --out "$work/stages-chain4"
+    run 75 stages-chain4-split "${stages[@]}" --fuse-rows 4 --fused-attention-rows 1 --out "$work/stages-chain4-split"
+    ;;
+  chain2)  # the chained path at two rows as built (tuned configs): its GPU tests; Ouro-1.4B's layer projections at 1-2
+    # rows; the Ouro models' stages at 1-4 rows as built and with the chained path at one row only
+    run 90 gpu-tests python3 -m pytest tests/executor/test_executor_chain.py -m gpu -q -x -p no:cacheprovider
+    run 40 layers python3 benchmarks/bench_chain.py --parts layers --sizes 1 2 --out "$work/layers.json"
+    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b ouro-2.6b --quick --parts stages --sizes 1 2 4
+            --contexts 512 4096 --prefill-tokens 512 --budget-s 70)
+    run 90 stages "${stages[@]}" --out "$work/stages"
+    run 90 stages-chain1 "${stages[@]}" --fuse-rows 1 --out "$work/stages-chain1"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

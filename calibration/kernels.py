@@ -2,7 +2,7 @@
 
 What a stage of *any* looped model costs is composed from these tables by :mod:`cdbsim.kernels`. Each
 kernel is timed through the executor's own code (``F.linear`` for cuBLAS GEMMs; :class:`executor.ops.Ops`
-for the few-row matmul, the Triton norm, SwiGLU, RoPE/KV-write and attention kernels and the single-row chained
+for the few-row matmul, the Triton norm, SwiGLU, RoPE/KV-write and attention kernels and the chained
 kernels; the engine's real stages for the glue around them), as a CUDA graph that runs a chain of the kernel on
 distinct inputs (distinct weights, distinct KV cache layers) so that launch gaps, PDL overlap and L2 misses
 are those of a stage, queued behind a spin kernel (:class:`calibration.measure.Timer`). A kernel's time is
@@ -16,8 +16,8 @@ Families (see ``TABLE_DIMS`` in :mod:`cdbsim.kernels` for each table's dimension
   (at most 16 rows, models up to 2,048 wide), and the rule of the build (``few_rows``: which launches take it);
 * ``few_swiglu``: the same kernel as the gate/up projection runs it, SwiGLU in its epilogue, at those points
   whose output is at least twice their input (``I`` x ``h``);
-* ``gemv``: the chained single-row kernels (plain, with an RMSNorm prologue, with a residual+norm prologue,
-  with SwiGLU) for models up to 2,048 wide;
+* ``gemv``: the chained kernels (plain, with an RMSNorm prologue, with a residual+norm prologue, with SwiGLU)
+  at one and two rows for models up to 2,048 wide, and the rule of the build (``chained_rows``);
 * ``rope_kv``, ``decode_attention`` (paged, split-KV, with its merge), ``chained_attention`` (RoPE, KV write
   and attention in one kernel, single rows), ``prefill_attention``: rows x heads, GQA groups 1-8, head
   sizes 64/96/128, contexts 32-16,384 (``rope_kv`` also over prefill launches, past the decode grid);
@@ -64,7 +64,7 @@ from cdbsim.kernels import GEMV_OPS, PROBE_SHAPES, STYLE_CODE, TABLE_DIMS
 from cdbsim.kvlayout import KVLayout
 from cdbsim.latency import H200
 from cdbsim.launch import Stage, decode_launch, prefill_launch
-from cdbsim.paths import FEW_ROWS_MAX, FEW_ROWS_MAX_HIDDEN
+from cdbsim.paths import CHAINED_ROWS, FEW_ROWS_MAX, FEW_ROWS_MAX_HIDDEN
 from cdbsim.power import RESTED_REPLAYS, fit_replays
 from cdbsim.profile import Profile, ProfileKind, fit_points
 from executor.ops import Ops
@@ -264,7 +264,7 @@ def measure_few_swiglu(plan: KernelPlan, chain: ChainTimer, progress: Callable[[
 
 
 def gemv_points(plan: KernelPlan) -> list[tuple[str, int, int]]:
-    """``(op, n, k)`` of the chained single-row kernels a layer can launch: it runs on models no wider than
+    """``(op, n, k)`` of the chained kernels a layer can launch: it runs on models no wider than
     :data:`~cdbsim.attention.CHAINED_MAX_HIDDEN`, so the ops whose input is the hidden state (the QKV and
     gate/up projections, with their norm or residual prologue) take ``k`` up to that width, and the plain one
     (O and down, whose output is the hidden state) ``n`` up to it. Points past those would never be read; on
@@ -278,22 +278,22 @@ def gemv_points(plan: KernelPlan) -> list[tuple[str, int, int]]:
 
 
 def measure_gemv(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
-    """``[op, n, k, t]``: the chained single-row kernels (:mod:`executor.chain`) at one row, at
-    :func:`gemv_points`."""
+    """``[op, rows, n, k, t]``: the chained kernels (:mod:`executor.chain`) at every row count the chained path
+    takes (:data:`~cdbsim.paths.CHAINED_ROWS`), at :func:`gemv_points`."""
     device, dtype = chain.device, _dtype(chain.device)
-    ops = Ops(_backend(device), fuse_rows=1)
-    rows = []
-    for op, n, k in gemv_points(plan):
+    ops = Ops(_backend(device), fuse_rows=CHAINED_ROWS)
+    out = []
+    for (op, n, k), rows in itertools.product(gemv_points(plan), range(1, CHAINED_ROWS + 1)):
         code = GEMV_OPS[op]
         width = 2 * n if op == "swiglu" else n
-        progress(f"gemv {op} n={n} k={k}")
+        progress(f"gemv {op} rows={rows} n={n} k={k}")
         count = chain_length(2 * width * k)
         ws = [torch.randn(width, k, device=device, dtype=dtype) * 0.02 for _ in range(count)]
-        x, branch = (torch.randn(1, k, device=device, dtype=dtype) for _ in range(2))
+        x, branch = (torch.randn(rows, k, device=device, dtype=dtype) for _ in range(2))
         norm = torch.ones(k, device=device, dtype=dtype)
         calls = [_gemv_call(ops, op, w, x, branch, norm) for w in ws]
-        rows.append([code, n, k, chain(calls)])
-    return rows
+        out.append([code, rows, n, k, chain(calls)])
+    return out
 
 
 def _gemv_call(ops: Ops, op: str, w: torch.Tensor, x: torch.Tensor, branch: torch.Tensor,
@@ -706,7 +706,11 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     family("few_gemm", few_gemm)
     family("few_swiglu", lambda: tables.update(few_swiglu=measure_few_swiglu(plan, chain, progress)))
     family("elementwise", lambda: tables.update(measure_elementwise(plan, chain, progress)))
-    family("gemv", lambda: tables.update(gemv=measure_gemv(plan, chain, progress)))
+    def gemv() -> None:
+        tables["gemv"] = measure_gemv(plan, chain, progress)
+        record["chained_rows"] = {"rows": CHAINED_ROWS, "hidden": CHAINED_MAX_HIDDEN}  # the build's rule (cdbsim.paths)
+
+    family("gemv", gemv)
 
     def attention() -> None:
         measured = {k: v for k, v in measure_attention(plan, chain, progress).items() if v}

@@ -26,7 +26,7 @@ TARGET_PROGRAMS = 8192  # (row, head, split) programs per launch that keep HBM b
 MAX_SPLITS = 16
 MIN_SPLIT_POSITIONS = 64  # fewest positions a split covers (two of the many-row kernel's 32-position tiles)
 PAGE = 16
-CHAINED_MAX_HIDDEN = 2048  # widest model whose single rows run the chained kernels (executor.model.chained_rows)
+CHAINED_MAX_HIDDEN = 2048  # widest model whose fewest rows run the chained kernels (executor.model.chained_rows)
 CHAINED_BLOCK = 64  # positions per tile of the chained path's fused attention kernel (its BLOCK_N)
 
 

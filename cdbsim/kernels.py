@@ -1,7 +1,7 @@
 """A latency model for architectures nobody has built yet: stage times composed from measured kernels.
 
 ``cdbsim calibrate --kernels`` times the kernels the executor launches (its GEMMs, the Triton norm,
-SwiGLU, RoPE/KV-write and paged-attention kernels, the single-row chained kernels) over a grid that spans
+SwiGLU, RoPE/KV-write and paged-attention kernels, the chained kernels of one or two rows) over a grid that spans
 the design space, plus the glue around them (embedding and hidden-state copies, head and sampling), each
 as CUDA-graph replays of a chain of distinct inputs, so launch gaps and cache behaviour are those of a
 stage. This module turns those tables into the components of :mod:`cdbsim.recipes` for any
@@ -11,7 +11,7 @@ stage. This module turns those tables into the components of :mod:`cdbsim.recipe
                + gemm(B, 2i, h) + silu_mul + gemm(B, h, i) + residual_norm   (+ GEMM share, gap per kernel)
                (a profile that measured the few-row matmul: up to its recorded rows and width the GEMMs read
                few_gemm and the SwiGLU is in the gate/up one's epilogue, no silu_mul)
-    layer    (single-row chained path) = gemv_residual(qkv) + chained_attention(L) + gemv(o)
+    layer    (chained path, 1-2 rows) = gemv_residual(qkv) + chained_attention(L) + gemv(o)
                + gemv_swiglu(gate/up) + gemv(down)                                    (+ gap per kernel)
     core1    = layer + core glue (bank gather/scatter, first norm, Huginn's adapter)
     prelude0, coda0 (embedding / head + sampling and glue) from their own measured tables
@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
+from cdbsim.attention import CHAINED_MAX_HIDDEN
 from cdbsim.config import decode_graph_sizes
 from cdbsim.interp import isotonic
 from cdbsim.kernel_table import KernelTable, Lookup
 from cdbsim.launch import causal_pairs
-from cdbsim.paths import chained_rows
 from cdbsim.profile import Fit, Profile, fit_points
 from cdbsim.recipes import Component
 
@@ -98,7 +98,7 @@ def _proxies(s: Speeds) -> dict[str, Callable[[tuple[float, ...]], float]]:
         "gemm": gemm,
         "few_gemm": gemm,
         "few_swiglu": lambda q: gemm((q[0], 2 * q[1], q[2])),  # n: the SwiGLU's outputs, 2n weight rows
-        "gemv": lambda q: c + 2 * q[1] * q[2] / bw,
+        "gemv": lambda q: c + 2 * q[2] * q[3] / bw,
         "rope_kv": lambda q: c + q[0] * q[2] * 2 * (2 + 4 / q[1]) / bw,
         "decode_attention": lambda q: c + q[0] * q[3] * q[2] * 4 / q[1] / bw,
         "chained_attention": lambda q: c + q[0] * q[3] * q[2] * 4 / q[1] / bw,
@@ -114,11 +114,19 @@ def _proxies(s: Speeds) -> dict[str, Callable[[tuple[float, ...]], float]]:
     }
 
 
+def _current(name: str, points: list) -> list:
+    """A table's points in the current layout: a ``gemv`` table measured before it had a ``rows`` dimension
+    (``[op, n, k, t]``) was measured at one row."""
+    if name == "gemv" and points and len(points[0]) == 4:
+        return [[op, 1.0, n, k, t] for op, n, k, t in points]
+    return points
+
+
 TABLE_DIMS: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k"),
     "few_gemm": ("m", "n", "k"),
     "few_swiglu": ("m", "n", "k"),
-    "gemv": ("op", "n", "k"),
+    "gemv": ("op", "rows", "n", "k"),
     "rope_kv": ("units", "group", "head_dim"),
     "decode_attention": ("units", "group", "head_dim", "length"),
     "chained_attention": ("units", "group", "head_dim", "length"),
@@ -155,7 +163,7 @@ class KernelModel:
         self.measured_on = Speeds(**self.record.get("device", {}))
         proxies = _proxies(self.measured_on)
         self.scale = _proxies(self.target) if self.target is not None else None
-        self.tables = {name: KernelTable(name, TABLE_DIMS[name], points, proxies[name],
+        self.tables = {name: KernelTable(name, TABLE_DIMS[name], _current(name, points), proxies[name],
                                          exact=frozenset(TABLE_DIMS[name]) & EXACT_DIMS)
                        for name, points in self.record["tables"].items()}
         self.gaps = self.record.get("gaps", {})  # per layer style: {"many": [[rows, s], ...], "chained": s}
@@ -203,18 +211,26 @@ class KernelModel:
         h, i, d, g = s.hidden, s.intermediate, s.head_dim, s.heads / s.kv_heads
         qkv = (s.heads + 2 * s.kv_heads) * d
         length = max(length, 1.0)
-        if rows <= chained_rows(h):
-            return [("gemv", self.time("gemv", GEMV_OPS["residual"], qkv, h)),
+        if rows <= self.chained_rows(h):
+            return [("gemv", self.time("gemv", GEMV_OPS["residual"], rows, qkv, h)),
                     ("chained_attention", self.time("chained_attention", s.heads * rows, g, d, length)),
-                    ("gemv", self.time("gemv", GEMV_OPS["gemv"], h, s.heads * d)),
-                    ("gemv", self.time("gemv", GEMV_OPS["swiglu"], i, h)),  # n: the intermediate size
-                    ("gemv", self.time("gemv", GEMV_OPS["gemv"], h, i))], "chained"
+                    ("gemv", self.time("gemv", GEMV_OPS["gemv"], rows, h, s.heads * d)),
+                    ("gemv", self.time("gemv", GEMV_OPS["swiglu"], rows, i, h)),  # n: the intermediate size
+                    ("gemv", self.time("gemv", GEMV_OPS["gemv"], rows, h, i))], "chained"
         units = rows * s.heads
         norm = ("residual_norm", self.time("residual_norm", rows, h))
         qkv_proj, o_proj, *mlp = self.projections(rows, s)
         return [qkv_proj, ("rope_kv", self.time("rope_kv", units, g, d)),
                 ("decode_attention", self.time("decode_attention", units, g, d, length)), o_proj, norm, norm,
                 *mlp], "many"
+
+    def chained_rows(self, hidden: int) -> int:
+        """Rows up to which the calibrated build ran a layer of a model ``hidden`` wide on the chained kernels
+        (:mod:`cdbsim.paths`), as its profile records (``chained_rows``: the rule of the build it measured, with
+        the ``gemv`` table at those rows). A profile measured before two-row launches took that path records
+        none: its build chained single rows only, and it composes two rows as that build ran them."""
+        rule = self.record.get("chained_rows", {"rows": 1, "hidden": CHAINED_MAX_HIDDEN})
+        return int(rule["rows"]) if hidden <= rule["hidden"] else 0
 
     def few(self, rows: int, hidden: int) -> bool:
         """Whether the calibrated build ran the projections of a launch of ``rows`` rows of a model ``hidden``

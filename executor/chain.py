@@ -1,4 +1,4 @@
-"""Skinny matmuls for single-row launches, chained with programmatic dependent launch (PDL).
+"""Skinny matmuls for launches of one or two rows, chained with programmatic dependent launch (PDL).
 
 Why: at batch 1 a decode layer is a chain of small kernels, each streaming a few MB of weights. With
 cuBLAS and separate norm / SwiGLU kernels an Ouro-1.4B layer's projections take ~47 us on the H200 against
@@ -7,21 +7,21 @@ cuBLAS and separate norm / SwiGLU kernels an Ouro-1.4B layer's projections take 
 Design. Each program owns ``TILES`` consecutive tiles of ``BLOCK_N`` output columns, over the whole of
 ``K``: it loads a tile's weights (``BLOCK_N x K``, bf16, ~16 KB, held in registers as two power-of-two
 pieces, so ``K = 5632`` loads ``4096 + 2048`` columns, the last masked) with one wide load, reduces it
-against the activation row, and loads the next tile before reducing the current one, so a program always
+against each activation row, and loads the next tile before reducing the current one, so a program always
 has a load in flight and there is no ``K`` loop and no split-``K`` sum. The first tile is loaded *before*
 the program waits for its predecessor (``griddepcontrol.wait``): weights never depend on it, so under
 PDL, where a kernel is launched while its predecessor still runs, the weight stream of one kernel starts
-under the tail of the last. The activation row is built once per program after the wait, from the
+under the tail of the last. Each activation row is built once per program after the wait, from the
 predecessor's outputs (the prologue): a norm, or a residual add and a norm.
 
-Kernels (``out = a @ w.T`` for one row, fp32 accumulation, intermediates rounded where the torch backend
-rounds):
+Kernels (``out = a @ w.T`` for one or two rows, fp32 accumulation, intermediates rounded where the torch
+backend rounds):
 
 * ``gemv``           ``a = x``;
 * ``gemv_rmsnorm``   ``a = rms_norm(x, w_norm)``;
 * ``gemv_residual``  ``x_new, a = residual_norm(branch, x, w_post, w_next)``, also returning ``x_new``
   (program 0 writes it, to a fresh tensor); with ``swiglu=True`` the weight is the fused gate/up
-  projection ``[2I, K]`` and the result is ``silu(gate) * up`` ``[1, I]``: each program owns the same
+  projection ``[2I, K]`` and the result is ``silu(gate) * up`` ``[M, I]``: each program owns the same
   columns of both halves, so the activation never makes a round trip through memory.
 
 Every Triton kernel of a chained layer (these, and ``rope_decode_attention`` in
@@ -36,11 +36,14 @@ launch whose projections run on cuBLAS from being PDL-launched (why: its docstri
 Measured on the H200 (``benchmarks/bench_chain.py``, ``benchmarks/results/chain/``): an Ouro-1.4B layer's
 four projections take 32 us with PDL (1.33x their weight reads), 36-39 us without, 47 us on cuBLAS with the
 Triton norm and SwiGLU kernels; the whole core step at B = 1, L = 512 takes 0.92 ms against 1.34-1.40 ms
-with cuBLAS projections. The path takes one row: a first version that took up to eight rows (the slab re-
-read from registers per row) lost to cuBLAS from two rows on (a core step at B = 2: 1.57 against 1.39 ms),
-and for Huginn-3.5B (hidden 5280) even one row loses (a core step at B = 1: 1.03-1.04 against 0.98-1.00 ms),
-so :func:`executor.model.chained_rows` turns it on for single rows of models no wider than 2048 (launches of
-2-16 rows take :mod:`executor.few_rows`).
+with cuBLAS projections. At two rows (each tile reduced against both rows, the two rows' launch
+configurations in :data:`CONFIGS`) the four projections take 37.6 us per layer against 42.6 us on the few-row
+matmul, and Ouro-1.4B's core step at L = 512 1.096 against 1.317 ms (``benchmarks/results/chain-rows/``); at four
+rows they take 75.9 us with the one-row configurations and 63 us summed over the best of each projection's sweep,
+against 43.0 us on the few-row matmul: the multiplies run on the CUDA cores, four per weight. For Huginn-3.5B
+(hidden 5280) even one row loses (a core step at B = 1: 1.03-1.04 against 0.98-1.00 ms), so
+:func:`executor.model.chained_rows` turns the path on for launches of at most :data:`MAX_ROWS` rows of models no
+wider than 2048 (launches of 3-16 rows take :mod:`executor.few_rows`).
 
 Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (without PDL; how the tests check it).
 """
@@ -61,6 +64,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 TILE_ELEMENTS = 8192  # default weight elements per tile (16 KB of bf16; two tiles live per program)
 PROGRAMS_PER_SM = 3  # default programs per SM: each keeps a tile load in flight
+PROGRAMS_PER_SM_ROWS = 4  # the same for launches of more than one row (their tiles are smaller)
 
 PLAIN, RMSNORM, RESIDUAL = 0, 1, 2
 OPS = {"gemv": PLAIN, "rmsnorm": RMSNORM, "residual": RESIDUAL}
@@ -74,15 +78,19 @@ class ChainConfig(NamedTuple):
     tiles: int
 
 
-# (op, N, K) -> config, from benchmarks/bench_chain.py on the H200 (benchmarks/results/chain/run-2-tiles; op
-# "swiglu" for the gate/up projection, the plain entry of a shape serves its other ops); shapes not listed
-# use default_config.
-CONFIGS: dict[tuple[str, int, int], ChainConfig] = {
-    ("gemv", 6144, 2048): ChainConfig(4, 8, 3),  # ouro.wqkv (with the residual prologue): 7.7 us
-    ("gemv", 2048, 2048): ChainConfig(4, 4, 1),  # ouro.wo: 3.5 us
-    ("swiglu", 5632, 2048): ChainConfig(2, 8, 11),  # ouro.gate_up (residual prologue, SwiGLU): 14.4 us
-    ("gemv", 2048, 5632): ChainConfig(2, 8, 2),  # ouro.down: 6.2 us
-    ("gemv", 49152, 2048): ChainConfig(8, 8, 12),  # ouro.head: 49.0 us
+# (op, N, K, rows) -> config, from benchmarks/bench_chain.py on the H200 (one row: benchmarks/results/chain/run-2-tiles;
+# two: benchmarks/results/chain-rows/; op "swiglu" for the gate/up projection, the plain entry of a shape serves its
+# other ops); shapes not listed use default_config.
+CONFIGS: dict[tuple[str, int, int, int], ChainConfig] = {
+    ("gemv", 6144, 2048, 1): ChainConfig(4, 8, 3),  # ouro.wqkv (with the residual prologue): 7.7 us
+    ("gemv", 2048, 2048, 1): ChainConfig(4, 4, 1),  # ouro.wo: 3.5 us
+    ("swiglu", 5632, 2048, 1): ChainConfig(2, 8, 11),  # ouro.gate_up (residual prologue, SwiGLU): 14.4 us
+    ("gemv", 2048, 5632, 1): ChainConfig(2, 8, 2),  # ouro.down: 6.2 us
+    ("gemv", 49152, 2048, 1): ChainConfig(8, 8, 12),  # ouro.head: 49.0 us
+    ("gemv", 6144, 2048, 2): ChainConfig(8, 4, 3),  # ouro.wqkv: 9.7 us
+    ("gemv", 2048, 2048, 2): ChainConfig(8, 8, 1),  # ouro.wo: 3.8 us
+    ("swiglu", 5632, 2048, 2): ChainConfig(1, 4, 11),  # ouro.gate_up: 16.3 us
+    ("gemv", 2048, 5632, 2): ChainConfig(2, 4, 4),  # ouro.down: 8.5 us
 }
 
 
@@ -93,10 +101,20 @@ def split_k(k: int) -> tuple[int, int]:
     return k1, (triton.next_power_of_2(k - k1) if k > k1 else 0)
 
 
-def default_config(n: int, k: int, swiglu: bool = False, sms: int = 132, tile_elements: int = TILE_ELEMENTS,
-                   programs_per_sm: int = PROGRAMS_PER_SM, num_warps: int = 4) -> ChainConfig:
+def default_config(n: int, k: int, swiglu: bool = False, sms: int = 132, tile_elements: int | None = None,
+                   programs_per_sm: int | None = None, num_warps: int = 4, rows: int = 1) -> ChainConfig:
     """About ``tile_elements`` weight elements per tile (a power of two of columns, at most the output
-    width), and as many tiles per program as leave about ``programs_per_sm`` programs per SM."""
+    width), and as many tiles per program as leave about ``programs_per_sm`` programs per SM.
+
+    Unless given, both depend on ``rows``: one row takes :data:`TILE_ELEMENTS` and :data:`PROGRAMS_PER_SM`; more
+    rows hold more activations in registers, so a tile of ``TILE_ELEMENTS / rows`` and
+    :data:`PROGRAMS_PER_SM_ROWS` programs per SM. At two rows that rule gives the best measured config for three of
+    Ouro-1.4B's four projections and one within 18% for the fourth (down: 10.0 against 8.5 us), where the one-row
+    rule was 10-26% off (``benchmarks/results/chain-rows/four-rows/sweep.json``)."""
+    if tile_elements is None:
+        tile_elements = TILE_ELEMENTS // rows
+    if programs_per_sm is None:
+        programs_per_sm = PROGRAMS_PER_SM if rows == 1 else PROGRAMS_PER_SM_ROWS
     k1, k2 = split_k(k)
     block_n = max(1, tile_elements // ((k1 + k2) * (2 if swiglu else 1)))
     block_n = min(1 << (block_n.bit_length() - 1), triton.next_power_of_2(n))
@@ -104,13 +122,15 @@ def default_config(n: int, k: int, swiglu: bool = False, sms: int = 132, tile_el
     return ChainConfig(block_n, num_warps, tiles)
 
 
-def config_for(op: str, n: int, k: int, swiglu: bool = False, sms: int = 132) -> ChainConfig:
-    """The table entry of ``(op, n, k)``, else the plain entry of the shape, else the default."""
-    return (CONFIGS.get(("swiglu" if swiglu else op, n, k)) or CONFIGS.get(("gemv", n, k))
-            or default_config(n, k, swiglu, sms))
+def config_for(op: str, n: int, k: int, swiglu: bool = False, sms: int = 132, rows: int = 1) -> ChainConfig:
+    """The table entry of ``(op, n, k, rows)``, else the plain entry of the shape at those rows, else the
+    default."""
+    return (CONFIGS.get(("swiglu" if swiglu else op, n, k, rows)) or CONFIGS.get(("gemv", n, k, rows))
+            or default_config(n, k, swiglu, sms, rows=rows))
 
 
-MAX_ROWS = 1  # rows a launch takes: batches of one (measured: at 2+ rows cuBLAS wins, see the module notes)
+MAX_ROWS = 2  # most rows a launch takes (measured: at 4 rows the multiplies, on the CUDA cores, cost more than the
+# few-row matmul's tensor cores; see the module notes)
 
 
 @functools.cache
@@ -296,20 +316,10 @@ def _tile_out(w1, w2, u1, u2, a1, a2, K2: tl.constexpr, SWIGLU: tl.constexpr, DT
 
 
 @triton.jit
-def _chain_gemv_kernel(X, BR, WP, WN, W, OUT, XO, eps, N: tl.constexpr, K: tl.constexpr, K1: tl.constexpr,
-                       K2: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr, PROLOGUE: tl.constexpr,
-                       SANDWICH: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr):
-    """``OUT[n] = sum_k a[k] * W[n, k]`` for this program's ``TILES`` tiles of ``BLOCK_N`` columns; with
-    ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[n] = silu(gate) * up`` of rows ``n`` and ``N + n``.
-
-    The next tile's weights are loaded before the current one is reduced (two tiles in registers), so a
-    program always has a load in flight; the first is loaded before the wait for the predecessor."""
-    pid = tl.program_id(0)
-    dt = OUT.dtype.element_ty
-    rows = pid * (TILES * BLOCK_N) + tl.arange(0, BLOCK_N)
-    w1, w2, u1, u2 = _load_tile(W, rows, True, N, K, K1, K2, SWIGLU)
-    wait_for_predecessor(PDL)
-    write = pid == 0
+def _row_operand(X, BR, WP, WN, XO, write, eps, K: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr,
+                 PROLOGUE: tl.constexpr, SANDWICH: tl.constexpr, DT: tl.constexpr):
+    """One row's activation ``a`` after the prologue, as two fp32 register pieces ``(a1, a2)`` (``a2``
+    repeats ``a1`` when ``K`` is one piece); with the residual prologue the writing program stores ``x_new``."""
     x1, b1, p1, ss = _operand(X, BR, WP, K, 0, K1, PROLOGUE, SANDWICH)
     x2 = x1
     if K2 > 0:
@@ -317,21 +327,48 @@ def _chain_gemv_kernel(X, BR, WP, WN, W, OUT, XO, eps, N: tl.constexpr, K: tl.co
         ss += ss2
     if PROLOGUE == 2:  # x_new, then the next norm of it
         inv1 = tl.rsqrt(ss / K + eps)
-        x1 = _residual_piece(x1, b1, p1, inv1, XO, write, K, 0, K1, SANDWICH, dt)
+        x1 = _residual_piece(x1, b1, p1, inv1, XO, write, K, 0, K1, SANDWICH, DT)
         ss = tl.sum(x1 * x1, axis=0)
         if K2 > 0:
-            x2 = _residual_piece(x2, b2, p2, inv1, XO, write, K, K1, K2, SANDWICH, dt)
+            x2 = _residual_piece(x2, b2, p2, inv1, XO, write, K, K1, K2, SANDWICH, DT)
             ss += tl.sum(x2 * x2, axis=0)
     if PROLOGUE != 0:
         inv = tl.rsqrt(ss / K + eps)
-        x1 = (x1 * inv * _vec(WN, K, 0, K1)).to(dt).to(tl.float32)
+        x1 = (x1 * inv * _vec(WN, K, 0, K1)).to(DT).to(tl.float32)
         if K2 > 0:
-            x2 = (x2 * inv * _vec(WN, K, K1, K2)).to(dt).to(tl.float32)
+            x2 = (x2 * inv * _vec(WN, K, K1, K2)).to(DT).to(tl.float32)
+    return x1, x2
+
+
+@triton.jit
+def _chain_gemv_kernel(X, BR, WP, WN, W, OUT, XO, eps, N: tl.constexpr, K: tl.constexpr, K1: tl.constexpr,
+                       K2: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr, ROWS: tl.constexpr,
+                       PROLOGUE: tl.constexpr, SANDWICH: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr):
+    """``OUT[m, n] = sum_k a[m, k] * W[n, k]`` for ``ROWS`` (1 or 2) rows and this program's ``TILES`` tiles of
+    ``BLOCK_N`` columns; with ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[m, n] = silu(gate) * up`` of rows
+    ``n`` and ``N + n``.
+
+    The next tile's weights are loaded before the current one is reduced (two tiles in registers), so a
+    program always has a load in flight; the first is loaded before the wait for the predecessor. Each
+    tile is read from memory once and reduced against every row (the rows' activations stay in registers,
+    one pair of register pieces per row, so every row's reduction runs in the tile's own layout)."""
+    pid = tl.program_id(0)
+    dt = OUT.dtype.element_ty
+    rows = pid * (TILES * BLOCK_N) + tl.arange(0, BLOCK_N)
+    w1, w2, u1, u2 = _load_tile(W, rows, True, N, K, K1, K2, SWIGLU)
+    wait_for_predecessor(PDL)
+    write = pid == 0
+    a1, a2 = _row_operand(X, BR, WP, WN, XO, write, eps, K, K1, K2, PROLOGUE, SANDWICH, dt)
+    b1, b2 = a1, a2
+    if ROWS > 1:
+        b1, b2 = _row_operand(X + K, BR + K, WP, WN, XO + K, write, eps, K, K1, K2, PROLOGUE, SANDWICH, dt)
     for t in range(1, TILES + 1):
         following = rows + BLOCK_N
         n1, n2, v1, v2 = _load_tile(W, following, t < TILES, N, K, K1, K2, SWIGLU)
-        acc = _tile_out(w1, w2, u1, u2, x1, x2, K2, SWIGLU, dt)
-        tl.store(OUT + rows, acc.to(dt), mask=rows < N)
+        live = rows < N
+        tl.store(OUT + rows, _tile_out(w1, w2, u1, u2, a1, a2, K2, SWIGLU, dt).to(dt), mask=live)
+        if ROWS > 1:
+            tl.store(OUT + N + rows, _tile_out(w1, w2, u1, u2, b1, b2, K2, SWIGLU, dt).to(dt), mask=live)
         w1, w2, u1, u2 = n1, n2, v1, v2
         rows = following
     let_successor_launch(PDL)
@@ -343,8 +380,8 @@ def _check(x: torch.Tensor, w: torch.Tensor, *vectors: torch.Tensor) -> None:
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.dtype != w.dtype:
         raise ValueError(f"chain gemv: activation {tuple(x.shape)} {x.dtype} does not fit weight "
                          f"{tuple(w.shape)} {w.dtype}")
-    if x.shape[0] != MAX_ROWS:
-        raise ValueError(f"chain gemv: takes a single row, got {x.shape[0]}")
+    if not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"chain gemv: takes 1..{MAX_ROWS} rows, got {x.shape[0]}")
     if any(v.shape != (w.shape[1],) for v in vectors):
         raise ValueError(f"chain gemv: norm weights must have shape ({w.shape[1]},)")
     if not all(t.is_contiguous() for t in (x, w, *vectors)):
@@ -357,15 +394,15 @@ def _launch(op: str, x: torch.Tensor, w: torch.Tensor, *, branch: torch.Tensor |
             config: ChainConfig | None = None) -> torch.Tensor:
     k = x.shape[1]
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    cfg = config or config_for(op, n, k, swiglu, sm_count(x.device))
+    cfg = config or config_for(op, n, k, swiglu, sm_count(x.device), x.shape[0])
     k1, k2 = split_k(k)
-    out = torch.empty((1, n), device=x.device, dtype=x.dtype)
+    out = torch.empty((x.shape[0], n), device=x.device, dtype=x.dtype)
     pdl = pdl_mode(x, "chain")
     _chain_gemv_kernel[(triton.cdiv(n, cfg.block_n * cfg.tiles),)](
         x, x if branch is None else branch, x if w_post is None else w_post, x if w_norm is None else w_norm, w, out,
         x if x_out is None else x_out, eps, N=n, K=k, K1=k1, K2=k2, BLOCK_N=cfg.block_n, TILES=cfg.tiles,
-        PROLOGUE=OPS[op], SANDWICH=sandwich, SWIGLU=swiglu, PDL=pdl, num_warps=cfg.num_warps, num_stages=1,
-        **launch_options(pdl))
+        ROWS=x.shape[0], PROLOGUE=OPS[op], SANDWICH=sandwich, SWIGLU=swiglu, PDL=pdl, num_warps=cfg.num_warps,
+        num_stages=1, **launch_options(pdl))
     return out
 
 

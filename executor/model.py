@@ -43,9 +43,9 @@ STATE_INITS = ("zeros", "random")
 
 def chained_rows(config: ModelConfig, backend: str) -> int:
     """The batch size up to which the triton backend runs layers on the chained skinny-matmul path
-    (:meth:`Layer.forward_fused`, :mod:`executor.chain`) by default: single rows of models no wider than
+    (:meth:`Layer.forward_fused`, :mod:`executor.chain`) by default: one or two rows of models no wider than
     2048 (Ouro), where it wins; wider models do not gain (Huginn-3.5B). Measured on the H200
-    (``benchmarks/results/chain``); the torch backend composes the same path and gains nothing."""
+    (``benchmarks/results/chain``, ``chain-rows``); the torch backend composes the same path and gains nothing."""
     return paths.chained_rows(config.hidden) if backend == "triton" else 0
 
 
@@ -284,7 +284,12 @@ class LoopedLM(nn.Module):
         return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.linear(h, self.head_weight).float()
+        """The head: chained for single rows only. At two rows its one-row launch configuration made Ouro-1.4B's
+        coda 21% slower on the H200 than the few-row matmul (0.097 against 0.080 ms,
+        ``benchmarks/results/chain-rows/``)."""
+        if h.shape[0] == 1 or not self.fused(h):
+            return self.linear(h, self.head_weight).float()
+        return self.ops.linear(h, self.head_weight).float()
 
     def gate_logit(self, s: torch.Tensor) -> torch.Tensor:
         """Ouro's exit-gate logit of a (normed) loop state, ``[N]``."""

@@ -204,7 +204,7 @@ class Ops:
 
     ``fuse_rows``: batches of at most this many rows run each layer as four skinny matmuls with the
     norms, residual adds and SwiGLU fused into them (:meth:`executor.model.Layer.forward_fused`; on the
-    triton backend the PDL-chained kernels of :mod:`executor.chain`, which take one row). 0 (off) unless
+    triton backend the PDL-chained kernels of :mod:`executor.chain`, which take one or two rows). 0 (off) unless
     given; :func:`executor.model.chained_rows` picks the models' default. With the torch backend it checks
     the fused composition against the plain one.
 

@@ -339,3 +339,30 @@ def test_a_profile_composes_the_few_row_matmul_only_if_it_measured_it() -> None:
         assert ("silu_mul" in names) != few_path, (arch.name, rows)
     halved = sum(t for n, t in new.layer_kernels(narrow, 8, 512.0)[0] if n == "gemm")
     assert halved == pytest.approx(0.5 * sum(t for n, t in old.layer_kernels(narrow, 8, 512.0)[0] if n == "gemm"))
+
+
+def test_a_profile_chains_two_rows_only_if_it_measured_them() -> None:
+    """A kernel profile whose ``gemv`` table predates its ``rows`` dimension (four columns, no ``chained_rows``
+    rule: the shipped one until it is re-measured) composes two-row layers of a narrow model as its build ran
+    them, on the many-row kernels; one with the rule and two-row points chains them, from those points."""
+    from cdbsim.kernels import GEMV_OPS, KernelModel
+
+    shipped = kernel_profile().kernels
+    legacy_gemv = [[op, n, k, t] for op, rows, n, k, t in
+                   (row if len(row) == 5 else [row[0], 1.0, *row[1:]] for row in shipped["tables"]["gemv"])
+                   if rows == 1]
+    legacy = {**{k: v for k, v in shipped.items() if k != "chained_rows"},
+              "tables": {**shipped["tables"], "gemv": legacy_gemv}}
+    two = [[op, 2.0, n, k, 3 * t] for op, n, k, t in legacy_gemv]
+    current = {**legacy, "tables": {**legacy["tables"], "gemv": [[op, 1.0, n, k, t] for op, n, k, t in legacy_gemv]
+                                    + two}, "chained_rows": {"rows": 2, "hidden": 2048}}
+    narrow = ArchSpec(name="n", layer=PRESETS["ouro-1.4b"].layer, vocab=4096, prelude=0, core=1, coda=0, r_max=1)
+    old, new = KernelModel(legacy), KernelModel(current)
+    assert old.layer_kernels(narrow, 1, 512.0)[1] == new.layer_kernels(narrow, 1, 512.0)[1] == "chained"
+    assert old.layer_kernels(narrow, 2, 512.0)[1] == "many" and new.layer_kernels(narrow, 2, 512.0)[1] == "chained"
+    assert new.layer_kernels(narrow, 4, 512.0)[1] == "many"
+    assert new.layer_kernels(PRESETS["huginn-3.5b"], 2, 512.0)[1] == "many"
+    s = narrow.layer
+    one = new.time("gemv", GEMV_OPS["gemv"], 1, s.hidden, s.intermediate)
+    assert new.time("gemv", GEMV_OPS["gemv"], 2, s.hidden, s.intermediate) == pytest.approx(3 * one)
+    assert old.time("gemv", GEMV_OPS["gemv"], 1, s.hidden, s.intermediate) == pytest.approx(one)

@@ -106,6 +106,7 @@ def checks(device: str = "cpu", dtype=None, atol: float = 1e-4, rtol: float = 1e
     for op in OPS:
         out[f"{op}-tiles"] = run(op, [(1, 40, 72, C(16, 4, tiles)) for tiles in (1, 2, 3)])
         out[f"{op}-one-piece-default"] = run(op, [(1, 48, 64, C(8, 4, 2)), (1, 48, 40, None)])
+        out[f"{op}-rows"] = run(op, [(m, 40, 72, C(16, 4, 2)) for m in range(2, c.MAX_ROWS + 1)])
     return out
 
 
@@ -120,7 +121,7 @@ def interpreted() -> dict[str, str]:
     return run_interpreted("tests.executor.test_executor_chain")
 
 
-CHECK_NAMES = [f"{op}-{kind}" for op in OPS for kind in ("tiles", "one-piece-default")]
+CHECK_NAMES = [f"{op}-{kind}" for op in OPS for kind in ("tiles", "one-piece-default", "rows")]
 
 
 @pytest.mark.parametrize("name", CHECK_NAMES)
@@ -147,21 +148,25 @@ def test_register_pieces_and_configs() -> None:
     swiglu = c.default_config(5632, 2048, swiglu=True)
     assert swiglu.block_n * 2 * 2048 <= c.TILE_ELEMENTS  # both halves' tiles fit the same budget
     assert c.default_config(4, 64).block_n == 4 and c.default_config(4, 64).tiles == 1  # never wider than N
-    for (op, n, k), entry in c.CONFIGS.items():
-        assert op in (*c.OPS, "swiglu") and c.config_for(op, n, k, op == "swiglu") == entry
+    two = c.default_config(6144, 2048, rows=2)  # two rows: half the tile, more programs per SM
+    assert two.block_n * 2048 <= c.TILE_ELEMENTS // 2 and -(-6144 // (two.block_n * two.tiles)) > programs
+    for (op, n, k, rows), entry in c.CONFIGS.items():
+        assert op in (*c.OPS, "swiglu") and 1 <= rows <= c.MAX_ROWS
+        assert c.config_for(op, n, k, op == "swiglu", rows=rows) == entry
 
 
-def test_the_chained_path_is_on_for_single_rows_of_narrow_models_only() -> None:
+def test_the_chained_path_is_on_for_the_fewest_rows_of_narrow_models_only() -> None:
     from cdbsim.arch import PRESETS
+    from executor import chain as c
     from executor.model import ModelConfig, chained_rows
     from executor.ops import Ops
 
     configs = {name: ModelConfig.from_arch(PRESETS[name]) for name in ("ouro-1.4b", "ouro-2.6b", "huginn-3.5b")}
-    assert [chained_rows(c, "triton") for c in configs.values()] == [1, 1, 0]
-    assert all(chained_rows(c, "torch") == 0 for c in configs.values())
+    assert [chained_rows(m, "triton") for m in configs.values()] == [c.MAX_ROWS, c.MAX_ROWS, 0]
+    assert all(chained_rows(m, "torch") == 0 for m in configs.values())
     assert Ops("torch").fuse_rows == 0
     with pytest.raises(ValueError, match="fuse_rows"):
-        Ops("triton", fuse_rows=2)
+        Ops("triton", fuse_rows=c.MAX_ROWS + 1)
 
 
 def test_bad_inputs_are_refused_before_any_launch() -> None:
@@ -170,8 +175,8 @@ def test_bad_inputs_are_refused_before_any_launch() -> None:
     x, w = torch.zeros(1, 8), torch.zeros(4, 8)
     with pytest.raises(ValueError, match="does not fit"):
         c.gemv(x, torch.zeros(4, 6))
-    with pytest.raises(ValueError, match="single row"):
-        c.gemv(torch.zeros(2, 8), w)
+    with pytest.raises(ValueError, match=r"takes 1\.\.2 rows"):
+        c.gemv(torch.zeros(c.MAX_ROWS + 1, 8), w)
     with pytest.raises(ValueError, match="norm weights"):
         c.gemv_rmsnorm(x, torch.zeros(7), 1e-6, w)
     with pytest.raises(ValueError, match="even row count"):

@@ -33,7 +33,7 @@ def test_cuda_graph_executor_matches_reference_fp32() -> None:
     check_end_to_end("cuda", graphs=True, atol=1e-3)
 
 
-@pytest.mark.parametrize("fuse_rows,few_rows", [(0, 0), (0, 16), (1, 16)], ids=["cublas", "few-rows", "chained"])
+@pytest.mark.parametrize("fuse_rows,few_rows", [(0, 0), (0, 16), (2, 16)], ids=["cublas", "few-rows", "chained"])
 @pytest.mark.parametrize("style", ["ouro", "huginn"])
 def test_bf16_lookahead_run_with_captured_graphs(style: str, fuse_rows: int, few_rows: int) -> None:
     from cdbsim.config import ServeConfig

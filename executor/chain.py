@@ -108,9 +108,9 @@ def default_config(n: int, k: int, swiglu: bool = False, sms: int = 132, tile_el
 
     Unless given, both depend on ``rows``: one row takes :data:`TILE_ELEMENTS` and :data:`PROGRAMS_PER_SM`; more
     rows hold more activations in registers, so a tile of ``TILE_ELEMENTS / rows`` and
-    :data:`PROGRAMS_PER_SM_ROWS` programs per SM. At two rows that rule gives the best measured config for three of
-    Ouro-1.4B's four projections and one within 18% for the fourth (down: 10.0 against 8.5 us), where the one-row
-    rule was 10-26% off (``benchmarks/results/chain-rows/four-rows/sweep.json``)."""
+    :data:`PROGRAMS_PER_SM_ROWS` programs per SM. At two rows that rule gives, for Ouro-1.4B's projections, a config
+    within 6% of the sweep's best for QKV, O and gate/up and one 18% slower for down (10.0 against 8.5 us)
+    (``benchmarks/results/chain-rows/four-rows/sweep.json``)."""
     if tile_elements is None:
         tile_elements = TILE_ELEMENTS // rows
     if programs_per_sm is None:

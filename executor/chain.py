@@ -37,7 +37,7 @@ Measured on the H200 (``benchmarks/bench_chain.py``, ``benchmarks/results/chain/
 four projections take 32 us with PDL (1.33x their weight reads), 36-39 us without, 47 us on cuBLAS with the
 Triton norm and SwiGLU kernels; the whole core step at B = 1, L = 512 takes 0.92 ms against 1.34-1.40 ms
 with cuBLAS projections. At two rows (each tile reduced against both rows, the two rows' launch
-configurations in :data:`CONFIGS`) the four projections take 37.6 us per layer against 42.6 us on the few-row
+configurations in :data:`CONFIGS`) the four projections take 37.8 us per layer against 43.1 us on the few-row
 matmul, and Ouro-1.4B's core step at L = 512 1.096 against 1.317 ms (``benchmarks/results/chain-rows/``); at four
 rows they take 75.9 us with the one-row configurations and 63 us summed over the best of each projection's sweep,
 against 43.0 us on the few-row matmul: the multiplies run on the CUDA cores, four per weight. For Huginn-3.5B

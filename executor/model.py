@@ -287,9 +287,8 @@ class LoopedLM(nn.Module):
         """The head: chained for single rows only. At two rows its one-row launch configuration made Ouro-1.4B's
         coda 21% slower on the H200 than the few-row matmul (0.097 against 0.080 ms,
         ``benchmarks/results/chain-rows/``)."""
-        if h.shape[0] == 1 or not self.fused(h):
-            return self.linear(h, self.head_weight).float()
-        return self.ops.linear(h, self.head_weight).float()
+        w = self.head_weight
+        return (self.ops.gemv(h, w) if h.shape[0] == 1 and self.fused(h) else self.ops.linear(h, w)).float()
 
     def gate_logit(self, s: torch.Tensor) -> torch.Tensor:
         """Ouro's exit-gate logit of a (normed) loop state, ``[N]``."""

@@ -23,7 +23,7 @@ SHARED_LIMIT = 227 * 1024  # bytes of shared memory one block may use on the H10
 # argument types of the kernels compiled here (their constexpr arguments are given per call)
 SIGNATURES = {
     "decode": {"Q": "*bf16", "KC": "*bf16", "VC": "*bf16", "BT": "*i32", "LB": "*i32", "SL": "*i32", "MO": "*fp32",
-               "ML": "*fp32", "OUT": "*bf16", "layer": "i32", "pages_per_layer": "i32", "scale": "fp32",
+               "ML": "*fp32", "CNT": "*i32", "OUT": "*bf16", "layer": "i32", "pages_per_layer": "i32", "scale": "fp32",
                "bt_stride": "i32"},
     "rope_decode": {"QKV": "*bf16", "QB": "*bf16", "KB": "*bf16", "POS": "*i32", "COS": "*fp32", "SIN": "*fp32",
                     "ROW0": "*i32", "FILL": "*i32", "KC": "*bf16", "VC": "*bf16", "BT": "*i32", "LB": "*i32",

@@ -36,12 +36,19 @@ def test_rope_write_kv_compiles(interleaved: bool) -> None:
     assert sm90.resources(kernel).stack == 0
 
 
+@pytest.mark.parametrize("merge_here", [False, True])
 @pytest.mark.parametrize("heads,d", [(16, 128), (55, 96)])
-def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int) -> None:
+def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int, merge_here: bool) -> None:
+    """With the splits merged in the kernel or not, and with the KV prefetch before the wait (inline PTX, which
+    the interpreter never runs)."""
     da, db = tk.head_parts(d)
     kernel = sm90.compile_sm90(tk._decode_attn_kernel, sm90.SIGNATURES["decode"],
                                dict(H=heads, KVH=heads, D=d, DA=da, DB=db, PAGE=16, BLOCK=tk.decode_tile(d)[0],
-                                    SPLITS=8, MIN_PER=64, PDL=True, EVICT=tk.DECODE_EVICT), tk.decode_tile(d)[1])
+                                    SPLITS=8, MIN_PER=64, PDL=True, EVICT=tk.DECODE_EVICT, MERGE_HERE=merge_here,
+                                    PF_POS=64, PF_LINES=triton.next_power_of_2(16 * d // 64), LINE=64),
+                               tk.decode_tile(d)[1])
+    ptx = kernel.asm["ptx"]
+    assert "prefetch.global.L2" in ptx and ("atom" in ptx) == merge_here
     r = sm90.resources(kernel)
     assert r.stack == 0 and r.fits, r
 
@@ -52,17 +59,20 @@ def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int) -> N
                                         (5280, 17920, False)])
 def test_few_row_matmul_compiles_at_its_shipped_configs(n: int, k: int, swiglu: bool, rows: int) -> None:
     """At every row tile, with the stages that fit it (a 64-row tile takes more shared memory per stage)."""
-    from executor import few_rows
+    from executor import few_rows, prefetch
     from executor.chain import LATE
 
     cfg = few_rows.config_for(n, k, swiglu)
     block_m = few_rows.block_rows(rows)
     stages = few_rows.stages_for(cfg, block_m, swiglu)
+    pf_cols = prefetch.weight_columns(k, cfg.block_n * (2 if swiglu else 1), 64, 1 << 22)  # the whole slab
+    assert pf_cols >= k
     kernel = sm90.compile_sm90(few_rows._few_rows_kernel, sm90.SIGNATURES["few_rows"],
                                dict(N=n, K=k, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                    STAGES=stages, SWIGLU=swiglu, IEEE=False, PDL=LATE),
+                                    STAGES=stages, SWIGLU=swiglu, IEEE=False, PDL=LATE, PF_COLS=pf_cols, LINE=64),
                                few_rows.warps_for(cfg, block_m), stages)
     ptx = kernel.asm["ptx"]
     assert "mma" in ptx and "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+    assert "prefetch.global.L2" in ptx
     r = sm90.resources(kernel)
     assert r.stack == 0 and r.fits, r

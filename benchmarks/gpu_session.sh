@@ -79,8 +79,8 @@
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | prefetch) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, prefetch" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -374,23 +374,6 @@ case $phase in
             --contexts 512 4096 --prefill-tokens 512 --budget-s 70)
     run 90 stages "${stages[@]}" --out "$work/stages"
     run 90 stages-chain1 "${stages[@]}" --fuse-rows 1 --out "$work/stages-chain1"
-    ;;
-  prefetch)  # L2 prefetch before the PDL wait (executor.prefetch: CDBSIM_PREFETCH) and the splits merged in the
-    # decode attention kernel (CDBSIM_MERGE_ROWS): GPU tests; Ouro-1.4B's stages at 1-64 rows as built, per
-    # candidate, and as built again (the board's drift over the call); the GPU tests with every candidate on
-    CDBSIM_PREFETCH=few_rows=4194304,chain=4194304,attention=256 CDBSIM_MERGE_ROWS=64 \
-      run 120 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
-    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b --quick --parts stages --sizes 1 2 4 8 16 32 64
-            --contexts 512 4096 --prefill-tokens 512 --budget-s 45)
-    run 60 stages-base "${stages[@]}" --out "$work/base"
-    # VARIANTS: name:VAR=value[+VAR=value...] items, space-separated
-    for one in ${VARIANTS:-few64k:CDBSIM_PREFETCH=few_rows=65536 fewall:CDBSIM_PREFETCH=few_rows=4194304 \
-        chainall:CDBSIM_PREFETCH=chain=4194304 kv64:CDBSIM_PREFETCH=attention=64 \
-        kv256:CDBSIM_PREFETCH=attention=256 merge16:CDBSIM_MERGE_ROWS=16 merge64:CDBSIM_MERGE_ROWS=64}; do
-      (IFS=+ read -ra assigns <<< "${one#*:}"; export "${assigns[@]}"
-       run 60 "stages-${one%%:*}" "${stages[@]}" --out "$work/${one%%:*}")
-    done
-    run 60 stages-base-again "${stages[@]}" --out "$work/base-again"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

@@ -62,9 +62,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from executor import prefetch
-from executor.prefetch import prefetch_rows
-
 TILE_ELEMENTS = 8192  # default weight elements per tile (16 KB of bf16; two tiles live per program)
 PROGRAMS_PER_SM = 3  # default programs per SM: each keeps a tile load in flight
 PROGRAMS_PER_SM_ROWS = 4  # the same for launches of more than one row (their tiles are smaller)
@@ -126,10 +123,17 @@ def default_config(n: int, k: int, swiglu: bool = False, sms: int = 132, tile_el
 
 
 def config_for(op: str, n: int, k: int, swiglu: bool = False, sms: int = 132, rows: int = 1) -> ChainConfig:
-    """The table entry of ``(op, n, k, rows)``, else the plain entry of the shape at those rows, else the
-    default."""
-    return (CONFIGS.get(("swiglu" if swiglu else op, n, k, rows)) or CONFIGS.get(("gemv", n, k, rows))
-            or default_config(n, k, swiglu, sms, rows=rows))
+    """The table entry of ``(op, n, k, rows)``, else the plain entry of the shape at those rows (a SwiGLU launch
+    never takes one), else the default.
+
+    Why not for SwiGLU: its tile holds the gate and the up rows, twice a plain tile's weights. A gate/up
+    projection ``6144 x 2048`` at two rows took Ouro-1.4B's QKV entry (8 columns, 3 tiles), which spilled 3.7 KB
+    of registers a thread when compiled for sm_90 and took 418 us on the H200 against 17 at one row
+    (``benchmarks/results/chain-rows/config-fallback/``)."""
+    entry = CONFIGS.get(("swiglu" if swiglu else op, n, k, rows))
+    if entry is None and not swiglu:
+        entry = CONFIGS.get(("gemv", n, k, rows))
+    return entry or default_config(n, k, swiglu, sms, rows=rows)
 
 
 MAX_ROWS = 2  # most rows a launch takes (measured: at 4 rows the multiplies, on the CUDA cores, cost more than the
@@ -346,8 +350,7 @@ def _row_operand(X, BR, WP, WN, XO, write, eps, K: tl.constexpr, K1: tl.constexp
 @triton.jit
 def _chain_gemv_kernel(X, BR, WP, WN, W, OUT, XO, eps, N: tl.constexpr, K: tl.constexpr, K1: tl.constexpr,
                        K2: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr, ROWS: tl.constexpr,
-                       PROLOGUE: tl.constexpr, SANDWICH: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr,
-                       PF_ROWS: tl.constexpr, PF_COLS: tl.constexpr, LINE: tl.constexpr):
+                       PROLOGUE: tl.constexpr, SANDWICH: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr):
     """``OUT[m, n] = sum_k a[m, k] * W[n, k]`` for ``ROWS`` (1 or 2) rows and this program's ``TILES`` tiles of
     ``BLOCK_N`` columns; with ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[m, n] = silu(gate) * up`` of rows
     ``n`` and ``N + n``.
@@ -360,10 +363,6 @@ def _chain_gemv_kernel(X, BR, WP, WN, W, OUT, XO, eps, N: tl.constexpr, K: tl.co
     dt = OUT.dtype.element_ty
     rows = pid * (TILES * BLOCK_N) + tl.arange(0, BLOCK_N)
     w1, w2, u1, u2 = _load_tile(W, rows, True, N, K, K1, K2, SWIGLU)
-    last = tl.minimum(pid * (TILES * BLOCK_N) + TILES * BLOCK_N, N) - 1  # the program's tiles after the first
-    prefetch_rows(W, pid * (TILES * BLOCK_N) + BLOCK_N, last, PF_ROWS, K, PF_COLS, LINE)
-    if SWIGLU:
-        prefetch_rows(W + N * K, pid * (TILES * BLOCK_N) + BLOCK_N, last, PF_ROWS, K, PF_COLS, LINE)
     wait_for_predecessor(PDL)
     write = pid == 0
     a1, a2 = _row_operand(X, BR, WP, WN, XO, write, eps, K, K1, K2, PROLOGUE, SANDWICH, dt)
@@ -406,15 +405,11 @@ def _launch(op: str, x: torch.Tensor, w: torch.Tensor, *, branch: torch.Tensor |
     k1, k2 = split_k(k)
     out = torch.empty((x.shape[0], n), device=x.device, dtype=x.dtype)
     pdl = pdl_mode(x, "chain")
-    pf_rows = triton.next_power_of_2(max(1, (cfg.tiles - 1) * cfg.block_n))
-    line = prefetch.line_elements(w)
-    budget = prefetch.budget(w, "chain") if cfg.tiles > 1 else 0
-    pf_cols = prefetch.weight_columns(k, pf_rows * (2 if swiglu else 1), line, budget)
     _chain_gemv_kernel[(triton.cdiv(n, cfg.block_n * cfg.tiles),)](
         x, x if branch is None else branch, x if w_post is None else w_post, x if w_norm is None else w_norm, w, out,
         x if x_out is None else x_out, eps, N=n, K=k, K1=k1, K2=k2, BLOCK_N=cfg.block_n, TILES=cfg.tiles,
-        ROWS=x.shape[0], PROLOGUE=OPS[op], SANDWICH=sandwich, SWIGLU=swiglu, PDL=pdl, PF_ROWS=pf_rows,
-        PF_COLS=pf_cols, LINE=line, num_warps=cfg.num_warps, num_stages=1, **launch_options(pdl))
+        ROWS=x.shape[0], PROLOGUE=OPS[op], SANDWICH=sandwich, SWIGLU=swiglu, PDL=pdl, num_warps=cfg.num_warps,
+        num_stages=1, **launch_options(pdl))
     return out
 
 

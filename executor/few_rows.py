@@ -34,9 +34,7 @@ import triton
 import triton.language as tl
 
 from cdbsim.paths import FEW_ROWS_MAX
-from executor import prefetch
 from executor.chain import LATE, launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
-from executor.prefetch import prefetch_rows
 
 MAX_ROWS = 64  # most rows the kernel takes; launches take it up to cdbsim.paths.FEW_ROWS_MAX rows (measured)
 MIN_BLOCK_M = 16  # rows per MMA at least (tl.dot's smallest dimension); rows past M are masked, never loaded
@@ -115,7 +113,7 @@ def _dot(w, x, acc, IEEE: tl.constexpr):
 @triton.jit
 def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SWIGLU: tl.constexpr,
-                     IEEE: tl.constexpr, PDL: tl.constexpr, PF_COLS: tl.constexpr, LINE: tl.constexpr):
+                     IEEE: tl.constexpr, PDL: tl.constexpr):
     """``OUT[m, n] = sum_k X[m, k] W[n, k]`` for this program's ``BLOCK_N`` columns and all ``M`` rows; with
     ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[m, n] = silu(gate) * up`` of rows ``n`` and ``N + n``."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -131,10 +129,6 @@ def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl
     u = w
     if SWIGLU:
         u = tl.load(w_ptrs + N * K, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
-    first = tl.program_id(0) * BLOCK_N
-    prefetch_rows(W, first, N - 1, BLOCK_N, K, PF_COLS, LINE)
-    if SWIGLU:
-        prefetch_rows(W + N * K, first, N - 1, BLOCK_N, K, PF_COLS, LINE)
     wait_for_predecessor(PDL)
     x = tl.load(x_ptrs, mask=row_ok & k_ok, other=0.0)
     acc = _dot(w, x, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), IEEE)
@@ -185,10 +179,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
         pdl = LATE if late else 1
     block_m = block_rows(m)
     stages, warps = stages_for(cfg, block_m, swiglu), warps_for(cfg, block_m)
-    line = prefetch.line_elements(w)
-    pf_cols = prefetch.weight_columns(k, cfg.block_n * (2 if swiglu else 1), line, prefetch.budget(w, "few_rows"))
     _few_rows_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, w, out, m, N=n, K=k, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=stages,
-        SWIGLU=swiglu, IEEE=x.dtype == torch.float32, PDL=pdl, PF_COLS=pf_cols, LINE=line, num_warps=warps,
-        **launch_options(pdl))
+        SWIGLU=swiglu, IEEE=x.dtype == torch.float32, PDL=pdl, num_warps=warps, **launch_options(pdl))
     return out

@@ -23,7 +23,7 @@ SHARED_LIMIT = 227 * 1024  # bytes of shared memory one block may use on the H10
 # argument types of the kernels compiled here (their constexpr arguments are given per call)
 SIGNATURES = {
     "decode": {"Q": "*bf16", "KC": "*bf16", "VC": "*bf16", "BT": "*i32", "LB": "*i32", "SL": "*i32", "MO": "*fp32",
-               "ML": "*fp32", "CNT": "*i32", "OUT": "*bf16", "layer": "i32", "pages_per_layer": "i32", "scale": "fp32",
+               "ML": "*fp32", "OUT": "*bf16", "layer": "i32", "pages_per_layer": "i32", "scale": "fp32",
                "bt_stride": "i32"},
     "rope_decode": {"QKV": "*bf16", "QB": "*bf16", "KB": "*bf16", "POS": "*i32", "COS": "*fp32", "SIN": "*fp32",
                     "ROW0": "*i32", "FILL": "*i32", "KC": "*bf16", "VC": "*bf16", "BT": "*i32", "LB": "*i32",
@@ -34,6 +34,8 @@ SIGNATURES = {
                 "QO": "*bf16", "KC": "*bf16", "VC": "*bf16", "ROW0": "*i32", "LB": "*i32", "FILL": "*i32", "n": "i32",
                 "layer": "i32", "rows_per_layer": "i32", "slot_stride": "i32", "qkv_stride": "i32"},
     "few_rows": {"X": "*bf16", "W": "*bf16", "OUT": "*bf16", "M": "i32"},
+    "chain": {"X": "*bf16", "BR": "*bf16", "WP": "*bf16", "WN": "*bf16", "W": "*bf16", "OUT": "*bf16", "XO": "*bf16",
+              "eps": "fp32"},
     "prefill": {"Q": "*bf16", "KC": "*bf16", "VC": "*bf16", "OUT": "*bf16", "BT": "*i32", "START": "*i32",
                 "LEN": "*i32", "QOFF": "*i32", "ICHUNK": "*i32", "IQ0": "*i32", "layer": "i32",
                 "pages_per_layer": "i32", "qk_scale": "fp32", "bt_stride": "i32"},

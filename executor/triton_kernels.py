@@ -35,7 +35,6 @@ Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests che
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -43,11 +42,9 @@ import triton
 import triton.language as tl
 
 from cdbsim.attention import CHAINED_BLOCK, MIN_SPLIT_POSITIONS, PAGE, decode_splits, head_parts
-from executor import prefetch
 from executor.chain import EARLY, launch_options, let_successor_launch, pdl_enabled, pdl_mode, wait_for_predecessor
 from executor.kv_cache import PagedKVCache
 from executor.ops import RopeTable
-from executor.prefetch import prefetch_l2
 
 BLOCK_N = CHAINED_BLOCK  # positions per tile of the fused single-row kernel (rope_decode_attention)
 # the many-row kernel's launch shape, (positions per tile, warps) by the head's parts (head_parts): on the H200
@@ -56,8 +53,6 @@ BLOCK_N = CHAINED_BLOCK  # positions per tile of the fused single-row kernel (ro
 # positions 69%) (benchmarks/results/few-rows/layout.csv)
 DECODE_TILES = {1: (32, 1), 2: (16, 1)}
 DECODE_EVICT = ""
-MERGE_ROWS = int(os.environ.get("CDBSIM_MERGE_ROWS", "0"))  # launches of at most this many rows merge their splits
-# in the attention kernel (the last split of a (row, head) to finish), not in a second kernel
 
 
 # ----- norms and activation --------------------------------------------------------------------------
@@ -332,23 +327,6 @@ def _kv_tile(KC, VC, BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH: tl.con
 
 
 @triton.jit
-def _prefetch_kv(KC, VC, BT, b, bt_stride, page_base, kvh, start, end, KVH: tl.constexpr, D: tl.constexpr,
-                 PAGE: tl.constexpr, PF_POS: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr):
-    """Prefetch into L2 the K and V of KV head ``kvh`` at positions ``start .. min(end, start + PF_POS)``: whole
-    pages (``start`` is a page boundary), ``PF_LINES`` lines of a page's ``PAGE x D`` run each (``PF_POS == 0``:
-    nothing)."""
-    if PF_POS > 0:
-        p = start // PAGE + tl.arange(0, PF_POS // PAGE)
-        live = p * PAGE < end
-        blk = tl.load(BT + b * bt_stride + p, mask=live, other=0).to(tl.int64)
-        j = tl.arange(0, PF_LINES) * LINE
-        off = _kv_offset(page_base + blk, 0, kvh, KVH, D, PAGE)[:, None] + tl.minimum(j, PAGE * D - 1)[None, :]
-        ok = live[:, None] & (j < PAGE * D)[None, :]
-        prefetch_l2(KC + off, ok)
-        prefetch_l2(VC + off, ok)
-
-
-@triton.jit
 def _softmax_step(ka, va, kb, vb, t, end, qa, qb, s_own, v_new, pos, m_i, l_i, acc_a, acc_b, DB: tl.constexpr,
                   OWN: tl.constexpr):
     """Fold one K/V tile (positions ``t``) into the online softmax ``(m_i, l_i, acc_a, acc_b)``; the head's
@@ -429,37 +407,30 @@ def _attend(qa, qb, k_new, v_new, pos, k, v, start, end, KC, VC, BT, MO, ML, CNT
             tl.debug_barrier()
             done = tl.atomic_add(CNT + b * H + h, 1, sem="acq_rel", scope="gpu")
             if done == SPLITS - 1:
-                if DB > 0:  # a head in two parts: DA is the larger power of two, so 2 DA covers it
-                    _merge_splits(MO, ML, OUT, b, h, H, D, 2 * DA, SPLITS, ".cg")
-                else:
-                    _merge_splits(MO, ML, OUT, b, h, H, D, DA, SPLITS, ".cg")
+                _merge_splits(MO, ML, OUT, b, h, H, D, DA, SPLITS, ".cg")
                 tl.store(CNT + b * H + h, 0)  # ready for the next launch
 
 
 @triton.jit(do_not_specialize=["layer"])
-def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, CNT, OUT, layer, pages_per_layer, scale, bt_stride,
+def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_layer, scale, bt_stride,
                         H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
                         PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, MIN_PER: tl.constexpr,
-                        PDL: tl.constexpr, EVICT: tl.constexpr, MERGE_HERE: tl.constexpr, PF_POS: tl.constexpr,
-                        PF_LINES: tl.constexpr, LINE: tl.constexpr):
+                        PDL: tl.constexpr, EVICT: tl.constexpr):
+    wait_for_predecessor(PDL)  # before any cache read: the predecessor (rope_write_kv) writes this launch's k/v
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     split = tl.program_id(2)
     kvh = h // (H // KVH)
     start, end = _split_range(tl.load(SL + b), split, SPLITS, MIN_PER, PAGE)
     page_base = (tl.load(LB + b).to(tl.int64) + layer) * pages_per_layer
-    # the cache is read only after the wait (the predecessor, rope_write_kv, writes this launch's k/v); a prefetch
-    # into L2, the point of coherence, may come before it
-    _prefetch_kv(KC, VC, BT, b, bt_stride, page_base, kvh, start, end, KVH, D, PAGE, PF_POS, PF_LINES, LINE)
-    wait_for_predecessor(PDL)
     da = tl.arange(0, DA)
     qa = tl.load(Q + (b * H + h) * D + da, mask=da < D, other=0.0).to(tl.float32) * scale
     qb = qa
     if DB > 0:
         db = DA + tl.arange(0, DB)
         qb = tl.load(Q + (b * H + h) * D + db, mask=db < D, other=0.0).to(tl.float32) * scale
-    _attend(qa, qb, qa, qa, 0, qa, qa, start, end, KC, VC, BT, MO, ML, CNT, OUT, b, h, split, kvh, page_base,
-            bt_stride, H, KVH, D, DA, DB, PAGE, BLOCK, SPLITS, False, False, MERGE_HERE, EVICT)
+    _attend(qa, qb, qa, qa, 0, qa, qa, start, end, KC, VC, BT, MO, ML, ML, OUT, b, h, split, kvh, page_base,
+            bt_stride, H, KVH, D, DA, DB, PAGE, BLOCK, SPLITS, False, False, False, EVICT)
     let_successor_launch(PDL)
 
 
@@ -503,8 +474,7 @@ def _rope_decode_attn_kernel(QKV, QB, KB, POS, COS, SIN, ROW0, FILL, KC, VC, BT,
                              H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                              HALF: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr,
                              PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
-                             MIN_PER: tl.constexpr, PDL: tl.constexpr, PF_POS: tl.constexpr, PF_LINES: tl.constexpr,
-                             LINE: tl.constexpr):
+                             MIN_PER: tl.constexpr, PDL: tl.constexpr):
     """RoPE, the KV write and decode attention in one launch. Every program rotates its own head of q and
     its KV head's new k (a few hundred flops) and takes the new k/v from registers at the row's own
     position; one program per (row, KV head) - split 0 of the group's first head - writes them (and the
@@ -520,7 +490,6 @@ def _rope_decode_attn_kernel(QKV, QB, KB, POS, COS, SIN, ROW0, FILL, KC, VC, BT,
     cache_layer = tl.load(LB + b).to(tl.int64) + layer
     page_base = cache_layer * pages_per_layer
     k, v = _kv_tile(KC, VC, BT, b, bt_stride, page_base, kvh, start, end, pos, KVH, D, BLOCK_D, PAGE, BLOCK, True)
-    _prefetch_kv(KC, VC, BT, b, bt_stride, page_base, kvh, start + BLOCK, end, KVH, D, PAGE, PF_POS, PF_LINES, LINE)
     c, s, first, partner = _rope_angles(COS, SIN, pos, HALF, D, BLOCK_D, INTERLEAVED)
     wait_for_predecessor(PDL)
     src = QKV + b * qkv_stride
@@ -607,47 +576,31 @@ def decode_tile(d: int) -> tuple[int, int]:
     return DECODE_TILES[1 if head_parts(d)[1] == 0 else 2]
 
 
-def _kv_prefetch(cache: PagedKVCache, pdl: int) -> tuple[int, int, int]:
-    """``(PF_POS, PF_LINES, LINE)`` of a decode attention launch: positions of K and V a program prefetches into L2
-    before its wait (whole pages, :mod:`executor.prefetch`'s ``attention`` budget; none without PDL, where there is
-    no wait to hide them behind), lines per page of one head, elements per line."""
-    line = prefetch.line_elements(cache.k)
-    pages = prefetch.budget(cache.k, "attention") // PAGE if pdl else 0
-    if pages < 1:
-        return 0, 1, line
-    lines = triton.next_power_of_2(triton.cdiv(PAGE * cache.head_dim, line))
-    return (1 << (pages.bit_length() - 1)) * PAGE, lines, line
-
-
 def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Tensor,
                      layer_base: torch.Tensor, layer: int, seq_len: torch.Tensor, scale: float,
                      splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS, block: int | None = None,
                      warps: int | None = None, parts: tuple[int, int] | None = None, evict: str = DECODE_EVICT,
-                     stages: int | None = None, merge_rows: int | None = None) -> torch.Tensor:
+                     stages: int | None = None) -> torch.Tensor:
     """See :func:`executor.ops.decode_attention`. ``splits`` overrides the grid's split count
     (:func:`cdbsim.attention.decode_splits`), ``min_split`` the fewest positions a split covers; ``block``
     (positions per tile), ``warps``, ``parts`` (:func:`head_parts`), ``evict`` (the KV loads' eviction policy)
-    and ``stages`` (Triton's ``num_stages``) override the kernel's launch shape (a benchmark sweeps them);
-    ``merge_rows`` the most rows whose splits the kernel merges itself (:data:`MERGE_ROWS`)."""
+    and ``stages`` (Triton's ``num_stages``) override the kernel's launch shape (a benchmark sweeps them)."""
     q = q.contiguous()
     n, heads, d = q.shape
     geo = cache.geometry
     assert geo.block_size == PAGE, "split boundaries are whole KV pages"
     out = torch.empty_like(q)
-    merge_here = n <= (MERGE_ROWS if merge_rows is None else merge_rows)
-    splits, mid_o, mid_l, counters = _splits_and_partials(n, heads, d, splits, out, counters=merge_here)
+    splits, mid_o, mid_l, _ = _splits_and_partials(n, heads, d, splits, out, counters=False)
     da, db = parts or head_parts(d)
     tile = decode_tile(d)
     block, warps = block or tile[0], warps or tile[1]
     pdl = pdl_mode(q, "attention")
-    pf_pos, pf_lines, line = _kv_prefetch(cache, pdl)
     _decode_attn_kernel[(n, heads, splits)](
-        q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, counters, out, layer,
-        geo.pages_per_layer, scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, DA=da, DB=db,
-        PAGE=geo.block_size, BLOCK=block, SPLITS=splits, MIN_PER=min_split, PDL=pdl, EVICT=evict,
-        MERGE_HERE=merge_here, PF_POS=pf_pos, PF_LINES=pf_lines, LINE=line, num_warps=warps,
+        q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, out, layer, geo.pages_per_layer,
+        scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, DA=da, DB=db, PAGE=geo.block_size,
+        BLOCK=block, SPLITS=splits, MIN_PER=min_split, PDL=pdl, EVICT=evict, num_warps=warps,
         **({} if stages is None else {"num_stages": stages}), **launch_options(pdl))
-    if splits > 1 and not merge_here:
+    if splits > 1:
         _decode_attn_merge[(n, heads)](mid_o, mid_l, out, H=heads, D=d, BLOCK_D=triton.next_power_of_2(d),
                                        SPLITS=splits, PDL=min(pdl, EARLY), num_warps=1, **launch_options(pdl))
     return out.reshape(n, heads * d)
@@ -671,14 +624,13 @@ def rope_decode_attention(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias
     splits, mid_o, mid_l, counters = _splits_and_partials(n, heads, d, splits, out, counters=True)
     has_bias = q_bias is not None
     pdl = pdl_mode(qkv, "attention")
-    pf_pos, pf_lines, line = _kv_prefetch(cache, pdl)
     _rope_decode_attn_kernel[(n, heads, splits)](
         qkv, q_bias if has_bias else qkv, k_bias if has_bias else qkv, pos, rope.cos, rope.sin, row0, fill,
         cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, counters, out, layer, geo.rows_per_layer,
         geo.core * geo.rows_per_layer, qkv.stride(0), geo.pages_per_layer, scale, block_table.stride(0),
         H=heads, KVH=kvh, D=d, BLOCK_D=triton.next_power_of_2(d), HALF=d // 2, HAS_BIAS=has_bias,
         INTERLEAVED=rope.interleaved, PAGE=geo.block_size, BLOCK=BLOCK_N, SPLITS=splits,
-        MIN_PER=min_split, PDL=pdl, PF_POS=pf_pos, PF_LINES=pf_lines, LINE=line, num_warps=4, **launch_options(pdl))
+        MIN_PER=min_split, PDL=pdl, num_warps=4, **launch_options(pdl))
     return out.reshape(n, heads * d)
 
 

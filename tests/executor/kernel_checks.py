@@ -137,12 +137,10 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
     for splits, min_split, parts, block in ((1, 16, None, 32), (2, 16, None, 16), (4, 16, None, 32),
                                             (4, 128, None, 32), (None, 16, None, 32), (2, 16, (32, 0), 64),
                                             (1, 16, (32, 0), 32)):
-        for merge_rows in (0, rows):  # the splits merged by a second kernel, or by the last split to finish
-            got = tk.decode_attention(q, caches[0], table, layer_base, 1, seq_len, 1 / math.sqrt(d), splits=splits,
-                                      min_split=min_split, parts=parts, block=block, merge_rows=merge_rows)
-            _close(got, want, atol * 10,
-                   f"decode_attention splits={splits} min_split={min_split} parts={parts} merge_rows={merge_rows}")
-            _counters_back_to_zero(tk, device)
+        got = tk.decode_attention(q, caches[0], table, layer_base, 1, seq_len, 1 / math.sqrt(d), splits=splits,
+                                  min_split=min_split, parts=parts, block=block)
+        _close(got, want, atol * 10, f"decode_attention splits={splits} min_split={min_split} parts={parts}")
+        _counters_back_to_zero(tk, device)
     _check_wide_head_parts(tk, device, dtype, atol)
     # RoPE + KV write + attention in one kernel: the new k/v come from registers at each row's position
     # (the cache there holds noise until the launch writes it), so heads 1 and 3 (no writer of their
@@ -190,11 +188,9 @@ def _check_wide_head_parts(tk, device: str, dtype: torch.dtype, atol: float) -> 
     base = torch.zeros(2, dtype=torch.int32, device=device)
     q = torch.randn(2, 2, 96, generator=gen, device=device).to(dtype)
     want = torch_ops.decode_attention(q, cache, table, base, 0, seq, 96 ** -0.5)
-    for parts, merge_rows in ((None, 0), ((128, 0), 0), (None, 2)):
-        got = tk.decode_attention(q, cache, table, base, 0, seq, 96 ** -0.5, splits=2, min_split=16, parts=parts,
-                                  merge_rows=merge_rows)
-        _close(got, want, atol * 10, f"decode_attention head_dim 96 parts={parts} merge_rows={merge_rows}")
-        _counters_back_to_zero(tk, device)
+    for parts in (None, (128, 0)):
+        got = tk.decode_attention(q, cache, table, base, 0, seq, 96 ** -0.5, splits=2, min_split=16, parts=parts)
+        _close(got, want, atol * 10, f"decode_attention head_dim 96 parts={parts}")
 
 
 def _counters_back_to_zero(tk, device: str) -> None:

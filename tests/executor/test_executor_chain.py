@@ -153,6 +153,11 @@ def test_register_pieces_and_configs() -> None:
     for (op, n, k, rows), entry in c.CONFIGS.items():
         assert op in (*c.OPS, "swiglu") and 1 <= rows <= c.MAX_ROWS
         assert c.config_for(op, n, k, op == "swiglu", rows=rows) == entry
+    # a gate/up projection whose (N, K) has only a plain entry takes the default: its tile holds twice the weights
+    for rows in (1, 2):
+        assert ("swiglu", 6144, 2048, rows) not in c.CONFIGS and ("gemv", 6144, 2048, rows) in c.CONFIGS
+        assert c.config_for("residual", 6144, 2048, True, rows=rows) == c.default_config(6144, 2048, True, rows=rows)
+        assert c.config_for("residual", 6144, 2048, False, rows=rows) == c.CONFIGS[("gemv", 6144, 2048, rows)]
 
 
 def test_the_chained_path_is_on_for_the_fewest_rows_of_narrow_models_only() -> None:

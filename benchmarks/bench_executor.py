@@ -396,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--few-rows", type=int,
                         help="run the projections of other launches of at most this many rows (up to 64) on the "
                              "few-row matmul (executor.few_rows; default: the engine's own cut, 0: never)")
+    parser.add_argument("--few-prologue", action="store_true",
+                        help="run those few-row launches' layers with the norms in the few-row matmul's prologue "
+                             "(executor.ops.Ops.few_prologue; default: off)")
     parser.add_argument("--fused-attention-rows", type=int,
                         help="run RoPE, the KV write and attention of decode launches of at most this many rows "
                              "as one kernel (default: the chained path's rows)")
@@ -506,7 +509,9 @@ def main(argv: list[str] | None = None) -> int:
             models[name][1].ops.few_rows = args.few_rows  # 0: cuBLAS projections beyond the chained path
         if args.fused_attention_rows is not None:
             models[name][1].ops.fused_attention_rows = args.fused_attention_rows
+        models[name][1].ops.few_prologue = args.few_prologue
         results["meta"]["fused_attention_rows"] = models[name][1].ops.fused_attention_rows
+        results["meta"]["few_prologue"] = args.few_prologue
         results["meta"]["fuse_rows"] = models[name][1].ops.fuse_rows
         results["meta"]["few_rows"] = models[name][1].ops.few_rows
         if "stages" in args.parts:

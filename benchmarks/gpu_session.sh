@@ -79,8 +79,8 @@
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | prologue) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, prologue" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -374,6 +374,18 @@ case $phase in
             --contexts 512 4096 --prefill-tokens 512 --budget-s 70)
     run 90 stages "${stages[@]}" --out "$work/stages"
     run 90 stages-chain1 "${stages[@]}" --fuse-rows 1 --out "$work/stages-chain1"
+    ;;
+  prologue)  # Ouro's few-row launches with the norms in the few-row matmul's prologue (Ops.few_prologue): GPU tests;
+    # the stages at 1-16 rows as built, with the prologue, as built again (the drift); then the few-row matmul's
+    # config sweep, 8 and 12 pipeline stages included, for the projections that read DRAM slowest
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b ouro-2.6b --quick --parts stages --sizes 1 2 4 8 16
+            --contexts 512 4096 --prefill-tokens 512 --budget-s 60)
+    run 80 stages-base "${stages[@]}" --out "$work/base"
+    run 80 stages-prologue "${stages[@]}" --few-prologue --out "$work/prologue"
+    run 80 stages-base-again "${stages[@]}" --out "$work/base-again"
+    run 200 rows-sweep python3 benchmarks/bench_chain.py --parts rows --shapes ouro.wqkv ouro.wo ouro.down \
+      --sizes 4 8 16 --out "$work/rows.json"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

@@ -41,7 +41,16 @@ import triton
 import triton.language as tl
 
 from cdbsim.paths import FEW_ROWS_MAX
-from executor.chain import LATE, launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
+from executor.chain import (  # the prologues are the chained kernels': the same ops, the same codes
+    LATE,
+    PLAIN,
+    RESIDUAL,
+    RMSNORM,
+    launch_options,
+    let_successor_launch,
+    pdl_mode,
+    wait_for_predecessor,
+)
 
 MAX_ROWS = 64  # most rows the kernel takes; launches take it up to cdbsim.paths.FEW_ROWS_MAX rows (measured)
 PROLOGUE_MAX_ROWS = 32  # most rows with a norm in the prologue: at a 64-row tile the shipped configs need more shared
@@ -117,9 +126,6 @@ def _dot(w, x, acc, IEEE: tl.constexpr):
     if IEEE:
         return tl.dot(w, tl.trans(x), acc, input_precision="ieee")
     return tl.dot(w, tl.trans(x), acc)
-
-
-PLAIN, RMSNORM, RESIDUAL = 0, 1, 2  # the prologue building the matmul's operand (as executor.chain's)
 
 
 @triton.jit

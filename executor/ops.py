@@ -254,8 +254,7 @@ class Ops:
         """Launches of at most this many rows run each layer as skinny matmuls with the norms folded into them
         (:meth:`executor.model.Layer.forward_fused`): the chained path's rows, and with ``few_prologue`` the
         few-row path's (up to the rows its prologue compiles for, ``executor.few_rows.PROLOGUE_MAX_ROWS``)."""
-        folded = min(self.few_rows, getattr(self._few, "PROLOGUE_MAX_ROWS", self.few_rows)) if self.few_prologue else 0
-        return max(self.fuse_rows, folded)
+        return max(self.fuse_rows, min(self.few_rows, self._few.PROLOGUE_MAX_ROWS) if self.few_prologue else 0)
 
     def _skinny(self, rows: int):
         """The module whose kernels run a fused layer of ``rows`` rows: the chained kernels up to ``fuse_rows``
@@ -317,6 +316,7 @@ def _few_linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False) -> torch
 
 
 class _TorchOps:
+    PROLOGUE_MAX_ROWS = 1 << 30  # the torch composition of a norm and a matmul takes any number of rows
     linear = staticmethod(_few_linear)
     rms_norm = staticmethod(rms_norm)
     residual_norm = staticmethod(residual_norm)

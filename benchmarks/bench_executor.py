@@ -44,7 +44,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from cdbsim.arch import PRESETS, ArchSpec  # noqa: E402
-from cdbsim.attention import MAX_SPLITS  # noqa: E402
+from cdbsim.attention import TARGET_SPLITS  # noqa: E402
 from cdbsim.config import Policy, ServeConfig  # noqa: E402
 from cdbsim.kv import need_blocks  # noqa: E402
 from cdbsim.kvlayout import KVLayout  # noqa: E402
@@ -283,22 +283,29 @@ def attention_point(text: str) -> tuple[int, int]:
     return batch, length
 
 
-def attention_rule(text: str) -> tuple[int, int]:
-    """``PROGRAMS:LEAST`` of ``--attention-rule`` as an argparse type."""
-    programs, least = _int_pair(text, "PROGRAMS:LEAST")
-    if programs < 1 or not 1 <= least <= MAX_SPLITS:
-        raise argparse.ArgumentTypeError(f"PROGRAMS must be >= 1 and LEAST 1..{MAX_SPLITS}, got {text!r}")
-    return programs, least
+def attention_rule(text: str) -> tuple[int, int, int]:
+    """``PROGRAMS:LEAST[:MOST]`` of ``--attention-rule`` as an argparse type (``MOST`` defaults to the program
+    target's cap, ``cdbsim.attention.TARGET_SPLITS``)."""
+    parts = text.split(":")
+    if len(parts) == 2:
+        parts.append(str(TARGET_SPLITS))
+    try:
+        programs, least, most = (int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected PROGRAMS:LEAST[:MOST] (integers), got {text!r}") from None
+    if programs < 1 or not 1 <= least <= most <= 256:
+        raise argparse.ArgumentTypeError(f"PROGRAMS must be >= 1 and 1 <= LEAST <= MOST <= 256, got {text!r}")
+    return programs, least, most
 
 
-def use_attention_rule(programs: int, least: int) -> None:
+def use_attention_rule(programs: int, least: int, most: int = TARGET_SPLITS) -> None:
     """Launch decode attention with a candidate split count for the rest of this process. The executor's
     kernels read the rule through ``executor.triton_kernels.decode_splits``; the simulator keeps the shipped
     one, so this measures a candidate and is not a configuration."""
     from executor import triton_kernels as tk
 
     def splits(rows: int, heads: int, head_dim: int) -> int:  # the candidate ignores the head's width
-        return max(least, min(MAX_SPLITS, programs // max(rows * heads, 1)))
+        return max(least, min(most, programs // max(rows * heads, 1)))
 
     tk.decode_splits = splits
 
@@ -396,9 +403,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--few-rows", type=int,
                         help="run the projections of other launches of at most this many rows (up to 64) on the "
                              "few-row matmul (executor.few_rows; default: the engine's own cut, 0: never)")
-    parser.add_argument("--few-prologue", action="store_true",
-                        help="run those few-row launches' layers with the norms in the few-row matmul's prologue "
-                             "(executor.ops.Ops.few_prologue; default: off)")
     parser.add_argument("--fused-attention-rows", type=int,
                         help="run RoPE, the KV write and attention of decode launches of at most this many rows "
                              "as one kernel (default: the chained path's rows)")
@@ -420,9 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-grid", action="store_true",
                         help="attention part: also every split count with 128, 256 and 512 as a split's fewest "
                              "positions (the shipped kernel: 64)")
-    parser.add_argument("--attention-rule", type=attention_rule, metavar="PROGRAMS:LEAST",
+    parser.add_argument("--attention-rule", type=attention_rule, metavar="PROGRAMS:LEAST[:MOST]",
                         help="a candidate split rule for decode attention, this run only: splits = PROGRAMS // "
-                             "(rows x heads), at least LEAST, at most 16 (shipped: cdbsim.attention.decode_splits)")
+                             "(rows x heads), at least LEAST, at most MOST (default 16; shipped: "
+                             "cdbsim.attention.decode_splits)")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script itself: tiny same-style models, float32, CPU unless CUDA is there")
     args = parser.parse_args(argv)
@@ -509,9 +514,7 @@ def main(argv: list[str] | None = None) -> int:
             models[name][1].ops.few_rows = args.few_rows  # 0: cuBLAS projections beyond the chained path
         if args.fused_attention_rows is not None:
             models[name][1].ops.fused_attention_rows = args.fused_attention_rows
-        models[name][1].ops.few_prologue = args.few_prologue
         results["meta"]["fused_attention_rows"] = models[name][1].ops.fused_attention_rows
-        results["meta"]["few_prologue"] = args.few_prologue
         results["meta"]["fuse_rows"] = models[name][1].ops.fuse_rows
         results["meta"]["few_rows"] = models[name][1].ops.few_rows
         if "stages" in args.parts:

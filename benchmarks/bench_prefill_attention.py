@@ -5,11 +5,15 @@ times the kernel alone on one causal chunk of ``T`` tokens (and a chunk after a 
 query tile (work-item height), key tile, warp count and pipeline depth, so the shipped launch shape
 (:func:`executor.triton_kernels.prefill_tiles`, :data:`executor.prefill.BLOCK_M`) is a measured choice.
 
-    python benchmarks/bench_prefill_attention.py --out DIR [--quick]
+    python benchmarks/bench_prefill_attention.py --out DIR [--quick] [--reference]
 
 Writes ``DIR/prefill-attention.csv`` (shape, tokens, prefix, tile, ms, TFLOP/s of the causal work) and prints
 the best shapes per head layout next to the shipped one (``--summarize CSV`` prints it again from a saved
-table, on any machine). Needs a CUDA GPU to measure.
+table, on any machine). ``--reference`` also times PyTorch's own attention kernels (``scaled_dot_product_attention``
+under each backend: FlashAttention-2, cuDNN, memory-efficient) on the same causal cases with contiguous K/V and one
+sequence, rows ``sdpa-BACKEND`` of ``prefill-attention-reference.csv``: the rate the best kernels this machine has
+reach at these shapes, which bounds what a paged, packed Triton kernel can be expected to. Needs a CUDA GPU to
+measure.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 from cdbsim.kvlayout import KVLayout  # noqa: E402
@@ -92,11 +97,46 @@ def summarize(table: pd.DataFrame) -> None:
         print(rows.round(0).to_string())
 
 
+def reference_rows(name: str, heads: int, kv_heads: int, d: int, tokens: int, prefix: int) -> list[dict]:
+    """``scaled_dot_product_attention`` on the case, one row per backend that runs it: queries at positions
+    ``prefix .. prefix + tokens`` see keys up to their own (causal, aligned to the lower right)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, heads, tokens, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(1, kv_heads, prefix + tokens, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+            for _ in range(2))
+    gqa = heads != kv_heads
+    flops = causal_flops(tokens, prefix, heads, d)
+    rows = []
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        if prefix:  # lower-right alignment: the bias object picks the kernels that take it
+            call = functools.partial(F.scaled_dot_product_attention, q, k, v,
+                                     attn_mask=causal_lower_right(tokens, prefix + tokens), enable_gqa=gqa)
+        else:
+            call = functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=True, enable_gqa=gqa)
+        try:
+            with sdpa_kernel(backend):
+                ms = triton.testing.do_bench(call, warmup=10, rep=40)
+        except Exception as exc:  # a backend that does not take the case: recorded, the others go on
+            print(f"{name} T={tokens} prefix={prefix} sdpa {backend.name}: {type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0][:120]}", flush=True)
+            continue
+        impl = "sdpa-" + backend.name.lower().removesuffix("_attention")
+        rows.append(dict(shape=name, heads=heads, kv_heads=kv_heads, head_dim=d, tokens=tokens, prefix=prefix,
+                         impl=impl, ms=ms, tflops=flops / ms / 1e9))
+        print(f"{name:7s} T={tokens} prefix={prefix}: {impl} {rows[-1]['tflops']:.0f} TFLOP/s", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 4096])
     parser.add_argument("--prefix", type=int, default=2048, help="cached positions before the second chunk")
     parser.add_argument("--quick", action="store_true", help="fewer launch shapes")
+    parser.add_argument("--reference", action="store_true",
+                        help="also time PyTorch's attention kernels on the same cases (contiguous K/V)")
     parser.add_argument("--summarize", type=Path, metavar="CSV", help="print the summary of a saved table")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/prefill-attention"))
     args = parser.parse_args()
@@ -108,7 +148,7 @@ def main() -> None:
     block_ms, block_ns, warps, stages = (64, 128), (32, 64, 128), (4, 8), (2, 3)
     if args.quick:
         block_ns, stages = (64, 128), (3,)
-    rows = []
+    rows, reference = [], []
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)
     for (name, heads, kvh, d), tokens, prefix in itertools.product(HEADS, args.tokens, (0, args.prefix)):
         cache, meta, q = setup(heads, kvh, d, tokens, prefix)
@@ -130,6 +170,9 @@ def main() -> None:
               f"s{best['stages']} {best['tflops']:.0f} TFLOP/s", flush=True)
         table = pd.DataFrame(rows)  # rewritten per case, so a run cut short keeps what it measured
         table.to_csv(args.out / "prefill-attention.csv", index=False)
+        if args.reference:
+            reference += reference_rows(name, heads, kvh, d, tokens, prefix)
+            pd.DataFrame(reference).to_csv(args.out / "prefill-attention-reference.csv", index=False)
     summarize(table)
 
 

@@ -79,8 +79,8 @@
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | prologue) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, prologue" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | maxsplits) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, maxsplits" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -172,6 +172,8 @@ case $phase in
     run 200 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider -n 0
     [ "${SWEEP:-1}" = 1 ] && run 300 prefill-attention python3 benchmarks/bench_prefill_attention.py \
       --out "$work/prefill-attention"  # SWEEP=0 leaves the launch-shape sweep out
+    [ "${REFERENCE:-0}" = 1 ] && run 200 prefill-attention-reference python3 benchmarks/bench_prefill_attention.py \
+      --quick --reference --out "$work/prefill-attention-reference"  # REFERENCE=1: PyTorch's kernels beside it
     run 200 prefill-profile python3 benchmarks/profile_prefill.py --out "$work/prefill"
     ;;
   adaptive)  # adaptive and the fixed policies on identical requests, steady and shifting load
@@ -375,17 +377,16 @@ case $phase in
     run 90 stages "${stages[@]}" --out "$work/stages"
     run 90 stages-chain1 "${stages[@]}" --fuse-rows 1 --out "$work/stages-chain1"
     ;;
-  prologue)  # Ouro's few-row launches with the norms in the few-row matmul's prologue (Ops.few_prologue): GPU tests;
-    # the stages at 1-16 rows as built, with the prologue, as built again (the drift); then the few-row matmul's
-    # config sweep, 8 and 12 pipeline stages included, for the projections that read DRAM slowest
+  maxsplits)  # GPU tests; Ouro-1.4B's stages at 1-16 rows as built, with decode attention's split cap raised from 16 to 32 and
+    # to 64 (bench_executor --attention-rule 8192:1:MOST), and as built again (the drift)
     run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
-    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b ouro-2.6b --quick --parts stages --sizes 1 2 4 8 16
-            --contexts 512 4096 --prefill-tokens 512 --budget-s 60)
-    run 80 stages-base "${stages[@]}" --out "$work/base"
-    run 80 stages-prologue "${stages[@]}" --few-prologue --out "$work/prologue"
-    run 80 stages-base-again "${stages[@]}" --out "$work/base-again"
-    run 200 rows-sweep python3 benchmarks/bench_chain.py --parts rows --shapes ouro.wqkv ouro.wo ouro.down \
-      --sizes 4 8 16 --out "$work/rows.json"
+    stages=(python3 benchmarks/bench_executor.py --models ouro-1.4b --quick --parts stages --sizes 1 2 4 8 16
+            --contexts 512 4096 --prefill-tokens 512 --budget-s 50)
+    run 70 stages-base "${stages[@]}" --out "$work/base"
+    run 70 stages-most32 "${stages[@]}" --attention-rule 8192:1:32 --out "$work/most32"
+    run 70 stages-most64 "${stages[@]}" --attention-rule 8192:1:64 --out "$work/most64"
+    run 70 stages-base-again "${stages[@]}" --out "$work/base-again"
+    run 30 compare python3 benchmarks/compare_stages.py "$work/base" "$work/most32" "$work/most64" "$work/base-again"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

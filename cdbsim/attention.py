@@ -5,12 +5,13 @@ split). The number of splits is part of the launch shape, so it may depend on ro
 only: a stage's CUDA graph must run the same kernel whatever contexts its requests have. Two rules follow, kept
 here in plain Python so the simulator can reason about the same kernel without torch:
 
-* ``decode_splits``: the largest split count (at most ``MAX_SPLITS``) that keeps rows x heads x splits
+* ``decode_splits``: the largest split count (at most ``TARGET_SPLITS``) that keeps rows x heads x splits
   within ``TARGET_PROGRAMS``, but never fewer than the head's shape needs (``least_splits``: two for a head
-  loaded in two parts, :func:`head_parts`). Rounding the count *down* matters: rounding up to a power of two (the old
-  rule) let a launch of 248 rows start twice the programs of one of 256 rows, and on an H200 Ouro-1.4B's
-  core step took 4.75 ms at B = 248 against 3.50 ms at B = 256 (``benchmarks/results/
-  validation-graphed-prefill``).
+  loaded in two parts, :func:`head_parts`), nor so few that the launch starts fewer than ``MIN_PROGRAMS``
+  programs (up to ``MAX_SPLITS``).
+  Rounding the count *down* matters: rounding up to a power of two (the old rule) let a launch of 248 rows start
+  twice the programs of one of 256 rows, and on an H200 Ouro-1.4B's core step took 4.75 ms at B = 248 against
+  3.50 ms at B = 256 (``benchmarks/results/validation-graphed-prefill``).
 * ``split_positions``: a row's positions per split, at least ``MIN_SPLIT_POSITIONS`` (one tile) and a
   whole number of KV pages; splits past the row's context read nothing. A 40-token context therefore
   reads its keys in one program per head however many splits the graph has, while a 4,096-token one
@@ -23,7 +24,9 @@ from __future__ import annotations
 import math
 
 TARGET_PROGRAMS = 8192  # (row, head, split) programs per launch that keep HBM busy on an H200
-MAX_SPLITS = 16
+TARGET_SPLITS = 16  # most splits the program target gives
+MIN_PROGRAMS = 512  # fewest programs a launch starts, its splits raised up to MAX_SPLITS (decode_splits)
+MAX_SPLITS = 32
 MIN_SPLIT_POSITIONS = 64  # fewest positions a split covers (two of the many-row kernel's 32-position tiles)
 PAGE = 16
 CHAINED_MAX_HIDDEN = 2048  # widest model whose fewest rows run the chained kernels (executor.model.chained_rows)
@@ -66,6 +69,13 @@ def decode_splits(rows: int, heads: int, head_dim: int) -> int:
 
     On the H200 at B = 64, L = 4,096 one split reads KV at 49% of copy bandwidth and eight at 88%
     (``benchmarks/results/executor``); the rule gives eight there.
+
+    At the other end a launch of fewer than ``MIN_PROGRAMS`` (row, head, split) programs gets more splits: one
+    Ouro-1.4B row (16 heads) took 16 splits, 256 programs of up to 256 positions each (four of the fused kernel's
+    tiles, one in flight a program); with 32 its core step at L = 4,096 took 11% less on the H200 and the same at
+    L = 512, where the extra splits are empty and store nothing. More programs than that did not pay: 64 splits
+    for one row, or 32 for two rows (1,024 programs), were 7-21% slower at L = 4,096 (the last split merges the
+    others one after another) (``benchmarks/results/split-cap/``).
     """
     return splits_at_least(rows, heads, least_splits(head_dim))
 
@@ -73,7 +83,8 @@ def decode_splits(rows: int, heads: int, head_dim: int) -> int:
 def splits_at_least(rows: int, heads: int, least: int) -> int:
     """:func:`decode_splits` with the head's fewest splits (:func:`least_splits`) already known: the
     simulator works it out once per model, not once per launch."""
-    return max(least, min(MAX_SPLITS, TARGET_PROGRAMS // max(rows * heads, 1)))
+    pairs = max(rows * heads, 1)
+    return min(MAX_SPLITS, max(least, min(TARGET_SPLITS, TARGET_PROGRAMS // pairs), -(-MIN_PROGRAMS // pairs)))
 
 
 def split_positions(context: int, splits: int, min_positions: int = MIN_SPLIT_POSITIONS) -> int:
@@ -154,7 +165,11 @@ def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: 
         return _blended_length(mean, longest, rows, padded, heads, least, slots, sharpness)
     # the helpers below (decode_splits, critical_positions, first_context_reaching) written out in place:
     # the simulator calls this once per mixed launch, and the calls cost more than the arithmetic
-    splits = TARGET_PROGRAMS // max(padded * heads, 1)
+    pairs = max(padded * heads, 1)
+    splits = TARGET_PROGRAMS // pairs
+    splits = TARGET_SPLITS if splits > TARGET_SPLITS else splits
+    floor = -(-MIN_PROGRAMS // pairs)
+    splits = floor if splits < floor else splits
     splits = least if splits < least else MAX_SPLITS if splits > MAX_SPLITS else splits
     per_position = heads * rows / slots  # positions per program of one extra position in every row
     spread = per_position * mean

@@ -19,13 +19,6 @@ starts under the tail of the kernel before it. The successor is let launch only 
 program holds the same columns of both halves and writes ``silu(gate) * up`` (each rounded to the output dtype
 first, as the torch backend rounds), ``[M, I]``.
 
-Norms in the prologue (``gemv_rmsnorm``, ``gemv_residual``; ``Ops(few_prologue=True)``, off by default): the
-kernel builds its row operand from the predecessors' outputs, as :mod:`executor.chain`'s kernels do, so a few-row
-layer runs without its two residual-norm kernels (3.6 us each on the H200 for one program per row,
-``benchmarks/results/layer-kernels/``). The first norm needs whole rows: one pass over them (from L2) before the K
-loop; the second norm's row scale comes from the ``x_new`` chunks the K loop builds anyway, and multiplies the
-accumulator after it. Not measured on a GPU yet (``bash benchmarks/gpu_session.sh prologue``).
-
 Which launches take it: :func:`cdbsim.paths.few_rows` (shared with the latency model's kernel composition).
 Launch configs are per ``(N, K, swiglu)`` from ``benchmarks/bench_chain.py --parts rows`` on the H200.
 Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (float32 in IEEE precision: how the tests check
@@ -41,20 +34,9 @@ import triton
 import triton.language as tl
 
 from cdbsim.paths import FEW_ROWS_MAX
-from executor.chain import (  # the prologues are the chained kernels': the same ops, the same codes
-    LATE,
-    PLAIN,
-    RESIDUAL,
-    RMSNORM,
-    launch_options,
-    let_successor_launch,
-    pdl_mode,
-    wait_for_predecessor,
-)
+from executor.chain import LATE, launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
 
 MAX_ROWS = 64  # most rows the kernel takes; launches take it up to cdbsim.paths.FEW_ROWS_MAX rows (measured)
-PROLOGUE_MAX_ROWS = 32  # most rows with a norm in the prologue: at a 64-row tile the shipped configs need more shared
-# memory than an H200 block has (tests/executor/test_executor_sm90.py)
 MIN_BLOCK_M = 16  # rows per MMA at least (tl.dot's smallest dimension); rows past M are masked, never loaded
 SHARED_BUDGET = 224 * 1024  # bytes of tiles a program may hold in shared memory (an H200 block: 227 KB)
 assert FEW_ROWS_MAX <= MAX_ROWS
@@ -129,67 +111,18 @@ def _dot(w, x, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _first_norm_sums(X, BR, rows, row_ok, ks, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                     PROLOGUE: tl.constexpr, SANDWICH: tl.constexpr):
-    """Each row's sum of squares of what the prologue's first norm normalises: ``x`` (``RMSNORM``), the branch
-    (``RESIDUAL``, sandwich) or branch + ``x`` (``RESIDUAL``, post-norm). A norm needs the whole row, so this is
-    one pass over the rows (from L2: a predecessor just wrote them) before the K loop."""
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K):
-        mask = row_ok & ((k0 + ks) < K)[None, :]
-        off = rows.to(tl.int64)[:, None] * K + (k0 + ks)[None, :]
-        v = tl.load(X + off, mask=mask, other=0.0).to(tl.float32)
-        if PROLOGUE == 2:
-            br = tl.load(BR + off, mask=mask, other=0.0).to(tl.float32)
-            v = br if SANDWICH else br + v
-        ss += tl.sum(v * v, axis=1)
-    return ss
-
-
-@triton.jit
-def _operand(X, BR, WP, WN, XO, rows, row_ok, ks, k0, inv1, write, K: tl.constexpr, PROLOGUE: tl.constexpr,
-             SANDWICH: tl.constexpr, DT: tl.constexpr):
-    """Chunk ``k0`` of the matmul's row operand ``[BLOCK_M, BLOCK_K]`` in ``DT``, and each row's sum of squares of
-    ``x_new`` over it (``RESIDUAL``; zero otherwise). ``PLAIN``: ``x``; ``RMSNORM``: ``rms_norm(x, WN)`` (``inv1`` its
-    row scale), rounded as the torch backend rounds; ``RESIDUAL``: ``x_new`` (``x + norm(branch)`` or ``norm(branch
-    + x)`` with ``WP``, ``inv1`` its row scale, rounded to ``DT`` and stored by the writing program), times ``WN``:
-    the next norm's row scale comes from the whole row, so the caller applies it to the accumulator at the end."""
-    kc = k0 + ks
-    k_ok = kc < K
-    mask = row_ok & k_ok[None, :]
-    off = rows.to(tl.int64)[:, None] * K + kc[None, :]
-    x = tl.load(X + off, mask=mask, other=0.0)
-    ss = tl.zeros_like(inv1)
-    if PROLOGUE == 0:
-        return x, ss
-    wn = tl.load(WN + kc, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-    if PROLOGUE == 1:
-        return (x.to(tl.float32) * inv1[:, None] * wn).to(DT), ss
-    br = tl.load(BR + off, mask=mask, other=0.0).to(tl.float32)
-    wp = tl.load(WP + kc, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-    if SANDWICH:
-        x_new = (x.to(tl.float32) + br * inv1[:, None] * wp).to(DT)
-    else:
-        x_new = ((br + x.to(tl.float32)) * inv1[:, None] * wp).to(DT)
-    tl.store(XO + off, x_new, mask=mask & write)
-    xf = x_new.to(tl.float32)
-    return (xf * wn).to(DT), tl.sum(xf * xf, axis=1)
-
-
-@triton.jit
-def _few_rows_kernel(X, W, OUT, M, BR, WP, WN, XO, eps, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
+def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SWIGLU: tl.constexpr,
-                     IEEE: tl.constexpr, PDL: tl.constexpr, PROLOGUE: tl.constexpr, SANDWICH: tl.constexpr):
-    """``OUT[m, n] = sum_k a[m, k] W[n, k]`` for this program's ``BLOCK_N`` columns and all ``M`` rows, ``a`` the
-    row operand of the prologue (:func:`_operand`); with ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[m, n] =
-    silu(gate) * up`` of rows ``n`` and ``N + n``."""
-    pid = tl.program_id(0)
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+                     IEEE: tl.constexpr, PDL: tl.constexpr):
+    """``OUT[m, n] = sum_k X[m, k] W[n, k]`` for this program's ``BLOCK_N`` columns and all ``M`` rows; with
+    ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[m, n] = silu(gate) * up`` of rows ``n`` and ``N + n``."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     ks = tl.arange(0, BLOCK_K)
     col_ok = (cols < N)[:, None]
     row_ok = (rows < M)[:, None]
     w_ptrs = W + cols.to(tl.int64)[:, None] * K + ks[None, :]
+    x_ptrs = X + rows.to(tl.int64)[:, None] * K + ks[None, :]
     dt = OUT.dtype.element_ty
     k_ok = (ks < K)[None, :]
     w = tl.load(w_ptrs, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
@@ -197,11 +130,7 @@ def _few_rows_kernel(X, W, OUT, M, BR, WP, WN, XO, eps, N: tl.constexpr, K: tl.c
     if SWIGLU:
         u = tl.load(w_ptrs + N * K, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
     wait_for_predecessor(PDL)
-    write = pid == 0
-    inv1 = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if PROLOGUE != 0:
-        inv1 = tl.rsqrt(_first_norm_sums(X, BR, rows, row_ok, ks, K, BLOCK_M, BLOCK_K, PROLOGUE, SANDWICH) / K + eps)
-    x, ss2 = _operand(X, BR, WP, WN, XO, rows, row_ok, ks, 0, inv1, write, K, PROLOGUE, SANDWICH, dt)
+    x = tl.load(x_ptrs, mask=row_ok & k_ok, other=0.0)
     acc = _dot(w, x, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), IEEE)
     acc_up = acc
     if SWIGLU:
@@ -209,17 +138,12 @@ def _few_rows_kernel(X, W, OUT, M, BR, WP, WN, XO, eps, N: tl.constexpr, K: tl.c
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
         k_ok = ((k0 + ks) < K)[None, :]
         w = tl.load(w_ptrs + k0, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
-        x, ss = _operand(X, BR, WP, WN, XO, rows, row_ok, ks, k0, inv1, write, K, PROLOGUE, SANDWICH, dt)
-        ss2 += ss
+        x = tl.load(x_ptrs + k0, mask=row_ok & k_ok, other=0.0)
         acc = _dot(w, x, acc, IEEE)
         if SWIGLU:
             u = tl.load(w_ptrs + N * K + k0, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
             acc_up = _dot(u, x, acc_up, IEEE)
     let_successor_launch(PDL)
-    if PROLOGUE == 2:  # the next norm's row scale, from x_new's whole row
-        inv2 = tl.rsqrt(ss2 / K + eps)[None, :]
-        acc *= inv2
-        acc_up *= inv2
     if SWIGLU:
         gate = acc.to(dt).to(tl.float32)
         acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(dt).to(tl.float32)
@@ -246,13 +170,6 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
     ``swiglu``, ``silu(gate) * up`` of the fused projection (``silu_mul(F.linear(x, w))``). ``late`` overrides
     when the successor may launch (:func:`executor.chain.pdl_mode`; a benchmark compares)."""
     _check(x, w, swiglu)
-    return _launch(PLAIN, x, w, swiglu=swiglu, config=config, late=late)
-
-
-def _launch(prologue: int, x: torch.Tensor, w: torch.Tensor, *, branch: torch.Tensor | None = None,
-            w_post: torch.Tensor | None = None, w_norm: torch.Tensor | None = None, x_out: torch.Tensor | None = None,
-            eps: float = 0.0, sandwich: bool = False, swiglu: bool = False, config: FewRowsConfig | None = None,
-            late: bool | None = None) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
     cfg = config or config_for(n, k, swiglu)
@@ -263,46 +180,6 @@ def _launch(prologue: int, x: torch.Tensor, w: torch.Tensor, *, branch: torch.Te
     block_m = block_rows(m)
     stages, warps = stages_for(cfg, block_m, swiglu), warps_for(cfg, block_m)
     _few_rows_kernel[(triton.cdiv(n, cfg.block_n),)](
-        x, w, out, m, x if branch is None else branch, x if w_post is None else w_post,
-        x if w_norm is None else w_norm, x if x_out is None else x_out, eps, N=n, K=k, BLOCK_M=block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=stages, SWIGLU=swiglu, IEEE=x.dtype == torch.float32,
-        PDL=pdl, PROLOGUE=prologue, SANDWICH=sandwich, num_warps=warps, **launch_options(pdl))
+        x, w, out, m, N=n, K=k, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=stages,
+        SWIGLU=swiglu, IEEE=x.dtype == torch.float32, PDL=pdl, num_warps=warps, **launch_options(pdl))
     return out
-
-
-# The chained kernels' three operations (executor.chain: gemv, gemv_rmsnorm, gemv_residual) on the few-row matmul,
-# the norms folded into its prologue: with Ops(few_prologue=True) the few-row launches run each layer as the chained
-# path does (executor.model.Layer.forward_fused), two norm kernels a layer fewer.
-def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x @ w.T``: :func:`linear`."""
-    return linear(x, w)
-
-
-def gemv_rmsnorm(x: torch.Tensor, w_norm: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor:
-    """``rms_norm(x, w_norm) @ w.T`` (the norm rounded to ``x.dtype`` first, as the torch backend rounds)."""
-    _check(x, w, False)
-    _check_vectors(w, w_norm, rows=x.shape[0])
-    return _launch(RMSNORM, x, w, w_norm=w_norm, eps=eps)
-
-
-def gemv_residual(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor, eps: float,
-                  sandwich: bool, w: torch.Tensor, swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``residual_norm(branch, x, w_post, w_next, eps, sandwich)`` then ``h @ w.T`` (``silu_mul`` of it with
-    ``swiglu``): returns ``(that, x_new)``, ``x_new`` a new tensor. The next norm's row scale multiplies the
-    accumulator after the K loop, so ``h`` is rounded as ``x_new * w_next`` (the torch backend rounds ``x_new *
-    scale * w_next``): the same precision, not the same bits."""
-    _check(x, w, swiglu)
-    _check_vectors(w, w_post, w_next, rows=x.shape[0])
-    if branch.shape != x.shape or branch.dtype != x.dtype or not branch.is_contiguous():
-        raise ValueError(f"few-row gemv_residual: branch {tuple(branch.shape)} does not match x {tuple(x.shape)}")
-    x_new = torch.empty_like(x)
-    out = _launch(RESIDUAL, x, w, branch=branch, w_post=w_post, w_norm=w_next, x_out=x_new, eps=eps,
-                  sandwich=sandwich, swiglu=swiglu)
-    return out, x_new
-
-
-def _check_vectors(w: torch.Tensor, *vectors: torch.Tensor, rows: int) -> None:
-    if rows > PROLOGUE_MAX_ROWS:
-        raise ValueError(f"few-row matmul: a norm in the prologue takes 1..{PROLOGUE_MAX_ROWS} rows, got {rows}")
-    if any(v.shape != (w.shape[1],) or not v.is_contiguous() for v in vectors):
-        raise ValueError(f"few-row matmul: norm weights must be contiguous with shape ({w.shape[1]},)")

@@ -223,9 +223,8 @@ class LoopedLM(nn.Module):
         return x * self.config.embed_scale if self.config.embed_scale != 1.0 else x
 
     def fused(self, x: torch.Tensor) -> bool:
-        """Whether a batch this small runs each layer as skinny matmuls with the norms fused in
-        (:meth:`Layer.forward_fused`: the chained path, or the few-row one with ``Ops.few_prologue``)."""
-        return x.shape[0] <= self.ops.fused_rows
+        """Whether a batch this small runs the chained skinny-matmul path (:meth:`Layer.forward_fused`)."""
+        return x.shape[0] <= self.ops.fuse_rows
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return self.ops.gemv(x, w) if self.fused(x) else self.ops.linear(x, w)

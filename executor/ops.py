@@ -211,14 +211,9 @@ class Ops:
     ``few_rows``: other launches of at most this many rows run their projections on the few-row matmul
     (:mod:`executor.few_rows`, up to its ``MAX_ROWS``; :meth:`linear`, :meth:`linear_swiglu`). 0 (off) unless given;
     :func:`executor.model.few_rows` picks the models' default.
-
-    ``few_prologue``: those few-row launches also run each layer as the chained path does, on the few-row matmul with
-    the norms folded into its prologue (:func:`executor.few_rows.gemv_residual`): two norm kernels a layer fewer.
-    Off unless given (a benchmark compares; ``benchmarks/bench_executor.py --few-prologue``).
     """
 
-    def __init__(self, backend: str = "torch", fuse_rows: int | None = None, few_rows: int | None = None,
-                 few_prologue: bool = False) -> None:
+    def __init__(self, backend: str = "torch", fuse_rows: int | None = None, few_rows: int | None = None) -> None:
         if backend not in ("torch", "triton"):
             raise ValueError(f"unknown ops backend {backend!r}; expected 'torch' or 'triton'")
         self.backend = backend
@@ -237,10 +232,11 @@ class Ops:
                                       ("few_rows", self.few_rows, few.MAX_ROWS)):
                 if not 0 <= value <= most:
                     raise ValueError(f"{name} must be 0..{most} on the triton backend, got {value}")
-        self.few_prologue = few_prologue
         self._few_linear = few.linear
         self._pdl_behind = skinny.pdl_behind if backend == "triton" else None
-        self._chained, self._few = skinny, few
+        self.gemv = skinny.gemv
+        self.gemv_rmsnorm = skinny.gemv_rmsnorm
+        self.gemv_residual = skinny.gemv_residual
         self.rms_norm = impl.rms_norm
         self.residual_norm = impl.residual_norm
         self.silu_mul = impl.silu_mul
@@ -248,33 +244,6 @@ class Ops:
         self.decode_attention = impl.decode_attention
         self.rope_decode_attention = impl.rope_decode_attention
         self.prefill_attention = impl.prefill_attention
-
-    @property
-    def fused_rows(self) -> int:
-        """Launches of at most this many rows run each layer as skinny matmuls with the norms folded into them
-        (:meth:`executor.model.Layer.forward_fused`): the chained path's rows, and with ``few_prologue`` the
-        few-row path's (up to the rows its prologue compiles for, ``executor.few_rows.PROLOGUE_MAX_ROWS``)."""
-        return max(self.fuse_rows, min(self.few_rows, self._few.PROLOGUE_MAX_ROWS) if self.few_prologue else 0)
-
-    def _skinny(self, rows: int):
-        """The module whose kernels run a fused layer of ``rows`` rows: the chained kernels up to ``fuse_rows``
-        (and always without ``few_prologue``), else the few-row matmul's."""
-        return self._few if self.few_prologue and rows > self.fuse_rows else self._chained
-
-    def gemv(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``x @ w.T`` on the fused layer's path (:meth:`_skinny`)."""
-        return self._skinny(x.shape[0]).gemv(x, w)
-
-    def gemv_rmsnorm(self, x: torch.Tensor, w_norm: torch.Tensor, eps: float, w: torch.Tensor) -> torch.Tensor:
-        """``rms_norm(x, w_norm) @ w.T`` on the fused layer's path."""
-        return self._skinny(x.shape[0]).gemv_rmsnorm(x, w_norm, eps, w)
-
-    def gemv_residual(self, branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor,
-                      eps: float, sandwich: bool, w: torch.Tensor, swiglu: bool = False
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``residual_norm`` then its ``h @ w.T`` (SwiGLU'd with ``swiglu``) on the fused layer's path: ``(that,
-        x_new)``."""
-        return self._skinny(branch.shape[0]).gemv_residual(branch, x, w_post, w_next, eps, sandwich, w, swiglu=swiglu)
 
     @property
     def fused_attention_rows(self) -> int:
@@ -316,7 +285,6 @@ def _few_linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False) -> torch
 
 
 class _TorchOps:
-    PROLOGUE_MAX_ROWS = 1 << 30  # the torch composition of a norm and a matmul takes any number of rows
     linear = staticmethod(_few_linear)
     rms_norm = staticmethod(rms_norm)
     residual_norm = staticmethod(residual_norm)

@@ -286,10 +286,12 @@ def _split_positions(seq, SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.
 
 @triton.jit
 def _split_range(seq, split, SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.constexpr):
-    """Positions ``start .. end`` of a row's split (``start >= end``: past the context, it does nothing)."""
+    """Positions ``start .. end`` of a row's split (``start >= end``: past the context, it does nothing) and
+    how many of the row's splits hold positions (split 0 counts even for an empty row: it stores the row's
+    partial)."""
     per = _split_positions(seq, SPLITS, MIN_PER, PAGE)
     start = split * per
-    return start, tl.minimum(start + per, seq)
+    return start, tl.minimum(start + per, seq), tl.maximum(tl.minimum(tl.cdiv(seq, per), SPLITS), 1)
 
 
 @triton.jit
@@ -356,14 +358,16 @@ def _store_part(DST, x, D: tl.constexpr, D0: tl.constexpr, DW: tl.constexpr):
 
 
 @triton.jit
-def _attend(qa, qb, k_new, v_new, pos, k, v, start, end, KC, VC, BT, MO, ML, CNT, OUT, b, h, split, kvh,
+def _attend(qa, qb, k_new, v_new, pos, k, v, start, end, used, KC, VC, BT, MO, ML, CNT, OUT, b, h, split, kvh,
             page_base, bt_stride, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, DA: tl.constexpr,
             DB: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, OWN: tl.constexpr,
             PEEL: tl.constexpr, MERGE_HERE: tl.constexpr, EVICT: tl.constexpr):
     """One (row, head, split) of split-KV decode attention with the scaled fp32 query ``qa`` (columns
     ``0 .. DA``) and ``qb`` (``DA .. DA + DB``; ``DB == 0``: none, ``qa`` is the whole padded head): the
     online softmax over ``start .. end``, stored as the output (one split) or as a partial, which the last
-    split merges with ``MERGE_HERE`` and :func:`_decode_attn_merge` otherwise. Tiles are loaded in the loop
+    split merges with ``MERGE_HERE`` and :func:`_decode_attn_merge` otherwise. Only the row's ``used`` splits
+    store a partial and count towards the merge: a split past the context does nothing, so a graph launched with
+    many splits for long contexts costs a short one little more than its empty programs. Tiles are loaded in the loop
     and used at once (one tile live: few registers, many programs per SM); with ``PEEL`` the first one is
     ``k, v``, loaded early by the caller. ``OWN`` (one part only): position ``pos`` is the launch's own
     token, ``k_new``/``v_new`` (fp32, in registers)."""
@@ -393,21 +397,21 @@ def _attend(qa, qb, k_new, v_new, pos, k, v, start, end, KC, VC, BT, MO, ML, CNT
         _store_part(OUT + (b * H + h) * D, acc_a / l_i, D, 0, DA)
         if DB > 0:
             _store_part(OUT + (b * H + h) * D, acc_b / l_i, D, DA, DB)
-    else:
+    elif split < used:
         idx = (b * H + h) * SPLITS + split
-        nonempty = l_i > 0.0  # an empty split writes a zero weight (log-sum-exp -inf) for the merge
+        nonempty = l_i > 0.0  # an empty row's split 0 writes a zero weight (log-sum-exp -inf) for the merge
         safe = tl.where(nonempty, l_i, 1.0)
         _store_part(MO + idx * D, acc_a / safe, D, 0, DA)
         if DB > 0:
             _store_part(MO + idx * D, acc_b / safe, D, DA, DB)
         tl.store(ML + idx, tl.where(nonempty, m_i + tl.log(safe), -float("inf")))
         if MERGE_HERE:
-            # the last split of (row, head) to finish merges them all: its partial stores, then a gpu-scope
+            # the last used split of (row, head) to finish merges them: its partial stores, then a gpu-scope
             # acquire-release count; the merge reads the partials from L2 (.cg), never a stale L1 line
             tl.debug_barrier()
             done = tl.atomic_add(CNT + b * H + h, 1, sem="acq_rel", scope="gpu")
-            if done == SPLITS - 1:
-                _merge_splits(MO, ML, OUT, b, h, H, D, DA, SPLITS, ".cg")
+            if done == used - 1:
+                _merge_splits(MO, ML, OUT, b, h, used, H, D, DA, SPLITS, ".cg")
                 tl.store(CNT + b * H + h, 0)  # ready for the next launch
 
 
@@ -421,7 +425,7 @@ def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_lay
     h = tl.program_id(1)
     split = tl.program_id(2)
     kvh = h // (H // KVH)
-    start, end = _split_range(tl.load(SL + b), split, SPLITS, MIN_PER, PAGE)
+    start, end, used = _split_range(tl.load(SL + b), split, SPLITS, MIN_PER, PAGE)
     page_base = (tl.load(LB + b).to(tl.int64) + layer) * pages_per_layer
     da = tl.arange(0, DA)
     qa = tl.load(Q + (b * H + h) * D + da, mask=da < D, other=0.0).to(tl.float32) * scale
@@ -429,7 +433,7 @@ def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_lay
     if DB > 0:
         db = DA + tl.arange(0, DB)
         qb = tl.load(Q + (b * H + h) * D + db, mask=db < D, other=0.0).to(tl.float32) * scale
-    _attend(qa, qb, qa, qa, 0, qa, qa, start, end, KC, VC, BT, MO, ML, ML, OUT, b, h, split, kvh, page_base,
+    _attend(qa, qb, qa, qa, 0, qa, qa, start, end, used, KC, VC, BT, MO, ML, ML, OUT, b, h, split, kvh, page_base,
             bt_stride, H, KVH, D, DA, DB, PAGE, BLOCK, SPLITS, False, False, False, EVICT)
     let_successor_launch(PDL)
 
@@ -486,7 +490,7 @@ def _rope_decode_attn_kernel(QKV, QB, KB, POS, COS, SIN, ROW0, FILL, KC, VC, BT,
     split = tl.program_id(2)
     kvh = h // (H // KVH)
     pos = tl.load(POS + b).to(tl.int64)
-    start, end = _split_range(tl.load(SL + b), split, SPLITS, MIN_PER, PAGE)
+    start, end, used = _split_range(tl.load(SL + b), split, SPLITS, MIN_PER, PAGE)
     cache_layer = tl.load(LB + b).to(tl.int64) + layer
     page_base = cache_layer * pages_per_layer
     k, v = _kv_tile(KC, VC, BT, b, bt_stride, page_base, kvh, start, end, pos, KVH, D, BLOCK_D, PAGE, BLOCK, True)
@@ -506,24 +510,25 @@ def _rope_decode_attn_kernel(QKV, QB, KB, POS, COS, SIN, ROW0, FILL, KC, VC, BT,
             dst = _row_offset(row + j * slot_stride, kvh, KVH, D, PAGE) + d
             tl.store(KC + dst, k_new, mask=dm)
             tl.store(VC + dst, v_new, mask=dm)
-    _attend(q, q, k_new.to(tl.float32), v_new.to(tl.float32), pos, k, v, start, end, KC, VC, BT, MO, ML, CNT, OUT,
+    _attend(q, q, k_new.to(tl.float32), v_new.to(tl.float32), pos, k, v, start, end, used, KC, VC, BT, MO, ML, CNT,
+            OUT,
             b, h, split, kvh, page_base, bt_stride, H, KVH, D, BLOCK_D, 0, PAGE, BLOCK, SPLITS, True, True, True,
             "")
     let_successor_launch(PDL)
 
 
 @triton.jit
-def _merge_splits(MO, ML, OUT, b, h, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+def _merge_splits(MO, ML, OUT, b, h, used, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                   SPLITS: tl.constexpr, CACHE: tl.constexpr):
-    """Combine the ``SPLITS`` partials of (row, head) by their log-sum-exp into the output row (partials
-    loaded with cache modifier ``CACHE``)."""
+    """Combine the first ``used`` partials of (row, head) (of its ``SPLITS``, the rest never written) by their
+    log-sum-exp into the output row (partials loaded with cache modifier ``CACHE``)."""
     d = tl.arange(0, BLOCK_D)
     dm = d < D
     base = (b * H + h) * SPLITS
     m = tl.load(ML + base, cache_modifier=CACHE)  # split 0 always holds position 0, so it is never empty
     acc = tl.load(MO + base * D + d, mask=dm, other=0.0, cache_modifier=CACHE)
     l_sum = 1.0
-    for split in range(1, SPLITS):
+    for split in range(1, used):
         lse = tl.load(ML + base + split, cache_modifier=CACHE)
         o = tl.load(MO + (base + split) * D + d, mask=dm, other=0.0, cache_modifier=CACHE)
         m_new = tl.maximum(m, lse)
@@ -536,13 +541,15 @@ def _merge_splits(MO, ML, OUT, b, h, H: tl.constexpr, D: tl.constexpr, BLOCK_D: 
 
 
 @triton.jit
-def _decode_attn_merge(MO, ML, OUT, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                       SPLITS: tl.constexpr, PDL: tl.constexpr):
-    """The merge of :func:`decode_attention`'s splits, one program per (row, head): a second small kernel
-    keeps the attention kernel lean (the in-kernel merge of the fused kernel costs the many-row launches
-    ~10-17 points of bandwidth on the H200)."""
+def _decode_attn_merge(MO, ML, OUT, SL, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                       SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.constexpr, PDL: tl.constexpr):
+    """The merge of :func:`decode_attention`'s splits, one program per (row, head), over the splits the row's
+    context fills: a second small kernel keeps the attention kernel lean (the in-kernel merge of the fused
+    kernel costs the many-row launches ~10-17 points of bandwidth on the H200)."""
+    b = tl.program_id(0).to(tl.int64)
+    used = _split_range(tl.load(SL + b), 0, SPLITS, MIN_PER, PAGE)[2]  # seq_len is the launch's metadata
     wait_for_predecessor(PDL)
-    _merge_splits(MO, ML, OUT, tl.program_id(0).to(tl.int64), tl.program_id(1), H, D, BLOCK_D, SPLITS, "")
+    _merge_splits(MO, ML, OUT, b, tl.program_id(1), used, H, D, BLOCK_D, SPLITS, "")
 
 
 _COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
@@ -601,8 +608,9 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
         BLOCK=block, SPLITS=splits, MIN_PER=min_split, PDL=pdl, EVICT=evict, num_warps=warps,
         **({} if stages is None else {"num_stages": stages}), **launch_options(pdl))
     if splits > 1:
-        _decode_attn_merge[(n, heads)](mid_o, mid_l, out, H=heads, D=d, BLOCK_D=triton.next_power_of_2(d),
-                                       SPLITS=splits, PDL=min(pdl, EARLY), num_warps=1, **launch_options(pdl))
+        _decode_attn_merge[(n, heads)](mid_o, mid_l, out, seq_len, H=heads, D=d, BLOCK_D=triton.next_power_of_2(d),
+                                       SPLITS=splits, MIN_PER=min_split, PAGE=geo.block_size, PDL=min(pdl, EARLY),
+                                       num_warps=1, **launch_options(pdl))
     return out.reshape(n, heads * d)
 
 

@@ -15,7 +15,9 @@ from cdbsim.arch import PRESETS
 from cdbsim.attention import (
     CHAINED_BLOCK,
     MAX_SPLITS,
+    MIN_PROGRAMS,
     TARGET_PROGRAMS,
+    TARGET_SPLITS,
     active_splits,
     chained_walk_length,
     critical_positions,
@@ -48,13 +50,23 @@ def test_no_batch_starts_more_programs_than_a_larger_one_at_the_target() -> None
     assert decode_splits(64, 16, 128) == 8  # the B = 64, L = 4096 attention benchmark's eight splits
 
 
+def test_a_launch_of_few_programs_gets_more_splits() -> None:
+    """One Ouro row (16 heads) gets 32 splits, 512 programs (its core step 11% faster at L = 4,096 on the H200);
+    two rows keep 16, the most the program target gives, and nothing exceeds MAX_SPLITS."""
+    assert decode_splits(1, 16, 128) == MAX_SPLITS == 32
+    assert decode_splits(2, 16, 128) == TARGET_SPLITS == 16
+    assert decode_splits(1, 17, 128) == 31 and decode_splits(1, 31, 128) == 17  # ceil(512 / pairs)
+    assert decode_splits(1, 55, 96) == TARGET_SPLITS  # Huginn's one row: 880 programs already
+    assert all(decode_splits(1, heads, 128) * heads >= MIN_PROGRAMS for heads in range(16, 128))
+
+
 def test_heads_loaded_in_two_parts_keep_two_splits_at_many_rows() -> None:
     """Huginn-3.5B's 55 x 96 heads: one split from 75 rows under the rows x heads rule alone, two now (its
     core step 5-7% faster at 128-256 rows on the H200); Ouro's 16 x 128 heads keep one past 512 rows."""
     assert head_parts(96) == (64, 32) and head_parts(128) == (128, 0) and head_parts(112) == (128, 0)
     assert head_parts(64) == (64, 0) and head_parts(80) == (64, 16) and head_parts(1) == (1, 0)
     assert [decode_splits(rows, 55, 96) for rows in (64, 75, 128, 512)] == [2, 2, 2, 2]
-    assert decode_splits(8, 55, 96) == MAX_SPLITS
+    assert decode_splits(8, 55, 96) == TARGET_SPLITS
     assert decode_splits(513, 16, 128) == 1 and decode_splits(513, 16, 112) == 1
 
 
@@ -133,17 +145,20 @@ def test_a_single_row_is_read_at_the_length_of_its_whole_tiles(context: int, hea
 
 
 def test_a_single_row_costs_the_same_within_one_tile_step() -> None:
-    """2,049 and 3,072 positions over 16 splits are three tiles each: the same stage time (ouro-1536 replayed
-    134 and 138 us of attention there, 102 at 2,048)."""
+    """A tile step is splits x 64 positions (ouro-1536 over 16 splits replayed 134 and 138 us of attention at 2,560
+    and 3,072 positions, both three tiles a split, and 102 at 2,048); one Ouro-1.4B row has 32 splits, 2,048
+    positions a step."""
     arch = PRESETS["ouro-1.4b"]  # 2,048 wide: its single rows run the chained kernels
     model = LatencyModel(arch, resolve_profile("h200-ouro-1.4b", arch))
+    tile_step = decode_splits(1, arch.layer.heads, arch.layer.head_dim) * 64
+    assert tile_step == 2048
 
     def step(context: int) -> float:
         return model.launch_time(Launch(0, Stage.CORE, requests=[0], positions=[context - 1], size=1, padded=1,
                                         context=context, longest=context, steps=[0], exits=[False]))
 
-    assert step(2049) == step(2560) == step(3072) > step(2048)
-    assert step(3073) > step(3072)
+    assert step(tile_step + 1) == step(tile_step + 1000) == step(2 * tile_step) > step(tile_step)
+    assert step(2 * tile_step + 1) > step(2 * tile_step)
 
 
 def test_padded_rows_count_as_rows_of_one_position() -> None:

@@ -70,14 +70,15 @@ PROFILES = Path(__file__).parent / "data" / "golden-profiles"
 # gap is the current build's 1.30 us; the tables are the least-squares non-decreasing grid through the points
 # (cdbsim.interp.monotone_grid), not their running maximum (the launches are the same, their times not); the
 # prefill curve's coefficients are solved on unit columns, with non-negative least squares where a bound binds,
-# and kept to 10 significant digits, so that no CPU's BLAS kernels move a launch's time (cdbsim.prefill)
+# and kept to 10 significant digits, so that no CPU's BLAS kernels move a launch's time (cdbsim.prefill); one Ouro
+# row has 32 attention splits, not 16 (cdbsim.attention.MIN_PROGRAMS), so its tile steps are 2,048 positions apart
 GOLDEN = {
     "huginn-refill-K8-shared": "0fbab61eef06e981",  # 4,454 launches
     "huginn040-sync": "bf40706b3aa54ffd",           # 7,412 launches
     "ouro-cb-online": "309d536f74ce03cb",           # 773 launches
-    "ouro-norefill": "44a9fa35904e41ac",            # 3,272 launches
-    "ouro-refill": "36888e2f7afd48de",              # 4,464 launches
-    "ouro-refill-preempting": "598368a717eec82b",   # 14,715 launches, 2 preemptions
+    "ouro-norefill": "724e0d66e5c84f81",            # 3,272 launches
+    "ouro-refill": "a3cb7792dcd4ebad",              # 4,464 launches
+    "ouro-refill-preempting": "b8047cc8f1e920ed",   # 14,715 launches, 2 preemptions
 }
 
 

@@ -49,34 +49,6 @@ def check_linear(m: int, n: int, k: int, swiglu: bool, config, device: str, dtyp
         raise AssertionError(f"{what}: modified its inputs")
 
 
-def check_prologue(m: int, n: int, k: int, prologue: str, sandwich: bool, swiglu: bool, device: str, dtype,
-                   atol: float, rtol: float) -> None:
-    """The few-row matmul with the norms folded into its prologue against the torch backend's composition
-    (:func:`executor.ops.gemv_rmsnorm`, :func:`executor.ops.gemv_residual`), the new residual included."""
-    from executor import few_rows
-    from executor import ops as torch_ops
-
-    gen = torch.Generator(device=device).manual_seed(m * 1000 + n + k)
-
-    def rand(*shape: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen, device=device) * scale + shift).to(dtype)
-
-    x, branch, w_post, w_next = rand(m, k), rand(m, k), rand(k, scale=0.2, shift=1.0), rand(k, scale=0.2, shift=1.0)
-    w = rand((2 if swiglu else 1) * n, k, scale=k**-0.5)
-    what = f"{prologue} M={m} N={n} K={k} sandwich={sandwich} swiglu={swiglu}"
-    pairs = []
-    if prologue == "rmsnorm":
-        pairs.append((few_rows.gemv_rmsnorm(x, w_next, 1e-6, w), torch_ops.gemv_rmsnorm(x, w_next, 1e-6, w)))
-    else:
-        got, x_new = few_rows.gemv_residual(branch, x, w_post, w_next, 1e-6, sandwich, w, swiglu=swiglu)
-        want, want_x = torch_ops.gemv_residual(branch, x, w_post, w_next, 1e-6, sandwich, w, swiglu=swiglu)
-        pairs += [(got, want), (x_new, want_x)]
-    for got, want in pairs:
-        diff = (got.float() - want.float()).abs()
-        if got.shape != want.shape or not bool((diff <= atol + rtol * want.float().abs()).all()):
-            raise AssertionError(f"{what}: max difference {float(diff.max()):.3e}")
-
-
 def checks(device: str = "cpu", dtype=None, atol: float = 1e-4, rtol: float = 1e-5,
            graph: bool = False) -> dict[str, Callable]:
     """Per kind (plain, SwiGLU): one, a few and the most rows; N not a multiple of the columns per program;
@@ -92,13 +64,6 @@ def checks(device: str = "cpu", dtype=None, atol: float = 1e-4, rtol: float = 1e
         cases += [(5, 48, 64, C(32, 64, 4, 3)), (2, 24, 40, None)]  # one chunk; the default
         out[kind] = lambda cases=cases, swiglu=swiglu: [
             check_linear(m, n, k, swiglu, cfg, device, dtype, atol, rtol, graph) for m, n, k, cfg in cases]
-    # the norms in the prologue: K in several chunks with a ragged last one (the defaults: 256-column chunks), rows
-    # in one tile and in two programs' worth of columns (program 0 writes the new residual)
-    out["rmsnorm"] = lambda: [check_prologue(m, 40, k, "rmsnorm", True, False, device, dtype, atol, rtol)
-                              for m, k in ((3, 72), (16, 600))]
-    out["residual"] = lambda: [check_prologue(m, 40, k, "residual", sandwich, swiglu, device, dtype, atol, rtol)
-                               for m, k in ((3, 72), (9, 600)) for sandwich in (True, False)
-                               for swiglu in (False, True)]
     return out
 
 
@@ -111,13 +76,13 @@ def interpreted() -> dict[str, str]:
     return run_interpreted("tests.executor.test_executor_few_rows")
 
 
-@pytest.mark.parametrize("name", ["plain", "swiglu", "rmsnorm", "residual"])
+@pytest.mark.parametrize("name", ["plain", "swiglu"])
 def test_kernel_under_the_interpreter(interpreted: dict[str, str], name: str) -> None:
     assert interpreted.get(name) == "ok", interpreted.get(name, "not run")
 
 
 def test_every_check_is_collected() -> None:
-    assert sorted(checks()) == ["plain", "residual", "rmsnorm", "swiglu"]
+    assert sorted(checks()) == ["plain", "swiglu"]
 
 
 def test_bad_inputs_are_refused_before_any_launch() -> None:
@@ -132,11 +97,6 @@ def test_bad_inputs_are_refused_before_any_launch() -> None:
         f.linear(x, torch.zeros(5, 8), swiglu=True)
     with pytest.raises(ValueError, match="contiguous"):
         f.linear(torch.zeros(8, 2).t(), w)
-    many = torch.zeros(f.PROLOGUE_MAX_ROWS + 1, 8)
-    with pytest.raises(ValueError, match=f"prologue takes 1..{f.PROLOGUE_MAX_ROWS} rows"):
-        f.gemv_residual(many, many, torch.ones(8), torch.ones(8), 1e-6, True, w)
-    with pytest.raises(ValueError, match="norm weights"):
-        f.gemv_rmsnorm(x, torch.ones(6), 1e-6, w)
 
 
 def test_ops_dispatch_by_rows() -> None:
@@ -164,13 +124,6 @@ def test_ops_dispatch_by_rows() -> None:
     from executor.few_rows import MAX_ROWS
 
     assert Ops("triton", few_rows=MAX_ROWS).few_rows == MAX_ROWS  # the kernel takes more rows than the rule gives
-    # the norms folded into the few-row matmul: its launches run layers as the chained path does, only when asked
-    import executor.few_rows as few
-
-    plain, folded = Ops("triton", fuse_rows=2, few_rows=16), Ops("triton", fuse_rows=2, few_rows=16, few_prologue=True)
-    assert (plain.fused_rows, folded.fused_rows) == (2, 16)
-    assert plain._skinny(5) is not few and folded._skinny(2) is not few and folded._skinny(3) is few
-    assert Ops("triton", few_rows=MAX_ROWS, few_prologue=True).fused_rows == few.PROLOGUE_MAX_ROWS
     with pytest.raises(ValueError, match="few_rows"):
         Ops("triton", few_rows=MAX_ROWS + 1)
 

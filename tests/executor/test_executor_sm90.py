@@ -51,24 +51,17 @@ def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int) -> N
                                         (2048, 5632, False), (15840, 5280, False), (17920, 5280, True),
                                         (5280, 17920, False)])
 def test_few_row_matmul_compiles_at_its_shipped_configs(n: int, k: int, swiglu: bool, rows: int) -> None:
-    """At every row tile, with the stages that fit it (a 64-row tile takes more shared memory per stage), plain and
-    (up to ``PROLOGUE_MAX_ROWS``) with the residual norm in the prologue (``Ops.few_prologue``)."""
+    """At every row tile, with the stages that fit it (a 64-row tile takes more shared memory per stage)."""
     from executor import few_rows
     from executor.chain import LATE
 
     cfg = few_rows.config_for(n, k, swiglu)
     block_m = few_rows.block_rows(rows)
     stages = few_rows.stages_for(cfg, block_m, swiglu)
-    prologues = (few_rows.PLAIN, few_rows.RESIDUAL) if rows <= few_rows.PROLOGUE_MAX_ROWS else (few_rows.PLAIN,)
-    for prologue in prologues:
-        kernel = sm90.compile_sm90(few_rows._few_rows_kernel, sm90.SIGNATURES["few_rows"],
-                                   dict(N=n, K=k, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                        STAGES=stages, SWIGLU=swiglu, IEEE=False, PDL=LATE, PROLOGUE=prologue,
-                                        SANDWICH=True), few_rows.warps_for(cfg, block_m), stages)
-        _check_few_rows_kernel(kernel)
-
-
-def _check_few_rows_kernel(kernel) -> None:
+    kernel = sm90.compile_sm90(few_rows._few_rows_kernel, sm90.SIGNATURES["few_rows"],
+                               dict(N=n, K=k, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                                    STAGES=stages, SWIGLU=swiglu, IEEE=False, PDL=LATE),
+                               few_rows.warps_for(cfg, block_m), stages)
     ptx = kernel.asm["ptx"]
     assert "mma" in ptx and "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
     r = sm90.resources(kernel)

@@ -367,8 +367,8 @@ def _attend(qa, qb, k_new, v_new, pos, k, v, start, end, used, KC, VC, BT, MO, M
     online softmax over ``start .. end``, stored as the output (one split) or as a partial, which the last
     split merges with ``MERGE_HERE`` and :func:`_decode_attn_merge` otherwise. Only the row's ``used`` splits
     store a partial and count towards the merge: a split past the context does nothing, so a graph launched with
-    many splits for long contexts costs a short one little more than its empty programs. Tiles are loaded in the loop
-    and used at once (one tile live: few registers, many programs per SM); with ``PEEL`` the first one is
+    many splits for long contexts costs a short one little more than its empty programs. Tiles are loaded in the
+    loop and used at once (one tile live: few registers, many programs per SM); with ``PEEL`` the first one is
     ``k, v``, loaded early by the caller. ``OWN`` (one part only): position ``pos`` is the launch's own
     token, ``k_new``/``v_new`` (fp32, in registers)."""
     tl.static_assert(DB == 0 or not (OWN or PEEL), "the launch's own token and a peeled tile take one part")
@@ -511,9 +511,8 @@ def _rope_decode_attn_kernel(QKV, QB, KB, POS, COS, SIN, ROW0, FILL, KC, VC, BT,
             tl.store(KC + dst, k_new, mask=dm)
             tl.store(VC + dst, v_new, mask=dm)
     _attend(q, q, k_new.to(tl.float32), v_new.to(tl.float32), pos, k, v, start, end, used, KC, VC, BT, MO, ML, CNT,
-            OUT,
-            b, h, split, kvh, page_base, bt_stride, H, KVH, D, BLOCK_D, 0, PAGE, BLOCK, SPLITS, True, True, True,
-            "")
+            OUT, b, h, split, kvh, page_base, bt_stride, H, KVH, D, BLOCK_D, 0, PAGE, BLOCK, SPLITS, True, True,
+            True, "")
     let_successor_launch(PDL)
 
 

@@ -79,8 +79,8 @@
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | maxsplits) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, maxsplits" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | maxsplits | ab) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, maxsplits, ab" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -387,6 +387,32 @@ case $phase in
     run 70 stages-most64 "${stages[@]}" --attention-rule 8192:1:64 --out "$work/most64"
     run 70 stages-base-again "${stages[@]}" --out "$work/base-again"
     run 30 compare python3 benchmarks/compare_stages.py "$work/base" "$work/most32" "$work/most64" "$work/base-again"
+    ;;
+  ab)  # kernel builds against each other on one board: GPU tests; then, ROUNDS times (default 2), each tree of TREES in
+    # turn (default ".ab/base ."; "." is the working tree, the others copies of other builds carried as ignored paths):
+    # Ouro-1.4B's stages at 1-16 rows; then each tree's stages of both models at 1-256 rows (FULL=0: not); every run
+    # against the first tree's (compare_stages.py); L = 512 and 4,096
+    [ "${TESTS:-1}" = 1 ] && run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    few="python3 benchmarks/bench_executor.py --models ouro-1.4b --quick --parts stages --sizes 1 2 3 4 8 16 --contexts 512 4096 --prefill-tokens 512 --budget-s 50"
+    full="python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick --parts stages --sizes 1 2 4 8 16 32 64 128 256 --contexts 512 4096 --prefill-tokens 512 --budget-s 150"
+    runs=()
+    for round in $(seq "${ROUNDS:-2}"); do
+      for tree in ${TREES:-.ab/base .}; do
+        name=$(basename "$(realpath "$tree")")-$round
+        run 70 "few-$name" bash -c "cd $tree && PYTHONPATH=/tmp/site:\$PWD $few --out $work/few-$name"
+        runs+=("$work/few-$name")
+      done
+    done
+    run 30 compare-few python3 benchmarks/compare_stages.py "${runs[@]}"
+    runs=()
+    if [ "${FULL:-1}" = 1 ]; then
+      for tree in ${TREES:-.ab/base .}; do
+        name=$(basename "$(realpath "$tree")")
+        run 170 "full-$name" bash -c "cd $tree && PYTHONPATH=/tmp/site:\$PWD $full --out $work/full-$name"
+        runs+=("$work/full-$name")
+      done
+    fi
+    [ ${#runs[@]} -gt 1 ] && run 30 compare-full python3 benchmarks/compare_stages.py "${runs[@]}"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

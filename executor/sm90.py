@@ -33,6 +33,7 @@ SIGNATURES = {
     "rope_kv": {"QKV": "*bf16", "QB": "*bf16", "KB": "*bf16", "POS": "*i32", "COS": "*fp32", "SIN": "*fp32",
                 "QO": "*bf16", "KC": "*bf16", "VC": "*bf16", "ROW0": "*i32", "LB": "*i32", "FILL": "*i32", "n": "i32",
                 "layer": "i32", "rows_per_layer": "i32", "slot_stride": "i32", "qkv_stride": "i32"},
+    "merge": {"MO": "*fp32", "ML": "*fp32", "OUT": "*bf16", "SL": "*i32"},
     "few_rows": {"X": "*bf16", "W": "*bf16", "OUT": "*bf16", "M": "i32"},
     "chain": {"X": "*bf16", "BR": "*bf16", "WP": "*bf16", "WN": "*bf16", "W": "*bf16", "OUT": "*bf16", "XO": "*bf16",
               "eps": "fp32"},

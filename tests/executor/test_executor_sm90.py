@@ -46,6 +46,27 @@ def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int) -> N
     assert r.stack == 0 and r.fits, r
 
 
+@pytest.mark.parametrize("splits", [2, 11, 16, 32])
+@pytest.mark.parametrize("d", [96, 128])
+def test_split_merge_compiles_without_spills(splits: int, d: int) -> None:
+    """The merge kernel of decode attention's splits, one warp a (row, head), at split counts the rule gives."""
+    kernel = sm90.compile_sm90(tk._decode_attn_merge, sm90.SIGNATURES["merge"],
+                               dict(H=16, D=d, BLOCK_D=triton.next_power_of_2(d), SPLITS=splits, MIN_PER=64, PAGE=16,
+                                    PDL=1), tk.merge_warps(splits, d))
+    r = sm90.resources(kernel)
+    assert r.stack == 0 and r.fits, r
+
+
+@pytest.mark.parametrize("splits", [16, 32])
+def test_fused_decode_attention_compiles_with_its_merge(splits: int) -> None:
+    """The chained path's one-kernel RoPE + attention, whose last split merges up to 32 partials."""
+    kernel = sm90.compile_sm90(tk._rope_decode_attn_kernel, sm90.SIGNATURES["rope_decode"],
+                               dict(H=16, KVH=16, D=128, BLOCK_D=128, HALF=64, HAS_BIAS=False, INTERLEAVED=False,
+                                    PAGE=16, BLOCK=64, SPLITS=splits, MIN_PER=64, PDL=1), 4)
+    r = sm90.resources(kernel)
+    assert r.stack == 0 and r.fits, r
+
+
 @pytest.mark.parametrize("rows", [16, 32, 64])
 @pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048, True), (2048, 2048, False),
                                         (2048, 5632, False), (15840, 5280, False), (17920, 5280, True),

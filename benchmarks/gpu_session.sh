@@ -74,6 +74,8 @@
 #                                           -> benchmarks/results/few-row-matmul/
 #   bash benchmarks/gpu_session.sh chainrows  the chained kernels at 2-4 rows: GPU tests, Ouro-1.4B's configs, layers
 #                                           and stages against the few-row path -> benchmarks/results/chain-rows/
+#   bash benchmarks/gpu_session.sh ab       builds against each other on one board (TREES, ROUNDS): Ouro-1.4B's stages at
+#                                           1-16 rows in turn, both models' at 1-256 rows -> benchmarks/results/split-merge/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
@@ -391,7 +393,8 @@ case $phase in
   ab)  # kernel builds against each other on one board: GPU tests; then, ROUNDS times (default 2), each tree of TREES in
     # turn (default ".ab/base ."; "." is the working tree, the others copies of other builds carried as ignored paths):
     # Ouro-1.4B's stages at 1-16 rows; then each tree's stages of both models at 1-256 rows (FULL=0: not); every run
-    # against the first tree's (compare_stages.py); L = 512 and 4,096
+    # against the first tree's (compare_stages.py); L = 512 and 4,096. A copy of a build: mkdir -p .ab/base && git archive
+    # REV cdbsim executor traces calibration benchmarks/bench_executor.py cli.py pyproject.toml | tar -x -C .ab/base
     [ "${TESTS:-1}" = 1 ] && run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
     few="python3 benchmarks/bench_executor.py --models ouro-1.4b --quick --parts stages --sizes 1 2 3 4 8 16 --contexts 512 4096 --prefill-tokens 512 --budget-s 50"
     full="python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick --parts stages --sizes 1 2 4 8 16 32 64 128 256 --contexts 512 4096 --prefill-tokens 512 --budget-s 150"

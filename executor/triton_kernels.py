@@ -520,24 +520,23 @@ def _rope_decode_attn_kernel(QKV, QB, KB, POS, COS, SIN, ROW0, FILL, KC, VC, BT,
 def _merge_splits(MO, ML, OUT, b, h, used, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                   SPLITS: tl.constexpr, CACHE: tl.constexpr):
     """Combine the first ``used`` partials of (row, head) (of its ``SPLITS``, the rest never written) by their
-    log-sum-exp into the output row (partials loaded with cache modifier ``CACHE``).
-
-    All partials are loaded as one ``[SPLITS, BLOCK_D]`` tile, so their reads are in flight together: a loop
-    over the splits waits for each split's load in turn, one L2 round trip per split, on the critical path of
-    every split launch (the fused kernel's last split merges up to 32)."""
+    log-sum-exp into the output row (partials loaded with cache modifier ``CACHE``)."""
     d = tl.arange(0, BLOCK_D)
-    s = tl.arange(0, triton.next_power_of_2(SPLITS))
     dm = d < D
-    sm = s < used
     base = (b * H + h) * SPLITS
-    lse = tl.load(ML + base + s, mask=sm, other=-float("inf"), cache_modifier=CACHE)
-    o = tl.load(MO + (base + s).to(tl.int64)[:, None] * D + d[None, :], mask=sm[:, None] & dm[None, :], other=0.0,
-                cache_modifier=CACHE)
-    m = tl.max(lse, axis=0)
-    w = tl.exp(lse - tl.where(m == -float("inf"), 0.0, m))  # an empty row: every weight 0, its output 0
-    l_sum = tl.sum(w, axis=0)
-    acc = tl.sum(o * w[:, None], axis=0)
-    tl.store(OUT + (b * H + h) * D + d, (acc / tl.where(l_sum > 0.0, l_sum, 1.0)).to(OUT.dtype.element_ty), mask=dm)
+    m = tl.load(ML + base, cache_modifier=CACHE)  # split 0 always holds position 0, so it is never empty
+    acc = tl.load(MO + base * D + d, mask=dm, other=0.0, cache_modifier=CACHE)
+    l_sum = 1.0
+    for split in range(1, used):
+        lse = tl.load(ML + base + split, cache_modifier=CACHE)
+        o = tl.load(MO + (base + split) * D + d, mask=dm, other=0.0, cache_modifier=CACHE)
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp(m - m_new)
+        w = tl.exp(lse - m_new)
+        acc = acc * alpha + o * w
+        l_sum = l_sum * alpha + w
+        m = m_new
+    tl.store(OUT + (b * H + h) * D + d, (acc / l_sum).to(OUT.dtype.element_ty), mask=dm)
 
 
 @triton.jit
@@ -578,12 +577,6 @@ def _splits_and_partials(n: int, heads: int, d: int, splits: int | None, out: to
             split_counters(out.device, n * heads) if counters else out)
 
 
-def merge_warps(splits: int, d: int) -> int:
-    """Warps of a merge program: its ``[splits, d]`` fp32 tile of partials (both padded to powers of two) at
-    about 32 values a thread, 1-4 warps (one warp held 32 x 128 in 150 registers in the sm_90 compile)."""
-    return min(4, max(1, triton.next_power_of_2(splits) * triton.next_power_of_2(d) // 1024))
-
-
 def decode_tile(d: int) -> tuple[int, int]:
     """Positions per tile and warps per program of :func:`decode_attention` for ``d``-wide heads."""
     return DECODE_TILES[1 if head_parts(d)[1] == 0 else 2]
@@ -616,7 +609,7 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
     if splits > 1:
         _decode_attn_merge[(n, heads)](mid_o, mid_l, out, seq_len, H=heads, D=d, BLOCK_D=triton.next_power_of_2(d),
                                        SPLITS=splits, MIN_PER=min_split, PAGE=geo.block_size, PDL=min(pdl, EARLY),
-                                       num_warps=merge_warps(splits, d), **launch_options(pdl))
+                                       num_warps=1, **launch_options(pdl))
     return out.reshape(n, heads * d)
 
 

@@ -52,7 +52,7 @@ def test_split_merge_compiles_without_spills(splits: int, d: int) -> None:
     """The merge kernel of decode attention's splits, one warp a (row, head), at split counts the rule gives."""
     kernel = sm90.compile_sm90(tk._decode_attn_merge, sm90.SIGNATURES["merge"],
                                dict(H=16, D=d, BLOCK_D=triton.next_power_of_2(d), SPLITS=splits, MIN_PER=64, PAGE=16,
-                                    PDL=1), tk.merge_warps(splits, d))
+                                    PDL=1), 1)
     r = sm90.resources(kernel)
     assert r.stack == 0 and r.fits, r
 

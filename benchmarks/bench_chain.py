@@ -13,8 +13,9 @@ Two parts (``--parts``):
 ``layers`` Ouro-1.4B's four projections per layer, 24 layers of distinct weights in one graph: as the
            chained path runs them up to its most rows (residual + QKV, O, residual + gate/up + SwiGLU, down) with
            and without PDL, and at every ``--sizes`` as the few-row path and the cuBLAS path run them (the latter with
-           the Triton norm / SiLU kernels; attention left out): microseconds per layer against the
-           weight-read roofline.
+           the Triton norm / SiLU kernels; attention left out), and the few-row path without its residual-norm
+           kernels (what folding them into the projections could gain at most): microseconds per layer against
+           the weight-read roofline.
 
     python benchmarks/bench_chain.py --out chain.json [--parts sweep rows layers] [--sizes 1 2 4 8 16] [--quick]
 
@@ -361,18 +362,24 @@ def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
                           lambda w=w: F.linear(act, w["down"])]
             return calls
 
-        def few(x=x, branch=branch, o=o, act=act, late=None, norm_pdl=None) -> list[Callable[[], object]]:
+        def few(x=x, branch=branch, o=o, act=act, late=None, norm_pdl=None, norms=True
+                ) -> list[Callable[[], object]]:
+            """``norms=False``: the residual-norm kernels left out (wrong numbers, right projections): how much a
+            layer would gain at most if the norms were folded into the projections."""
+            def normed():
+                return tk.residual_norm(branch, x, norm, norm, EPS, True, norm_pdl)[1] if norms else x
+
             calls = []
             for w in weights:
-                calls += [lambda w=w: fr.linear(tk.residual_norm(branch, x, norm, norm, EPS, True, norm_pdl)[1],
-                                                w["qkv"], late=late),
+                calls += [lambda w=w: fr.linear(normed(), w["qkv"], late=late),
                           lambda w=w: fr.linear(o, w["o"], late=late),
-                          lambda w=w: fr.linear(tk.residual_norm(branch, x, norm, norm, EPS, True, norm_pdl)[1],
-                                                w["gu"], True, late=late),
+                          lambda w=w: fr.linear(normed(), w["gu"], True, late=late),
                           lambda w=w: fr.linear(act, w["down"], late=late)]
             return calls
 
-        paths = [("few+pdl-late", lambda: few(late=True), True), ("few+pdl-early", lambda: few(late=False), True),
+        paths = [("few+pdl-late", lambda: few(late=True), True),
+                 ("few+pdl-late,no-norm-kernels", lambda: few(late=True, norms=False), True),
+                 ("few+pdl-early", lambda: few(late=False), True),
                  ("few+pdl-late,plain-norms", lambda: few(late=True, norm_pdl=False), True),
                  ("few+pdl-early,plain-norms", lambda: few(late=False, norm_pdl=False), True),
                  ("few", few, False), ("default+pdl", default, True), ("default", default, False)]

@@ -10,6 +10,8 @@ warps and stages, then warps and stages around the best tile. A candidate replac
 mean time per layer over ``--sizes`` is more than ``--min-gain`` percent below that of the current configs timed just
 before and after it (over one sweep the same configs' time drifted by 4% on the H200). Every candidate's output is
 checked against ``F.linear`` first. Last, the shipped and the chosen configs are timed in alternation (``--rounds``).
+``--trigger early`` runs the sweep with the successor let launch right after each matmul's wait: more stages fill a
+block's shared memory, so fewer of a successor's programs can become resident beside a running one.
 
     python benchmarks/sweep_layer_configs.py --out sweep.json [--sizes 4 8 16] [--rounds 3]
 
@@ -47,7 +49,7 @@ def tile_candidates(swiglu: bool, k: int, warps: int, stages: int) -> list[tuple
 
 
 def shape_candidates(bn: int, bk: int) -> list[tuple[int, int, int, int]]:
-    return [(bn, bk, w, s) for w in (2, 4, 8) for s in (3, 4, 6)]
+    return [(bn, bk, w, s) for w in (2, 4, 8) for s in (3, 4, 6, 8)]
 
 
 def fits(cfg: tuple[int, int, int, int], swiglu: bool) -> bool:
@@ -69,7 +71,7 @@ class Layers:
         self.norm = 1 + self.randn(HIDDEN, scale=0.1)
         self.weight_bytes = sum(w.numel() * 2 for w in self.weights[0].values())
 
-    def calls(self, m: int, configs: dict) -> list:
+    def calls(self, m: int, configs: dict, late: bool = True) -> list:
         from executor import few_rows as fr
         from executor import triton_kernels as tk
 
@@ -78,17 +80,17 @@ class Layers:
         norm, calls = self.norm, []
         for w in self.weights:
             calls += [lambda w=w: fr.linear(tk.residual_norm(branch, x, norm, norm, EPS, True)[1], w["qkv"],
-                                            config=configs["qkv"]),
-                      lambda w=w: fr.linear(o, w["o"], config=configs["o"]),
+                                            config=configs["qkv"], late=late),
+                      lambda w=w: fr.linear(o, w["o"], config=configs["o"], late=late),
                       lambda w=w: fr.linear(tk.residual_norm(branch, x, norm, norm, EPS, True)[1], w["gu"], True,
-                                            config=configs["gu"]),
-                      lambda w=w: fr.linear(act, w["down"], config=configs["down"])]
+                                            config=configs["gu"], late=late),
+                      lambda w=w: fr.linear(act, w["down"], config=configs["down"], late=late)]
         return calls
 
-    def us_per_layer(self, configs: dict, sizes: list[int]) -> dict[int, float]:
+    def us_per_layer(self, configs: dict, sizes: list[int], late: bool = True) -> dict[int, float]:
         out = {}
         for m in sizes:
-            calls = self.calls(m, configs)
+            calls = self.calls(m, configs, late)
             for call in calls[:4]:  # every kernel compiled for this row count before the capture
                 call()
             torch.cuda.synchronize()
@@ -117,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16], help="rows per launch (default 4 8 16)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating shipped/chosen timings at the end")
     parser.add_argument("--min-gain", type=float, default=1.0, help="percent a candidate must gain (default 1)")
+    parser.add_argument("--trigger", choices=("late", "early"), default="late",
+                        help="when the few-row matmul lets its successor launch while the sweep runs: after its K loop "
+                             "(late, as shipped) or right after its wait (early); the last comparison is against the "
+                             "shipped configs with the shipped (late) trigger")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: sweep_layer_configs needs a CUDA GPU", file=sys.stderr)
@@ -127,11 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     layers = Layers()
     roof_us = layers.weight_bytes / copy_bandwidth()["bandwidth_Bps"] * 1e6
     shipped = {name: config_for(*shape) for name, shape in PROJECTIONS.items()}
+    late = args.trigger == "late"
     current = dict(shipped)
     points = []
 
     def score(configs: dict) -> tuple[float, dict[int, float]]:
-        per = layers.us_per_layer(configs, args.sizes)
+        per = layers.us_per_layer(configs, args.sizes, late)
         return statistics.fmean(per.values()), per
 
     base_us, per = score(current)
@@ -168,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  -> {name} now {tuple(cfg)}", flush=True)
     ab = {"shipped": [], "chosen": []}
     for _ in range(args.rounds):
-        for label, configs in (("shipped", shipped), ("chosen", current)):
-            ab[label].append(layers.us_per_layer(configs, args.sizes))
+        for label, configs, trigger in (("shipped", shipped, True), ("chosen", current, late)):
+            ab[label].append(layers.us_per_layer(configs, args.sizes, trigger))
     summary = {label: {m: statistics.median(r[m] for r in runs) for m in args.sizes} for label, runs in ab.items()}
     for m in args.sizes:
         s, c = summary["shipped"][m], summary["chosen"][m]
@@ -177,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{roof_us:.2f}", flush=True)
     print("\n".join(f"    ({n}, {k}, {sw}): FewRowsConfig{tuple(current[name])},  # ouro.{name}"
                     for name, (n, k, sw) in PROJECTIONS.items()))
-    save(args.out, shipped, current, points, roof_us, args.sizes, alternating=ab, median=summary)
+    save(args.out, shipped, current, points, roof_us, args.sizes, trigger=args.trigger, alternating=ab,
+         median=summary)
     return 0
 
 

@@ -214,7 +214,9 @@ def pdl_mode(t: torch.Tensor, kind: str) -> int:
     Why it matters: a successor let launch right after the wait (early) becomes resident while this kernel
     streams and issues its own first loads beside it. Behind the few-row matmul that cost the H200 ~20%: an
     Ouro-1.4B layer's projections at two rows took 49.1 us per layer with the early trigger, 40.8 us with the
-    late one (cuBLAS 47.2 us) (``benchmarks/results/few-row-matmul``)."""
+    late one (cuBLAS 47.2 us) (``benchmarks/results/few-row-matmul``). ``CDBSIM_PDL_LATE=none`` lets every kernel
+    trigger early; the few-row matmul then takes the configs chosen under that trigger
+    (``executor.few_rows.EARLY_CONFIGS``; measured, not the default: docs/executor.md)."""
     if not pdl_enabled(t):
         return 0
     env = os.environ.get("CDBSIM_PDL_LATE")

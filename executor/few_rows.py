@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from cdbsim.paths import FEW_ROWS_MAX
-from executor.chain import LATE, launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
+from executor.chain import EARLY, LATE, launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
 
 MAX_ROWS = 64  # most rows the kernel takes; launches take it up to cdbsim.paths.FEW_ROWS_MAX rows (measured)
 MIN_BLOCK_M = 16  # rows per MMA at least (tl.dot's smallest dimension); rows past M are masked, never loaded
@@ -68,6 +68,16 @@ CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
 }
 
 
+# Under the early trigger (CDBSIM_PDL_LATE without few_rows: the successor let launch right after the wait) the layer
+# runs fastest with smaller QKV and O tiles: benchmarks/sweep_layer_configs.py --trigger early on the H200 chose these
+# inside Ouro-1.4B's whole layer, 41.6 / 42.2 / 44.2 us per layer at 4 / 8 / 16 rows against 42.9 / 43.3 / 44.6 for the
+# shipped late trigger and CONFIGS (benchmarks/results/few-row-matmul/layer-configs-early). Other shapes as CONFIGS.
+EARLY_CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
+    (6144, 2048, False): FewRowsConfig(32, 128, 2, 4),  # ouro.wqkv
+    (2048, 2048, False): FewRowsConfig(16, 256, 2, 4),  # ouro.wo
+}
+
+
 def default_config(n: int, k: int, swiglu: bool = False) -> FewRowsConfig:
     """16 columns (32 for a wide output: at least ~3 programs per SM of an H200 either way) over 256-column
     chunks, four warps, four stages."""
@@ -75,8 +85,11 @@ def default_config(n: int, k: int, swiglu: bool = False) -> FewRowsConfig:
     return FewRowsConfig(block_n, min(256, max(16, triton.next_power_of_2(k))), 4, 4)
 
 
-def config_for(n: int, k: int, swiglu: bool = False) -> FewRowsConfig:
-    return CONFIGS.get((n, k, swiglu)) or default_config(n, k, swiglu)
+def config_for(n: int, k: int, swiglu: bool = False, early: bool = False) -> FewRowsConfig:
+    """The launch config of an ``[n, k]`` projection; ``early``: when the kernel lets its successor launch right
+    after its wait (:data:`EARLY_CONFIGS` first)."""
+    return ((EARLY_CONFIGS.get((n, k, swiglu)) if early else None) or CONFIGS.get((n, k, swiglu))
+            or default_config(n, k, swiglu))
 
 
 def block_rows(m: int) -> int:
@@ -172,11 +185,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
     _check(x, w, swiglu)
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    cfg = config or config_for(n, k, swiglu)
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     pdl = pdl_mode(x, "few_rows")
     if pdl and late is not None:
-        pdl = LATE if late else 1
+        pdl = LATE if late else EARLY
+    cfg = config or config_for(n, k, swiglu, early=pdl == EARLY)
     block_m = block_rows(m)
     stages, warps = stages_for(cfg, block_m, swiglu), warps_for(cfg, block_m)
     _few_rows_kernel[(triton.cdiv(n, cfg.block_n),)](

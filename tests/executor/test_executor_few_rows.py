@@ -99,6 +99,17 @@ def test_bad_inputs_are_refused_before_any_launch() -> None:
         f.linear(torch.zeros(8, 2).t(), w)
 
 
+def test_early_trigger_takes_its_own_configs_then_the_shipped_ones() -> None:
+    """With the successor let launch early, Ouro's QKV and O projections take the configs chosen under that trigger;
+    every other shape, and either projection under the late trigger, the shipped table's."""
+    from executor import few_rows as f
+
+    for key, cfg in f.EARLY_CONFIGS.items():
+        assert f.config_for(*key, early=True) == cfg != f.config_for(*key)
+    assert f.config_for(5632, 2048, True, early=True) == f.CONFIGS[(5632, 2048, True)]
+    assert f.config_for(100, 64, early=True) == f.default_config(100, 64)
+
+
 def test_ops_dispatch_by_rows() -> None:
     """``Ops.linear`` / ``linear_swiglu`` take the few-row matmul up to ``few_rows`` rows; the default models
     take it up to the shared limit if no wider than 2,048; a limit past the kernel's rows is refused."""

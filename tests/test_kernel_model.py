@@ -324,7 +324,7 @@ def test_a_profile_composes_the_few_row_matmul_only_if_it_measured_it() -> None:
 
     shipped = kernel_profile().kernels
     record = {**{k: v for k, v in shipped.items() if k != "few_rows"},
-              "tables": {k: v for k, v in shipped["tables"].items() if k != "few_gemm"}}
+              "tables": {k: v for k, v in shipped["tables"].items() if k not in ("few_gemm", "few_swiglu")}}
     gemm = record["tables"]["gemm"]
     few = {**record, "tables": {**record["tables"], "few_gemm": [[m, n, k, 0.5 * t] for m, n, k, t in gemm]},
            "few_rows": {"rows": 16, "hidden": 2048}}
@@ -339,6 +339,11 @@ def test_a_profile_composes_the_few_row_matmul_only_if_it_measured_it() -> None:
         assert ("silu_mul" in names) != few_path, (arch.name, rows)
     halved = sum(t for n, t in new.layer_kernels(narrow, 8, 512.0)[0] if n == "gemm")
     assert halved == pytest.approx(0.5 * sum(t for n, t in old.layer_kernels(narrow, 8, 512.0)[0] if n == "gemm"))
+    # a few_swiglu table, where the profile has one, prices the gate/up projection in place of the plain table
+    swiglu = KernelModel({**few, "tables": {**few["tables"], "few_swiglu": [
+        [m, n // 2, k, 1e-3] for m, n, k, _ in few["tables"]["few_gemm"] if n >= 2 * k and n % 2 == 0]}})
+    gemms = sorted(t for n, t in swiglu.layer_kernels(narrow, 8, 512.0)[0] if n == "gemm")
+    assert gemms[-1] == pytest.approx(1e-3) and gemms[-2] < 1e-4
 
 
 def test_a_profile_chains_two_rows_only_if_it_measured_them() -> None:

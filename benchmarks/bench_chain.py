@@ -321,11 +321,40 @@ def sweep_rows(shapes: list[Shape], sizes: tuple[int, ...], quick: bool) -> tupl
     return points, table
 
 
+def few_layer_calls(weights: list[dict], norm: torch.Tensor, x: torch.Tensor, branch: torch.Tensor, o: torch.Tensor,
+                    act: torch.Tensor, late: bool | None = None, norm_pdl: bool | None = None, norms: bool = True,
+                    configs: dict | None = None) -> list[Callable[[], object]]:
+    """Ouro-1.4B's few-row layer as served, per layer of ``weights`` (``qkv``, ``o``, ``gu``, ``down``): residual norm,
+    QKV, O, residual norm, gate/up with SwiGLU, down (attention left out). ``configs``: a launch config per
+    projection (default: the table's); ``norms=False``: the residual-norm kernels left out (wrong numbers, right
+    projections): how much a layer would gain at most if the norms were folded into the projections."""
+    from executor import few_rows as fr
+    from executor import triton_kernels as tk
+
+    configs = configs or {}
+
+    def normed() -> torch.Tensor:
+        return tk.residual_norm(branch, x, norm, norm, EPS, True, norm_pdl)[1] if norms else x
+
+    calls = []
+    for w in weights:
+        calls += [lambda w=w: fr.linear(normed(), w["qkv"], config=configs.get("qkv"), late=late),
+                  lambda w=w: fr.linear(o, w["o"], config=configs.get("o"), late=late),
+                  lambda w=w: fr.linear(normed(), w["gu"], True, config=configs.get("gu"), late=late),
+                  lambda w=w: fr.linear(act, w["down"], config=configs.get("down"), late=late)]
+    return calls
+
+
+def ouro_layer_weights(layers: int, randn: Callable[..., torch.Tensor], h: int = 2048, i: int = 5632) -> list[dict]:
+    """``layers`` distinct random copies of Ouro-1.4B's four projection weights (``qkv``, ``o``, ``gu``, ``down``)."""
+    return [dict(qkv=randn(3 * h, h, scale=h**-0.5), o=randn(h, h, scale=h**-0.5),
+                 gu=randn(2 * i, h, scale=h**-0.5), down=randn(h, i, scale=i**-0.5)) for _ in range(layers)]
+
+
 def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
     """Ouro-1.4B's projections, per layer: on the chained path up to its most rows (PDL on, off); at every size on
     the few-row path (PDL on, off) and on the cuBLAS path (norm and SwiGLU kernels PDL-launched)."""
     from executor import chain as c
-    from executor import few_rows as fr
     from executor import triton_kernels as tk
 
     h, i = 2048, 5632
@@ -334,8 +363,7 @@ def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
     def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
         return torch.randn(*shape, device="cuda", dtype=DTYPE, generator=gen) * scale
 
-    weights = [dict(qkv=randn(3 * h, h, scale=h**-0.5), o=randn(h, h, scale=h**-0.5),
-                    gu=randn(2 * i, h, scale=h**-0.5), down=randn(h, i, scale=i**-0.5)) for _ in range(layers)]
+    weights = ouro_layer_weights(layers, randn, h, i)
     norm = 1 + randn(h, scale=0.1)
     weight_bytes = sum(w.numel() * 2 for w in weights[0].values())
     bw = copy_bandwidth()["bandwidth_Bps"]
@@ -364,18 +392,7 @@ def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
 
         def few(x=x, branch=branch, o=o, act=act, late=None, norm_pdl=None, norms=True
                 ) -> list[Callable[[], object]]:
-            """``norms=False``: the residual-norm kernels left out (wrong numbers, right projections): how much a
-            layer would gain at most if the norms were folded into the projections."""
-            def normed():
-                return tk.residual_norm(branch, x, norm, norm, EPS, True, norm_pdl)[1] if norms else x
-
-            calls = []
-            for w in weights:
-                calls += [lambda w=w: fr.linear(normed(), w["qkv"], late=late),
-                          lambda w=w: fr.linear(o, w["o"], late=late),
-                          lambda w=w: fr.linear(normed(), w["gu"], True, late=late),
-                          lambda w=w: fr.linear(act, w["down"], late=late)]
-            return calls
+            return few_layer_calls(weights, norm, x, branch, o, act, late, norm_pdl, norms)
 
         paths = [("few+pdl-late", lambda: few(late=True), True),
                  ("few+pdl-late,no-norm-kernels", lambda: few(late=True, norms=False), True),

@@ -10,8 +10,8 @@ warps and stages, then warps and stages around the best tile. A candidate replac
 mean time per layer over ``--sizes`` is more than ``--min-gain`` percent below that of the current configs timed just
 before and after it (over one sweep the same configs' time drifted by 4% on the H200). Every candidate's output is
 checked against ``F.linear`` first. Last, the shipped and the chosen configs are timed in alternation (``--rounds``).
-``--trigger early`` runs the sweep with the successor let launch right after each matmul's wait: more stages fill a
-block's shared memory, so fewer of a successor's programs can become resident beside a running one.
+``--trigger early`` runs the sweep with the successor let launch right after each matmul's wait (its configs are
+``executor.few_rows.EARLY_CONFIGS``).
 
     python benchmarks/sweep_layer_configs.py --out sweep.json [--sizes 4 8 16] [--rounds 3]
 
@@ -33,7 +33,7 @@ for path in (ROOT, ROOT / "benchmarks"):
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from bench_chain import DTYPE, EPS, set_pdl, time_graph  # noqa: E402
+from bench_chain import DTYPE, few_layer_calls, ouro_layer_weights, set_pdl, time_graph  # noqa: E402
 from bench_executor import copy_bandwidth  # noqa: E402
 
 HIDDEN, INTER, LAYERS = 2048, 5632, 24
@@ -54,10 +54,10 @@ def shape_candidates(bn: int, bk: int) -> list[tuple[int, int, int, int]]:
 
 def fits(cfg: tuple[int, int, int, int], swiglu: bool) -> bool:
     """Whether Triton's ``stages + 1`` weight and row chunks fit a block's shared memory (16-row tile)."""
-    from executor.few_rows import MIN_BLOCK_M, SHARED_BUDGET
+    from executor.few_rows import MIN_BLOCK_M, SHARED_BUDGET, FewRowsConfig, stage_bytes
 
-    bn, bk, _, stages = cfg
-    return (stages + 1) * ((2 if swiglu else 1) * bn + MIN_BLOCK_M) * bk * 2 <= SHARED_BUDGET
+    config = FewRowsConfig(*cfg)
+    return (config.stages + 1) * stage_bytes(config, MIN_BLOCK_M, swiglu) <= SHARED_BUDGET
 
 
 class Layers:
@@ -66,26 +66,14 @@ class Layers:
     def __init__(self) -> None:
         gen = torch.Generator(device="cuda").manual_seed(0)
         self.randn = lambda *s, scale=1.0: torch.randn(*s, device="cuda", dtype=DTYPE, generator=gen) * scale
-        self.weights = [{name: self.randn(n * (2 if sw else 1), k, scale=k**-0.5)
-                         for name, (n, k, sw) in PROJECTIONS.items()} for _ in range(LAYERS)]
+        self.weights = ouro_layer_weights(LAYERS, self.randn, HIDDEN, INTER)
         self.norm = 1 + self.randn(HIDDEN, scale=0.1)
         self.weight_bytes = sum(w.numel() * 2 for w in self.weights[0].values())
 
     def calls(self, m: int, configs: dict, late: bool = True) -> list:
-        from executor import few_rows as fr
-        from executor import triton_kernels as tk
-
         x, branch, o, act = (self.randn(m, HIDDEN), self.randn(m, HIDDEN), self.randn(m, HIDDEN),
                              self.randn(m, INTER))
-        norm, calls = self.norm, []
-        for w in self.weights:
-            calls += [lambda w=w: fr.linear(tk.residual_norm(branch, x, norm, norm, EPS, True)[1], w["qkv"],
-                                            config=configs["qkv"], late=late),
-                      lambda w=w: fr.linear(o, w["o"], config=configs["o"], late=late),
-                      lambda w=w: fr.linear(tk.residual_norm(branch, x, norm, norm, EPS, True)[1], w["gu"], True,
-                                            config=configs["gu"], late=late),
-                      lambda w=w: fr.linear(act, w["down"], config=configs["down"], late=late)]
-        return calls
+        return few_layer_calls(self.weights, self.norm, x, branch, o, act, late=late, configs=configs)
 
     def us_per_layer(self, configs: dict, sizes: list[int], late: bool = True) -> dict[int, float]:
         out = {}

@@ -110,8 +110,12 @@ def stages_for(cfg: FewRowsConfig, block_m: int, swiglu: bool) -> int:
     (the sm_90 compile of the shipped configs at 32 and 64 rows: 245,760 bytes for 4 stages of 48 KB)."""
     if block_m <= MIN_BLOCK_M:
         return cfg.stages
-    per_stage = ((2 if swiglu else 1) * cfg.block_n + block_m) * cfg.block_k * 2
-    return max(2, min(cfg.stages, SHARED_BUDGET // per_stage - 1))
+    return max(2, min(cfg.stages, SHARED_BUDGET // stage_bytes(cfg, block_m, swiglu) - 1))
+
+
+def stage_bytes(cfg: FewRowsConfig, block_m: int, swiglu: bool) -> int:
+    """Shared memory of one pipeline stage: a chunk of weights (both halves with SwiGLU) and of rows, bf16."""
+    return ((2 if swiglu else 1) * cfg.block_n + block_m) * cfg.block_k * 2
 
 
 

@@ -76,13 +76,15 @@
 #                                           and stages against the few-row path -> benchmarks/results/chain-rows/
 #   bash benchmarks/gpu_session.sh ab       builds against each other on one board (TREES, ROUNDS): Ouro-1.4B's stages at
 #                                           1-16 rows in turn, both models' at 1-256 rows -> benchmarks/results/split-merge/
+#   bash benchmarks/gpu_session.sh variants environment settings against each other on one board (VARIANTS, ROUNDS,
+#                                           SIZES): Ouro-1.4B's few-row stages in turn -> benchmarks/results/few-row-matmul/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | maxsplits | ab) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, maxsplits, ab" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | maxsplits | ab | variants) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, maxsplits, ab, variants" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -416,6 +418,23 @@ case $phase in
       done
     fi
     [ ${#runs[@]} -gt 1 ] && run 30 compare-full python3 benchmarks/compare_stages.py "${runs[@]}"
+    ;;
+  variants)  # environment settings against each other on one board: GPU tests (TESTS=0: not); then, ROUNDS times
+    # (default 2), each variant of VARIANTS in turn ("name:VAR=value,VAR=value ..."; a bare name runs as built):
+    # Ouro-1.4B's stages at SIZES (default 3-16) rows, L = 512 and 4,096; every run against the first (compare_stages.py)
+    [ "${TESTS:-1}" = 1 ] && run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
+    runs=()
+    for round in $(seq "${ROUNDS:-2}"); do
+      for variant in ${VARIANTS:-base early:CDBSIM_PDL_LATE=none}; do
+        name=${variant%%:*}-$round
+        settings=(); [[ $variant == *:* ]] && IFS=, read -r -a settings <<< "${variant#*:}"
+        run 70 "few-$name" env "${settings[@]}" python3 benchmarks/bench_executor.py --models ouro-1.4b --quick \
+          --parts stages --sizes ${SIZES:-3 4 5 6 8 12 16} --contexts 512 4096 --prefill-tokens 512 --budget-s 50 \
+          --out "$work/few-$name"
+        runs+=("$work/few-$name")
+      done
+    done
+    run 30 compare python3 benchmarks/compare_stages.py "${runs[@]}"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

@@ -9,6 +9,7 @@ figures for a sweep of shapes).
 
 from __future__ import annotations
 
+import inspect
 import re
 import subprocess
 import tempfile
@@ -58,7 +59,10 @@ class Resources:
 
 def compile_sm90(fn, signature: dict[str, str], constants: dict, num_warps: int = 4, num_stages: int = 3):
     """``fn`` compiled for sm_90 with ``constants`` as its constexpr arguments (pointers assumed 16-byte
-    aligned, as at launch). Raises what Triton raises when it does not compile."""
+    aligned, as at launch; constexpr arguments with a default take it unless given). Raises what Triton raises when
+    it does not compile."""
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty}
+    constants = {**{k: v for k, v in defaults.items() if k not in signature}, **constants}
     sig = {**signature, **{k: "constexpr" for k in constants}}
     pointers = [i for i, t in enumerate(signature.values()) if t.startswith("*")]
     src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constants,

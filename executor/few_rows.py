@@ -34,9 +34,7 @@ import triton
 import triton.language as tl
 
 from cdbsim.paths import FEW_ROWS_MAX
-from executor import prefetch
 from executor.chain import EARLY, LATE, launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
-from executor.prefetch import prefetch_rows
 
 MAX_ROWS = 64  # most rows the kernel takes; launches take it up to cdbsim.paths.FEW_ROWS_MAX rows (measured)
 MIN_BLOCK_M = 16  # rows per MMA at least (tl.dot's smallest dimension); rows past M are masked, never loaded
@@ -70,10 +68,11 @@ CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
 }
 
 
-# Under the early trigger (CDBSIM_PDL_LATE without few_rows: the successor let launch right after the wait) the layer
-# runs fastest with smaller QKV and O tiles: benchmarks/sweep_layer_configs.py --trigger early on the H200 chose these
-# inside Ouro-1.4B's whole layer, 41.6 / 42.2 / 44.2 us per layer at 4 / 8 / 16 rows against 42.9 / 43.3 / 44.6 for the
-# shipped late trigger and CONFIGS (benchmarks/results/few-row-matmul/layer-configs-early). Other shapes as CONFIGS.
+# Under the early trigger (the successor let launch right after the wait: launches of executor.chain.EARLY_ROWS rows,
+# or every launch with CDBSIM_PDL_LATE=none) the layer runs fastest with smaller QKV and O tiles:
+# benchmarks/sweep_layer_configs.py --trigger early on the H200 chose these inside Ouro-1.4B's whole layer, 41.6 /
+# 42.2 / 44.2 us per layer at 4 / 8 / 16 rows against 42.9 / 43.3 / 44.6 for the late trigger and CONFIGS
+# (benchmarks/results/few-row-matmul/layer-configs-early). Other shapes as CONFIGS.
 EARLY_CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
     (6144, 2048, False): FewRowsConfig(32, 128, 2, 4),  # ouro.wqkv
     (2048, 2048, False): FewRowsConfig(16, 256, 2, 4),  # ouro.wo
@@ -132,12 +131,9 @@ def _dot(w, x, acc, IEEE: tl.constexpr):
 @triton.jit
 def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SWIGLU: tl.constexpr,
-                     IEEE: tl.constexpr, PDL: tl.constexpr, PF_COLS: tl.constexpr = 0, LINE: tl.constexpr = 64,
-                     TRIGGER_AT: tl.constexpr = 0):
+                     IEEE: tl.constexpr, PDL: tl.constexpr):
     """``OUT[m, n] = sum_k X[m, k] W[n, k]`` for this program's ``BLOCK_N`` columns and all ``M`` rows; with
-    ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[m, n] = silu(gate) * up`` of rows ``n`` and ``N + n``.
-    ``PF_COLS``: columns of each weight row prefetched into L2 before the wait; ``TRIGGER_AT``: under the late
-    trigger, the K offset at which the successor may launch (0: after the loop) (:mod:`executor.prefetch`)."""
+    ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[m, n] = silu(gate) * up`` of rows ``n`` and ``N + n``."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, BLOCK_M)
     ks = tl.arange(0, BLOCK_K)
@@ -151,10 +147,6 @@ def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl
     u = w
     if SWIGLU:
         u = tl.load(w_ptrs + N * K, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
-    first = tl.program_id(0) * BLOCK_N
-    prefetch_rows(W, first, N - 1, BLOCK_N, K, PF_COLS, LINE)
-    if SWIGLU:
-        prefetch_rows(W + N * K, first, N - 1, BLOCK_N, K, PF_COLS, LINE)
     wait_for_predecessor(PDL)
     x = tl.load(x_ptrs, mask=row_ok & k_ok, other=0.0)
     acc = _dot(w, x, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), IEEE)
@@ -162,9 +154,6 @@ def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl
     if SWIGLU:
         acc_up = _dot(u, x, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), IEEE)
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
-        if TRIGGER_AT > 0:  # noqa: SIM102 (compile-time: no comparison emitted without a mid-loop trigger)
-            if k0 == TRIGGER_AT:
-                let_successor_launch(PDL)
         k_ok = ((k0 + ks) < K)[None, :]
         w = tl.load(w_ptrs + k0, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
         x = tl.load(x_ptrs + k0, mask=row_ok & k_ok, other=0.0)
@@ -172,20 +161,12 @@ def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl
         if SWIGLU:
             u = tl.load(w_ptrs + N * K + k0, mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
             acc_up = _dot(u, x, acc_up, IEEE)
-    if TRIGGER_AT == 0:
-        let_successor_launch(PDL)
+    let_successor_launch(PDL)
     if SWIGLU:
         gate = acc.to(dt).to(tl.float32)
         acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(dt).to(tl.float32)
     out_ptrs = OUT + rows.to(tl.int64)[None, :] * N + cols[:, None]
     tl.store(out_ptrs, acc.to(dt), mask=col_ok & (rows < M)[None, :])
-
-
-def trigger_at(k: int, block_k: int, left: int) -> int:
-    """The loop's K offset at which the late trigger fires, ``left`` chunks (of ``block_k``) before the end of ``k``
-    (0: after the loop; also when ``left`` reaches the first chunk, which is loaded before the loop)."""
-    chunks = triton.cdiv(k, block_k)
-    return (chunks - left) * block_k if 0 < left < chunks else 0
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> None:
@@ -216,10 +197,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
     cfg = config or config_for(n, k, swiglu, early=pdl == EARLY)
     block_m = block_rows(m)
     stages, warps = stages_for(cfg, block_m, swiglu), warps_for(cfg, block_m)
-    line = prefetch.line_elements(w)
-    pf_cols = prefetch.weight_columns(k, cfg.block_n * (2 if swiglu else 1), line, prefetch.budget(w))
     _few_rows_kernel[(triton.cdiv(n, cfg.block_n),)](
         x, w, out, m, N=n, K=k, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=stages,
-        SWIGLU=swiglu, IEEE=x.dtype == torch.float32, PDL=pdl, PF_COLS=pf_cols, LINE=line,
-        TRIGGER_AT=trigger_at(k, cfg.block_k, prefetch.trigger_left()), num_warps=warps, **launch_options(pdl))
+        SWIGLU=swiglu, IEEE=x.dtype == torch.float32, PDL=pdl, num_warps=warps, **launch_options(pdl))
     return out

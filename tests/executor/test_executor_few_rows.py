@@ -151,3 +151,21 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(_main())
+
+
+@pytest.mark.parametrize("env,early_rows", [(None, {4, 5, 6}), ("none", set(range(1, 17))), ("few_rows", set())])
+def test_trigger_by_rows(monkeypatch: pytest.MonkeyPatch, env: str | None, early_rows: set[int]) -> None:
+    """The few-row matmul lets its successor launch early at 4-6 rows (measured faster there), late elsewhere;
+    CDBSIM_PDL_LATE overrides the rule either way; other kinds trigger early unless listed."""
+    from executor import chain
+
+    monkeypatch.setattr(chain, "pdl_enabled", lambda t: True)
+    if env is None:
+        monkeypatch.delenv("CDBSIM_PDL_LATE", raising=False)
+    else:
+        monkeypatch.setenv("CDBSIM_PDL_LATE", env)
+    got = {m for m in range(1, 17) if chain.pdl_mode(torch.zeros(m, 8), "few_rows") == chain.EARLY}
+    assert got == early_rows
+    assert {chain.pdl_mode(torch.zeros(m, 8), "attention") for m in (1, 5, 16)} == {chain.EARLY}
+    monkeypatch.setattr(chain, "pdl_enabled", lambda t: False)
+    assert chain.pdl_mode(torch.zeros(5, 8), "few_rows") == 0

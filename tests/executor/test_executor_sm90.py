@@ -111,37 +111,3 @@ def test_chained_kernels_compile_without_heavy_spills(n: int, k: int, swiglu: bo
     r = sm90.resources(kernel)
     assert r.stack <= 128 and r.fits, (cfg, r)
 
-
-@pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048, True), (2048, 5632, False)])
-def test_few_row_matmul_compiles_with_prefetch_and_a_mid_loop_trigger(n: int, k: int, swiglu: bool) -> None:
-    """The opt-in L2 prefetch of a program's whole slab and the late trigger two chunks before the loop's end
-    (executor.prefetch) compile for sm_90 without spills or extra shared memory, with the loop still pipelined."""
-    from executor import few_rows, prefetch
-    from executor.chain import EARLY, LATE
-
-    cfg = few_rows.config_for(n, k, swiglu)
-    stages = few_rows.stages_for(cfg, 16, swiglu)
-    pf_cols = prefetch.weight_columns(k, cfg.block_n * (2 if swiglu else 1), 64, prefetch.ALL)
-    assert pf_cols >= k
-    shared = {}
-    for name, pdl, extra in (("plain", LATE, {}), ("prefetch", EARLY, dict(PF_COLS=pf_cols, LINE=64)),
-                             ("mid", LATE, dict(TRIGGER_AT=few_rows.trigger_at(k, cfg.block_k, 2)))):
-        kernel = sm90.compile_sm90(few_rows._few_rows_kernel, sm90.SIGNATURES["few_rows"],
-                                   dict(N=n, K=k, BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STAGES=stages,
-                                        SWIGLU=swiglu, IEEE=False, PDL=pdl, **extra), cfg.num_warps, stages)
-        ptx = kernel.asm["ptx"]
-        assert ("prefetch.global.L2" in ptx) == (name == "prefetch")
-        assert ptx.count("griddepcontrol.launch_dependents") >= 1 and "cp.async" in ptx
-        r = sm90.resources(kernel)
-        assert r.stack == 0 and r.fits, (name, r)
-        shared[name] = r.shared
-    assert shared["prefetch"] == shared["mid"] == shared["plain"]
-
-
-def test_few_row_trigger_offset() -> None:
-    """``left`` chunks before the end; 0 (after the loop) when none are left or they reach the first chunk."""
-    from executor.few_rows import trigger_at
-
-    assert trigger_at(2048, 256, 2) == 1536 and trigger_at(2048, 256, 7) == 256
-    assert trigger_at(2048, 256, 0) == trigger_at(2048, 256, 8) == trigger_at(2048, 256, 9) == 0
-    assert trigger_at(5632, 256, 1) == 5376  # 22 chunks, the last one full

@@ -78,13 +78,15 @@
 #                                           1-16 rows in turn, both models' at 1-256 rows -> benchmarks/results/split-merge/
 #   bash benchmarks/gpu_session.sh variants environment settings against each other on one board (VARIANTS, ROUNDS,
 #                                           SIZES): Ouro-1.4B's few-row stages in turn -> benchmarks/results/few-row-matmul/
+#   bash benchmarks/gpu_session.sh servedvariants  the same settings' served throughput (SERVED: workload:W:requests;
+#                                           MODELS) -> benchmarks/results/few-row-matmul/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | maxsplits | ab | variants) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, maxsplits, ab, variants" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | maxsplits | ab | variants | servedvariants) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, maxsplits, ab, variants, servedvariants" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -435,6 +437,22 @@ case $phase in
       done
     done
     run 30 compare python3 benchmarks/compare_stages.py "${runs[@]}"
+    ;;
+  servedvariants)  # what environment settings do to served throughput: for each SERVED entry (workload:W:requests;
+    # default alpaca:64:256 alpaca:256:768 sharegpt:64:128 sharegpt:256:256), each variant of VARIANTS in turn (as in
+    # variants), MODELS' (default ouro-1.4b) three policies on the same requests, one process per run
+    for model in ${MODELS:-ouro-1.4b}; do
+      for served in ${SERVED:-alpaca:64:256 alpaca:256:768 sharegpt:64:128 sharegpt:256:256}; do
+        IFS=: read -r workload width requests <<< "$served"
+        for variant in ${VARIANTS:-base late:CDBSIM_PDL_LATE=few_rows}; do
+          name=$model-$workload-W$width-${variant%%:*}
+          settings=(); [[ $variant == *:* ]] && IFS=, read -r -a settings <<< "${variant#*:}"
+          run "${LIMIT_S:-120}" "served-$name" env "${settings[@]}" python3 benchmarks/bench_executor.py \
+            --models "$model" --quick --parts throughput --exits synthetic --workload "$workload" --width "$width" \
+            --requests "$requests" --budget-s 30 --out "$work/served-$name"
+        done
+      done
+    done
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

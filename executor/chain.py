@@ -204,33 +204,25 @@ def launch_options(pdl: bool) -> dict:
 
 EARLY, LATE = 1, 2  # a PDL kernel's PDL constexpr: when it lets its successor launch (0: not PDL-launched)
 LATE_KINDS = ("few_rows",)  # kernels that let their successor launch only after their main loop
-# ... except at these rows (a launch's first dimension), where the early trigger with its own configs measured faster:
-# Ouro-1.4B's core step 4.1-5.1% at 4-6 rows, L = 512, and 2.2-4.3% at L = 4,096, while at 3, 8 and 12 rows it was
-# slower at one context or both (+2 to +5%) and level at 16 (benchmarks/results/few-row-matmul/trigger-rows/)
-EARLY_ROWS = {"few_rows": range(4, 7)}
 
 
 def pdl_mode(t: torch.Tensor, kind: str) -> int:
     """The ``PDL`` constexpr of a kernel of ``kind`` on ``t``'s device: 0 without PDL (:func:`pdl_enabled`),
-    :data:`LATE` for the kinds in ``CDBSIM_PDL_LATE`` (a comma-separated list; default :data:`LATE_KINDS` but at the
-    rows of :data:`EARLY_ROWS`, ``t``'s first dimension), else :data:`EARLY`.
+    :data:`LATE` for the kinds in ``CDBSIM_PDL_LATE`` (a comma-separated list; default :data:`LATE_KINDS`),
+    else :data:`EARLY`.
 
     Why it matters: a successor let launch right after the wait (early) becomes resident while this kernel
     streams and issues its own first loads beside it. Behind the few-row matmul that cost the H200 ~20%: an
     Ouro-1.4B layer's projections at two rows took 49.1 us per layer with the early trigger, 40.8 us with the
-    late one (cuBLAS 47.2 us) (``benchmarks/results/few-row-matmul``). At 4-6 rows, with the configs chosen
-    under the early trigger (``executor.few_rows.EARLY_CONFIGS``), whole core steps measured faster early
-    (:data:`EARLY_ROWS`).
-    ``CDBSIM_PDL_LATE=none`` lets every kernel trigger early; ``CDBSIM_PDL_LATE=few_rows`` makes the few-row matmul
-    trigger late at every row count (docs/executor.md)."""
+    late one (cuBLAS 47.2 us) (``benchmarks/results/few-row-matmul``). ``CDBSIM_PDL_LATE=none`` lets every kernel
+    trigger early; the few-row matmul then takes the configs chosen under that trigger
+    (``executor.few_rows.EARLY_CONFIGS``). Faster in replayed stages at 4-6 rows with a shared KV layout, slower
+    in served 4-row launches (depth layout, short contexts): measured, not the default (docs/executor.md)."""
     if not pdl_enabled(t):
         return 0
     env = os.environ.get("CDBSIM_PDL_LATE")
-    if env is None:
-        late = kind in LATE_KINDS and t.shape[0] not in EARLY_ROWS.get(kind, ())
-    else:
-        late = kind in (k.strip() for k in env.split(","))
-    return LATE if late else EARLY
+    kinds = LATE_KINDS if env is None else tuple(k.strip() for k in env.split(","))
+    return LATE if kind in kinds else EARLY
 
 
 @triton.jit

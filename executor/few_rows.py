@@ -68,11 +68,10 @@ CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
 }
 
 
-# Under the early trigger (the successor let launch right after the wait: launches of executor.chain.EARLY_ROWS rows,
-# or every launch with CDBSIM_PDL_LATE=none) the layer runs fastest with smaller QKV and O tiles:
-# benchmarks/sweep_layer_configs.py --trigger early on the H200 chose these inside Ouro-1.4B's whole layer, 41.6 /
-# 42.2 / 44.2 us per layer at 4 / 8 / 16 rows against 42.9 / 43.3 / 44.6 for the late trigger and CONFIGS
-# (benchmarks/results/few-row-matmul/layer-configs-early). Other shapes as CONFIGS.
+# Under the early trigger (CDBSIM_PDL_LATE without few_rows: the successor let launch right after the wait) the layer
+# runs fastest with smaller QKV and O tiles: benchmarks/sweep_layer_configs.py --trigger early on the H200 chose these
+# inside Ouro-1.4B's whole layer, 41.6 / 42.2 / 44.2 us per layer at 4 / 8 / 16 rows against 42.9 / 43.3 / 44.6 for the
+# shipped late trigger and CONFIGS (benchmarks/results/few-row-matmul/layer-configs-early). Other shapes as CONFIGS.
 EARLY_CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
     (6144, 2048, False): FewRowsConfig(32, 128, 2, 4),  # ouro.wqkv
     (2048, 2048, False): FewRowsConfig(16, 256, 2, 4),  # ouro.wo

@@ -131,8 +131,10 @@ def copy_bandwidth(gib: float = 4.0) -> dict:
 
 # ----- (a) stage latency -----------------------------------------------------------------------------
 def stage_latency(arch: ArchSpec, model, sizes: list[int], context: int, prefill_tokens: list[int],
-                  bandwidth: float, iters: int, repeats: int) -> list[dict]:
-    """Latency of each stage's CUDA graph with ``B`` rows attending ``context + 1`` positions each."""
+                  bandwidth: float, iters: int, repeats: int, layout: KVLayout = KVLayout.SHARED) -> list[dict]:
+    """Latency of each stage's CUDA graph with ``B`` rows attending ``context + 1`` positions each, on the KV
+    ``layout`` (the table's: shared; served Ouro runs and calibration use depth, a slot per loop step, and a kernel
+    change can move the two differently: docs/executor.md)."""
     from executor.graphs import StageGraphs
 
     rows = max(sizes)
@@ -141,7 +143,7 @@ def stage_latency(arch: ArchSpec, model, sizes: list[int], context: int, prefill
     prefill_blocks = need_blocks(max(prefill_tokens, default=1), 2)  # the prefill chunk (request 0) gets its own pages
     requests = [Request(i, prompt, 2) for i in range(rows)]
     config = ServeConfig(policy="refill", width=rows, prefill_budget=max([rows, *prefill_tokens]),
-                         layout=KVLayout.SHARED, graph_sizes=tuple(sizes))
+                         layout=layout, graph_sizes=tuple(sizes))
     engine = Engine(model, config, requests, rows * per_row + prefill_blocks)
     engine.fill_random()
     engine.admit(range(rows))
@@ -424,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-grid", action="store_true",
                         help="attention part: also every split count with 128, 256 and 512 as a split's fewest "
                              "positions (the shipped kernel: 64)")
+    parser.add_argument("--stage-layout", choices=["shared", "depth"], default="shared",
+                        help="KV layout of the stage part (shared: the README table's; depth: a slot per loop step, "
+                             "as served Ouro runs and calibration use)")
     parser.add_argument("--attention-rule", type=attention_rule, metavar="PROGRAMS:LEAST[:MOST]",
                         help="a candidate split rule for decode attention, this run only: splits = PROGRAMS // "
                              "(rows x heads), at least LEAST, at most MOST (default 16; shipped: "
@@ -517,17 +522,20 @@ def main(argv: list[str] | None = None) -> int:
         results["meta"]["fused_attention_rows"] = models[name][1].ops.fused_attention_rows
         results["meta"]["fuse_rows"] = models[name][1].ops.fuse_rows
         results["meta"]["few_rows"] = models[name][1].ops.few_rows
+        results["meta"]["stage_layout"] = args.stage_layout
         if "stages" in args.parts:
             sizes = args.sizes or ([1, 16, 64] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256])
             prefill = args.prefill_tokens or ([128 if args.smoke else 512] if quick else [256, 1024, 4096])
             arch, model = models[name]
             for i, context in enumerate([64] if args.smoke else args.contexts):
-                fits = [b for b in sizes if b * context <= MAX_KV_TOKENS]  # the cache holds every layer's KV
+                most = MAX_KV_TOKENS * arch.cache_layers("shared") // arch.cache_layers(args.stage_layout)
+                fits = [b for b in sizes if b * context <= most]  # the cache holds every layer's KV
                 if fits != sizes:
-                    print(f"stages {name} L={context}: B > {max(fits)} left out (over {MAX_KV_TOKENS:,} KV tokens)")
+                    print(f"stages {name} L={context}: B > {max(fits, default=0)} left out (over {most:,} KV tokens)")
                 part(f"stages {name} L={context}", lambda arch=arch, model=model, sizes=fits, context=context,
                      prefill=prefill if i == 0 else []: results["stages"].extend(stage_latency(
-                         arch, model, sizes, context, prefill, bandwidth, iters, repeats)))
+                         arch, model, sizes, context, prefill, bandwidth, iters, repeats,
+                         KVLayout(args.stage_layout))))
         if "throughput" not in args.parts:  # nothing reads the weights again: the next model gets the memory
             del models[name]
             model = None

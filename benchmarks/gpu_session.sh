@@ -423,7 +423,8 @@ case $phase in
     ;;
   variants)  # environment settings against each other on one board: GPU tests (TESTS=0: not); then, ROUNDS times
     # (default 2), each variant of VARIANTS in turn ("name:VAR=value,VAR=value ..."; a bare name runs as built):
-    # Ouro-1.4B's stages at SIZES (default 3-16) rows, L = 512 and 4,096; every run against the first (compare_stages.py)
+    # Ouro-1.4B's stages at SIZES (default 3-16) rows and CONTEXTS (default 512 4096), STAGE_ARGS added (e.g.
+    # --stage-layout depth); every run against the first (compare_stages.py)
     [ "${TESTS:-1}" = 1 ] && run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
     runs=()
     for round in $(seq "${ROUNDS:-2}"); do
@@ -431,8 +432,8 @@ case $phase in
         name=${variant%%:*}-$round
         settings=(); [[ $variant == *:* ]] && IFS=, read -r -a settings <<< "${variant#*:}"
         run 70 "few-$name" env "${settings[@]}" python3 benchmarks/bench_executor.py --models ouro-1.4b --quick \
-          --parts stages --sizes ${SIZES:-3 4 5 6 8 12 16} --contexts 512 4096 --prefill-tokens 512 --budget-s 50 \
-          --out "$work/few-$name"
+          --parts stages --sizes ${SIZES:-3 4 5 6 8 12 16} --contexts ${CONTEXTS:-512 4096} --prefill-tokens 512 \
+          --budget-s 50 ${STAGE_ARGS:-} --out "$work/few-$name"
         runs+=("$work/few-$name")
       done
     done

@@ -80,13 +80,15 @@
 #                                           SIZES): Ouro-1.4B's few-row stages in turn -> benchmarks/results/few-row-matmul/
 #   bash benchmarks/gpu_session.sh servedvariants  the same settings' served throughput (SERVED: workload:W:requests;
 #                                           MODELS) -> benchmarks/results/few-row-matmul/
+#   bash benchmarks/gpu_session.sh servedab the same settings served on validation-matrix configurations (ONLY, ROUNDS),
+#                                           launch by launch (compare_stages.py) -> benchmarks/results/few-row-matmul/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | maxsplits | ab | variants | servedvariants) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, maxsplits, ab, variants, servedvariants" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | maxsplits | ab | variants | servedvariants | servedab) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, maxsplits, ab, variants, servedvariants, servedab" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -108,6 +110,10 @@ run() {  # run LIMIT_S NAME CMD...: time-limited step with its log kept; the arc
   echo "$name: exit $? after $((SECONDS - t0)) s" | tee -a "$work/steps.txt"
   tail -n 25 "$work/$name.log"
   tar czf "$OUT/session-$phase.tgz" --exclude=trace.json.gz -C "$work" .
+}
+variant_env() {  # variant_env "name:VAR=value,VAR=value": a variant's settings, one per line (none for a bare name)
+  [[ $1 == *:* ]] && tr ',' '\n' <<< "${1#*:}"
+  return 0
 }
 case $phase in
   kernels)  # the kernel-level profile (copied out as soon as it exists: the calibration rewrites it per family);
@@ -430,7 +436,7 @@ case $phase in
     for round in $(seq "${ROUNDS:-2}"); do
       for variant in ${VARIANTS:-base early:CDBSIM_PDL_LATE=none}; do
         name=${variant%%:*}-$round
-        settings=(); [[ $variant == *:* ]] && IFS=, read -r -a settings <<< "${variant#*:}"
+        mapfile -t settings < <(variant_env "$variant")
         run 70 "few-$name" env "${settings[@]}" python3 benchmarks/bench_executor.py --models ouro-1.4b --quick \
           --parts stages --sizes ${SIZES:-3 4 5 6 8 12 16} --contexts ${CONTEXTS:-512 4096} --prefill-tokens 512 \
           --budget-s 50 ${STAGE_ARGS:-} --out "$work/few-$name"
@@ -447,13 +453,30 @@ case $phase in
         IFS=: read -r workload width requests <<< "$served"
         for variant in ${VARIANTS:-base late:CDBSIM_PDL_LATE=few_rows}; do
           name=$model-$workload-W$width-${variant%%:*}
-          settings=(); [[ $variant == *:* ]] && IFS=, read -r -a settings <<< "${variant#*:}"
+          mapfile -t settings < <(variant_env "$variant")
           run "${LIMIT_S:-120}" "served-$name" env "${settings[@]}" python3 benchmarks/bench_executor.py \
             --models "$model" --quick --parts throughput --exits synthetic --workload "$workload" --width "$width" \
             --requests "$requests" --budget-s 30 --out "$work/served-$name"
         done
       done
     done
+    ;;
+  servedab)  # settings against each other as served: ROUNDS (default 2) rounds of each variant of VARIANTS in turn
+    # (as in variants), the validation matrix's ONLY configurations (default ouro-alpaca-refill-W64) served by the
+    # executor (cdbsim validate: its launch logs), then compare_stages.py on them (mean launch time per stage and
+    # padded rows, and each run's makespan, against the first)
+    runs=()
+    for round in $(seq "${ROUNDS:-2}"); do
+      for variant in ${VARIANTS:-base early:CDBSIM_PDL_LATE=none}; do
+        name=${variant%%:*}-$round
+        mapfile -t settings < <(variant_env "$variant")
+        run "${LIMIT_S:-90}" "served-$name" env "${settings[@]}" python3 cli.py validate \
+          --matrix calibration/matrices/validation-h200.json --only "${ONLY:-ouro-alpaca-refill-W64}" \
+          --out "$work/served-$name"
+        runs+=("$work/served-$name")
+      done
+    done
+    run 30 compare python3 benchmarks/compare_stages.py "${runs[@]}"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

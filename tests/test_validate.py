@@ -305,3 +305,37 @@ def test_served_gap_analysis_names_the_configurations_of_its_matrix(capsys) -> N
                 for c in ("ouro-alpaca-cb-W64", "ouro-alpaca-cb-W256")]
     assert int(every.split()[2]) == sum(each) and min(each) > 0  # both runs' decode launches
     assert "by loop steps mixed" in out and "(32, 64]" in out
+
+
+def test_compare_stages_takes_served_launch_logs(tmp_path: Path, capsys) -> None:
+    """``benchmarks/compare_stages.py`` on ``cdbsim validate --out`` folders: mean launch time per (run, stage,
+    padded rows) and each run's makespan; a candidate whose core launches take 10% longer shows +10% there and
+    nowhere else; a folder without logs is one error line."""
+    import importlib.util
+    import shutil
+
+    import pandas as pd
+
+    from calibration.validation import unpacked_logs
+
+    spec = importlib.util.spec_from_file_location("compare_stages", "benchmarks/compare_stages.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    run = "measured/ouro-alpaca-refill-W16"
+    with unpacked_logs(Path("benchmarks/results/validation/measured-logs.tgz")) as logs:
+        for name in ("base", "slow"):
+            shutil.copytree(logs / "ouro-alpaca-refill-W16", tmp_path / name / run)
+    path = tmp_path / "slow" / run / "launches.parquet"
+    launches = pd.read_parquet(path)
+    core = launches["stage"] == "core"
+    launches.loc[core, "end"] = launches["start"] + (launches["end"] - launches["start"]) * 1.1
+    launches.to_parquet(path)
+    frame = module.compare(tmp_path / "base", [tmp_path / "slow"])
+    change = frame["slow"]
+    stages = change.index.get_level_values("stage")
+    assert set(stages) >= {"prefill", "prelude", "core", "coda", "span"}
+    assert change[stages == "core"].round(6).eq(10.0).all() and len(change[stages == "core"]) > 3
+    assert change[(stages != "core") & (stages != "span")].abs().max() < 1e-9
+    with pytest.raises(SystemExit, match="no launch logs"):
+        (tmp_path / "empty" / "measured").mkdir(parents=True)
+        module.load(tmp_path / "empty")

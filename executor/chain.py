@@ -216,7 +216,7 @@ def pdl_mode(t: torch.Tensor, kind: str) -> int:
     Ouro-1.4B layer's projections at two rows took 49.1 us per layer with the early trigger, 40.8 us with the
     late one (cuBLAS 47.2 us) (``benchmarks/results/few-row-matmul``). ``CDBSIM_PDL_LATE=none`` lets every kernel
     trigger early; the few-row matmul then takes the configs chosen under that trigger
-    (``executor.few_rows.EARLY_CONFIGS``). That is 4% faster in stages replayed alone at 4-8 rows and 6-7% slower
+    (``executor.few_rows.EARLY_CONFIGS``). That is 4% faster in stages replayed alone at 4-6 rows and 6-7% slower
     in few-row launches served back to back: measured, not the default (docs/executor.md)."""
     if not pdl_enabled(t):
         return 0

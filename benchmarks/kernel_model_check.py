@@ -2,9 +2,12 @@
 whole-model profiles, predicted from the kernels alone (as if those models had never run).
 
     python benchmarks/kernel_model_check.py [--kernels calibration/profiles/h200-kernels.json] [--out CSV]
+                                           [--points CSV]
 
 Prints, per model and stage, the median and worst signed error of the composed stage time against each
-measured point, and the same for the roofline, so a reader sees what kernel-level calibration buys.
+measured point, and the same for the roofline, so a reader sees what kernel-level calibration buys; ``--points``
+writes every point's error (model, stage, profile, rows or tokens, context, measured seconds, error %), to see
+where by rows a median comes from.
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", default="calibration/profiles/h200-kernels.json")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--points", default=None, help="also write every point's error to this CSV")
     args = parser.parse_args()
     kernels = load_profile_file(args.kernels)
-    rows = []
+    rows, points = [], []
     for profile in shipped_profiles().values():
         if profile.kind != "measured":
             continue
@@ -55,6 +59,9 @@ def main() -> None:
                     continue
                 for name, model in models.items():
                     errors = [model.launch_time(point_launch(stage, p)) / p[-1] - 1 for p in fit.points]
+                    points += [{"model": arch.name, "stage": stage.value, "profile": name, "rows": int(p[0]),
+                                "context": p[1], "measured_s": p[-1], "error %": 100 * e}
+                               for p, e in zip(fit.points, errors, strict=True)]
                     rows.append({"model": arch.name, "stage": stage.value, "profile": name, "points": len(errors),
                                  "median %": 100 * statistics.median(errors),
                                  "median |%|": 100 * statistics.median(abs(e) for e in errors),
@@ -63,10 +70,13 @@ def main() -> None:
     for r in rows:
         print(f"{r['model']:12s} {r['stage']:8s} {r['profile']:9s} {r['points']:6d} {r['median %']:9.1f} "
               f"{r['median |%|']:8.1f} {r['worst %']:8.1f}")
-    if args.out:
+    if args.out or args.points:
         import pandas as pd
 
-        pd.DataFrame(rows).to_csv(args.out, index=False)
+        if args.out:
+            pd.DataFrame(rows).to_csv(args.out, index=False)
+        if args.points:
+            pd.DataFrame(points).to_csv(args.points, index=False)
 
 
 if __name__ == "__main__":

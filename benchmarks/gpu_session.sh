@@ -115,6 +115,19 @@ variant_env() {  # variant_env "name:VAR=value,VAR=value": a variant's settings,
   [[ $1 == *:* ]] && tr ',' '\n' <<< "${1#*:}"
   return 0
 }
+over_variants() {  # over_variants LIMIT_S PREFIX CMD...: ROUNDS rounds (default 2) of each variant of VARIANTS in turn,
+  # CMD run under the variant's settings with --out $work/PREFIX-NAME-ROUND; those folders are left in `runs`
+  local limit=$1 prefix=$2 round variant name settings; shift 2
+  runs=()
+  for round in $(seq "${ROUNDS:-2}"); do
+    for variant in ${VARIANTS:-base early:CDBSIM_PDL_LATE=none}; do
+      name=$prefix-${variant%%:*}-$round
+      mapfile -t settings < <(variant_env "$variant")
+      run "$limit" "$name" env "${settings[@]}" "$@" --out "$work/$name"
+      runs+=("$work/$name")
+    done
+  done
+}
 case $phase in
   kernels)  # the kernel-level profile (copied out as soon as it exists: the calibration rewrites it per family);
     # run `matrix` in the next call, while the GPU is still held, to validate it on the same board. Every family but
@@ -432,17 +445,9 @@ case $phase in
     # Ouro-1.4B's stages at SIZES (default 3-16) rows and CONTEXTS (default 512 4096), STAGE_ARGS added (e.g.
     # --stage-layout depth); every run against the first (compare_stages.py)
     [ "${TESTS:-1}" = 1 ] && run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
-    runs=()
-    for round in $(seq "${ROUNDS:-2}"); do
-      for variant in ${VARIANTS:-base early:CDBSIM_PDL_LATE=none}; do
-        name=${variant%%:*}-$round
-        mapfile -t settings < <(variant_env "$variant")
-        run 70 "few-$name" env "${settings[@]}" python3 benchmarks/bench_executor.py --models ouro-1.4b --quick \
-          --parts stages --sizes ${SIZES:-3 4 5 6 8 12 16} --contexts ${CONTEXTS:-512 4096} --prefill-tokens 512 \
-          --budget-s 50 ${STAGE_ARGS:-} --out "$work/few-$name"
-        runs+=("$work/few-$name")
-      done
-    done
+    over_variants 70 few python3 benchmarks/bench_executor.py --models ouro-1.4b --quick --parts stages \
+      --sizes ${SIZES:-3 4 5 6 8 12 16} --contexts ${CONTEXTS:-512 4096} --prefill-tokens 512 --budget-s 50 \
+      ${STAGE_ARGS:-}
     run 30 compare python3 benchmarks/compare_stages.py "${runs[@]}"
     ;;
   servedvariants)  # what environment settings do to served throughput: for each SERVED entry (workload:W:requests;
@@ -465,17 +470,8 @@ case $phase in
     # (as in variants), the validation matrix's ONLY configurations (default ouro-alpaca-refill-W64) served by the
     # executor (cdbsim validate: its launch logs), then compare_stages.py on them (mean launch time per stage and
     # padded rows, and each run's makespan, against the first)
-    runs=()
-    for round in $(seq "${ROUNDS:-2}"); do
-      for variant in ${VARIANTS:-base early:CDBSIM_PDL_LATE=none}; do
-        name=${variant%%:*}-$round
-        mapfile -t settings < <(variant_env "$variant")
-        run "${LIMIT_S:-90}" "served-$name" env "${settings[@]}" python3 cli.py validate \
-          --matrix calibration/matrices/validation-h200.json --only "${ONLY:-ouro-alpaca-refill-W64}" \
-          --out "$work/served-$name"
-        runs+=("$work/served-$name")
-      done
-    done
+    over_variants "${LIMIT_S:-90}" served python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
+      --only "${ONLY:-ouro-alpaca-refill-W64}"
     run 30 compare python3 benchmarks/compare_stages.py "${runs[@]}"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)

@@ -307,7 +307,7 @@ def test_served_gap_analysis_names_the_configurations_of_its_matrix(capsys) -> N
     assert "by loop steps mixed" in out and "(32, 64]" in out
 
 
-def test_compare_stages_takes_served_launch_logs(tmp_path: Path, capsys) -> None:
+def test_compare_stages_takes_served_launch_logs(tmp_path: Path) -> None:
     """``benchmarks/compare_stages.py`` on ``cdbsim validate --out`` folders: mean launch time per (run, stage,
     padded rows) and each run's makespan; a candidate whose core launches take 10% longer shows +10% there and
     nowhere else; a folder without logs is one error line."""

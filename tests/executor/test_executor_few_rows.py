@@ -147,13 +147,6 @@ def test_kernel_on_the_gpu_in_bfloat16(graph: bool) -> None:
         fn()
 
 
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(_main())
-
-
-
 @pytest.mark.parametrize("env,early_rows", [(None, set()), ("none", set(range(1, 17))), ("few_rows", set())])
 def test_trigger_by_setting(monkeypatch: pytest.MonkeyPatch, env: str | None, early_rows: set[int]) -> None:
     """The few-row matmul lets its successor launch late at every row count (an early trigger at 4-6 rows measured
@@ -170,3 +163,9 @@ def test_trigger_by_setting(monkeypatch: pytest.MonkeyPatch, env: str | None, ea
     assert {chain.pdl_mode(torch.zeros(m, 8), "attention") for m in (1, 5, 16)} == {chain.EARLY}
     monkeypatch.setattr(chain, "pdl_enabled", lambda t: False)
     assert chain.pdl_mode(torch.zeros(5, 8), "few_rows") == 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main())

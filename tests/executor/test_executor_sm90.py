@@ -110,4 +110,3 @@ def test_chained_kernels_compile_without_heavy_spills(n: int, k: int, swiglu: bo
                                cfg.num_warps, 1)
     r = sm90.resources(kernel)
     assert r.stack <= 128 and r.fits, (cfg, r)
-

@@ -10,6 +10,9 @@ Two parts (``--parts``):
            per call. Under PDL consecutive calls overlap, as the kernels of a layer do.
 ``rows``   per decode shape, the few-row matmul (:mod:`executor.few_rows`): its configs at 8 rows (tile,
            then warps and stages), then the best at every ``--sizes`` against cuBLAS (and the SwiGLU kernel).
+``tma``    the few-row matmul on the bulk copy engine (:mod:`executor.few_rows_tma`) against the Triton one: per
+           projection shape and ``--sizes`` (its ring at several depths, both PDL triggers; every call checked
+           against ``F.linear``), then Ouro-1.4B's few-row layers (as ``layers`` times them) on each kernel.
 ``layers`` Ouro-1.4B's four projections per layer, 24 layers of distinct weights in one graph: as the
            chained path runs them up to its most rows (residual + QKV, O, residual + gate/up + SwiGLU, down) with
            and without PDL, and at every ``--sizes`` as the few-row path and the cuBLAS path run them (the latter with
@@ -17,7 +20,7 @@ Two parts (``--parts``):
            kernels (what folding them into the projections could gain at most): microseconds per layer against
            the weight-read roofline.
 
-    python benchmarks/bench_chain.py --out chain.json [--parts sweep rows layers] [--sizes 1 2 4 8 16] [--quick]
+    python benchmarks/bench_chain.py --out chain.json [--parts sweep rows tma layers] [--sizes 1 2 4 8 16] [--quick]
 
 The JSON holds every point, ``config_table`` and ``few_rows_table``: the entries of ``executor.chain.CONFIGS``
 and ``executor.few_rows.CONFIGS`` in their source format (also printed), to paste where they differ from the
@@ -321,6 +324,75 @@ def sweep_rows(shapes: list[Shape], sizes: tuple[int, ...], quick: bool) -> tupl
     return points, table
 
 
+class TmaPoint(RowsPoint):
+    """A shape's inputs timed on the few-row TMA kernel (``stages``, PDL trigger ``pdl``) or the Triton one."""
+
+    def tma_call(self, i: int, m: int, stages: int, pdl: int) -> Callable[[], torch.Tensor]:
+        from executor import few_rows_tma as tma
+
+        w, x = self.w[i % self.copies], self.x[:m]
+        return lambda: tma.linear(x, w, self.shape.op == "swiglu", pdl, stages)
+
+    def error(self, got: torch.Tensor, m: int) -> tuple[bool, float]:
+        from executor import triton_kernels as tk
+
+        want = F.linear(self.x[:m], self.w[0])
+        want = tk.silu_mul(want) if self.shape.op == "swiglu" else want
+        diff = (got.float() - want.float()).abs()
+        return bool((diff <= 1e-2 + 2e-2 * want.float().abs()).all()), float(diff.max())
+
+
+def tma_rows(sizes: tuple[int, ...], stage_counts: tuple[int, ...] = (4, 8, 12, 16)) -> list[dict]:
+    """Per projection shape and size: the Triton few-row matmul (its shipped config) and the TMA kernel at every ring
+    depth (late trigger) and at the default depth with the early one, PDL on, microseconds per call in a graph of
+    20; then Ouro-1.4B's few-row layers on each kernel (``CDBSIM_FEW_ROWS_KERNEL``)."""
+    from executor import few_rows_tma as tma
+    from executor.chain import EARLY, LATE
+    from executor.few_rows import config_for
+
+    set_pdl(True)
+    bw = copy_bandwidth()["bandwidth_Bps"]
+    out = []
+    for shape in (s for s in SHAPES if s.name != "ouro.head"):
+        ouro = shape.name.startswith("ouro")
+        point = TmaPoint(shape, max(sizes))
+        roof = point.weight_bytes() / bw * 1e6
+        depths = stage_counts if ouro else (tma.DEFAULT_STAGES,)
+        runs = [("triton", 0, 0)] + [(f"tma-s{d}", d, LATE) for d in depths]
+        runs.append((f"tma-s{tma.DEFAULT_STAGES}-early", tma.DEFAULT_STAGES, EARLY))
+        cfg = config_for(shape.n, shape.k, shape.op == "swiglu")
+        for m in sizes if ouro else (min(sizes), max(sizes)):
+            for name, stages, trigger in runs:
+                def call(i: int, m=m, stages=stages, trigger=trigger, point=point, cfg=cfg) -> Callable:
+                    return point.tma_call(i, m, stages, trigger) if stages else point.few_call(cfg, i, m)
+
+                ok, err = point.error(call(0)(), m)
+                us = time_graph([call(i) for i in range(CALLS)], CALLS) if ok else float("nan")
+                out.append({"shape": shape.name, "m": m, "kernel": name, "us": us, "ok": ok, "max_error": err,
+                            "x_roofline": us / roof})
+                print(f"tma {shape.name:16s} M={m:2d} {name:16s} {us:7.2f} us ({us / roof:.2f}x) "
+                      f"{'ok' if ok else f'WRONG max error {err:.3g}'}", flush=True)
+        del point
+        torch.cuda.empty_cache()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=DTYPE, generator=gen) * scale
+
+    weights = ouro_layer_weights(24, randn)
+    norm = 1 + randn(2048, scale=0.1)
+    roof = sum(w.numel() * 2 for w in weights[0].values()) / bw * 1e6
+    for m in sizes:
+        x, branch, o, act = randn(m, 2048), randn(m, 2048), randn(m, 2048), randn(m, 5632)
+        for kernel in ("triton", "tma"):
+            os.environ["CDBSIM_FEW_ROWS_KERNEL"] = kernel
+            us = time_graph(few_layer_calls(weights, norm, x, branch, o, act), 24)
+            out.append({"shape": "ouro.layer", "m": m, "kernel": kernel, "us": us, "ok": True, "x_roofline": us / roof})
+            print(f"tma layers M={m:2d} {kernel:8s} {us:7.2f} us/layer ({us / roof:.2f}x)", flush=True)
+    os.environ.pop("CDBSIM_FEW_ROWS_KERNEL")
+    return out
+
+
 def few_layer_calls(weights: list[dict], norm: torch.Tensor, x: torch.Tensor, branch: torch.Tensor, o: torch.Tensor,
                     act: torch.Tensor, late: bool | None = None, norm_pdl: bool | None = None, norms: bool = True,
                     configs: dict | None = None) -> list[Callable[[], object]]:
@@ -417,7 +489,7 @@ def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--parts", nargs="+", choices=("sweep", "rows", "layers"), default=["sweep", "layers"])
+    parser.add_argument("--parts", nargs="+", choices=("sweep", "rows", "tma", "layers"), default=["sweep", "layers"])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1],
                         help="rows of every part (the sweep part: those the chained kernels take)")
     parser.add_argument("--shapes", nargs="+", choices=[s.name for s in SHAPES], help="limit the sweep")
@@ -437,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
         shapes = [s for s in SHAPES if (not args.shapes or s.name in args.shapes) and s.name != "ouro.head"]
         result["rows"], result["few_rows_table"] = sweep_rows(shapes, tuple(args.sizes), args.quick)
         print("\n".join(result["few_rows_table"]))
+    if "tma" in args.parts:
+        result["tma"] = tma_rows(tuple(args.sizes))
     if "layers" in args.parts:
         result["layers"] = layer_chain(sizes=tuple(args.sizes))
     result["meta"]["wall_s"] = time.perf_counter() - t0

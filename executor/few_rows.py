@@ -27,6 +27,7 @@ it against ``F.linear``).
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -38,6 +39,7 @@ from executor.chain import EARLY, LATE, launch_options, let_successor_launch, pd
 
 MAX_ROWS = 64  # most rows the kernel takes; launches take it up to cdbsim.paths.FEW_ROWS_MAX rows (measured)
 MIN_BLOCK_M = 16  # rows per MMA at least (tl.dot's smallest dimension); rows past M are masked, never loaded
+KERNELS = ("triton", "tma")  # CDBSIM_FEW_ROWS_KERNEL: this module's Triton kernel, or executor.few_rows_tma's
 SHARED_BUDGET = 224 * 1024  # bytes of tiles a program may hold in shared memory (an H200 block: 227 KB)
 assert FEW_ROWS_MAX <= MAX_ROWS
 
@@ -168,6 +170,16 @@ def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl
     tl.store(out_ptrs, acc.to(dt), mask=col_ok & (rows < M)[None, :])
 
 
+def kernel_choice() -> str:
+    """Which kernel CUDA launches take: ``CDBSIM_FEW_ROWS_KERNEL`` (one of :data:`KERNELS`), default ``triton``.
+    ``tma`` takes the shapes :func:`executor.few_rows_tma.supports` (bf16, at most 16 rows) and leaves the rest
+    here."""
+    kernel = os.environ.get("CDBSIM_FEW_ROWS_KERNEL", "triton")
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown CDBSIM_FEW_ROWS_KERNEL {kernel!r}; expected one of {', '.join(KERNELS)}")
+    return kernel
+
+
 def _check(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> None:
     """Shapes, dtypes and contiguity (metadata only: no device work, no sync)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.dtype != w.dtype:
@@ -185,15 +197,21 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
            config: FewRowsConfig | None = None, late: bool | None = None) -> torch.Tensor:
     """``x @ w.T`` (``F.linear(x, w)``) for ``x`` ``[M, K]`` with ``M <= MAX_ROWS``, ``w`` ``[N, K]``; with
     ``swiglu``, ``silu(gate) * up`` of the fused projection (``silu_mul(F.linear(x, w))``). ``late`` overrides
-    when the successor may launch (:func:`executor.chain.pdl_mode`; a benchmark compares)."""
+    when the successor may launch (:func:`executor.chain.pdl_mode`; a benchmark compares). Without ``config``,
+    :func:`kernel_choice` may hand the launch to :mod:`executor.few_rows_tma`."""
     _check(x, w, swiglu)
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     pdl = pdl_mode(x, "few_rows")
     if pdl and late is not None:
         pdl = LATE if late else EARLY
+    if config is None and x.is_cuda and kernel_choice() == "tma":
+        from executor import few_rows_tma as tma
+
+        if tma.supports(x, w, swiglu) is None:
+            return tma.linear(x, w, swiglu, pdl, tma.stages_setting())
     cfg = config or config_for(n, k, swiglu, early=pdl == EARLY)
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     block_m = block_rows(m)
     stages, warps = stages_for(cfg, block_m, swiglu), warps_for(cfg, block_m)
     _few_rows_kernel[(triton.cdiv(n, cfg.block_n),)](

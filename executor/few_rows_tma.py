@@ -1,0 +1,199 @@
+"""The few-row matmul on the bulk copy engine (``csrc/few_rows_tma.cu``): ``x @ w.T`` for up to 16 bf16 rows, with
+the SwiGLU of a fused gate/up projection in the epilogue, PDL-launched like the Triton kernels around it.
+
+Why a second few-row kernel: the Triton one (:mod:`executor.few_rows`) keeps a few KB of weights in flight per SM
+and refills its pipeline in every program; this one streams each CTA's whole share of the weights through a ring
+of shared-memory stages from one producer warp, starting before it waits for its predecessor (the source file
+says how). It is selected by ``CDBSIM_FEW_ROWS_KERNEL=tma`` (:func:`executor.few_rows.linear`), on CUDA only.
+
+The kernel is CUDA C++, compiled with ``nvcc`` on first use into a cubin cached beside the user's other caches
+(``$CDBSIM_CACHE``, else ``~/.cache/cdbsim``) and launched through the CUDA driver (``cuLaunchKernelEx``, with the
+programmatic-stream-serialization attribute under PDL) on PyTorch's current stream, so CUDA graphs capture it like
+any other kernel. No build step at install time, and nothing of it is imported without CUDA.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("csrc") / "few_rows_tma.cu"
+MAX_ROWS = 16  # two MMAs of 8 rows
+KC = 256  # K columns per stage (the source's KC)
+STAGE_BYTES = 16 * (KC * 2 + 16)  # one stage of weights in shared memory (the source's STAGE_BYTES)
+THREADS = 160  # four consumer warps and one producer
+DEFAULT_STAGES = 8  # 66 KB of weights in flight per SM: two CTAs of this size fit beside each other
+MAX_STAGES = 24  # the ring within an H200 block's 227 KB
+
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class TmaUnavailable(RuntimeError):
+    """The kernel cannot be built or loaded here (no nvcc, no CUDA driver, not a Hopper GPU)."""
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept: ``$CDBSIM_CACHE`` or ``~/.cache/cdbsim``."""
+    return Path(os.environ.get("CDBSIM_CACHE") or Path.home() / ".cache" / "cdbsim")
+
+
+def nvcc() -> str:
+    """The CUDA compiler: ``$CUDA_HOME/bin/nvcc`` or the one on ``PATH``."""
+    home = Path(os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/nonexistent")
+    found = str(home / "bin" / "nvcc") if (home / "bin" / "nvcc").exists() else shutil.which("nvcc")
+    if not found:
+        raise TmaUnavailable("the few-row TMA kernel needs nvcc (set CUDA_HOME or put nvcc on PATH)")
+    return found
+
+
+def compile_cubin(arch: str = "sm_90a", extra: tuple[str, ...] = ()) -> Path:
+    """The kernel's cubin for ``arch``, compiled once per source and flags (cached by their hash)."""
+    flags = ("-cubin", "-O3", f"-gencode=arch=compute_{arch[3:]},code={arch}", *extra)
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    out = cache_dir() / f"few_rows_tma-{arch}-{key}.cubin"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        done = subprocess.run([nvcc(), *flags, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
+        if done.returncode:
+            raise TmaUnavailable(f"nvcc failed on {SOURCE.name}: {done.stderr.strip().splitlines()[-1:]}")
+        tmp.replace(out)
+    return out
+
+
+def _check(result: int, what: str) -> None:
+    if result:
+        raise TmaUnavailable(f"{what} failed with CUDA driver error {result}")
+
+
+@functools.cache
+def _driver() -> ctypes.CDLL:
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise TmaUnavailable(f"no CUDA driver: {exc}") from exc
+    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return lib
+
+
+@functools.cache
+def _functions(device: int) -> dict[str, ctypes.c_void_p]:
+    """The four entry points, loaded into ``device``'s primary context (PyTorch's), and that context (key
+    ``context``)."""
+    major, _ = torch.cuda.get_device_capability(device)
+    if major != 9:
+        raise TmaUnavailable("the few-row TMA kernel is built for Hopper (sm_90a)")
+    with torch.cuda.device(device):
+        torch.empty(1, device=f"cuda:{device}")  # PyTorch's context current on this thread
+        lib, module = _driver(), ctypes.c_void_p()
+        _check(lib.cuModuleLoadData(ctypes.byref(module), compile_cubin().read_bytes()), "cuModuleLoadData")
+        out = {}
+        for name in ("few_rows_tma_8", "few_rows_tma_16", "few_rows_tma_swiglu_8", "few_rows_tma_swiglu_16"):
+            fn = ctypes.c_void_p()
+            _check(lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"cuModuleGetFunction({name})")
+            _check(lib.cuFuncSetAttribute(fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 227 * 1024),
+                   "cuFuncSetAttribute")
+            out[name] = fn
+        context = ctypes.c_void_p()
+        _check(lib.cuCtxGetCurrent(ctypes.byref(context)), "cuCtxGetCurrent")
+        out["context"] = context
+    return out
+
+
+def _make_current(context: ctypes.c_void_p) -> None:
+    """PyTorch's context current on this thread (a thread that has not touched the runtime API has none)."""
+    current = ctypes.c_void_p()
+    _check(_driver().cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+    if current.value != context.value:
+        _check(_driver().cuCtxSetCurrent(context), "cuCtxSetCurrent")
+
+
+def stages_setting() -> int:
+    """Ring stages: ``CDBSIM_TMA_STAGES`` (1..:data:`MAX_STAGES`), else :data:`DEFAULT_STAGES`."""
+    raw = os.environ.get("CDBSIM_TMA_STAGES", str(DEFAULT_STAGES))
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_STAGES:
+        raise ValueError(f"CDBSIM_TMA_STAGES must be 1..{MAX_STAGES}, got {raw!r}")
+    return int(raw)
+
+
+def shared_bytes(stages: int, rows: int) -> int:
+    """Dynamic shared memory of a launch: the ring, the consumers' partial sums, two barriers a stage."""
+    return stages * STAGE_BYTES + 4 * 4 * (1 if rows <= 8 else 2) * 32 * 4 + 2 * stages * 8
+
+
+def grid_for(units: int, sms: int) -> int:
+    """CTAs for ``units`` weight units: as few as keep every CTA's count of units the least it can be."""
+    per_cta = -(-units // sms)
+    return -(-units // per_cta)
+
+
+def supports(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> str | None:
+    """Why this kernel cannot take ``x @ w.T`` (None when it can)."""
+    if x.device.type != "cuda" or x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
+        return "bf16 CUDA tensors only"
+    if x.data_ptr() % 16 or w.data_ptr() % 16:
+        return "16-byte aligned inputs"
+    return shape_problem(x.shape[0], w.shape[0] // 2 if swiglu else w.shape[0], x.shape[1], swiglu)
+
+
+def shape_problem(m: int, n: int, k: int, swiglu: bool) -> str | None:
+    """Why an ``m``-row launch of ``n`` output columns over ``k`` does not fit the kernel (None when it does): at most
+    :data:`MAX_ROWS` rows (two MMAs of 8), ``k`` a multiple of 16 (a lane's columns are all in or all past K), ``n`` a
+    multiple of the weight unit (16 rows; 8 per half with SwiGLU)."""
+    if not 1 <= m <= MAX_ROWS:
+        return f"1..{MAX_ROWS} rows, got {m}"
+    if k % 16:
+        return f"K a multiple of 16, got {k}"
+    if n % (8 if swiglu else 16):
+        return f"N a multiple of {8 if swiglu else 16}, got {n}"
+    return None
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False, pdl: int = 0,
+           stages: int = DEFAULT_STAGES) -> torch.Tensor:
+    """``x @ w.T`` for contiguous bf16 ``x`` ``[M, K]`` (``M <= 16``) and ``w`` ``[N, K]``; with ``swiglu``,
+    ``silu(gate) * up`` of the fused ``[2N, K]`` projection (gate and up each rounded to bf16 first, as the torch
+    backend rounds). ``pdl``: :func:`executor.chain.pdl_mode`'s value: 0 a plain launch; under PDL the
+    successor may launch once the producer has issued its last copy (``EARLY``) or once the consumers are past
+    their last stage (``LATE``)."""
+    if not 1 <= stages <= MAX_STAGES:
+        raise ValueError(f"few-row TMA matmul: 1..{MAX_STAGES} stages, got {stages}")
+    why = supports(x, w, swiglu)
+    if why:
+        raise ValueError(f"few-row TMA matmul: {why}")
+    m, k = x.shape
+    n = w.shape[0] // 2 if swiglu else w.shape[0]
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    name = f"few_rows_tma{'_swiglu' if swiglu else ''}_{8 if m <= 8 else 16}"
+    functions = _functions(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    _make_current(functions["context"])
+    fn = functions[name]
+    units = n // 8 if swiglu else n // 16
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    attr = _LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+    config = _LaunchConfig(grid_for(units, sms), 1, 1, THREADS, 1, 1, shared_bytes(stages, m),
+                           torch.cuda.current_stream(x.device).cuda_stream, ctypes.pointer(attr), 1 if pdl else 0)
+    args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+            ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(stages), ctypes.c_int(pdl)]
+    params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
+    _check(_driver().cuLaunchKernelEx(ctypes.byref(config), fn, params, None), "cuLaunchKernelEx")
+    return out

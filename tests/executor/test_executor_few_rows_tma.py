@@ -1,0 +1,156 @@
+"""The few-row matmul on the bulk copy engine (:mod:`executor.few_rows_tma`): its input rules and launch arithmetic
+anywhere, its CUDA source compiled for sm_90a without spills where ``nvcc`` is, and its results against ``F.linear``
+on a Hopper GPU (plain, SwiGLU, a K tail, several units per CTA, PDL-chained in a CUDA graph, served end to end)."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from executor import few_rows  # noqa: E402
+from executor import few_rows_tma as tma  # noqa: E402
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+hopper = pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (sm_90)")
+
+
+@given(units=st.integers(1, 5000), sms=st.integers(1, 200))
+def test_grid_gives_every_cta_the_fewest_units_it_can(units: int, sms: int) -> None:
+    grid = tma.grid_for(units, sms)
+    per_cta = math.ceil(units / grid)
+    assert grid <= min(units, sms)
+    assert per_cta == math.ceil(units / sms)  # no CTA holds more units than with every SM in use
+    assert (grid - 1) * per_cta < units  # and no CTA is left without one
+
+
+@pytest.mark.parametrize("m,n,k,swiglu,why", [
+    (0, 2048, 2048, False, "rows"), (17, 2048, 2048, False, "rows"), (4, 2048, 2056, False, "K a multiple of 16"),
+    (4, 2056, 2048, False, "N a multiple of 16"), (4, 2052, 2048, True, "N a multiple of 8")])
+def test_shapes_the_kernel_cannot_take_are_named(m: int, n: int, k: int, swiglu: bool, why: str) -> None:
+    assert why in tma.shape_problem(m, n, k, swiglu)
+
+
+@pytest.mark.parametrize("m,n,k,swiglu", [(1, 2048, 2048, False), (16, 5632, 2048, True), (9, 5280, 5280, False)])
+def test_shapes_of_the_shipped_models_fit(m: int, n: int, k: int, swiglu: bool) -> None:
+    assert tma.shape_problem(m, n, k, swiglu) is None
+
+
+def test_cpu_tensors_are_refused_with_the_reason() -> None:
+    x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
+    assert tma.supports(x, w, False) == "bf16 CUDA tensors only"
+    with pytest.raises(ValueError, match="bf16 CUDA tensors only"):
+        tma.linear(x, w)
+
+
+def test_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CDBSIM_TMA_STAGES", raising=False)
+    assert tma.stages_setting() == tma.DEFAULT_STAGES
+    monkeypatch.setenv("CDBSIM_TMA_STAGES", "12")
+    assert tma.stages_setting() == 12
+    for bad in ("0", str(tma.MAX_STAGES + 1), "eight"):
+        monkeypatch.setenv("CDBSIM_TMA_STAGES", bad)
+        with pytest.raises(ValueError, match="CDBSIM_TMA_STAGES"):
+            tma.stages_setting()
+    monkeypatch.setenv("CDBSIM_FEW_ROWS_KERNEL", "cutlass")
+    with pytest.raises(ValueError, match="triton, tma"):
+        few_rows.kernel_choice()
+
+
+def test_the_ring_fits_a_block_at_every_depth() -> None:
+    assert tma.shared_bytes(tma.MAX_STAGES, tma.MAX_ROWS) <= 227 * 1024
+    assert 2 * tma.shared_bytes(tma.DEFAULT_STAGES, tma.MAX_ROWS) <= 228 * 1024  # two CTAs share an SM under PDL
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_source_compiles_for_sm90a_without_spills(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    done = subprocess.run([tma.nvcc(), "-cubin", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
+                           "-o", str(tmp_path / "k.cubin"), str(tma.SOURCE)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
+    assert len(spills) == 4 and all(a == b == "0" for a, b in spills)
+    monkeypatch.setenv("CDBSIM_CACHE", str(tmp_path / "cache"))
+    cubin = tma.compile_cubin()
+    assert cubin.parent == tmp_path / "cache" and cubin.stat().st_size > 0
+    assert tma.compile_cubin() == cubin  # cached by the source's hash
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:
+    out = torch.nn.functional.linear(x.float(), w.float()).to(x.dtype)
+    if swiglu:
+        gate, up = out.float().chunk(2, dim=-1)
+        out = (torch.nn.functional.silu(gate) * up).to(x.dtype)
+    return out
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    diff = (got.float() - want.float()).abs()
+    assert bool((diff <= 2e-2 + 2e-2 * want.float().abs()).all()), float(diff.max())
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+@pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048, True), (528, 5280, False),
+                                        (264, 5280, True)], ids=["qkv", "gate-up", "k-tail", "swiglu-k-tail"])
+@pytest.mark.parametrize("stages", [1, tma.DEFAULT_STAGES])
+def test_matches_linear_on_hopper(m: int, n: int, k: int, swiglu: bool, stages: int) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(2 * n if swiglu else n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * k**-0.5
+    _close(tma.linear(x, w, swiglu, 0, stages), _reference(x, w, swiglu))
+
+
+@pytest.mark.gpu
+@hopper
+def test_pdl_chain_in_a_cuda_graph_waits_for_each_input() -> None:
+    """Each call reads the output of the one before, launched under PDL with both triggers, captured and replayed."""
+    from executor.chain import EARLY, LATE
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    ws = [torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16, generator=gen) * 2048**-0.5 for _ in range(6)]
+    x = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16, generator=gen)
+    want = x
+    for w in ws:
+        want = _reference(want, w, False)
+    for trigger in (EARLY, LATE):
+        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            graph.capture_begin()
+            y = x
+            for w in ws:
+                y = tma.linear(y, w, False, trigger)
+            graph.capture_end()
+        torch.cuda.current_stream().wait_stream(side)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        _close(y, want)
+
+
+@pytest.mark.gpu
+@hopper
+def test_served_run_on_the_tma_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cdbsim.config import ServeConfig
+    from executor.driver import execute
+
+    from .helpers import tiny_arch, tiny_model, tiny_requests
+
+    monkeypatch.setenv("CDBSIM_FEW_ROWS_KERNEL", "tma")
+    arch = tiny_arch("ouro")
+    model = tiny_model(arch, backend="triton", device="cuda", dtype=torch.bfloat16)
+    model.ops.fuse_rows, model.ops.few_rows = 0, 16
+    requests = tiny_requests(n=12, seed=11, max_prompt=60, max_output=20)
+    config = ServeConfig(policy="refill", width=8, coda_batch=2, prefill_budget=64, timing="lookahead", layout="depth")
+    run = execute(arch, config, requests, 128, model=model, mode="lookahead", keep_logits=True)
+    assert run.log.meta["cuda_graphs"]
+    assert all(torch.isfinite(v).all() for v in run.logits.values())
+    assert [len(t) for t in run.tokens] == [r.output_len for r in requests]

@@ -325,13 +325,14 @@ def sweep_rows(shapes: list[Shape], sizes: tuple[int, ...], quick: bool) -> tupl
 
 
 class TmaPoint(RowsPoint):
-    """A shape's inputs timed on the few-row TMA kernel (``stages``, PDL trigger ``pdl``) or the Triton one."""
+    """A shape's inputs timed on the few-row TMA kernel (a ring of ``ring_kb``, PDL trigger ``pdl``) or the Triton
+    one."""
 
-    def tma_call(self, i: int, m: int, stages: int, pdl: int) -> Callable[[], torch.Tensor]:
+    def tma_call(self, i: int, m: int, ring_kb: int, pdl: int) -> Callable[[], torch.Tensor]:
         from executor import few_rows_tma as tma
 
         w, x = self.w[i % self.copies], self.x[:m]
-        return lambda: tma.linear(x, w, self.shape.op == "swiglu", pdl, stages)
+        return lambda: tma.linear(x, w, self.shape.op == "swiglu", pdl, ring_kb)
 
     def error(self, got: torch.Tensor, m: int) -> tuple[bool, float]:
         from executor import triton_kernels as tk
@@ -342,10 +343,10 @@ class TmaPoint(RowsPoint):
         return bool((diff <= 1e-2 + 2e-2 * want.float().abs()).all()), float(diff.max())
 
 
-def tma_rows(sizes: tuple[int, ...], stage_counts: tuple[int, ...] = (4, 8, 12, 16)) -> list[dict]:
-    """Per projection shape and size: the Triton few-row matmul (its shipped config) and the TMA kernel at every ring
-    depth (late trigger) and at the default depth with the early one, PDL on, microseconds per call in a graph of
-    20; then Ouro-1.4B's few-row layers on each kernel (``CDBSIM_FEW_ROWS_KERNEL``)."""
+def tma_rows(sizes: tuple[int, ...], rings_kb: tuple[int, ...] = (48, 96, 192)) -> list[dict]:
+    """Per projection shape and size: the Triton few-row matmul (its shipped config) and the TMA kernel with every
+    ring size (late trigger) and with the default one and the early trigger, PDL on, microseconds per call in a graph
+    of 20; then Ouro-1.4B's few-row layers on each kernel (``CDBSIM_FEW_ROWS_KERNEL``)."""
     from executor import few_rows_tma as tma
     from executor.chain import EARLY, LATE
     from executor.few_rows import config_for
@@ -357,14 +358,16 @@ def tma_rows(sizes: tuple[int, ...], stage_counts: tuple[int, ...] = (4, 8, 12, 
         ouro = shape.name.startswith("ouro")
         point = TmaPoint(shape, max(sizes))
         roof = point.weight_bytes() / bw * 1e6
-        depths = stage_counts if ouro else (tma.DEFAULT_STAGES,)
-        runs = [("triton", 0, 0)] + [(f"tma-s{d}", d, LATE) for d in depths]
-        runs.append((f"tma-s{tma.DEFAULT_STAGES}-early", tma.DEFAULT_STAGES, EARLY))
+        if tma.shape_problem(1, shape.n, shape.k, shape.op == "swiglu"):
+            continue
+        rings = rings_kb if ouro else (tma.DEFAULT_RING_KB,)
+        runs = [("triton", 0, 0)] + [(f"tma-{kb}k", kb, LATE) for kb in rings]
+        runs.append((f"tma-{tma.DEFAULT_RING_KB}k-early", tma.DEFAULT_RING_KB, EARLY))
         cfg = config_for(shape.n, shape.k, shape.op == "swiglu")
         for m in sizes if ouro else (min(sizes), max(sizes)):
-            for name, stages, trigger in runs:
-                def call(i: int, m=m, stages=stages, trigger=trigger, point=point, cfg=cfg) -> Callable:
-                    return point.tma_call(i, m, stages, trigger) if stages else point.few_call(cfg, i, m)
+            for name, ring_kb, trigger in runs:
+                def call(i: int, m=m, ring_kb=ring_kb, trigger=trigger, point=point, cfg=cfg) -> Callable:
+                    return point.tma_call(i, m, ring_kb, trigger) if ring_kb else point.few_call(cfg, i, m)
 
                 ok, err = point.error(call(0)(), m)
                 us = time_graph([call(i) for i in range(CALLS)], CALLS) if ok else float("nan")

@@ -203,7 +203,7 @@ def launch_options(pdl: bool) -> dict:
 
 
 EARLY, LATE = 1, 2  # a PDL kernel's PDL constexpr: when it lets its successor launch (0: not PDL-launched)
-LATE_KINDS = ("few_rows",)  # kernels that let their successor launch only after their main loop
+LATE_KINDS = ("few_rows", "few_rows_tma")  # kernels that let their successor launch only after their main loop
 
 
 def pdl_mode(t: torch.Tensor, kind: str) -> int:

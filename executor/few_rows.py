@@ -202,14 +202,16 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
     _check(x, w, swiglu)
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    pdl = pdl_mode(x, "few_rows")
+    tma = config is None and x.is_cuda and kernel_choice() == "tma"
+    if tma:
+        from executor import few_rows_tma
+
+        tma = few_rows_tma.supports(x, w, swiglu) is None
+    pdl = pdl_mode(x, "few_rows_tma" if tma else "few_rows")
     if pdl and late is not None:
         pdl = LATE if late else EARLY
-    if config is None and x.is_cuda and kernel_choice() == "tma":
-        from executor import few_rows_tma as tma
-
-        if tma.supports(x, w, swiglu) is None:
-            return tma.linear(x, w, swiglu, pdl, tma.stages_setting())
+    if tma:
+        return few_rows_tma.linear(x, w, swiglu, pdl, few_rows_tma.ring_setting())
     cfg = config or config_for(n, k, swiglu, early=pdl == EARLY)
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     block_m = block_rows(m)

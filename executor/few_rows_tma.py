@@ -1,10 +1,12 @@
-"""The few-row matmul on the bulk copy engine (``csrc/few_rows_tma.cu``): ``x @ w.T`` for up to 16 bf16 rows, with
+"""The few-row matmul on the tensor copy engine (``csrc/few_rows_tma.cu``): ``x @ w.T`` for up to 16 bf16 rows, with
 the SwiGLU of a fused gate/up projection in the epilogue, PDL-launched like the Triton kernels around it.
 
 Why a second few-row kernel: the Triton one (:mod:`executor.few_rows`) keeps a few KB of weights in flight per SM
 and refills its pipeline in every program; this one streams each CTA's whole share of the weights through a ring
-of shared-memory stages from one producer warp, starting before it waits for its predecessor (the source file
+of shared-memory stages from one producer thread, starting before it waits for its predecessor (the source file
 says how). It is selected by ``CDBSIM_FEW_ROWS_KERNEL=tma`` (:func:`executor.few_rows.linear`), on CUDA only.
+Both operands reach the kernel as tensor maps (``cuTensorMapEncodeTiled``): the weights' map is built once per
+weight tensor and kept, the rows' on every call (a host-side encoding of a few microseconds; CUDA graphs keep it).
 
 The kernel is CUDA C++, compiled with ``nvcc`` on first use into a cubin cached beside the user's other caches
 (``$CDBSIM_CACHE``, else ``~/.cache/cdbsim``) and launched through the CUDA driver (``cuLaunchKernelEx``, with the
@@ -27,10 +29,11 @@ import torch
 SOURCE = Path(__file__).with_name("csrc") / "few_rows_tma.cu"
 MAX_ROWS = 16  # two MMAs of 8 rows
 KC = 256  # K columns per stage (the source's KC)
-STAGE_BYTES = 16 * (KC * 2 + 16)  # one stage of weights in shared memory (the source's STAGE_BYTES)
+UNIT = 16  # output columns per weight unit (the source's UNIT_ROWS)
 THREADS = 160  # four consumer warps and one producer
-DEFAULT_STAGES = 8  # 66 KB of weights in flight per SM: two CTAs of this size fit beside each other
-MAX_STAGES = 24  # the ring within an H200 block's 227 KB
+DEFAULT_RING_KB = 96  # shared memory for the ring: two CTAs of this size fit on an SM beside each other
+MAX_RING_KB = 200  # within an H200 block's 227 KB
+BLOCK_LIMIT = 227 * 1024
 
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
@@ -110,7 +113,7 @@ def _functions(device: int) -> dict[str, ctypes.c_void_p]:
         for name in ("few_rows_tma_8", "few_rows_tma_16", "few_rows_tma_swiglu_8", "few_rows_tma_swiglu_16"):
             fn = ctypes.c_void_p()
             _check(lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"cuModuleGetFunction({name})")
-            _check(lib.cuFuncSetAttribute(fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 227 * 1024),
+            _check(lib.cuFuncSetAttribute(fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, BLOCK_LIMIT),
                    "cuFuncSetAttribute")
             out[name] = fn
         context = ctypes.c_void_p()
@@ -127,17 +130,30 @@ def _make_current(context: ctypes.c_void_p) -> None:
         _check(_driver().cuCtxSetCurrent(context), "cuCtxSetCurrent")
 
 
-def stages_setting() -> int:
-    """Ring stages: ``CDBSIM_TMA_STAGES`` (1..:data:`MAX_STAGES`), else :data:`DEFAULT_STAGES`."""
-    raw = os.environ.get("CDBSIM_TMA_STAGES", str(DEFAULT_STAGES))
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_STAGES:
-        raise ValueError(f"CDBSIM_TMA_STAGES must be 1..{MAX_STAGES}, got {raw!r}")
+def ring_setting() -> int:
+    """The ring's shared memory in KB: ``CDBSIM_TMA_RING_KB`` (16..:data:`MAX_RING_KB`), else
+    :data:`DEFAULT_RING_KB`."""
+    raw = os.environ.get("CDBSIM_TMA_RING_KB", str(DEFAULT_RING_KB))
+    if not raw.isdigit() or not 16 <= int(raw) <= MAX_RING_KB:
+        raise ValueError(f"CDBSIM_TMA_RING_KB must be 16..{MAX_RING_KB}, got {raw!r}")
     return int(raw)
 
 
-def shared_bytes(stages: int, rows: int) -> int:
-    """Dynamic shared memory of a launch: the ring, the consumers' partial sums, two barriers a stage."""
-    return stages * STAGE_BYTES + 4 * 4 * (1 if rows <= 8 else 2) * 32 * 4 + 2 * stages * 8
+def stage_bytes(rows: int, swiglu: bool) -> int:
+    """One stage: the weight box (16 rows x 256 columns; two with SwiGLU) and the rows' box (8 or 16 rows)."""
+    return ((2 if swiglu else 1) * UNIT + (8 if rows <= 8 else 16)) * KC * 2
+
+
+def stages_for(ring_kb: int, rows: int, swiglu: bool) -> int:
+    """Stages of a ring of ``ring_kb`` KB (two at least)."""
+    return max(2, ring_kb * 1024 // stage_bytes(rows, swiglu))
+
+
+def shared_bytes(stages: int, rows: int, swiglu: bool) -> int:
+    """Dynamic shared memory of a launch: 1 KB of alignment slack (the swizzle wants 1,024-byte boxes), the ring,
+    the consumers' partial sums, two barriers a stage."""
+    tiles, nt = (2 if swiglu else 1), (1 if rows <= 8 else 2)
+    return 1024 + stages * stage_bytes(rows, swiglu) + 4 * tiles * nt * 4 * 32 * 4 + 2 * stages * 8
 
 
 def grid_for(units: int, sms: int) -> int:
@@ -157,43 +173,83 @@ def supports(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> str | None:
 
 def shape_problem(m: int, n: int, k: int, swiglu: bool) -> str | None:
     """Why an ``m``-row launch of ``n`` output columns over ``k`` does not fit the kernel (None when it does): at most
-    :data:`MAX_ROWS` rows (two MMAs of 8), ``k`` a multiple of 16 (a lane's columns are all in or all past K), ``n`` a
-    multiple of the weight unit (16 rows; 8 per half with SwiGLU)."""
+    :data:`MAX_ROWS` rows (two MMAs of 8), ``k`` a multiple of 64 (the tensor maps' 128-byte segments), ``n`` of 16
+    (the weight unit; per half with SwiGLU)."""
     if not 1 <= m <= MAX_ROWS:
         return f"1..{MAX_ROWS} rows, got {m}"
-    if k % 16:
-        return f"K a multiple of 16, got {k}"
-    if n % (8 if swiglu else 16):
-        return f"N a multiple of {8 if swiglu else 16}, got {n}"
+    if k % 64:
+        return f"K a multiple of 64, got {k}"
+    if n % UNIT:
+        return f"N a multiple of {UNIT}{' per half' if swiglu else ''}, got {n}"
     return None
 
 
+class _TensorMap(ctypes.Structure):
+    _fields_ = [("raw", ctypes.c_uint64 * 24)]  # 128 bytes at a 64-byte aligned offset inside
+
+    def aligned(self) -> int:
+        return (ctypes.addressof(self) + 63) // 64 * 64
+
+
+_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, _CU_TENSOR_MAP_SWIZZLE_128B, _CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 9, 3, 3
+
+
+def tensor_map(t: torch.Tensor, box_rows: int) -> _TensorMap:
+    """A map of the 2-d bf16 ``t`` as ``[rows][K / 64][64]`` with the 128-byte swizzle, in boxes of ``box_rows`` rows x
+    four segments (256 columns); rows and segments past the tensor read as zeros."""
+    rows, k = t.shape
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    out = _TensorMap()
+    dims, strides = (u64 * 3)(64, k // 64, rows), (u64 * 2)(128, k * 2)
+    box, steps = (u32 * 3)(64, KC // 64, box_rows), (u32 * 3)(1, 1, 1)
+    _check(_driver().cuTensorMapEncodeTiled(
+        ctypes.c_void_p(out.aligned()), _CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, ctypes.c_void_p(t.data_ptr()), dims,
+        strides, box, steps, 0, _CU_TENSOR_MAP_SWIZZLE_128B, _CU_TENSOR_MAP_L2_PROMOTION_L2_256B, 0),
+        "cuTensorMapEncodeTiled")
+    return out
+
+
+_WEIGHT_MAPS: dict[tuple[int, int, int], _TensorMap] = {}
+
+
+def weight_map(w: torch.Tensor) -> _TensorMap:
+    """``w``'s tensor map, built once per address and shape (a map holds nothing else, so one built for a tensor since
+    freed serves a new one at the same address)."""
+    key = (w.data_ptr(), *w.shape)
+    if key not in _WEIGHT_MAPS:
+        _WEIGHT_MAPS[key] = tensor_map(w, UNIT)
+    return _WEIGHT_MAPS[key]
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False, pdl: int = 0,
-           stages: int = DEFAULT_STAGES) -> torch.Tensor:
+           ring_kb: int = DEFAULT_RING_KB) -> torch.Tensor:
     """``x @ w.T`` for contiguous bf16 ``x`` ``[M, K]`` (``M <= 16``) and ``w`` ``[N, K]``; with ``swiglu``,
     ``silu(gate) * up`` of the fused ``[2N, K]`` projection (gate and up each rounded to bf16 first, as the torch
     backend rounds). ``pdl``: :func:`executor.chain.pdl_mode`'s value: 0 a plain launch; under PDL the
     successor may launch once the producer has issued its last copy (``EARLY``) or once the consumers are past
-    their last stage (``LATE``)."""
-    if not 1 <= stages <= MAX_STAGES:
-        raise ValueError(f"few-row TMA matmul: 1..{MAX_STAGES} stages, got {stages}")
+    their last stage (``LATE``). ``ring_kb``: the ring's shared memory."""
     why = supports(x, w, swiglu)
     if why:
         raise ValueError(f"few-row TMA matmul: {why}")
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
+    stages = stages_for(ring_kb, m, swiglu)
+    shared = shared_bytes(stages, m, swiglu)
+    if shared > BLOCK_LIMIT:
+        raise ValueError(f"few-row TMA matmul: a ring of {ring_kb} KB needs {shared} bytes of shared memory, "
+                         f"more than a block's {BLOCK_LIMIT}")
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     name = f"few_rows_tma{'_swiglu' if swiglu else ''}_{8 if m <= 8 else 16}"
     functions = _functions(x.device.index if x.device.index is not None else torch.cuda.current_device())
     _make_current(functions["context"])
-    fn = functions[name]
-    units = n // 8 if swiglu else n // 16
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     attr = _LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-    config = _LaunchConfig(grid_for(units, sms), 1, 1, THREADS, 1, 1, shared_bytes(stages, m),
+    config = _LaunchConfig(grid_for(n // UNIT, sms), 1, 1, THREADS, 1, 1, shared,
                            torch.cuda.current_stream(x.device).cuda_stream, ctypes.pointer(attr), 1 if pdl else 0)
-    args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(out.data_ptr()),
-            ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(stages), ctypes.c_int(pdl)]
-    params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
-    _check(_driver().cuLaunchKernelEx(ctypes.byref(config), fn, params, None), "cuLaunchKernelEx")
+    wmap, xmap = weight_map(w), tensor_map(x, 8 if m <= 8 else 16)
+    args = [ctypes.c_void_p(out.data_ptr()), ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(stages),
+            ctypes.c_int(pdl)]
+    pointers = [wmap.aligned(), xmap.aligned(), *(ctypes.addressof(a) for a in args)]
+    params = (ctypes.c_void_p * len(pointers))(*pointers)
+    _check(_driver().cuLaunchKernelEx(ctypes.byref(config), functions[name], params, None), "cuLaunchKernelEx")
     return out

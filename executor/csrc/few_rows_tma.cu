@@ -1,32 +1,37 @@
-// The few-row matmul with its weights streamed by the bulk copy engine: out = x @ w.T for up to 16 rows of x,
-// optionally with the SwiGLU of a fused gate/up projection in the epilogue. Launched by executor/few_rows_tma.py.
+// The few-row matmul with its weights and rows streamed by the tensor copy engine (TMA): out = x @ w.T for up to 16
+// rows of x, optionally with the SwiGLU of a fused gate/up projection in the epilogue. Launched by
+// executor/few_rows_tma.py, which builds the two tensor maps.
 //
 // Why: a Triton kernel restarts its software pipeline in every program and keeps a few KB of weights in flight per
 // SM, so a small projection spends much of its time filling and draining (Ouro-1.4B's O projection, 8 MB, took
-// 5.4 us against 2 us of reads). Here each CTA owns a run of 16-row weight units and one warp streams all of them
-// through a ring of shared-memory stages with cp.async.bulk (one copy per weight row and stage, completing on an
-// mbarrier), so up to `stages` x 8 KB per SM are in flight and the stream never restarts between units. The copies
-// start before griddepcontrol.wait: under programmatic dependent launch the weights, which never depend on the
-// kernel before, stream in under that kernel's tail, and only the consumers wait before reading x.
+// 5.4 us against 2 us of reads). Here each CTA owns a run of 16-column weight units and one producer warp streams all
+// of them through a ring of shared-memory stages, one tensor copy of 16 weight rows x 256 columns (8 KB) and one of
+// the rows' same 256 columns per stage, completing on an mbarrier, so the stream never restarts between units. The
+// weight copies of the first `stages` stages start before griddepcontrol.wait: under programmatic dependent launch
+// the weights, which never depend on the kernel before, stream in under that kernel's tail; the rows are copied once
+// it has finished.
 //
-// Arithmetic: mma.sync m16n8k16 (bf16 in, fp32 accumulate) with the weights as A (16 output columns; with SwiGLU 8
-// gate and the same 8 up columns) and x as B (8 rows, two MMAs for 9-16 rows). A lane's k slots are mapped onto 16
-// consecutive columns of its own (k = 16 q + 4 j + {0,1,2,3} for MMA step j of lane group q), the same map for A
-// and B, so each lane reads its weights as two 16-byte shared loads per row and its x as two 16-byte global loads.
-// Each of the four consumer warps owns a quarter of every stage's columns; their partial sums meet in shared
-// memory once per unit.
+// Layout: both tensors are mapped as [rows][K / 64][64] (the 64 columns of a 128-byte segment innermost) with the
+// 128-byte swizzle, so a stage holds, per row, four 128-byte segments whose 16-byte units are permuted by the
+// segment's index (physical unit = unit ^ (segment & 7)); the reads below are free of bank conflicts with it.
+//
+// Arithmetic: mma.sync m16n8k16 (bf16 in, fp32 accumulate) with the weights as A (16 output columns; with SwiGLU a
+// second A tile of the same 16 up columns) and the rows as B (8 rows; two MMAs for 9-16 rows). Consumer warp w owns
+// segment w of every stage; lane group q reads units q and q + 4 of it (16 columns) for its rows, and its MMA k slots
+// are mapped onto those columns the same way for A and B. The four warps' partial sums meet in shared memory once
+// per unit.
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
 
 namespace {
 
-constexpr int KC = 256;                  // K columns per stage
-constexpr int UNIT_ROWS = 16;            // weight rows per stage: one MMA's M
-constexpr int ROW_STRIDE = KC * 2 + 16;  // bytes per row in shared memory; the pad keeps 16-byte reads conflict free
-constexpr int STAGE_BYTES = UNIT_ROWS * ROW_STRIDE;
-constexpr int CONSUMER_WARPS = 4;
+constexpr int KC = 256;           // K columns per stage: four 128-byte segments
+constexpr int SEGMENTS = KC / 64;
+constexpr int UNIT_ROWS = 16;     // output columns per weight unit: one MMA's M
+constexpr int W_TILE_BYTES = UNIT_ROWS * KC * 2;  // one weight box (8 KB)
+constexpr int CONSUMER_WARPS = SEGMENTS;
 constexpr int THREADS = (CONSUMER_WARPS + 1) * 32;
-constexpr int K_PER_WARP = KC / CONSUMER_WARPS;  // 64 columns: 16 per lane group
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -55,18 +60,12 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
-                                          uint64_t policy) {
+// one box of a 3-d tensor map ({column in segment, segment, row}) into shared memory, completing on `bar`
+__device__ __forceinline__ void tensor_copy(void* dst, const CUtensorMap* map, int segment, int row, uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::
-          "r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];" ::"r"(smem_addr(dst)),
+      "l"(map), "r"(0), "r"(segment), "r"(row), "r"(smem_addr(bar))
       : "memory");
 }
 
@@ -76,47 +75,43 @@ __device__ __forceinline__ void let_successor_launch() { asm volatile("griddepco
 
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(CONSUMER_WARPS * 32)); }
 
-__device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                    uint32_t b1) {
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t* a_lo, const uint32_t* a_hi, const uint32_t* b,
+                                    int j) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+      : "r"(a_lo[2 * j]), "r"(a_hi[2 * j]), "r"(a_lo[2 * j + 1]), "r"(a_hi[2 * j + 1]), "r"(b[2 * j]),
+        "r"(b[2 * j + 1]));
+}
+
+// a lane's 16 columns of row `row` of a swizzled box of rows x SEGMENTS x 64: units q and q + 4 of segment `seg`
+__device__ __forceinline__ void load_row(uint4 (&dst)[2], const unsigned char* box, int row, int seg, int q) {
+  const int segment = row * SEGMENTS + seg;
+  const unsigned char* base = box + segment * 128;
+  dst[0] = *reinterpret_cast<const uint4*>(base + ((q ^ (segment & 7)) << 4));
+  dst[1] = *reinterpret_cast<const uint4*>(base + (((q + 4) ^ (segment & 7)) << 4));
 }
 
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
-// x's 16 columns [col, col + 16) of row `row` as eight bf16 pairs (zero past the rows or columns).
-template <int NT>
-__device__ __forceinline__ void load_x(uint4 (&dst)[NT][2], const __nv_bfloat16* __restrict__ x, int m, int k,
-                                       int g, int col) {
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int row = g + 8 * nt;
-    if (row < m && col < k) {
-      const uint4* p = reinterpret_cast<const uint4*>(x + static_cast<size_t>(row) * k + col);
-      dst[nt][0] = __ldg(p);
-      dst[nt][1] = __ldg(p + 1);
-    } else {
-      dst[nt][0] = dst[nt][1] = make_uint4(0, 0, 0, 0);
-    }
-  }
-}
-
+// NT: 8-row MMA tiles of x (1 or 2); SWIGLU: the unit's 16 gate columns and the same 16 up columns (two weight boxes).
 // trigger: 0 never lets the successor launch early, 1 once the producer has issued its last copy, 2 once the
 // consumers are past their last stage (before the last unit's reduction and stores).
 template <int NT, bool SWIGLU>
-__device__ __forceinline__ void few_rows_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+__device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUtensorMap* xmap,
                                              __nv_bfloat16* __restrict__ out, int m, int n, int k, int stages,
                                              int trigger) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* ring = smem;
-  float* partial = reinterpret_cast<float*>(smem + stages * STAGE_BYTES);
-  uint64_t* full = reinterpret_cast<uint64_t*>(partial + CONSUMER_WARPS * 4 * NT * 32);
+  constexpr int TILES = SWIGLU ? 2 : 1;
+  constexpr int X_BYTES = 8 * NT * KC * 2;
+  constexpr int STAGE = TILES * W_TILE_BYTES + X_BYTES;  // a multiple of 1024, as the swizzle needs
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  float* partial = reinterpret_cast<float*>(ring + stages * STAGE);
+  uint64_t* full = reinterpret_cast<uint64_t*>(partial + CONSUMER_WARPS * TILES * 4 * NT * 32);
   uint64_t* empty = full + stages;
 
-  const int units = SWIGLU ? n / 8 : n / UNIT_ROWS;
+  const int units = n / UNIT_ROWS;
   const int k_steps = (k + KC - 1) / KC;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
@@ -129,102 +124,102 @@ __device__ __forceinline__ void few_rows_tma(const __nv_bfloat16* __restrict__ x
   }
   __syncthreads();
 
-  if (warp == CONSUMER_WARPS) {  // the producer: every weight row of every stage of this CTA's units, in order
-    const uint64_t policy = evict_first_policy();
-    int t = 0;
-    for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      for (int ks = 0; ks < k_steps; ++ks, ++t) {
+  if (warp == CONSUMER_WARPS) {  // the producer: one lane issues every copy of this CTA's units, in order
+    if (lane == 0) {
+      const int total = ((units - blockIdx.x + gridDim.x - 1) / gridDim.x) * k_steps;
+      const int ahead = min(stages, total);
+      // the first `ahead` stages' weights before the wait (they never depend on the kernel before), their rows after
+      for (int t = 0; t < total; ++t) {
         const int slot = t % stages;
-        mbar_wait(&empty[slot], ((t / stages) & 1) ^ 1);
-        const int k0 = ks * KC;
-        const uint32_t row_bytes = static_cast<uint32_t>(min(KC, k - k0)) * 2;
-        if (lane == 0) mbar_arrive_expect_tx(&full[slot], row_bytes * UNIT_ROWS);
-        __syncwarp();
-        if (lane < UNIT_ROWS) {
-          const int row = SWIGLU ? (lane < 8 ? u * 8 + lane : n + u * 8 + lane - 8) : u * UNIT_ROWS + lane;
-          bulk_copy(ring + slot * STAGE_BYTES + lane * ROW_STRIDE, w + static_cast<size_t>(row) * k + k0, row_bytes,
-                    &full[slot], policy);
+        const int u = blockIdx.x + (t / k_steps) * gridDim.x, ks = t % k_steps;
+        if (t >= ahead) mbar_wait(&empty[slot], ((t / stages) & 1) ^ 1);
+        unsigned char* stage = ring + slot * STAGE;
+        mbar_arrive_expect_tx(&full[slot], STAGE);
+#pragma unroll
+        for (int tile = 0; tile < TILES; ++tile)
+          tensor_copy(stage + tile * W_TILE_BYTES, wmap, ks * SEGMENTS, tile * n + u * UNIT_ROWS, &full[slot]);
+        if (t + 1 == ahead) wait_for_predecessor();
+        if (t + 1 >= ahead) {
+          for (int r = t + 1 == ahead ? 0 : t; r <= t; ++r)  // at the wait: every stage so far; then this one
+            tensor_copy(ring + (r % stages) * STAGE + TILES * W_TILE_BYTES, xmap, (r % k_steps) * SEGMENTS, 0,
+                        &full[r % stages]);
         }
       }
+      if (trigger == 1) let_successor_launch();
     }
-    if (trigger == 1) let_successor_launch();
     return;
   }
 
   // the consumers
   const int g = lane / 4, q = lane % 4;
-  const int lane_col = warp * K_PER_WARP + q * 16;  // this lane's first column within a stage
-  wait_for_predecessor();
+  wait_for_predecessor();  // before any store: the kernel before may still read memory this one's output reuses
   int t = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    float acc[NT][4];
+    float acc[TILES][NT][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-    uint4 xs[NT][2];
-    load_x<NT>(xs, x, m, k, g, lane_col);
+    for (int tile = 0; tile < TILES; ++tile)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[tile][nt][0] = acc[tile][nt][1] = acc[tile][nt][2] = acc[tile][nt][3] = 0.f;
     for (int ks = 0; ks < k_steps; ++ks, ++t) {
       const int slot = t % stages;
-      const int col = ks * KC + lane_col;
-      uint4 xn[NT][2];
-      load_x<NT>(xn, x, m, k, g, col + KC);  // the next stage's x, in flight while this one computes
+      const unsigned char* stage = ring + slot * STAGE;
       mbar_wait(&full[slot], (t / stages) & 1);
-      const unsigned char* base = ring + slot * STAGE_BYTES + lane_col * 2;
-      uint4 lo[2], hi[2];
-      lo[0] = *reinterpret_cast<const uint4*>(base + g * ROW_STRIDE);
-      lo[1] = *reinterpret_cast<const uint4*>(base + g * ROW_STRIDE + 16);
-      hi[0] = *reinterpret_cast<const uint4*>(base + (g + 8) * ROW_STRIDE);
-      hi[1] = *reinterpret_cast<const uint4*>(base + (g + 8) * ROW_STRIDE + 16);
-      mbar_arrive(&empty[slot]);  // this thread's share of the stage is in registers: the producer may refill it
-      if (col >= k) lo[0] = lo[1] = hi[0] = hi[1] = make_uint4(0, 0, 0, 0);  // past K: stale shared memory
-      const uint32_t* a_lo = reinterpret_cast<const uint32_t*>(lo);
-      const uint32_t* a_hi = reinterpret_cast<const uint32_t*>(hi);
+      uint4 a[TILES][2][2], b[NT][2];
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const uint32_t* b = reinterpret_cast<const uint32_t*>(xs[nt]);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) mma(acc[nt], a_lo[2 * j], a_hi[2 * j], a_lo[2 * j + 1], a_hi[2 * j + 1],
-                                        b[2 * j], b[2 * j + 1]);
+      for (int tile = 0; tile < TILES; ++tile) {
+        load_row(a[tile][0], stage + tile * W_TILE_BYTES, g, warp, q);
+        load_row(a[tile][1], stage + tile * W_TILE_BYTES, g + 8, warp, q);
       }
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) xs[nt][0] = xn[nt][0], xs[nt][1] = xn[nt][1];
+      for (int nt = 0; nt < NT; ++nt) load_row(b[nt], stage + TILES * W_TILE_BYTES, g + 8 * nt, warp, q);
+      mbar_arrive(&empty[slot]);  // this thread's share of the stage is in registers: the producer may refill it
+#pragma unroll
+      for (int tile = 0; tile < TILES; ++tile)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            mma(acc[tile][nt], reinterpret_cast<const uint32_t*>(a[tile][0]),
+                reinterpret_cast<const uint32_t*>(a[tile][1]), reinterpret_cast<const uint32_t*>(b[nt]), j);
     }
     const bool last_unit = u + static_cast<int>(gridDim.x) >= units;
     if (trigger == 2 && last_unit) let_successor_launch();
 
     // the four warps' partial sums of this unit meet in shared memory; warp 0 adds them and stores
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int tile = 0; tile < TILES; ++tile)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) partial[((warp * NT + nt) * 4 + i) * 32 + lane] = acc[nt][i];
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          partial[(((warp * TILES + tile) * NT + nt) * 4 + i) * 32 + lane] = acc[tile][nt][i];
     consumers_sync();
     if (warp == 0) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        float s[4];
+        float s[TILES][4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          s[i] = 0.f;
+        for (int tile = 0; tile < TILES; ++tile)
 #pragma unroll
-          for (int v = 0; v < CONSUMER_WARPS; ++v) s[i] += partial[((v * NT + nt) * 4 + i) * 32 + lane];
-        }
-        const int r0 = 2 * q + 8 * nt;  // c0, c2: row r0; c1, c3: row r0 + 1
-        if (SWIGLU) {                   // A rows 0-7 gate, 8-15 up: c0/c1 gate, c2/c3 up of column u * 8 + g
-          const int c = u * 8 + g;
+          for (int i = 0; i < 4; ++i) {
+            s[tile][i] = 0.f;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (r0 + h < m) {
-              const float gate = round_bf16(s[h]), up = round_bf16(s[2 + h]);
-              out[static_cast<size_t>(r0 + h) * n + c] = __float2bfloat16(gate / (1.f + __expf(-gate)) * up);
-            }
+            for (int v = 0; v < CONSUMER_WARPS; ++v)
+              s[tile][i] += partial[(((v * TILES + tile) * NT + nt) * 4 + i) * 32 + lane];
           }
-        } else {  // c0/c1: column u * 16 + g, c2/c3: column u * 16 + g + 8
-          const int c = u * UNIT_ROWS + g;
+        // c0/c1: column g, rows r0 and r0 + 1; c2/c3: column g + 8, the same rows
+        const int r0 = 2 * q + 8 * nt, c = u * UNIT_ROWS + g;
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (r0 + h < m) {
-              out[static_cast<size_t>(r0 + h) * n + c] = __float2bfloat16(s[h]);
-              out[static_cast<size_t>(r0 + h) * n + c + 8] = __float2bfloat16(s[2 + h]);
-            }
+        for (int h = 0; h < 2; ++h) {
+          if (r0 + h >= m) continue;
+          __nv_bfloat16* row = out + static_cast<size_t>(r0 + h) * n + c;
+          if (SWIGLU) {
+            const float gate0 = round_bf16(s[0][h]), gate8 = round_bf16(s[0][2 + h]);
+            row[0] = __float2bfloat16(gate0 / (1.f + __expf(-gate0)) * round_bf16(s[TILES - 1][h]));
+            row[8] = __float2bfloat16(gate8 / (1.f + __expf(-gate8)) * round_bf16(s[TILES - 1][2 + h]));
+          } else {
+            row[0] = __float2bfloat16(s[0][h]);
+            row[8] = __float2bfloat16(s[0][2 + h]);
           }
         }
       }
@@ -235,11 +230,11 @@ __device__ __forceinline__ void few_rows_tma(const __nv_bfloat16* __restrict__ x
 
 }  // namespace
 
-#define FEW_ROWS_TMA(NAME, NT, SWIGLU)                                                                             \
-  extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                         \
-      NAME(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ out, \
-           int m, int n, int k, int stages, int trigger) {                                                         \
-    few_rows_tma<NT, SWIGLU>(x, w, out, m, n, k, stages, trigger);                                                 \
+#define FEW_ROWS_TMA(NAME, NT, SWIGLU)                                                                           \
+  extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                       \
+      NAME(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,                   \
+           __nv_bfloat16* __restrict__ out, int m, int n, int k, int stages, int trigger) {                      \
+    few_rows_tma<NT, SWIGLU>(&wmap, &xmap, out, m, n, k, stages, trigger);                                       \
   }
 
 FEW_ROWS_TMA(few_rows_tma_8, 1, false)

@@ -32,14 +32,14 @@ def test_grid_gives_every_cta_the_fewest_units_it_can(units: int, sms: int) -> N
 
 
 @pytest.mark.parametrize("m,n,k,swiglu,why", [
-    (0, 2048, 2048, False, "rows"), (17, 2048, 2048, False, "rows"), (4, 2048, 2056, False, "K a multiple of 16"),
-    (4, 2056, 2048, False, "N a multiple of 16"), (4, 2052, 2048, True, "N a multiple of 8")])
+    (0, 2048, 2048, False, "rows"), (17, 2048, 2048, False, "rows"), (4, 2048, 5280, False, "K a multiple of 64"),
+    (4, 2056, 2048, False, "N a multiple of 16"), (4, 2056, 2048, True, "N a multiple of 16 per half")])
 def test_shapes_the_kernel_cannot_take_are_named(m: int, n: int, k: int, swiglu: bool, why: str) -> None:
     assert why in tma.shape_problem(m, n, k, swiglu)
 
 
-@pytest.mark.parametrize("m,n,k,swiglu", [(1, 2048, 2048, False), (16, 5632, 2048, True), (9, 5280, 5280, False)])
-def test_shapes_of_the_shipped_models_fit(m: int, n: int, k: int, swiglu: bool) -> None:
+@pytest.mark.parametrize("m,n,k,swiglu", [(1, 2048, 2048, False), (16, 5632, 2048, True), (9, 2048, 5632, False)])
+def test_ouros_shapes_fit(m: int, n: int, k: int, swiglu: bool) -> None:
     assert tma.shape_problem(m, n, k, swiglu) is None
 
 
@@ -51,22 +51,26 @@ def test_cpu_tensors_are_refused_with_the_reason() -> None:
 
 
 def test_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CDBSIM_TMA_STAGES", raising=False)
-    assert tma.stages_setting() == tma.DEFAULT_STAGES
-    monkeypatch.setenv("CDBSIM_TMA_STAGES", "12")
-    assert tma.stages_setting() == 12
-    for bad in ("0", str(tma.MAX_STAGES + 1), "eight"):
-        monkeypatch.setenv("CDBSIM_TMA_STAGES", bad)
-        with pytest.raises(ValueError, match="CDBSIM_TMA_STAGES"):
-            tma.stages_setting()
+    monkeypatch.delenv("CDBSIM_TMA_RING_KB", raising=False)
+    assert tma.ring_setting() == tma.DEFAULT_RING_KB
+    monkeypatch.setenv("CDBSIM_TMA_RING_KB", "48")
+    assert tma.ring_setting() == 48
+    for bad in ("8", str(tma.MAX_RING_KB + 1), "lots"):
+        monkeypatch.setenv("CDBSIM_TMA_RING_KB", bad)
+        with pytest.raises(ValueError, match="CDBSIM_TMA_RING_KB"):
+            tma.ring_setting()
     monkeypatch.setenv("CDBSIM_FEW_ROWS_KERNEL", "cutlass")
     with pytest.raises(ValueError, match="triton, tma"):
         few_rows.kernel_choice()
 
 
-def test_the_ring_fits_a_block_at_every_depth() -> None:
-    assert tma.shared_bytes(tma.MAX_STAGES, tma.MAX_ROWS) <= 227 * 1024
-    assert 2 * tma.shared_bytes(tma.DEFAULT_STAGES, tma.MAX_ROWS) <= 228 * 1024  # two CTAs share an SM under PDL
+@pytest.mark.parametrize("rows", [1, 9, 16])
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_the_ring_fits_a_block_and_two_share_an_sm(rows: int, swiglu: bool) -> None:
+    """The largest ring fits a block; the default one leaves room for the next kernel's CTA beside it under PDL."""
+    assert tma.shared_bytes(tma.stages_for(tma.MAX_RING_KB, rows, swiglu), rows, swiglu) <= tma.BLOCK_LIMIT
+    assert 2 * tma.shared_bytes(tma.stages_for(tma.DEFAULT_RING_KB, rows, swiglu), rows, swiglu) <= 228 * 1024
+    assert tma.stages_for(16, rows, swiglu) == 2  # two stages at least, whatever the ring
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -98,14 +102,14 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
-@pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048, True), (528, 5280, False),
-                                        (264, 5280, True)], ids=["qkv", "gate-up", "k-tail", "swiglu-k-tail"])
-@pytest.mark.parametrize("stages", [1, tma.DEFAULT_STAGES])
-def test_matches_linear_on_hopper(m: int, n: int, k: int, swiglu: bool, stages: int) -> None:
+@pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048, True), (528, 5312, False),
+                                        (272, 5312, True)], ids=["qkv", "gate-up", "k-tail", "swiglu-k-tail"])
+@pytest.mark.parametrize("ring_kb", [16, tma.DEFAULT_RING_KB])
+def test_matches_linear_on_hopper(m: int, n: int, k: int, swiglu: bool, ring_kb: int) -> None:
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(2 * n if swiglu else n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * k**-0.5
-    _close(tma.linear(x, w, swiglu, 0, stages), _reference(x, w, swiglu))
+    _close(tma.linear(x, w, swiglu, 0, ring_kb), _reference(x, w, swiglu))
 
 
 @pytest.mark.gpu

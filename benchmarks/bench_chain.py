@@ -325,14 +325,13 @@ def sweep_rows(shapes: list[Shape], sizes: tuple[int, ...], quick: bool) -> tupl
 
 
 class TmaPoint(RowsPoint):
-    """A shape's inputs timed on the few-row TMA kernel (a ring of ``ring_kb``, PDL trigger ``pdl``) or the Triton
-    one."""
+    """A shape's inputs timed on the few-row TMA kernel (``settings``, PDL trigger ``pdl``) or the Triton one."""
 
-    def tma_call(self, i: int, m: int, ring_kb: int, pdl: int) -> Callable[[], torch.Tensor]:
+    def tma_call(self, i: int, m: int, settings, pdl: int) -> Callable[[], torch.Tensor]:
         from executor import few_rows_tma as tma
 
         w, x = self.w[i % self.copies], self.x[:m]
-        return lambda: tma.linear(x, w, self.shape.op == "swiglu", pdl, ring_kb)
+        return lambda: tma.linear(x, w, self.shape.op == "swiglu", pdl, settings)
 
     def error(self, got: torch.Tensor, m: int) -> tuple[bool, float]:
         from executor import triton_kernels as tk
@@ -343,10 +342,14 @@ class TmaPoint(RowsPoint):
         return bool((diff <= 1e-2 + 2e-2 * want.float().abs()).all()), float(diff.max())
 
 
-def tma_rows(sizes: tuple[int, ...], rings_kb: tuple[int, ...] = (48, 96, 192)) -> list[dict]:
-    """Per projection shape and size: the Triton few-row matmul (its shipped config) and the TMA kernel with every
-    ring size (late trigger) and with the default one and the early trigger, PDL on, microseconds per call in a graph
-    of 20; then Ouro-1.4B's few-row layers on each kernel (``CDBSIM_FEW_ROWS_KERNEL``)."""
+TMA_VARIANTS = {"tma": {}, "tma-48k": {"ring_kb": 48}, "tma-192k": {"ring_kb": 192}, "tma-2groups": {"groups": 2},
+                "tma-warp-arrive": {"warp_arrive": True}, "tma-2groups-warp-arrive": {"groups": 2, "warp_arrive": True}}
+
+
+def tma_rows(sizes: tuple[int, ...]) -> list[dict]:
+    """Per projection shape and size: the Triton few-row matmul (its shipped config) and the TMA kernel in every
+    setting of :data:`TMA_VARIANTS` (late trigger) and as built with the early trigger, PDL on, microseconds per call
+    in a graph of 20; then Ouro-1.4B's few-row layers on each kernel (``CDBSIM_FEW_ROWS_KERNEL``)."""
     from executor import few_rows_tma as tma
     from executor.chain import EARLY, LATE
     from executor.few_rows import config_for
@@ -354,20 +357,20 @@ def tma_rows(sizes: tuple[int, ...], rings_kb: tuple[int, ...] = (48, 96, 192)) 
     set_pdl(True)
     bw = copy_bandwidth()["bandwidth_Bps"]
     out = []
-    for shape in (s for s in SHAPES if s.name != "ouro.head"):
+    for shape in SHAPES:
         ouro = shape.name.startswith("ouro")
         point = TmaPoint(shape, max(sizes))
         roof = point.weight_bytes() / bw * 1e6
         if tma.shape_problem(1, shape.n, shape.k, shape.op == "swiglu"):
             continue
-        rings = rings_kb if ouro else (tma.DEFAULT_RING_KB,)
-        runs = [("triton", 0, 0)] + [(f"tma-{kb}k", kb, LATE) for kb in rings]
-        runs.append((f"tma-{tma.DEFAULT_RING_KB}k-early", tma.DEFAULT_RING_KB, EARLY))
+        variants = TMA_VARIANTS if ouro else {"tma": {}}
+        runs = [("triton", None, 0)] + [(name, tma.TmaSettings(**kw), LATE) for name, kw in variants.items()]
+        runs.append(("tma-early", tma.TmaSettings(), EARLY))
         cfg = config_for(shape.n, shape.k, shape.op == "swiglu")
         for m in sizes if ouro else (min(sizes), max(sizes)):
-            for name, ring_kb, trigger in runs:
-                def call(i: int, m=m, ring_kb=ring_kb, trigger=trigger, point=point, cfg=cfg) -> Callable:
-                    return point.tma_call(i, m, ring_kb, trigger) if ring_kb else point.few_call(cfg, i, m)
+            for name, settings, trigger in runs:
+                def call(i: int, m=m, settings=settings, trigger=trigger, point=point, cfg=cfg) -> Callable:
+                    return point.tma_call(i, m, settings, trigger) if settings else point.few_call(cfg, i, m)
 
                 ok, err = point.error(call(0)(), m)
                 us = time_graph([call(i) for i in range(CALLS)], CALLS) if ok else float("nan")

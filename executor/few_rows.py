@@ -211,7 +211,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
     if pdl and late is not None:
         pdl = LATE if late else EARLY
     if tma:
-        return few_rows_tma.linear(x, w, swiglu, pdl, few_rows_tma.ring_setting())
+        return few_rows_tma.linear(x, w, swiglu, pdl, few_rows_tma.TmaSettings.from_env())
     cfg = config or config_for(n, k, swiglu, early=pdl == EARLY)
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     block_m = block_rows(m)

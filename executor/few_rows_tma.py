@@ -22,6 +22,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,7 +31,7 @@ SOURCE = Path(__file__).with_name("csrc") / "few_rows_tma.cu"
 MAX_ROWS = 16  # two MMAs of 8 rows
 KC = 256  # K columns per stage (the source's KC)
 UNIT = 16  # output columns per weight unit (the source's UNIT_ROWS)
-THREADS = 160  # four consumer warps and one producer
+SEGMENTS = 4  # 128-byte segments per stage: one consumer warp each (the source's SEGMENTS)
 DEFAULT_RING_KB = 96  # shared memory for the ring: two CTAs of this size fit on an SM beside each other
 MAX_RING_KB = 200  # within an H200 block's 227 KB
 BLOCK_LIMIT = 227 * 1024
@@ -130,13 +131,40 @@ def _make_current(context: ctypes.c_void_p) -> None:
         _check(_driver().cuCtxSetCurrent(context), "cuCtxSetCurrent")
 
 
-def ring_setting() -> int:
-    """The ring's shared memory in KB: ``CDBSIM_TMA_RING_KB`` (16..:data:`MAX_RING_KB`), else
-    :data:`DEFAULT_RING_KB`."""
-    raw = os.environ.get("CDBSIM_TMA_RING_KB", str(DEFAULT_RING_KB))
-    if not raw.isdigit() or not 16 <= int(raw) <= MAX_RING_KB:
-        raise ValueError(f"CDBSIM_TMA_RING_KB must be 16..{MAX_RING_KB}, got {raw!r}")
-    return int(raw)
+@dataclass(frozen=True)
+class TmaSettings:
+    """How a launch runs: the ring's shared memory in KB, consumer groups (each of four warps, taking every
+    ``groups``-th stage) and whether a stage is released by one arrival per warp instead of per thread."""
+
+    ring_kb: int = DEFAULT_RING_KB
+    groups: int = 1
+    warp_arrive: bool = False
+
+    def __post_init__(self) -> None:
+        if not 16 <= self.ring_kb <= MAX_RING_KB:
+            raise ValueError(f"few-row TMA ring must be 16..{MAX_RING_KB} KB, got {self.ring_kb}")
+        if self.groups not in (1, 2):
+            raise ValueError(f"few-row TMA consumer groups must be 1 or 2, got {self.groups}")
+
+    @property
+    def threads(self) -> int:
+        return 32 * (SEGMENTS * self.groups + 1)
+
+    @classmethod
+    def from_env(cls) -> TmaSettings:
+        """``CDBSIM_TMA_RING_KB``, ``CDBSIM_TMA_GROUPS``, ``CDBSIM_TMA_WARP_ARRIVE`` (0/1) over the defaults."""
+        values = {}
+        for field, env in (("ring_kb", "CDBSIM_TMA_RING_KB"), ("groups", "CDBSIM_TMA_GROUPS"),
+                           ("warp_arrive", "CDBSIM_TMA_WARP_ARRIVE")):
+            raw = os.environ.get(env)
+            if raw is not None:
+                if not raw.isdigit():
+                    raise ValueError(f"{env} must be a whole number, got {raw!r}")
+                values[field] = bool(int(raw)) if field == "warp_arrive" else int(raw)
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (from the CDBSIM_TMA_* settings)") from None
 
 
 def stage_bytes(rows: int, swiglu: bool) -> int:
@@ -149,11 +177,11 @@ def stages_for(ring_kb: int, rows: int, swiglu: bool) -> int:
     return max(2, ring_kb * 1024 // stage_bytes(rows, swiglu))
 
 
-def shared_bytes(stages: int, rows: int, swiglu: bool) -> int:
+def shared_bytes(stages: int, rows: int, swiglu: bool, groups: int = 1) -> int:
     """Dynamic shared memory of a launch: 1 KB of alignment slack (the swizzle wants 1,024-byte boxes), the ring,
-    the consumers' partial sums, two barriers a stage."""
+    the consumer warps' partial sums, two barriers a stage."""
     tiles, nt = (2 if swiglu else 1), (1 if rows <= 8 else 2)
-    return 1024 + stages * stage_bytes(rows, swiglu) + 4 * tiles * nt * 4 * 32 * 4 + 2 * stages * 8
+    return 1024 + stages * stage_bytes(rows, swiglu) + SEGMENTS * groups * tiles * nt * 4 * 32 * 4 + 2 * stages * 8
 
 
 def grid_for(units: int, sms: int) -> int:
@@ -222,21 +250,21 @@ def weight_map(w: torch.Tensor) -> _TensorMap:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False, pdl: int = 0,
-           ring_kb: int = DEFAULT_RING_KB) -> torch.Tensor:
+           settings: TmaSettings = TmaSettings()) -> torch.Tensor:
     """``x @ w.T`` for contiguous bf16 ``x`` ``[M, K]`` (``M <= 16``) and ``w`` ``[N, K]``; with ``swiglu``,
     ``silu(gate) * up`` of the fused ``[2N, K]`` projection (gate and up each rounded to bf16 first, as the torch
     backend rounds). ``pdl``: :func:`executor.chain.pdl_mode`'s value: 0 a plain launch; under PDL the
     successor may launch once the producer has issued its last copy (``EARLY``) or once the consumers are past
-    their last stage (``LATE``). ``ring_kb``: the ring's shared memory."""
+    their last stage (``LATE``)."""
     why = supports(x, w, swiglu)
     if why:
         raise ValueError(f"few-row TMA matmul: {why}")
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    stages = stages_for(ring_kb, m, swiglu)
-    shared = shared_bytes(stages, m, swiglu)
+    stages = stages_for(settings.ring_kb, m, swiglu)
+    shared = shared_bytes(stages, m, swiglu, settings.groups)
     if shared > BLOCK_LIMIT:
-        raise ValueError(f"few-row TMA matmul: a ring of {ring_kb} KB needs {shared} bytes of shared memory, "
+        raise ValueError(f"few-row TMA matmul: a ring of {settings.ring_kb} KB needs {shared} bytes of shared memory, "
                          f"more than a block's {BLOCK_LIMIT}")
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     name = f"few_rows_tma{'_swiglu' if swiglu else ''}_{8 if m <= 8 else 16}"
@@ -244,11 +272,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False, pdl: int = 0,
     _make_current(functions["context"])
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     attr = _LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-    config = _LaunchConfig(grid_for(n // UNIT, sms), 1, 1, THREADS, 1, 1, shared,
+    config = _LaunchConfig(grid_for(n // UNIT, sms), 1, 1, settings.threads, 1, 1, shared,
                            torch.cuda.current_stream(x.device).cuda_stream, ctypes.pointer(attr), 1 if pdl else 0)
     wmap, xmap = weight_map(w), tensor_map(x, 8 if m <= 8 else 16)
     args = [ctypes.c_void_p(out.data_ptr()), ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(stages),
-            ctypes.c_int(pdl)]
+            ctypes.c_int(pdl), ctypes.c_int(int(settings.warp_arrive))]
     pointers = [wmap.aligned(), xmap.aligned(), *(ctypes.addressof(a) for a in args)]
     params = (ctypes.c_void_p * len(pointers))(*pointers)
     _check(_driver().cuLaunchKernelEx(ctypes.byref(config), functions[name], params, None), "cuLaunchKernelEx")

@@ -30,8 +30,9 @@ constexpr int KC = 256;           // K columns per stage: four 128-byte segments
 constexpr int SEGMENTS = KC / 64;
 constexpr int UNIT_ROWS = 16;     // output columns per weight unit: one MMA's M
 constexpr int W_TILE_BYTES = UNIT_ROWS * KC * 2;  // one weight box (8 KB)
-constexpr int CONSUMER_WARPS = SEGMENTS;
-constexpr int THREADS = (CONSUMER_WARPS + 1) * 32;
+constexpr int MAX_GROUPS = 2;   // consumer groups of SEGMENTS warps, each taking every other stage
+constexpr int MAX_THREADS = (MAX_GROUPS * SEGMENTS + 1) * 32;
+constexpr int OPTION_WARP_ARRIVE = 1;  // a stage is released by one arrival per warp, not per thread
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -73,7 +74,7 @@ __device__ __forceinline__ void wait_for_predecessor() { asm volatile("griddepco
 
 __device__ __forceinline__ void let_successor_launch() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(CONSUMER_WARPS * 32)); }
+__device__ __forceinline__ void consumers_sync(int threads) { asm volatile("bar.sync 1, %0;" ::"r"(threads)); }
 
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t* a_lo, const uint32_t* a_hi, const uint32_t* b,
                                     int j) {
@@ -97,18 +98,21 @@ __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(_
 
 // NT: 8-row MMA tiles of x (1 or 2); SWIGLU: the unit's 16 gate columns and the same 16 up columns (two weight boxes).
 // trigger: 0 never lets the successor launch early, 1 once the producer has issued its last copy, 2 once the
-// consumers are past their last stage (before the last unit's reduction and stores).
+// consumers are past their last stage (before the last unit's reduction and stores). The block is one producer warp
+// (the last) and blockDim.x / 32 - 1 consumer warps: groups of SEGMENTS, group g taking the stages ks = g mod groups.
 template <int NT, bool SWIGLU>
 __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUtensorMap* xmap,
                                              __nv_bfloat16* __restrict__ out, int m, int n, int k, int stages,
-                                             int trigger) {
+                                             int trigger, int options) {
   constexpr int TILES = SWIGLU ? 2 : 1;
   constexpr int X_BYTES = 8 * NT * KC * 2;
   constexpr int STAGE = TILES * W_TILE_BYTES + X_BYTES;  // a multiple of 1024, as the swizzle needs
   extern __shared__ unsigned char smem_raw[];
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int consumer_warps = blockDim.x / 32 - 1, groups = consumer_warps / SEGMENTS;
+  const bool warp_arrive = options & OPTION_WARP_ARRIVE;
   float* partial = reinterpret_cast<float*>(ring + stages * STAGE);
-  uint64_t* full = reinterpret_cast<uint64_t*>(partial + CONSUMER_WARPS * TILES * 4 * NT * 32);
+  uint64_t* full = reinterpret_cast<uint64_t*>(partial + consumer_warps * TILES * 4 * NT * 32);
   uint64_t* empty = full + stages;
 
   const int units = n / UNIT_ROWS;
@@ -118,13 +122,13 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], CONSUMER_WARPS * 32);
+      mbar_init(&empty[s], warp_arrive ? SEGMENTS : SEGMENTS * 32);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
-  if (warp == CONSUMER_WARPS) {  // the producer: one lane issues every copy of this CTA's units, in order
+  if (warp == consumer_warps) {  // the producer: one lane issues every copy of this CTA's units, in order
     if (lane == 0) {
       const int total = ((units - blockIdx.x + gridDim.x - 1) / gridDim.x) * k_steps;
       const int ahead = min(stages, total);
@@ -151,28 +155,33 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
   }
 
   // the consumers
-  const int g = lane / 4, q = lane % 4;
+  const int g = lane / 4, q = lane % 4, segment = warp % SEGMENTS, group = warp / SEGMENTS;
   wait_for_predecessor();  // before any store: the kernel before may still read memory this one's output reuses
-  int t = 0;
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+  int t0 = 0;
+  for (int u = blockIdx.x; u < units; u += gridDim.x, t0 += k_steps) {
     float acc[TILES][NT][4];
 #pragma unroll
     for (int tile = 0; tile < TILES; ++tile)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) acc[tile][nt][0] = acc[tile][nt][1] = acc[tile][nt][2] = acc[tile][nt][3] = 0.f;
-    for (int ks = 0; ks < k_steps; ++ks, ++t) {
-      const int slot = t % stages;
+    for (int ks = group; ks < k_steps; ks += groups) {
+      const int t = t0 + ks, slot = t % stages;
       const unsigned char* stage = ring + slot * STAGE;
       mbar_wait(&full[slot], (t / stages) & 1);
       uint4 a[TILES][2][2], b[NT][2];
 #pragma unroll
       for (int tile = 0; tile < TILES; ++tile) {
-        load_row(a[tile][0], stage + tile * W_TILE_BYTES, g, warp, q);
-        load_row(a[tile][1], stage + tile * W_TILE_BYTES, g + 8, warp, q);
+        load_row(a[tile][0], stage + tile * W_TILE_BYTES, g, segment, q);
+        load_row(a[tile][1], stage + tile * W_TILE_BYTES, g + 8, segment, q);
       }
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) load_row(b[nt], stage + TILES * W_TILE_BYTES, g + 8 * nt, warp, q);
-      mbar_arrive(&empty[slot]);  // this thread's share of the stage is in registers: the producer may refill it
+      for (int nt = 0; nt < NT; ++nt) load_row(b[nt], stage + TILES * W_TILE_BYTES, g + 8 * nt, segment, q);
+      if (!warp_arrive) {
+        mbar_arrive(&empty[slot]);  // this thread's share of the stage is in registers: the producer may refill it
+      } else {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[slot]);
+      }
 #pragma unroll
       for (int tile = 0; tile < TILES; ++tile)
 #pragma unroll
@@ -185,7 +194,7 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
     const bool last_unit = u + static_cast<int>(gridDim.x) >= units;
     if (trigger == 2 && last_unit) let_successor_launch();
 
-    // the four warps' partial sums of this unit meet in shared memory; warp 0 adds them and stores
+    // the consumer warps' partial sums of this unit meet in shared memory; warp 0 adds them and stores
 #pragma unroll
     for (int tile = 0; tile < TILES; ++tile)
 #pragma unroll
@@ -193,7 +202,7 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           partial[(((warp * TILES + tile) * NT + nt) * 4 + i) * 32 + lane] = acc[tile][nt][i];
-    consumers_sync();
+    consumers_sync(consumer_warps * 32);
     if (warp == 0) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
@@ -204,7 +213,7 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
           for (int i = 0; i < 4; ++i) {
             s[tile][i] = 0.f;
 #pragma unroll
-            for (int v = 0; v < CONSUMER_WARPS; ++v)
+            for (int v = 0; v < consumer_warps; ++v)
               s[tile][i] += partial[(((v * TILES + tile) * NT + nt) * 4 + i) * 32 + lane];
           }
         // c0/c1: column g, rows r0 and r0 + 1; c2/c3: column g + 8, the same rows
@@ -224,17 +233,17 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
         }
       }
     }
-    consumers_sync();  // the partials may be overwritten by the next unit
+    consumers_sync(consumer_warps * 32);  // the partials may be overwritten by the next unit
   }
 }
 
 }  // namespace
 
 #define FEW_ROWS_TMA(NAME, NT, SWIGLU)                                                                           \
-  extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                       \
+  extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)                                                   \
       NAME(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,                   \
-           __nv_bfloat16* __restrict__ out, int m, int n, int k, int stages, int trigger) {                      \
-    few_rows_tma<NT, SWIGLU>(&wmap, &xmap, out, m, n, k, stages, trigger);                                       \
+           __nv_bfloat16* __restrict__ out, int m, int n, int k, int stages, int trigger, int options) {         \
+    few_rows_tma<NT, SWIGLU>(&wmap, &xmap, out, m, n, k, stages, trigger, options);                              \
   }
 
 FEW_ROWS_TMA(few_rows_tma_8, 1, false)

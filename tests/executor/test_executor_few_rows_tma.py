@@ -51,14 +51,20 @@ def test_cpu_tensors_are_refused_with_the_reason() -> None:
 
 
 def test_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CDBSIM_TMA_RING_KB", raising=False)
-    assert tma.ring_setting() == tma.DEFAULT_RING_KB
+    for env in ("CDBSIM_TMA_RING_KB", "CDBSIM_TMA_GROUPS", "CDBSIM_TMA_WARP_ARRIVE"):
+        monkeypatch.delenv(env, raising=False)
+    assert tma.TmaSettings.from_env() == tma.TmaSettings()
     monkeypatch.setenv("CDBSIM_TMA_RING_KB", "48")
-    assert tma.ring_setting() == 48
-    for bad in ("8", str(tma.MAX_RING_KB + 1), "lots"):
-        monkeypatch.setenv("CDBSIM_TMA_RING_KB", bad)
-        with pytest.raises(ValueError, match="CDBSIM_TMA_RING_KB"):
-            tma.ring_setting()
+    monkeypatch.setenv("CDBSIM_TMA_GROUPS", "2")
+    monkeypatch.setenv("CDBSIM_TMA_WARP_ARRIVE", "1")
+    assert tma.TmaSettings.from_env() == tma.TmaSettings(48, 2, True)
+    assert tma.TmaSettings(groups=2).threads == 9 * 32
+    for env, bad in (("CDBSIM_TMA_RING_KB", "8"), ("CDBSIM_TMA_RING_KB", str(tma.MAX_RING_KB + 1)),
+                     ("CDBSIM_TMA_RING_KB", "lots"), ("CDBSIM_TMA_GROUPS", "3")):
+        monkeypatch.setenv(env, bad)
+        with pytest.raises(ValueError, match="CDBSIM_TMA"):
+            tma.TmaSettings.from_env()
+        monkeypatch.delenv(env)
     monkeypatch.setenv("CDBSIM_FEW_ROWS_KERNEL", "cutlass")
     with pytest.raises(ValueError, match="triton, tma"):
         few_rows.kernel_choice()
@@ -68,7 +74,7 @@ def test_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_the_ring_fits_a_block_and_two_share_an_sm(rows: int, swiglu: bool) -> None:
     """The largest ring fits a block; the default one leaves room for the next kernel's CTA beside it under PDL."""
-    assert tma.shared_bytes(tma.stages_for(tma.MAX_RING_KB, rows, swiglu), rows, swiglu) <= tma.BLOCK_LIMIT
+    assert tma.shared_bytes(tma.stages_for(tma.MAX_RING_KB, rows, swiglu), rows, swiglu, 2) <= tma.BLOCK_LIMIT
     assert 2 * tma.shared_bytes(tma.stages_for(tma.DEFAULT_RING_KB, rows, swiglu), rows, swiglu) <= 228 * 1024
     assert tma.stages_for(16, rows, swiglu) == 2  # two stages at least, whatever the ring
 
@@ -104,12 +110,14 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
 @pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048, True), (528, 5312, False),
                                         (272, 5312, True)], ids=["qkv", "gate-up", "k-tail", "swiglu-k-tail"])
-@pytest.mark.parametrize("ring_kb", [16, tma.DEFAULT_RING_KB])
-def test_matches_linear_on_hopper(m: int, n: int, k: int, swiglu: bool, ring_kb: int) -> None:
+@pytest.mark.parametrize("settings", [tma.TmaSettings(16), tma.TmaSettings(),
+                                      tma.TmaSettings(groups=2, warp_arrive=True)],
+                         ids=["ring16k", "default", "2groups-warp-arrive"])
+def test_matches_linear_on_hopper(m: int, n: int, k: int, swiglu: bool, settings) -> None:
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(2 * n if swiglu else n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * k**-0.5
-    _close(tma.linear(x, w, swiglu, 0, ring_kb), _reference(x, w, swiglu))
+    _close(tma.linear(x, w, swiglu, 0, settings), _reference(x, w, swiglu))
 
 
 @pytest.mark.gpu

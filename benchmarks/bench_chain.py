@@ -342,8 +342,10 @@ class TmaPoint(RowsPoint):
         return bool((diff <= 1e-2 + 2e-2 * want.float().abs()).all()), float(diff.max())
 
 
-TMA_VARIANTS = {"tma": {}, "tma-48k": {"ring_kb": 48}, "tma-192k": {"ring_kb": 192}, "tma-2groups": {"groups": 2},
-                "tma-warp-arrive": {"warp_arrive": True}, "tma-2groups-warp-arrive": {"groups": 2, "warp_arrive": True}}
+TMA_VARIANTS = {"tma": {}, "tma-192k": {"ring_kb": 192}, "tma-8warps": {"consumer_warps": 8},
+                "tma-warp-arrive": {"warp_arrive": True}, "tma-8seg": {"segments": 8},
+                "tma-8seg-8warps": {"segments": 8, "consumer_warps": 8},
+                "tma-16seg-8warps-144k": {"segments": 16, "consumer_warps": 8, "ring_kb": 144}}
 
 
 def tma_rows(sizes: tuple[int, ...]) -> list[dict]:

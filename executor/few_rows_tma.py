@@ -29,9 +29,7 @@ import torch
 
 SOURCE = Path(__file__).with_name("csrc") / "few_rows_tma.cu"
 MAX_ROWS = 16  # two MMAs of 8 rows
-KC = 256  # K columns per stage (the source's KC)
 UNIT = 16  # output columns per weight unit (the source's UNIT_ROWS)
-SEGMENTS = 4  # 128-byte segments per stage: one consumer warp each (the source's SEGMENTS)
 DEFAULT_RING_KB = 96  # shared memory for the ring: two CTAs of this size fit on an SM beside each other
 MAX_RING_KB = 200  # within an H200 block's 227 KB
 BLOCK_LIMIT = 227 * 1024
@@ -133,29 +131,34 @@ def _make_current(context: ctypes.c_void_p) -> None:
 
 @dataclass(frozen=True)
 class TmaSettings:
-    """How a launch runs: the ring's shared memory in KB, consumer groups (each of four warps, taking every
-    ``groups``-th stage) and whether a stage is released by one arrival per warp instead of per thread."""
+    """How a launch runs: the ring's shared memory in KB, the K columns of a stage in 64-column segments (4, 8 or 16),
+    the consumer warps (4 or 8, taking a stage's segments in turn) and whether a stage is released by one arrival
+    per warp instead of per thread."""
 
     ring_kb: int = DEFAULT_RING_KB
-    groups: int = 1
+    segments: int = 4
+    consumer_warps: int = 4
     warp_arrive: bool = False
 
     def __post_init__(self) -> None:
         if not 16 <= self.ring_kb <= MAX_RING_KB:
             raise ValueError(f"few-row TMA ring must be 16..{MAX_RING_KB} KB, got {self.ring_kb}")
-        if self.groups not in (1, 2):
-            raise ValueError(f"few-row TMA consumer groups must be 1 or 2, got {self.groups}")
+        if self.segments not in (4, 8, 16):
+            raise ValueError(f"few-row TMA stage must be 4, 8 or 16 segments, got {self.segments}")
+        if self.consumer_warps not in (4, 8):
+            raise ValueError(f"few-row TMA consumer warps must be 4 or 8, got {self.consumer_warps}")
 
     @property
     def threads(self) -> int:
-        return 32 * (SEGMENTS * self.groups + 1)
+        return 32 * (self.consumer_warps + 1)
 
     @classmethod
     def from_env(cls) -> TmaSettings:
-        """``CDBSIM_TMA_RING_KB``, ``CDBSIM_TMA_GROUPS``, ``CDBSIM_TMA_WARP_ARRIVE`` (0/1) over the defaults."""
+        """``CDBSIM_TMA_RING_KB``, ``CDBSIM_TMA_SEGMENTS``, ``CDBSIM_TMA_WARPS``, ``CDBSIM_TMA_WARP_ARRIVE`` (0/1)
+        over the defaults."""
         values = {}
-        for field, env in (("ring_kb", "CDBSIM_TMA_RING_KB"), ("groups", "CDBSIM_TMA_GROUPS"),
-                           ("warp_arrive", "CDBSIM_TMA_WARP_ARRIVE")):
+        for field, env in (("ring_kb", "CDBSIM_TMA_RING_KB"), ("segments", "CDBSIM_TMA_SEGMENTS"),
+                           ("consumer_warps", "CDBSIM_TMA_WARPS"), ("warp_arrive", "CDBSIM_TMA_WARP_ARRIVE")):
             raw = os.environ.get(env)
             if raw is not None:
                 if not raw.isdigit():
@@ -167,21 +170,23 @@ class TmaSettings:
             raise ValueError(f"{exc} (from the CDBSIM_TMA_* settings)") from None
 
 
-def stage_bytes(rows: int, swiglu: bool) -> int:
-    """One stage: the weight box (16 rows x 256 columns; two with SwiGLU) and the rows' box (8 or 16 rows)."""
-    return ((2 if swiglu else 1) * UNIT + (8 if rows <= 8 else 16)) * KC * 2
+def stage_bytes(rows: int, swiglu: bool, segments: int = 4) -> int:
+    """One stage: the weight box (16 rows x ``segments`` x 64 columns; two with SwiGLU) and the rows' box (8 or 16
+    rows)."""
+    return ((2 if swiglu else 1) * UNIT + (8 if rows <= 8 else 16)) * segments * 64 * 2
 
 
-def stages_for(ring_kb: int, rows: int, swiglu: bool) -> int:
-    """Stages of a ring of ``ring_kb`` KB (two at least)."""
-    return max(2, ring_kb * 1024 // stage_bytes(rows, swiglu))
+def stages_for(settings: TmaSettings, rows: int, swiglu: bool) -> int:
+    """Stages of the ring (two at least)."""
+    return max(2, settings.ring_kb * 1024 // stage_bytes(rows, swiglu, settings.segments))
 
 
-def shared_bytes(stages: int, rows: int, swiglu: bool, groups: int = 1) -> int:
+def shared_bytes(settings: TmaSettings, rows: int, swiglu: bool) -> int:
     """Dynamic shared memory of a launch: 1 KB of alignment slack (the swizzle wants 1,024-byte boxes), the ring,
     the consumer warps' partial sums, two barriers a stage."""
-    tiles, nt = (2 if swiglu else 1), (1 if rows <= 8 else 2)
-    return 1024 + stages * stage_bytes(rows, swiglu) + SEGMENTS * groups * tiles * nt * 4 * 32 * 4 + 2 * stages * 8
+    tiles, nt, stages = (2 if swiglu else 1), (1 if rows <= 8 else 2), stages_for(settings, rows, swiglu)
+    return (1024 + stages * stage_bytes(rows, swiglu, settings.segments)
+            + settings.consumer_warps * tiles * nt * 4 * 32 * 4 + 2 * stages * 8)
 
 
 def grid_for(units: int, sms: int) -> int:
@@ -222,14 +227,14 @@ class _TensorMap(ctypes.Structure):
 _CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, _CU_TENSOR_MAP_SWIZZLE_128B, _CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 9, 3, 3
 
 
-def tensor_map(t: torch.Tensor, box_rows: int) -> _TensorMap:
+def tensor_map(t: torch.Tensor, box_rows: int, segments: int) -> _TensorMap:
     """A map of the 2-d bf16 ``t`` as ``[rows][K / 64][64]`` with the 128-byte swizzle, in boxes of ``box_rows`` rows x
-    four segments (256 columns); rows and segments past the tensor read as zeros."""
+    ``segments`` segments of 64 columns; rows and segments past the tensor read as zeros."""
     rows, k = t.shape
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
     out = _TensorMap()
     dims, strides = (u64 * 3)(64, k // 64, rows), (u64 * 2)(128, k * 2)
-    box, steps = (u32 * 3)(64, KC // 64, box_rows), (u32 * 3)(1, 1, 1)
+    box, steps = (u32 * 3)(64, segments, box_rows), (u32 * 3)(1, 1, 1)
     _check(_driver().cuTensorMapEncodeTiled(
         ctypes.c_void_p(out.aligned()), _CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, ctypes.c_void_p(t.data_ptr()), dims,
         strides, box, steps, 0, _CU_TENSOR_MAP_SWIZZLE_128B, _CU_TENSOR_MAP_L2_PROMOTION_L2_256B, 0),
@@ -237,15 +242,15 @@ def tensor_map(t: torch.Tensor, box_rows: int) -> _TensorMap:
     return out
 
 
-_WEIGHT_MAPS: dict[tuple[int, int, int], _TensorMap] = {}
+_WEIGHT_MAPS: dict[tuple[int, int, int, int], _TensorMap] = {}
 
 
-def weight_map(w: torch.Tensor) -> _TensorMap:
-    """``w``'s tensor map, built once per address and shape (a map holds nothing else, so one built for a tensor since
-    freed serves a new one at the same address)."""
-    key = (w.data_ptr(), *w.shape)
+def weight_map(w: torch.Tensor, segments: int) -> _TensorMap:
+    """``w``'s tensor map, built once per address, shape and box (a map holds nothing else, so one built for a tensor
+    since freed serves a new one at the same address)."""
+    key = (w.data_ptr(), *w.shape, segments)
     if key not in _WEIGHT_MAPS:
-        _WEIGHT_MAPS[key] = tensor_map(w, UNIT)
+        _WEIGHT_MAPS[key] = tensor_map(w, UNIT, segments)
     return _WEIGHT_MAPS[key]
 
 
@@ -261,8 +266,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False, pdl: int = 0,
         raise ValueError(f"few-row TMA matmul: {why}")
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    stages = stages_for(settings.ring_kb, m, swiglu)
-    shared = shared_bytes(stages, m, swiglu, settings.groups)
+    stages, shared = stages_for(settings, m, swiglu), shared_bytes(settings, m, swiglu)
     if shared > BLOCK_LIMIT:
         raise ValueError(f"few-row TMA matmul: a ring of {settings.ring_kb} KB needs {shared} bytes of shared memory, "
                          f"more than a block's {BLOCK_LIMIT}")
@@ -274,9 +278,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False, pdl: int = 0,
     attr = _LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
     config = _LaunchConfig(grid_for(n // UNIT, sms), 1, 1, settings.threads, 1, 1, shared,
                            torch.cuda.current_stream(x.device).cuda_stream, ctypes.pointer(attr), 1 if pdl else 0)
-    wmap, xmap = weight_map(w), tensor_map(x, 8 if m <= 8 else 16)
+    wmap, xmap = weight_map(w, settings.segments), tensor_map(x, 8 if m <= 8 else 16, settings.segments)
     args = [ctypes.c_void_p(out.data_ptr()), ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(stages),
-            ctypes.c_int(pdl), ctypes.c_int(int(settings.warp_arrive))]
+            ctypes.c_int(settings.segments), ctypes.c_int(pdl), ctypes.c_int(int(settings.warp_arrive))]
     pointers = [wmap.aligned(), xmap.aligned(), *(ctypes.addressof(a) for a in args)]
     params = (ctypes.c_void_p * len(pointers))(*pointers)
     _check(_driver().cuLaunchKernelEx(ctypes.byref(config), functions[name], params, None), "cuLaunchKernelEx")

@@ -51,16 +51,16 @@ def test_cpu_tensors_are_refused_with_the_reason() -> None:
 
 
 def test_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    for env in ("CDBSIM_TMA_RING_KB", "CDBSIM_TMA_GROUPS", "CDBSIM_TMA_WARP_ARRIVE"):
+    envs = ("CDBSIM_TMA_RING_KB", "CDBSIM_TMA_SEGMENTS", "CDBSIM_TMA_WARPS", "CDBSIM_TMA_WARP_ARRIVE")
+    for env in envs:
         monkeypatch.delenv(env, raising=False)
     assert tma.TmaSettings.from_env() == tma.TmaSettings()
-    monkeypatch.setenv("CDBSIM_TMA_RING_KB", "48")
-    monkeypatch.setenv("CDBSIM_TMA_GROUPS", "2")
-    monkeypatch.setenv("CDBSIM_TMA_WARP_ARRIVE", "1")
-    assert tma.TmaSettings.from_env() == tma.TmaSettings(48, 2, True)
-    assert tma.TmaSettings(groups=2).threads == 9 * 32
+    for env, value in zip(envs, ("48", "8", "8", "1"), strict=True):
+        monkeypatch.setenv(env, value)
+    assert tma.TmaSettings.from_env() == tma.TmaSettings(48, 8, 8, True)
+    assert tma.TmaSettings(consumer_warps=8).threads == 9 * 32
     for env, bad in (("CDBSIM_TMA_RING_KB", "8"), ("CDBSIM_TMA_RING_KB", str(tma.MAX_RING_KB + 1)),
-                     ("CDBSIM_TMA_RING_KB", "lots"), ("CDBSIM_TMA_GROUPS", "3")):
+                     ("CDBSIM_TMA_RING_KB", "lots"), ("CDBSIM_TMA_WARPS", "3"), ("CDBSIM_TMA_SEGMENTS", "2")):
         monkeypatch.setenv(env, bad)
         with pytest.raises(ValueError, match="CDBSIM_TMA"):
             tma.TmaSettings.from_env()
@@ -72,11 +72,13 @@ def test_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("rows", [1, 9, 16])
 @pytest.mark.parametrize("swiglu", [False, True])
-def test_the_ring_fits_a_block_and_two_share_an_sm(rows: int, swiglu: bool) -> None:
+@pytest.mark.parametrize("segments", [4, 8, 16])
+def test_the_ring_fits_a_block_and_two_share_an_sm(rows: int, swiglu: bool, segments: int) -> None:
     """The largest ring fits a block; the default one leaves room for the next kernel's CTA beside it under PDL."""
-    assert tma.shared_bytes(tma.stages_for(tma.MAX_RING_KB, rows, swiglu), rows, swiglu, 2) <= tma.BLOCK_LIMIT
-    assert 2 * tma.shared_bytes(tma.stages_for(tma.DEFAULT_RING_KB, rows, swiglu), rows, swiglu) <= 228 * 1024
-    assert tma.stages_for(16, rows, swiglu) == 2  # two stages at least, whatever the ring
+    largest = tma.TmaSettings(tma.MAX_RING_KB, segments, 8)
+    assert tma.shared_bytes(largest, rows, swiglu) <= tma.BLOCK_LIMIT
+    assert 2 * tma.shared_bytes(tma.TmaSettings(), rows, swiglu) <= 228 * 1024
+    assert tma.stages_for(tma.TmaSettings(16, segments), rows, swiglu) == 2  # two stages at least, whatever the ring
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -111,8 +113,9 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048, True), (528, 5312, False),
                                         (272, 5312, True)], ids=["qkv", "gate-up", "k-tail", "swiglu-k-tail"])
 @pytest.mark.parametrize("settings", [tma.TmaSettings(16), tma.TmaSettings(),
-                                      tma.TmaSettings(groups=2, warp_arrive=True)],
-                         ids=["ring16k", "default", "2groups-warp-arrive"])
+                                      tma.TmaSettings(segments=8, consumer_warps=8, warp_arrive=True),
+                                      tma.TmaSettings(144, 16, 8), tma.TmaSettings(segments=16)],
+                         ids=["ring16k", "default", "8seg-8warps-warp-arrive", "16seg-8warps", "16seg-4warps"])
 def test_matches_linear_on_hopper(m: int, n: int, k: int, swiglu: bool, settings) -> None:
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)

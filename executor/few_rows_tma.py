@@ -132,13 +132,15 @@ def _make_current(context: ctypes.c_void_p) -> None:
 @dataclass(frozen=True)
 class TmaSettings:
     """How a launch runs: the ring's shared memory in KB, the K columns of a stage in 64-column segments (4, 8 or 16),
-    the consumer warps (4 or 8, taking a stage's segments in turn) and whether a stage is released by one arrival
-    per warp instead of per thread."""
+    the consumer warps (4 or 8, taking a stage's segments in turn), whether a stage is released by one arrival per
+    warp instead of per thread, and whether a unit's partial sums are added by the last warp to finish it (the others
+    going on) instead of by warp 0 between two barriers of all of them."""
 
     ring_kb: int = DEFAULT_RING_KB
     segments: int = 4
     consumer_warps: int = 4
     warp_arrive: bool = False
+    async_reduce: bool = False
 
     def __post_init__(self) -> None:
         if not 16 <= self.ring_kb <= MAX_RING_KB:
@@ -152,18 +154,24 @@ class TmaSettings:
     def threads(self) -> int:
         return 32 * (self.consumer_warps + 1)
 
+    @property
+    def options(self) -> int:
+        """The kernel's option bits (the source's OPTION_*)."""
+        return int(self.warp_arrive) | 2 * int(self.async_reduce)
+
     @classmethod
     def from_env(cls) -> TmaSettings:
-        """``CDBSIM_TMA_RING_KB``, ``CDBSIM_TMA_SEGMENTS``, ``CDBSIM_TMA_WARPS``, ``CDBSIM_TMA_WARP_ARRIVE`` (0/1)
-        over the defaults."""
-        values = {}
+        """``CDBSIM_TMA_RING_KB``, ``CDBSIM_TMA_SEGMENTS``, ``CDBSIM_TMA_WARPS``, ``CDBSIM_TMA_WARP_ARRIVE`` and
+        ``CDBSIM_TMA_ASYNC_REDUCE`` (0/1) over the defaults."""
+        values: dict[str, int | bool] = {}
         for field, env in (("ring_kb", "CDBSIM_TMA_RING_KB"), ("segments", "CDBSIM_TMA_SEGMENTS"),
-                           ("consumer_warps", "CDBSIM_TMA_WARPS"), ("warp_arrive", "CDBSIM_TMA_WARP_ARRIVE")):
+                           ("consumer_warps", "CDBSIM_TMA_WARPS"), ("warp_arrive", "CDBSIM_TMA_WARP_ARRIVE"),
+                           ("async_reduce", "CDBSIM_TMA_ASYNC_REDUCE")):
             raw = os.environ.get(env)
             if raw is not None:
                 if not raw.isdigit():
                     raise ValueError(f"{env} must be a whole number, got {raw!r}")
-                values[field] = bool(int(raw)) if field == "warp_arrive" else int(raw)
+                values[field] = bool(int(raw)) if field in ("warp_arrive", "async_reduce") else int(raw)
         try:
             return cls(**values)
         except ValueError as exc:
@@ -183,10 +191,10 @@ def stages_for(settings: TmaSettings, rows: int, swiglu: bool) -> int:
 
 def shared_bytes(settings: TmaSettings, rows: int, swiglu: bool) -> int:
     """Dynamic shared memory of a launch: 1 KB of alignment slack (the swizzle wants 1,024-byte boxes), the ring,
-    the consumer warps' partial sums, two barriers a stage."""
+    two buffers of the consumer warps' partial sums, two barriers a stage, four counters."""
     tiles, nt, stages = (2 if swiglu else 1), (1 if rows <= 8 else 2), stages_for(settings, rows, swiglu)
     return (1024 + stages * stage_bytes(rows, swiglu, settings.segments)
-            + settings.consumer_warps * tiles * nt * 4 * 32 * 4 + 2 * stages * 8)
+            + 2 * settings.consumer_warps * tiles * nt * 4 * 32 * 4 + 2 * stages * 8 + 16)
 
 
 def grid_for(units: int, sms: int) -> int:
@@ -280,7 +288,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False, pdl: int = 0,
                            torch.cuda.current_stream(x.device).cuda_stream, ctypes.pointer(attr), 1 if pdl else 0)
     wmap, xmap = weight_map(w, settings.segments), tensor_map(x, 8 if m <= 8 else 16, settings.segments)
     args = [ctypes.c_void_p(out.data_ptr()), ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(stages),
-            ctypes.c_int(settings.segments), ctypes.c_int(pdl), ctypes.c_int(int(settings.warp_arrive))]
+            ctypes.c_int(settings.segments), ctypes.c_int(pdl), ctypes.c_int(settings.options)]
     pointers = [wmap.aligned(), xmap.aligned(), *(ctypes.addressof(a) for a in args)]
     params = (ctypes.c_void_p * len(pointers))(*pointers)
     _check(_driver().cuLaunchKernelEx(ctypes.byref(config), functions[name], params, None), "cuLaunchKernelEx")

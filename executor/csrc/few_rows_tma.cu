@@ -29,7 +29,8 @@ constexpr int SEGMENT_BYTES = 128;  // 64 columns: the swizzle's row
 constexpr int UNIT_ROWS = 16;       // output columns per weight unit: one MMA's M
 constexpr int MAX_CONSUMER_WARPS = 8;
 constexpr int MAX_THREADS = (MAX_CONSUMER_WARPS + 1) * 32;
-constexpr int OPTION_WARP_ARRIVE = 1;  // a stage is released by one arrival per warp, not per thread
+constexpr int OPTION_WARP_ARRIVE = 1;    // a stage is released by one arrival per warp, not per thread
+constexpr int OPTION_ASYNC_REDUCE = 2;   // a unit's partial sums are added by the last warp to finish it, no barrier
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -93,6 +94,40 @@ __device__ __forceinline__ void load_row(uint4 (&dst)[2], const unsigned char* b
 
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
+// The sum of the consumer warps' partials of unit u (in `partial`), stored: lane (g, q) holds columns g and g + 8 of
+// rows 2q, 2q + 1 (+ 8 for the second row tile); with SwiGLU tile 0 is the gate, tile 1 the up projection.
+template <int NT, bool SWIGLU>
+__device__ __forceinline__ void reduce_store(const float* partial, int warps, __nv_bfloat16* __restrict__ out, int m,
+                                             int n, int u, int lane) {
+  constexpr int TILES = SWIGLU ? 2 : 1;
+  const int g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    float s[TILES][4];
+#pragma unroll
+    for (int tile = 0; tile < TILES; ++tile)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        s[tile][i] = 0.f;
+        for (int v = 0; v < warps; ++v) s[tile][i] += partial[(((v * TILES + tile) * NT + nt) * 4 + i) * 32 + lane];
+      }
+    const int r0 = 2 * q + 8 * nt, c = u * UNIT_ROWS + g;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (r0 + h >= m) continue;
+      __nv_bfloat16* row = out + static_cast<size_t>(r0 + h) * n + c;
+      if (SWIGLU) {
+        const float gate0 = round_bf16(s[0][h]), gate8 = round_bf16(s[0][2 + h]);
+        row[0] = __float2bfloat16(gate0 / (1.f + __expf(-gate0)) * round_bf16(s[TILES - 1][h]));
+        row[8] = __float2bfloat16(gate8 / (1.f + __expf(-gate8)) * round_bf16(s[TILES - 1][2 + h]));
+      } else {
+        row[0] = __float2bfloat16(s[0][h]);
+        row[8] = __float2bfloat16(s[0][2 + h]);
+      }
+    }
+  }
+}
+
 // NT: 8-row MMA tiles of x (1 or 2); SWIGLU: the unit's 16 gate columns and the same 16 up columns (two weight boxes).
 // trigger: 0 never lets the successor launch early, 1 once the producer has issued its last copy, 2 once the
 // consumers are past their last stage (before the last unit's reduction and stores). A stage is `segs` segments (64
@@ -110,10 +145,13 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int consumer_warps = blockDim.x / 32 - 1;
   const int warps_per_stage = min(consumer_warps, segs);
-  const bool warp_arrive = options & OPTION_WARP_ARRIVE;
-  float* partial = reinterpret_cast<float*>(ring + stages * stage_bytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(partial + consumer_warps * TILES * 4 * NT * 32);
+  const bool warp_arrive = options & OPTION_WARP_ARRIVE, async_reduce = options & OPTION_ASYNC_REDUCE;
+  const int partial_floats = consumer_warps * TILES * 4 * NT * 32;
+  float* partials = reinterpret_cast<float*>(ring + stages * stage_bytes);  // two buffers, by unit parity
+  uint64_t* full = reinterpret_cast<uint64_t*>(partials + 2 * partial_floats);
   uint64_t* empty = full + stages;
+  int* reduce_count = reinterpret_cast<int*>(empty + stages);  // per buffer: warps done with its unit
+  int* reduce_done = reduce_count + 2;                            // per buffer: reductions completed
 
   const int units = n / UNIT_ROWS;
   const int k_steps = (k + kc - 1) / kc;
@@ -124,6 +162,7 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], warp_arrive ? warps_per_stage : warps_per_stage * 32);
     }
+    reduce_count[0] = reduce_count[1] = reduce_done[0] = reduce_done[1] = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -160,8 +199,8 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
   const int stage_step = max(1, consumer_warps / segs);  // and stages from one of its stages to the next
   const int first_stage = warp / segs, first_segment = warp % segs;
   wait_for_predecessor();  // before any store: the kernel before may still read memory this one's output reuses
-  int t0 = 0;
-  for (int u = blockIdx.x; u < units; u += gridDim.x, t0 += k_steps) {
+  int t0 = 0, local = 0;
+  for (int u = blockIdx.x; u < units; u += gridDim.x, t0 += k_steps, ++local) {
     float acc[TILES][NT][4];
 #pragma unroll
     for (int tile = 0; tile < TILES; ++tile)
@@ -202,7 +241,14 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
     const bool last_unit = u + static_cast<int>(gridDim.x) >= units;
     if (trigger == 2 && last_unit) let_successor_launch();
 
-    // the consumer warps' partial sums of this unit meet in shared memory; warp 0 adds them and stores
+    // the consumer warps' partial sums of this unit meet in shared memory (buffer `local & 1`)
+    const int buf = local & 1;
+    float* partial = partials + buf * partial_floats;
+    if (async_reduce && local >= 2) {  // the unit two before, in this buffer, must have been added up
+      while (*reinterpret_cast<volatile int*>(&reduce_done[buf]) < local / 2) {
+      }
+      __threadfence_block();
+    }
 #pragma unroll
     for (int tile = 0; tile < TILES; ++tile)
 #pragma unroll
@@ -210,38 +256,28 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           partial[(((warp * TILES + tile) * NT + nt) * 4 + i) * 32 + lane] = acc[tile][nt][i];
-    consumers_sync(consumer_warps * 32);
-    if (warp == 0) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        float s[TILES][4];
-#pragma unroll
-        for (int tile = 0; tile < TILES; ++tile)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            s[tile][i] = 0.f;
-#pragma unroll
-            for (int v = 0; v < consumer_warps; ++v)
-              s[tile][i] += partial[(((v * TILES + tile) * NT + nt) * 4 + i) * 32 + lane];
-          }
-        // c0/c1: column g, rows r0 and r0 + 1; c2/c3: column g + 8, the same rows
-        const int r0 = 2 * q + 8 * nt, c = u * UNIT_ROWS + g;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (r0 + h >= m) continue;
-          __nv_bfloat16* row = out + static_cast<size_t>(r0 + h) * n + c;
-          if (SWIGLU) {
-            const float gate0 = round_bf16(s[0][h]), gate8 = round_bf16(s[0][2 + h]);
-            row[0] = __float2bfloat16(gate0 / (1.f + __expf(-gate0)) * round_bf16(s[TILES - 1][h]));
-            row[8] = __float2bfloat16(gate8 / (1.f + __expf(-gate8)) * round_bf16(s[TILES - 1][2 + h]));
-          } else {
-            row[0] = __float2bfloat16(s[0][h]);
-            row[8] = __float2bfloat16(s[0][2 + h]);
-          }
+    if (!async_reduce) {  // warp 0 adds them once every warp has written its own
+      consumers_sync(consumer_warps * 32);
+      if (warp == 0) reduce_store<NT, SWIGLU>(partial, consumer_warps, out, m, n, u, lane);
+      consumers_sync(consumer_warps * 32);  // the partials may be overwritten by the next unit
+    } else {  // the last warp to finish the unit adds them; the others go on to the next unit
+      __syncwarp();
+      int last = 0;
+      if (lane == 0) {
+        __threadfence_block();
+        last = atomicAdd(&reduce_count[buf], 1) == consumer_warps - 1;
+      }
+      if (__shfl_sync(0xffffffffu, last, 0)) {
+        __threadfence_block();
+        reduce_store<NT, SWIGLU>(partial, consumer_warps, out, m, n, u, lane);
+        __syncwarp();
+        if (lane == 0) {
+          reduce_count[buf] = 0;
+          __threadfence_block();
+          *reinterpret_cast<volatile int*>(&reduce_done[buf]) = local / 2 + 1;
         }
       }
     }
-    consumers_sync(consumer_warps * 32);  // the partials may be overwritten by the next unit
   }
 }
 

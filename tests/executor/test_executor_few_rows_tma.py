@@ -51,13 +51,15 @@ def test_cpu_tensors_are_refused_with_the_reason() -> None:
 
 
 def test_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    envs = ("CDBSIM_TMA_RING_KB", "CDBSIM_TMA_SEGMENTS", "CDBSIM_TMA_WARPS", "CDBSIM_TMA_WARP_ARRIVE")
+    envs = ("CDBSIM_TMA_RING_KB", "CDBSIM_TMA_SEGMENTS", "CDBSIM_TMA_WARPS", "CDBSIM_TMA_WARP_ARRIVE",
+            "CDBSIM_TMA_ASYNC_REDUCE")
     for env in envs:
         monkeypatch.delenv(env, raising=False)
     assert tma.TmaSettings.from_env() == tma.TmaSettings()
-    for env, value in zip(envs, ("48", "8", "8", "1"), strict=True):
+    for env, value in zip(envs, ("48", "8", "8", "1", "1"), strict=True):
         monkeypatch.setenv(env, value)
-    assert tma.TmaSettings.from_env() == tma.TmaSettings(48, 8, 8, True)
+    assert tma.TmaSettings.from_env() == tma.TmaSettings(48, 8, 8, True, True)
+    assert tma.TmaSettings(warp_arrive=True, async_reduce=True).options == 3
     assert tma.TmaSettings(consumer_warps=8).threads == 9 * 32
     for env, bad in (("CDBSIM_TMA_RING_KB", "8"), ("CDBSIM_TMA_RING_KB", str(tma.MAX_RING_KB + 1)),
                      ("CDBSIM_TMA_RING_KB", "lots"), ("CDBSIM_TMA_WARPS", "3"), ("CDBSIM_TMA_SEGMENTS", "2")):
@@ -114,8 +116,11 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
                                         (272, 5312, True)], ids=["qkv", "gate-up", "k-tail", "swiglu-k-tail"])
 @pytest.mark.parametrize("settings", [tma.TmaSettings(16), tma.TmaSettings(),
                                       tma.TmaSettings(segments=8, consumer_warps=8, warp_arrive=True),
-                                      tma.TmaSettings(144, 16, 8), tma.TmaSettings(segments=16)],
-                         ids=["ring16k", "default", "8seg-8warps-warp-arrive", "16seg-8warps", "16seg-4warps"])
+                                      tma.TmaSettings(144, 16, 8), tma.TmaSettings(segments=16),
+                                      tma.TmaSettings(16, async_reduce=True),
+                                      tma.TmaSettings(segments=8, consumer_warps=8, async_reduce=True)],
+                         ids=["ring16k", "default", "8seg-8warps-warp-arrive", "16seg-8warps", "16seg-4warps",
+                              "ring16k-async", "8seg-8warps-async"])
 def test_matches_linear_on_hopper(m: int, n: int, k: int, swiglu: bool, settings) -> None:
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)

@@ -109,23 +109,37 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
     assert bool((diff <= 2e-2 + 2e-2 * want.float().abs()).all()), float(diff.max())
 
 
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
-@pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048, True), (528, 5312, False),
-                                        (272, 5312, True)], ids=["qkv", "gate-up", "k-tail", "swiglu-k-tail"])
-@pytest.mark.parametrize("settings", [tma.TmaSettings(16), tma.TmaSettings(),
-                                      tma.TmaSettings(segments=8, consumer_warps=8, warp_arrive=True),
-                                      tma.TmaSettings(144, 16, 8), tma.TmaSettings(segments=16),
-                                      tma.TmaSettings(16, async_reduce=True),
-                                      tma.TmaSettings(segments=8, consumer_warps=8, async_reduce=True)],
-                         ids=["ring16k", "default", "8seg-8warps-warp-arrive", "16seg-8warps", "16seg-4warps",
-                              "ring16k-async", "8seg-8warps-async"])
-def test_matches_linear_on_hopper(m: int, n: int, k: int, swiglu: bool, settings) -> None:
+SHAPES = pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048, True), (528, 5312, False),
+                                                (272, 5312, True)], ids=["qkv", "gate-up", "k-tail", "swiglu-k-tail"])
+SETTINGS = {"ring16k": tma.TmaSettings(16), "8seg-8warps-warp-arrive": tma.TmaSettings(segments=8, consumer_warps=8,
+                                                                                        warp_arrive=True),
+            "16seg-8warps": tma.TmaSettings(144, 16, 8), "16seg-4warps": tma.TmaSettings(segments=16),
+            "ring16k-async": tma.TmaSettings(16, async_reduce=True),
+            "8seg-8warps-async": tma.TmaSettings(segments=8, consumer_warps=8, async_reduce=True)}
+
+
+def _check_linear(m: int, n: int, k: int, swiglu: bool, settings) -> None:
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(2 * n if swiglu else n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * k**-0.5
     _close(tma.linear(x, w, swiglu, 0, settings), _reference(x, w, swiglu))
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+@SHAPES
+def test_matches_linear_on_hopper(m: int, n: int, k: int, swiglu: bool) -> None:
+    _check_linear(m, n, k, swiglu, tma.TmaSettings())
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("m", [3, 16])
+@SHAPES
+@pytest.mark.parametrize("name", SETTINGS)
+def test_every_setting_matches_linear_on_hopper(m: int, n: int, k: int, swiglu: bool, name: str) -> None:
+    _check_linear(m, n, k, swiglu, SETTINGS[name])
 
 
 @pytest.mark.gpu

@@ -343,9 +343,8 @@ class TmaPoint(RowsPoint):
 
 
 TMA_VARIANTS = {"tma": {}, "tma-192k": {"ring_kb": 192}, "tma-8warps": {"consumer_warps": 8},
-                "tma-warp-arrive": {"warp_arrive": True}, "tma-async": {"async_reduce": True},
-                "tma-8seg": {"segments": 8}, "tma-8seg-8warps-async": {"segments": 8, "consumer_warps": 8,
-                                                                         "async_reduce": True},
+                "tma-warp-arrive": {"warp_arrive": True}, "tma-8seg": {"segments": 8},
+                "tma-8seg-8warps": {"segments": 8, "consumer_warps": 8},
                 "tma-16seg-8warps-144k": {"segments": 16, "consumer_warps": 8, "ring_kb": 144}}
 
 

@@ -132,15 +132,13 @@ def _make_current(context: ctypes.c_void_p) -> None:
 @dataclass(frozen=True)
 class TmaSettings:
     """How a launch runs: the ring's shared memory in KB, the K columns of a stage in 64-column segments (4, 8 or 16),
-    the consumer warps (4 or 8, taking a stage's segments in turn), whether a stage is released by one arrival per
-    warp instead of per thread, and whether a unit's partial sums are added by the last warp to finish it (the others
-    going on) instead of by warp 0 between two barriers of all of them."""
+    the consumer warps (4 or 8, taking a stage's segments in turn) and whether a stage is released by one arrival per
+    warp instead of per thread."""
 
     ring_kb: int = DEFAULT_RING_KB
     segments: int = 4
     consumer_warps: int = 4
     warp_arrive: bool = False
-    async_reduce: bool = False
 
     def __post_init__(self) -> None:
         if not 16 <= self.ring_kb <= MAX_RING_KB:
@@ -157,21 +155,20 @@ class TmaSettings:
     @property
     def options(self) -> int:
         """The kernel's option bits (the source's OPTION_*)."""
-        return int(self.warp_arrive) | 2 * int(self.async_reduce)
+        return int(self.warp_arrive)
 
     @classmethod
     def from_env(cls) -> TmaSettings:
-        """``CDBSIM_TMA_RING_KB``, ``CDBSIM_TMA_SEGMENTS``, ``CDBSIM_TMA_WARPS``, ``CDBSIM_TMA_WARP_ARRIVE`` and
-        ``CDBSIM_TMA_ASYNC_REDUCE`` (0/1) over the defaults."""
+        """``CDBSIM_TMA_RING_KB``, ``CDBSIM_TMA_SEGMENTS``, ``CDBSIM_TMA_WARPS`` and ``CDBSIM_TMA_WARP_ARRIVE`` (0/1)
+        over the defaults."""
         values: dict[str, int | bool] = {}
         for field, env in (("ring_kb", "CDBSIM_TMA_RING_KB"), ("segments", "CDBSIM_TMA_SEGMENTS"),
-                           ("consumer_warps", "CDBSIM_TMA_WARPS"), ("warp_arrive", "CDBSIM_TMA_WARP_ARRIVE"),
-                           ("async_reduce", "CDBSIM_TMA_ASYNC_REDUCE")):
+                           ("consumer_warps", "CDBSIM_TMA_WARPS"), ("warp_arrive", "CDBSIM_TMA_WARP_ARRIVE")):
             raw = os.environ.get(env)
             if raw is not None:
                 if not raw.isdigit():
                     raise ValueError(f"{env} must be a whole number, got {raw!r}")
-                values[field] = bool(int(raw)) if field in ("warp_arrive", "async_reduce") else int(raw)
+                values[field] = bool(int(raw)) if field == "warp_arrive" else int(raw)
         try:
             return cls(**values)
         except ValueError as exc:
@@ -191,10 +188,10 @@ def stages_for(settings: TmaSettings, rows: int, swiglu: bool) -> int:
 
 def shared_bytes(settings: TmaSettings, rows: int, swiglu: bool) -> int:
     """Dynamic shared memory of a launch: 1 KB of alignment slack (the swizzle wants 1,024-byte boxes), the ring,
-    two buffers of the consumer warps' partial sums, two barriers a stage, four counters."""
+    the consumer warps' partial sums, two barriers a stage."""
     tiles, nt, stages = (2 if swiglu else 1), (1 if rows <= 8 else 2), stages_for(settings, rows, swiglu)
     return (1024 + stages * stage_bytes(rows, swiglu, settings.segments)
-            + 2 * settings.consumer_warps * tiles * nt * 4 * 32 * 4 + 2 * stages * 8 + 16)
+            + settings.consumer_warps * tiles * nt * 4 * 32 * 4 + 2 * stages * 8)
 
 
 def grid_for(units: int, sms: int) -> int:

@@ -29,8 +29,7 @@ constexpr int SEGMENT_BYTES = 128;  // 64 columns: the swizzle's row
 constexpr int UNIT_ROWS = 16;       // output columns per weight unit: one MMA's M
 constexpr int MAX_CONSUMER_WARPS = 8;
 constexpr int MAX_THREADS = (MAX_CONSUMER_WARPS + 1) * 32;
-constexpr int OPTION_WARP_ARRIVE = 1;    // a stage is released by one arrival per warp, not per thread
-constexpr int OPTION_ASYNC_REDUCE = 2;   // a unit's partial sums are added by the last warp to finish it, no barrier
+constexpr int OPTION_WARP_ARRIVE = 1;  // a stage is released by one arrival per warp, not per thread
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -145,13 +144,10 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int consumer_warps = blockDim.x / 32 - 1;
   const int warps_per_stage = min(consumer_warps, segs);
-  const bool warp_arrive = options & OPTION_WARP_ARRIVE, async_reduce = options & OPTION_ASYNC_REDUCE;
-  const int partial_floats = consumer_warps * TILES * 4 * NT * 32;
-  float* partials = reinterpret_cast<float*>(ring + stages * stage_bytes);  // two buffers, by unit parity
-  uint64_t* full = reinterpret_cast<uint64_t*>(partials + 2 * partial_floats);
+  const bool warp_arrive = options & OPTION_WARP_ARRIVE;
+  float* partial = reinterpret_cast<float*>(ring + stages * stage_bytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(partial + consumer_warps * TILES * 4 * NT * 32);
   uint64_t* empty = full + stages;
-  int* reduce_count = reinterpret_cast<int*>(empty + stages);  // per buffer: warps done with its unit
-  int* reduce_done = reduce_count + 2;                            // per buffer: reductions completed
 
   const int units = n / UNIT_ROWS;
   const int k_steps = (k + kc - 1) / kc;
@@ -162,7 +158,6 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], warp_arrive ? warps_per_stage : warps_per_stage * 32);
     }
-    reduce_count[0] = reduce_count[1] = reduce_done[0] = reduce_done[1] = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -199,8 +194,8 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
   const int stage_step = max(1, consumer_warps / segs);  // and stages from one of its stages to the next
   const int first_stage = warp / segs, first_segment = warp % segs;
   wait_for_predecessor();  // before any store: the kernel before may still read memory this one's output reuses
-  int t0 = 0, local = 0;
-  for (int u = blockIdx.x; u < units; u += gridDim.x, t0 += k_steps, ++local) {
+  int t0 = 0;
+  for (int u = blockIdx.x; u < units; u += gridDim.x, t0 += k_steps) {
     float acc[TILES][NT][4];
 #pragma unroll
     for (int tile = 0; tile < TILES; ++tile)
@@ -241,14 +236,7 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
     const bool last_unit = u + static_cast<int>(gridDim.x) >= units;
     if (trigger == 2 && last_unit) let_successor_launch();
 
-    // the consumer warps' partial sums of this unit meet in shared memory (buffer `local & 1`)
-    const int buf = local & 1;
-    float* partial = partials + buf * partial_floats;
-    if (async_reduce && local >= 2) {  // the unit two before, in this buffer, must have been added up
-      while (*reinterpret_cast<volatile int*>(&reduce_done[buf]) < local / 2) {
-      }
-      __threadfence_block();
-    }
+    // the consumer warps' partial sums of this unit meet in shared memory; warp 0 adds them and stores
 #pragma unroll
     for (int tile = 0; tile < TILES; ++tile)
 #pragma unroll
@@ -256,28 +244,9 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           partial[(((warp * TILES + tile) * NT + nt) * 4 + i) * 32 + lane] = acc[tile][nt][i];
-    if (!async_reduce) {  // warp 0 adds them once every warp has written its own
-      consumers_sync(consumer_warps * 32);
-      if (warp == 0) reduce_store<NT, SWIGLU>(partial, consumer_warps, out, m, n, u, lane);
-      consumers_sync(consumer_warps * 32);  // the partials may be overwritten by the next unit
-    } else {  // the last warp to finish the unit adds them; the others go on to the next unit
-      __syncwarp();
-      int last = 0;
-      if (lane == 0) {
-        __threadfence_block();
-        last = atomicAdd(&reduce_count[buf], 1) == consumer_warps - 1;
-      }
-      if (__shfl_sync(0xffffffffu, last, 0)) {
-        __threadfence_block();
-        reduce_store<NT, SWIGLU>(partial, consumer_warps, out, m, n, u, lane);
-        __syncwarp();
-        if (lane == 0) {
-          reduce_count[buf] = 0;
-          __threadfence_block();
-          *reinterpret_cast<volatile int*>(&reduce_done[buf]) = local / 2 + 1;
-        }
-      }
-    }
+    consumers_sync(consumer_warps * 32);
+    if (warp == 0) reduce_store<NT, SWIGLU>(partial, consumer_warps, out, m, n, u, lane);
+    consumers_sync(consumer_warps * 32);  // the partials may be overwritten by the next unit
   }
 }
 

@@ -51,15 +51,14 @@ def test_cpu_tensors_are_refused_with_the_reason() -> None:
 
 
 def test_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    envs = ("CDBSIM_TMA_RING_KB", "CDBSIM_TMA_SEGMENTS", "CDBSIM_TMA_WARPS", "CDBSIM_TMA_WARP_ARRIVE",
-            "CDBSIM_TMA_ASYNC_REDUCE")
+    envs = ("CDBSIM_TMA_RING_KB", "CDBSIM_TMA_SEGMENTS", "CDBSIM_TMA_WARPS", "CDBSIM_TMA_WARP_ARRIVE")
     for env in envs:
         monkeypatch.delenv(env, raising=False)
     assert tma.TmaSettings.from_env() == tma.TmaSettings()
-    for env, value in zip(envs, ("48", "8", "8", "1", "1"), strict=True):
+    for env, value in zip(envs, ("48", "8", "8", "1"), strict=True):
         monkeypatch.setenv(env, value)
-    assert tma.TmaSettings.from_env() == tma.TmaSettings(48, 8, 8, True, True)
-    assert tma.TmaSettings(warp_arrive=True, async_reduce=True).options == 3
+    assert tma.TmaSettings.from_env() == tma.TmaSettings(48, 8, 8, True)
+    assert tma.TmaSettings(warp_arrive=True).options == 1
     assert tma.TmaSettings(consumer_warps=8).threads == 9 * 32
     for env, bad in (("CDBSIM_TMA_RING_KB", "8"), ("CDBSIM_TMA_RING_KB", str(tma.MAX_RING_KB + 1)),
                      ("CDBSIM_TMA_RING_KB", "lots"), ("CDBSIM_TMA_WARPS", "3"), ("CDBSIM_TMA_SEGMENTS", "2")):
@@ -113,9 +112,7 @@ SHAPES = pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048
                                                 (272, 5312, True)], ids=["qkv", "gate-up", "k-tail", "swiglu-k-tail"])
 SETTINGS = {"ring16k": tma.TmaSettings(16), "8seg-8warps-warp-arrive": tma.TmaSettings(segments=8, consumer_warps=8,
                                                                                         warp_arrive=True),
-            "16seg-8warps": tma.TmaSettings(144, 16, 8), "16seg-4warps": tma.TmaSettings(segments=16),
-            "ring16k-async": tma.TmaSettings(16, async_reduce=True),
-            "8seg-8warps-async": tma.TmaSettings(segments=8, consumer_warps=8, async_reduce=True)}
+            "16seg-8warps": tma.TmaSettings(144, 16, 8), "16seg-4warps": tma.TmaSettings(segments=16)}
 
 
 def _check_linear(m: int, n: int, k: int, swiglu: bool, settings) -> None:

@@ -13,7 +13,9 @@ under Nsight Compute::
 (`--clock-control none` leaves the GPU's clocks as they are.) Per row count: the four projections on the path the
 executor takes at that many rows (chained at one and two rows with their norm prologues, the few-row matmul above),
 and the residual-norm kernel that the few-row path runs between them. ``--summarize ncu.csv`` prints one line per
-kernel from that output: duration, DRAM throughput (% of peak), achieved occupancy, grid, registers.
+kernel from that output: duration, DRAM throughput (% of peak), achieved occupancy, grid, registers;
+``--summarize-raw ncu.csv`` one line per few-row projection of a ``--page raw`` output of one row count (the metrics
+in benchmarks/results/few-row-tma/README.md): duration, DRAM throughput, instructions, the main stall reasons.
 """
 
 from __future__ import annotations
@@ -81,11 +83,39 @@ def summarize(path: Path, rows: list[int]) -> pd.DataFrame:
     return wide.drop(columns="ID")
 
 
+RAW = {"gpu__time_duration.sum": "us", "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
+       "smsp__inst_executed.sum": "instructions"}
+STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+
+
+def summarize_raw(path: Path) -> pd.DataFrame:
+    """One line per few-row projection of an ``ncu --page raw --metrics ...`` output of this probe at one row count
+    (the four projections, in launch order): duration, DRAM throughput, instructions and the main stall reasons."""
+    lines = path.read_text().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        raise SystemExit(f"error: {path} holds no Nsight Compute CSV table (a line starting with \"ID\")")
+    table = pd.read_csv(io.StringIO("\n".join(lines[start:])), skiprows=[1])  # the second line holds the units
+    table = table[table["Kernel Name"].str.contains("few_rows")].reset_index(drop=True)
+    stalls = {STALL.format(s): f"stall_{s}" for s in ("wait", "long_scoreboard", "short_scoreboard", "barrier")}
+    out = table[["Kernel Name", *RAW, *stalls]].rename(columns={**RAW, **stalls})
+    for column in out.columns[1:]:
+        out[column] = pd.to_numeric(out[column].astype(str).str.replace(",", ""), errors="coerce")
+    out["us"] /= 1000.0
+    out.insert(1, "projection", ["qkv", "o", "gate_up", "down"][:len(out)])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--summarize", type=Path, help="print the kernels of this Nsight Compute CSV output instead")
+    parser.add_argument("--summarize-raw", type=Path, help="the same for a `--page raw` output of one row count "
+                        "(duration, DRAM %%, instructions, stall reasons per projection)")
     args = parser.parse_args(argv)
+    if args.summarize_raw:
+        print(summarize_raw(args.summarize_raw).to_string(index=False, float_format="{:.2f}".format))
+        return 0
     if args.summarize:
         print(summarize(args.summarize, args.rows).to_string(index=False, float_format="{:.2f}".format))
         return 0

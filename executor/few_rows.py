@@ -180,6 +180,15 @@ def kernel_choice() -> str:
     return kernel
 
 
+def _tma_module(x: torch.Tensor, w: torch.Tensor, swiglu: bool):
+    """:mod:`executor.few_rows_tma` when :func:`kernel_choice` picks it and it takes this launch, else None."""
+    if not x.is_cuda or kernel_choice() != "tma":
+        return None
+    from executor import few_rows_tma
+
+    return few_rows_tma if few_rows_tma.supports(x, w, swiglu) is None else None
+
+
 def _check(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> None:
     """Shapes, dtypes and contiguity (metadata only: no device work, no sync)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.dtype != w.dtype:
@@ -202,16 +211,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
     _check(x, w, swiglu)
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    tma = config is None and x.is_cuda and kernel_choice() == "tma"
-    if tma:
-        from executor import few_rows_tma
-
-        tma = few_rows_tma.supports(x, w, swiglu) is None
+    tma = _tma_module(x, w, swiglu) if config is None else None
     pdl = pdl_mode(x, "few_rows_tma" if tma else "few_rows")
     if pdl and late is not None:
         pdl = LATE if late else EARLY
     if tma:
-        return few_rows_tma.linear(x, w, swiglu, pdl, few_rows_tma.TmaSettings.from_env())
+        return tma.linear(x, w, swiglu, pdl, tma.TmaSettings.from_env())
     cfg = config or config_for(n, k, swiglu, early=pdl == EARLY)
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     block_m = block_rows(m)

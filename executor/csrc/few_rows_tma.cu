@@ -93,6 +93,13 @@ __device__ __forceinline__ void load_row(uint4 (&dst)[2], const unsigned char* b
 
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
+// where warp `warp`'s partial sum i of MMA tile (tile, nt) sits for lane `lane` (the layout both sides of the
+// reduction use: a lane's values 32 floats apart, so a warp's 32 lanes write and read without bank conflicts)
+template <int NT, int TILES>
+__device__ __forceinline__ int partial_index(int warp, int tile, int nt, int i, int lane) {
+  return (((warp * TILES + tile) * NT + nt) * 4 + i) * 32 + lane;
+}
+
 // The sum of the consumer warps' partials of unit u (in `partial`), stored: lane (g, q) holds columns g and g + 8 of
 // rows 2q, 2q + 1 (+ 8 for the second row tile); with SwiGLU tile 0 is the gate, tile 1 the up projection.
 template <int NT, bool SWIGLU>
@@ -108,7 +115,7 @@ __device__ __forceinline__ void reduce_store(const float* partial, int warps, __
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         s[tile][i] = 0.f;
-        for (int v = 0; v < warps; ++v) s[tile][i] += partial[(((v * TILES + tile) * NT + nt) * 4 + i) * 32 + lane];
+        for (int v = 0; v < warps; ++v) s[tile][i] += partial[partial_index<NT, TILES>(v, tile, nt, i, lane)];
       }
     const int r0 = 2 * q + 8 * nt, c = u * UNIT_ROWS + g;
 #pragma unroll
@@ -243,7 +250,7 @@ __device__ __forceinline__ void few_rows_tma(const CUtensorMap* wmap, const CUte
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          partial[(((warp * TILES + tile) * NT + nt) * 4 + i) * 32 + lane] = acc[tile][nt][i];
+          partial[partial_index<NT, TILES>(warp, tile, nt, i, lane)] = acc[tile][nt][i];
     consumers_sync(consumer_warps * 32);
     if (warp == 0) reduce_store<NT, SWIGLU>(partial, consumer_warps, out, m, n, u, lane);
     consumers_sync(consumer_warps * 32);  // the partials may be overwritten by the next unit

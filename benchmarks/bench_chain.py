@@ -1,6 +1,6 @@
 """Benchmark the chained skinny-matmul kernels of :mod:`executor.chain` and pick their configs.
 
-Two parts (``--parts``):
+Parts (``--parts``):
 
 ``sweep``  per decode shape (Ouro-1.4B and Huginn-3.5B projections, the op that feeds each in a fused
            layer) and row count: the candidate ``(BLOCK_N, warps, tiles)`` configs with PDL, each checked
@@ -13,6 +13,8 @@ Two parts (``--parts``):
 ``tma``    the few-row matmul on the bulk copy engine (:mod:`executor.few_rows_tma`) against the Triton one: per
            projection shape and ``--sizes`` (its ring at several depths, both PDL triggers; every call checked
            against ``F.linear``), then Ouro-1.4B's few-row layers (as ``layers`` times them) on each kernel.
+``direct`` the same for the few-row matmul with weights loaded straight into MMA registers
+           (:mod:`executor.few_rows_direct`): as built with both triggers and at every split count of K.
 ``layers`` Ouro-1.4B's four projections per layer, 24 layers of distinct weights in one graph: as the
            chained path runs them up to its most rows (residual + QKV, O, residual + gate/up + SwiGLU, down) with
            and without PDL, and at every ``--sizes`` as the few-row path and the cuBLAS path run them (the latter with
@@ -20,7 +22,8 @@ Two parts (``--parts``):
            kernels (what folding them into the projections could gain at most): microseconds per layer against
            the weight-read roofline.
 
-    python benchmarks/bench_chain.py --out chain.json [--parts sweep rows tma layers] [--sizes 1 2 4 8 16] [--quick]
+    python benchmarks/bench_chain.py --out chain.json [--parts sweep rows tma direct layers] [--sizes 1 2 4 8 16]
+        [--quick]
 
 The JSON holds every point, ``config_table`` and ``few_rows_table``: the entries of ``executor.chain.CONFIGS``
 and ``executor.few_rows.CONFIGS`` in their source format (also printed), to paste where they differ from the
@@ -324,14 +327,13 @@ def sweep_rows(shapes: list[Shape], sizes: tuple[int, ...], quick: bool) -> tupl
     return points, table
 
 
-class TmaPoint(RowsPoint):
-    """A shape's inputs timed on the few-row TMA kernel (``settings``, PDL trigger ``pdl``) or the Triton one."""
+class CudaPoint(RowsPoint):
+    """A shape's inputs timed on a CUDA C++ few-row kernel (``module``'s ``linear`` with ``args`` after the PDL
+    trigger) or the Triton one."""
 
-    def tma_call(self, i: int, m: int, settings, pdl: int) -> Callable[[], torch.Tensor]:
-        from executor import few_rows_tma as tma
-
+    def module_call(self, module, i: int, m: int, pdl: int, *args) -> Callable[[], torch.Tensor]:
         w, x = self.w[i % self.copies], self.x[:m]
-        return lambda: tma.linear(x, w, self.shape.op == "swiglu", pdl, settings)
+        return lambda: module.linear(x, w, self.shape.op == "swiglu", pdl, *args)
 
     def error(self, got: torch.Tensor, m: int) -> tuple[bool, float]:
         from executor import triton_kernels as tk
@@ -354,6 +356,35 @@ def tma_rows(sizes: tuple[int, ...]) -> list[dict]:
     in a graph of 20; then Ouro-1.4B's few-row layers on each kernel (``CDBSIM_FEW_ROWS_KERNEL``)."""
     from executor import few_rows_tma as tma
     from executor.chain import EARLY, LATE
+
+    def runs(ouro: bool) -> list[tuple[str, int, tuple]]:
+        variants = TMA_VARIANTS if ouro else {"tma": {}}
+        return ([(name, LATE, (tma.TmaSettings(**kw),)) for name, kw in variants.items()]
+                + [("tma-early", EARLY, (tma.TmaSettings(),))])
+
+    return kernel_rows(sizes, tma, runs, "tma", ("triton", "tma"))
+
+
+def direct_rows(sizes: tuple[int, ...]) -> list[dict]:
+    """Per projection shape and size: the Triton few-row matmul (its shipped config) and the direct kernel as built
+    (:func:`executor.few_rows_direct.splits_for`, both PDL triggers) and at every split count (Ouro's shapes), PDL
+    on, microseconds per call in a graph of 20; then Ouro-1.4B's few-row layers on each kernel."""
+    from executor import few_rows_direct as direct
+    from executor.chain import EARLY, LATE
+
+    def runs(ouro: bool) -> list[tuple[str, int, tuple]]:
+        sweep = [(f"direct-{s}split", LATE, (s,)) for s in range(1, direct.MAX_SPLITS + 1)] if ouro else []
+        return [("direct", LATE, ()), ("direct-early", EARLY, ()), *sweep]
+
+    return kernel_rows(sizes, direct, runs, "direct", ("triton", "direct", "direct-all"))
+
+
+def kernel_rows(sizes: tuple[int, ...], module, runs: Callable[[bool], list[tuple[str, int, tuple]]],
+                kernel: str, layer_kernels: tuple[str, ...]) -> list[dict]:
+    """Time ``module``'s ``linear`` against the Triton few-row matmul on every projection shape it takes
+    (``runs(ouro)``: name, PDL trigger and extra arguments of each variant; Ouro's shapes at every size, others at
+    the smallest and largest), each call checked against ``F.linear``; then Ouro-1.4B's few-row layers with
+    ``CDBSIM_FEW_ROWS_KERNEL`` set to each of ``layer_kernels``."""
     from executor.few_rows import config_for
 
     set_pdl(True)
@@ -361,24 +392,22 @@ def tma_rows(sizes: tuple[int, ...]) -> list[dict]:
     out = []
     for shape in SHAPES:
         ouro = shape.name.startswith("ouro")
-        point = TmaPoint(shape, max(sizes))
-        roof = point.weight_bytes() / bw * 1e6
-        if tma.shape_problem(1, shape.n, shape.k, shape.op == "swiglu"):
+        if module.shape_problem(1, shape.n, shape.k, shape.op == "swiglu"):
             continue
-        variants = TMA_VARIANTS if ouro else {"tma": {}}
-        runs = [("triton", None, 0)] + [(name, tma.TmaSettings(**kw), LATE) for name, kw in variants.items()]
-        runs.append(("tma-early", tma.TmaSettings(), EARLY))
+        point = CudaPoint(shape, max(sizes))
+        roof = point.weight_bytes() / bw * 1e6
         cfg = config_for(shape.n, shape.k, shape.op == "swiglu")
         for m in sizes if ouro else (min(sizes), max(sizes)):
-            for name, settings, trigger in runs:
-                def call(i: int, m=m, settings=settings, trigger=trigger, point=point, cfg=cfg) -> Callable:
-                    return point.tma_call(i, m, settings, trigger) if settings else point.few_call(cfg, i, m)
+            for name, trigger, args in [("triton", 0, None), *runs(ouro)]:
+                def call(i: int, m=m, trigger=trigger, args=args, point=point, cfg=cfg) -> Callable:
+                    return point.few_call(cfg, i, m) if args is None else point.module_call(module, i, m, trigger,
+                                                                                            *args)
 
                 ok, err = point.error(call(0)(), m)
                 us = time_graph([call(i) for i in range(CALLS)], CALLS) if ok else float("nan")
                 out.append({"shape": shape.name, "m": m, "kernel": name, "us": us, "ok": ok, "max_error": err,
                             "x_roofline": us / roof})
-                print(f"tma {shape.name:16s} M={m:2d} {name:16s} {us:7.2f} us ({us / roof:.2f}x) "
+                print(f"{kernel} {shape.name:16s} M={m:2d} {name:16s} {us:7.2f} us ({us / roof:.2f}x) "
                       f"{'ok' if ok else f'WRONG max error {err:.3g}'}", flush=True)
         del point
         torch.cuda.empty_cache()
@@ -392,11 +421,11 @@ def tma_rows(sizes: tuple[int, ...]) -> list[dict]:
     roof = sum(w.numel() * 2 for w in weights[0].values()) / bw * 1e6
     for m in sizes:
         x, branch, o, act = randn(m, 2048), randn(m, 2048), randn(m, 2048), randn(m, 5632)
-        for kernel in ("triton", "tma"):
-            os.environ["CDBSIM_FEW_ROWS_KERNEL"] = kernel
+        for name in layer_kernels:
+            os.environ["CDBSIM_FEW_ROWS_KERNEL"] = name
             us = time_graph(few_layer_calls(weights, norm, x, branch, o, act), 24)
-            out.append({"shape": "ouro.layer", "m": m, "kernel": kernel, "us": us, "ok": True, "x_roofline": us / roof})
-            print(f"tma layers M={m:2d} {kernel:8s} {us:7.2f} us/layer ({us / roof:.2f}x)", flush=True)
+            out.append({"shape": "ouro.layer", "m": m, "kernel": name, "us": us, "ok": True, "x_roofline": us / roof})
+            print(f"{kernel} layers M={m:2d} {name:10s} {us:7.2f} us/layer ({us / roof:.2f}x)", flush=True)
     os.environ.pop("CDBSIM_FEW_ROWS_KERNEL")
     return out
 
@@ -497,7 +526,8 @@ def layer_chain(layers: int = 24, sizes: tuple[int, ...] = (1,)) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--parts", nargs="+", choices=("sweep", "rows", "tma", "layers"), default=["sweep", "layers"])
+    parser.add_argument("--parts", nargs="+", choices=("sweep", "rows", "tma", "direct", "layers"),
+                        default=["sweep", "layers"])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1],
                         help="rows of every part (the sweep part: those the chained kernels take)")
     parser.add_argument("--shapes", nargs="+", choices=[s.name for s in SHAPES], help="limit the sweep")
@@ -519,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(result["few_rows_table"]))
     if "tma" in args.parts:
         result["tma"] = tma_rows(tuple(args.sizes))
+    if "direct" in args.parts:
+        result["direct"] = direct_rows(tuple(args.sizes))
     if "layers" in args.parts:
         result["layers"] = layer_chain(sizes=tuple(args.sizes))
     result["meta"]["wall_s"] = time.perf_counter() - t0

@@ -82,13 +82,17 @@
 #                                           MODELS) -> benchmarks/results/few-row-matmul/
 #   bash benchmarks/gpu_session.sh servedab the same settings served on validation-matrix configurations (ONLY, ROUNDS),
 #                                           launch by launch (compare_stages.py) -> benchmarks/results/few-row-matmul/
+#   bash benchmarks/gpu_session.sh direct   the few-row matmul with weights loaded into MMA registers: its GPU tests and
+#                                           the TMA kernel's; per projection against the Triton kernel at every split
+#                                           count; Ouro-1.4B's stages on each (ROUNDS, SIZES, CONTEXTS); its kernels
+#                                           under Nsight Compute (NCU=0: not) -> benchmarks/results/few-row-direct/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | maxsplits | ab | variants | servedvariants | servedab) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, maxsplits, ab, variants, servedvariants, servedab" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | maxsplits | ab | variants | servedvariants | servedab | direct) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, maxsplits, ab, variants, servedvariants, servedab, direct" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -473,6 +477,30 @@ case $phase in
     over_variants "${LIMIT_S:-90}" served python3 cli.py validate --matrix calibration/matrices/validation-h200.json \
       --only "${ONLY:-ouro-alpaca-refill-W64}"
     run 30 compare python3 benchmarks/compare_stages.py "${runs[@]}"
+    ;;
+  direct)  # the direct few-row kernel against the Triton one on one board: per projection (every split count), in
+    # Ouro-1.4B's stages (as built, the direct kernel where it measured faster, everywhere it can), and under Nsight
+    # Compute at 4 and 16 rows
+    run 200 gpu-tests python3 -m pytest tests/executor/test_executor_few_rows_direct.py \
+      tests/executor/test_executor_few_rows_tma.py -m gpu -q -p no:cacheprovider
+    run 90 direct python3 benchmarks/bench_chain.py --parts direct --sizes ${SIZES:-1 2 3 4 8 16} \
+      --out "$work/direct.json"
+    VARIANTS="base direct:CDBSIM_FEW_ROWS_KERNEL=direct direct-all:CDBSIM_FEW_ROWS_KERNEL=direct-all" \
+      over_variants 70 few python3 benchmarks/bench_executor.py \
+      --models ouro-1.4b --quick --parts stages --sizes ${SIZES:-3 4 8 16} --contexts ${CONTEXTS:-512 4096} \
+      --prefill-tokens 512 --budget-s 50
+    run 30 compare python3 benchmarks/compare_stages.py "${runs[@]}"
+    if [ "${NCU:-1}" = 1 ]; then
+      for rows in 4 16; do
+        for kernel in triton direct; do
+          run 90 "ncu-$kernel-$rows" env CDBSIM_FEW_ROWS_KERNEL=$kernel ncu --clock-control none \
+            --profile-from-start off --csv --page raw --metrics gpu__time_duration.sum,\
+dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,lts__t_bytes.sum,smsp__inst_executed.sum,\
+'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' python3 benchmarks/probe_layer_kernels.py \
+            --rows "$rows"
+        done
+      done
+    fi
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

@@ -56,8 +56,9 @@ def launch_layer(rows: int, weights: dict[str, torch.Tensor], norm: torch.Tensor
     tk.residual_norm(branch, x, norm, norm, 1e-6, True)
 
 
-KERNELS = ("_chain_gemv_kernel", "_few_rows_kernel", "_residual_norm_kernel", "few_rows_tma_8", "few_rows_tma_16",
-           "few_rows_tma_swiglu_8", "few_rows_tma_swiglu_16")  # the last four: CDBSIM_FEW_ROWS_KERNEL=tma
+KERNELS = ("_chain_gemv_kernel", "_few_rows_kernel", "_residual_norm_kernel",
+           *(f"few_rows_{kind}{swiglu}_{rows}" for kind in ("tma", "direct") for swiglu in ("", "_swiglu")
+             for rows in (8, 16)))  # the CUDA C++ ones: CDBSIM_FEW_ROWS_KERNEL=tma or direct
 METRICS = {"Duration": "us", "DRAM Throughput": "dram_pct", "Achieved Occupancy": "occupancy_pct",
            "Grid Size": "grid", "Block Size": "threads", "Registers Per Thread": "registers"}
 LAYER = {"chain": ("qkv", "o", "gate_up", "down"), "few": ("qkv", "o", "norm", "gate_up", "down", "norm")}

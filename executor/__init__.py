@@ -11,8 +11,10 @@ Modules, in the order a launch meets them:
 ``kv_cache``       paged, depth-aware KV cache (depth-indexed + last-exited fill, shared, first-shared).
 ``ops``            primitives in torch; ``triton_kernels`` the same primitives fused for the GPU;
                    ``chain`` PDL-chained skinny matmuls for single-row launches (the chained path);
-                   ``few_rows`` the tensor-core matmul of launches of 2-16 rows; ``few_rows_tma`` the same on
-                   the tensor copy engine (CUDA C++ in ``csrc/``, opt-in: ``CDBSIM_FEW_ROWS_KERNEL=tma``).
+                   ``few_rows`` the tensor-core matmul of launches of 2-16 rows; ``few_rows_direct`` the same
+                   with weights loaded straight into MMA registers (CUDA C++ in ``csrc/``, opt-in:
+                   ``CDBSIM_FEW_ROWS_KERNEL=direct``), ``few_rows_tma`` on the tensor copy engine (opt-in);
+                   ``cuda_driver`` builds and launches the CUDA C++ kernels.
 ``model``          the looped transformer (Ouro and Huginn block styles, any prelude-core-coda split).
 ``reference``      a plain per-request decoder with the same KV semantics (what the tests compare to).
 ``loader``         real Ouro / Huginn safetensors checkpoints by their public parameter names.

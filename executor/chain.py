@@ -203,7 +203,8 @@ def launch_options(pdl: bool) -> dict:
 
 
 EARLY, LATE = 1, 2  # a PDL kernel's PDL constexpr: when it lets its successor launch (0: not PDL-launched)
-LATE_KINDS = ("few_rows", "few_rows_tma")  # kernels that let their successor launch only after their main loop
+# kernels that let their successor launch only after their main loop
+LATE_KINDS = ("few_rows", "few_rows_tma", "few_rows_direct")
 
 
 def pdl_mode(t: torch.Tensor, kind: str) -> int:

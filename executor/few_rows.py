@@ -19,7 +19,8 @@ starts under the tail of the kernel before it. The successor is let launch only 
 program holds the same columns of both halves and writes ``silu(gate) * up`` (each rounded to the output dtype
 first, as the torch backend rounds), ``[M, I]``.
 
-Which launches take it: :func:`cdbsim.paths.few_rows` (shared with the latency model's kernel composition).
+Which launches take it: :func:`cdbsim.paths.few_rows` (shared with the latency model's kernel composition), unless
+``CDBSIM_FEW_ROWS_KERNEL`` hands them to a CUDA C++ kernel (:func:`kernel_choice`).
 Launch configs are per ``(N, K, swiglu)`` from ``benchmarks/bench_chain.py --parts rows`` on the H200.
 Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (float32 in IEEE precision: how the tests check
 it against ``F.linear``).
@@ -39,7 +40,13 @@ from executor.chain import EARLY, LATE, launch_options, let_successor_launch, pd
 
 MAX_ROWS = 64  # most rows the kernel takes; launches take it up to cdbsim.paths.FEW_ROWS_MAX rows (measured)
 MIN_BLOCK_M = 16  # rows per MMA at least (tl.dot's smallest dimension); rows past M are masked, never loaded
-KERNELS = ("triton", "tma")  # CDBSIM_FEW_ROWS_KERNEL: this module's Triton kernel, or executor.few_rows_tma's
+# CDBSIM_FEW_ROWS_KERNEL: this module's Triton kernel, or the CUDA C++ one of executor.few_rows_tma or
+# executor.few_rows_direct (``direct`` on the shapes where it measured faster, ``direct-all`` on every one it takes)
+KERNELS = ("triton", "tma", "direct", "direct-all")
+# the default; a CUDA C++ one falls back to triton where nvcc or a Hopper GPU is missing (cuda_driver.available).
+# ``direct`` is faster on Ouro's shapes (benchmarks/results/few-row-direct) but the shipped profiles and validation are
+# the Triton kernel's: it becomes the default with a rebuild of all three profiles on one board
+DEFAULT_KERNEL = "triton"
 SHARED_BUDGET = 224 * 1024  # bytes of tiles a program may hold in shared memory (an H200 block: 227 KB)
 assert FEW_ROWS_MAX <= MAX_ROWS
 
@@ -171,22 +178,35 @@ def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl
 
 
 def kernel_choice() -> str:
-    """Which kernel CUDA launches take: ``CDBSIM_FEW_ROWS_KERNEL`` (one of :data:`KERNELS`), default ``triton``.
-    ``tma`` takes the shapes :func:`executor.few_rows_tma.supports` (bf16, at most 16 rows) and leaves the rest
-    here."""
-    kernel = os.environ.get("CDBSIM_FEW_ROWS_KERNEL", "triton")
+    """Which kernel CUDA launches take: ``CDBSIM_FEW_ROWS_KERNEL`` (one of :data:`KERNELS`), by default
+    :data:`DEFAULT_KERNEL` (``triton`` where a CUDA C++ default cannot be built and run). ``tma`` and ``direct-all``
+    take the shapes their module's ``supports`` accepts (bf16, at most 16 rows), ``direct`` those of them
+    :func:`executor.few_rows_direct.faster` names, and leave the rest here."""
+    kernel = os.environ.get("CDBSIM_FEW_ROWS_KERNEL")
+    if kernel is None:
+        from executor import cuda_driver
+
+        return DEFAULT_KERNEL if DEFAULT_KERNEL == "triton" or cuda_driver.available() else "triton"
     if kernel not in KERNELS:
         raise ValueError(f"unknown CDBSIM_FEW_ROWS_KERNEL {kernel!r}; expected one of {', '.join(KERNELS)}")
     return kernel
 
 
-def _tma_module(x: torch.Tensor, w: torch.Tensor, swiglu: bool):
-    """:mod:`executor.few_rows_tma` when :func:`kernel_choice` picks it and it takes this launch, else None."""
-    if not x.is_cuda or kernel_choice() != "tma":
+def _cuda_module(x: torch.Tensor, w: torch.Tensor, swiglu: bool):
+    """The CUDA C++ kernel's module (:mod:`executor.few_rows_tma` or :mod:`executor.few_rows_direct`) when
+    :func:`kernel_choice` picks one and it takes this launch, else None."""
+    kernel = kernel_choice() if x.is_cuda and x.dtype == torch.bfloat16 else "triton"
+    if kernel == "triton":
         return None
-    from executor import few_rows_tma
+    if kernel == "tma":
+        from executor import few_rows_tma as module
+    else:
+        from executor import few_rows_direct as module
 
-    return few_rows_tma if few_rows_tma.supports(x, w, swiglu) is None else None
+        if kernel == "direct" and not module.faster(x.shape[0], w.shape[0] // 2 if swiglu else w.shape[0],
+                                                    x.shape[1], swiglu):
+            return None
+    return module if module.supports(x, w, swiglu) is None else None
 
 
 def _check(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> None:
@@ -207,16 +227,16 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
     """``x @ w.T`` (``F.linear(x, w)``) for ``x`` ``[M, K]`` with ``M <= MAX_ROWS``, ``w`` ``[N, K]``; with
     ``swiglu``, ``silu(gate) * up`` of the fused projection (``silu_mul(F.linear(x, w))``). ``late`` overrides
     when the successor may launch (:func:`executor.chain.pdl_mode`; a benchmark compares). Without ``config``,
-    :func:`kernel_choice` may hand the launch to :mod:`executor.few_rows_tma`."""
+    :func:`kernel_choice` may hand the launch to a CUDA C++ kernel (:func:`_cuda_module`)."""
     _check(x, w, swiglu)
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    tma = _tma_module(x, w, swiglu) if config is None else None
-    pdl = pdl_mode(x, "few_rows_tma" if tma else "few_rows")
+    cuda = _cuda_module(x, w, swiglu) if config is None else None
+    pdl = pdl_mode(x, cuda.__name__.rpartition(".")[2] if cuda else "few_rows")
     if pdl and late is not None:
         pdl = LATE if late else EARLY
-    if tma:
-        return tma.linear(x, w, swiglu, pdl, tma.TmaSettings.from_env())
+    if cuda:
+        return cuda.linear(x, w, swiglu, pdl)
     cfg = config or config_for(n, k, swiglu, early=pdl == EARLY)
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     block_m = block_rows(m)

@@ -8,125 +8,36 @@ says how). It is selected by ``CDBSIM_FEW_ROWS_KERNEL=tma`` (:func:`executor.few
 Both operands reach the kernel as tensor maps (``cuTensorMapEncodeTiled``): the weights' map is built once per
 weight tensor and kept, the rows' on every call (a host-side encoding of a few microseconds; CUDA graphs keep it).
 
-The kernel is CUDA C++, compiled with ``nvcc`` on first use into a cubin cached beside the user's other caches
-(``$CDBSIM_CACHE``, else ``~/.cache/cdbsim``) and launched through the CUDA driver (``cuLaunchKernelEx``, with the
-programmatic-stream-serialization attribute under PDL) on PyTorch's current stream, so CUDA graphs capture it like
-any other kernel. No build step at install time, and nothing of it is imported without CUDA.
+The kernel is CUDA C++, compiled with ``nvcc`` on first use and launched through the CUDA driver with the PDL
+attribute on PyTorch's current stream by :mod:`executor.cuda_driver`, so CUDA graphs capture it like any other kernel.
+No build step at install time, and nothing of it is imported without CUDA.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("csrc") / "few_rows_tma.cu"
+from executor import cuda_driver
+from executor.cuda_driver import BLOCK_LIMIT, KernelUnavailable, check, driver, nvcc  # noqa: F401 (re-exported)
+
+SOURCE = cuda_driver.CSRC / "few_rows_tma.cu"
+NAMES = ("few_rows_tma_8", "few_rows_tma_16", "few_rows_tma_swiglu_8", "few_rows_tma_swiglu_16")
 MAX_ROWS = 16  # two MMAs of 8 rows
 UNIT = 16  # output columns per weight unit (the source's UNIT_ROWS)
 DEFAULT_RING_KB = 96  # shared memory for the ring: two CTAs of this size fit on an SM beside each other
 MAX_RING_KB = 200  # within an H200 block's 227 KB
-BLOCK_LIMIT = 227 * 1024
 
-_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
-
-
-class TmaUnavailable(RuntimeError):
-    """The kernel cannot be built or loaded here (no nvcc, no CUDA driver, not a Hopper GPU)."""
-
-
-class _LaunchAttribute(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
-
-
-class _LaunchConfig(ctypes.Structure):
-    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
-                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
-                ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
-
-
-def cache_dir() -> Path:
-    """Where compiled kernels are kept: ``$CDBSIM_CACHE`` or ``~/.cache/cdbsim``."""
-    return Path(os.environ.get("CDBSIM_CACHE") or Path.home() / ".cache" / "cdbsim")
-
-
-def nvcc() -> str:
-    """The CUDA compiler: ``$CUDA_HOME/bin/nvcc`` or the one on ``PATH``."""
-    home = Path(os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/nonexistent")
-    found = str(home / "bin" / "nvcc") if (home / "bin" / "nvcc").exists() else shutil.which("nvcc")
-    if not found:
-        raise TmaUnavailable("the few-row TMA kernel needs nvcc (set CUDA_HOME or put nvcc on PATH)")
-    return found
+TmaUnavailable = KernelUnavailable
 
 
 def compile_cubin(arch: str = "sm_90a", extra: tuple[str, ...] = ()) -> Path:
-    """The kernel's cubin for ``arch``, compiled once per source and flags (cached by their hash)."""
-    flags = ("-cubin", "-O3", f"-gencode=arch=compute_{arch[3:]},code={arch}", *extra)
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
-    out = cache_dir() / f"few_rows_tma-{arch}-{key}.cubin"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        done = subprocess.run([nvcc(), *flags, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
-        if done.returncode:
-            raise TmaUnavailable(f"nvcc failed on {SOURCE.name}: {done.stderr.strip().splitlines()[-1:]}")
-        tmp.replace(out)
-    return out
-
-
-def _check(result: int, what: str) -> None:
-    if result:
-        raise TmaUnavailable(f"{what} failed with CUDA driver error {result}")
-
-
-@functools.cache
-def _driver() -> ctypes.CDLL:
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        raise TmaUnavailable(f"no CUDA driver: {exc}") from exc
-    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    return lib
-
-
-@functools.cache
-def _functions(device: int) -> dict[str, ctypes.c_void_p]:
-    """The four entry points, loaded into ``device``'s primary context (PyTorch's), and that context (key
-    ``context``)."""
-    major, _ = torch.cuda.get_device_capability(device)
-    if major != 9:
-        raise TmaUnavailable("the few-row TMA kernel is built for Hopper (sm_90a)")
-    with torch.cuda.device(device):
-        torch.empty(1, device=f"cuda:{device}")  # PyTorch's context current on this thread
-        lib, module = _driver(), ctypes.c_void_p()
-        _check(lib.cuModuleLoadData(ctypes.byref(module), compile_cubin().read_bytes()), "cuModuleLoadData")
-        out = {}
-        for name in ("few_rows_tma_8", "few_rows_tma_16", "few_rows_tma_swiglu_8", "few_rows_tma_swiglu_16"):
-            fn = ctypes.c_void_p()
-            _check(lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"cuModuleGetFunction({name})")
-            _check(lib.cuFuncSetAttribute(fn, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, BLOCK_LIMIT),
-                   "cuFuncSetAttribute")
-            out[name] = fn
-        context = ctypes.c_void_p()
-        _check(lib.cuCtxGetCurrent(ctypes.byref(context)), "cuCtxGetCurrent")
-        out["context"] = context
-    return out
-
-
-def _make_current(context: ctypes.c_void_p) -> None:
-    """PyTorch's context current on this thread (a thread that has not touched the runtime API has none)."""
-    current = ctypes.c_void_p()
-    _check(_driver().cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
-    if current.value != context.value:
-        _check(_driver().cuCtxSetCurrent(context), "cuCtxSetCurrent")
+    """The kernel's cubin for ``arch`` (:func:`executor.cuda_driver.compile_cubin`)."""
+    return cuda_driver.compile_cubin(SOURCE, arch, extra)
 
 
 @dataclass(frozen=True)
@@ -202,11 +113,8 @@ def grid_for(units: int, sms: int) -> int:
 
 def supports(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> str | None:
     """Why this kernel cannot take ``x @ w.T`` (None when it can)."""
-    if x.device.type != "cuda" or x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
-        return "bf16 CUDA tensors only"
-    if x.data_ptr() % 16 or w.data_ptr() % 16:
-        return "16-byte aligned inputs"
-    return shape_problem(x.shape[0], w.shape[0] // 2 if swiglu else w.shape[0], x.shape[1], swiglu)
+    n = w.shape[0] // 2 if swiglu else w.shape[0]
+    return cuda_driver.operand_problem(x, w) or shape_problem(x.shape[0], n, x.shape[1], swiglu)
 
 
 def shape_problem(m: int, n: int, k: int, swiglu: bool) -> str | None:
@@ -240,7 +148,7 @@ def tensor_map(t: torch.Tensor, box_rows: int, segments: int) -> _TensorMap:
     out = _TensorMap()
     dims, strides = (u64 * 3)(64, k // 64, rows), (u64 * 2)(128, k * 2)
     box, steps = (u32 * 3)(64, segments, box_rows), (u32 * 3)(1, 1, 1)
-    _check(_driver().cuTensorMapEncodeTiled(
+    check(driver().cuTensorMapEncodeTiled(
         ctypes.c_void_p(out.aligned()), _CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, ctypes.c_void_p(t.data_ptr()), dims,
         strides, box, steps, 0, _CU_TENSOR_MAP_SWIZZLE_128B, _CU_TENSOR_MAP_L2_PROMOTION_L2_256B, 0),
         "cuTensorMapEncodeTiled")
@@ -260,12 +168,13 @@ def weight_map(w: torch.Tensor, segments: int) -> _TensorMap:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False, pdl: int = 0,
-           settings: TmaSettings = TmaSettings()) -> torch.Tensor:
+           settings: TmaSettings | None = None) -> torch.Tensor:
     """``x @ w.T`` for contiguous bf16 ``x`` ``[M, K]`` (``M <= 16``) and ``w`` ``[N, K]``; with ``swiglu``,
     ``silu(gate) * up`` of the fused ``[2N, K]`` projection (gate and up each rounded to bf16 first, as the torch
     backend rounds). ``pdl``: :func:`executor.chain.pdl_mode`'s value: 0 a plain launch; under PDL the
     successor may launch once the producer has issued its last copy (``EARLY``) or once the consumers are past
-    their last stage (``LATE``)."""
+    their last stage (``LATE``). ``settings``: default from the ``CDBSIM_TMA_*`` variables."""
+    settings = settings or TmaSettings.from_env()
     why = supports(x, w, swiglu)
     if why:
         raise ValueError(f"few-row TMA matmul: {why}")
@@ -277,16 +186,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False, pdl: int = 0,
                          f"more than a block's {BLOCK_LIMIT}")
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     name = f"few_rows_tma{'_swiglu' if swiglu else ''}_{8 if m <= 8 else 16}"
-    functions = _functions(x.device.index if x.device.index is not None else torch.cuda.current_device())
-    _make_current(functions["context"])
+    kernels = cuda_driver.functions(SOURCE, NAMES, cuda_driver.device_index(x), BLOCK_LIMIT)
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    attr = _LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-    config = _LaunchConfig(grid_for(n // UNIT, sms), 1, 1, settings.threads, 1, 1, shared,
-                           torch.cuda.current_stream(x.device).cuda_stream, ctypes.pointer(attr), 1 if pdl else 0)
     wmap, xmap = weight_map(w, settings.segments), tensor_map(x, 8 if m <= 8 else 16, settings.segments)
     args = [ctypes.c_void_p(out.data_ptr()), ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(stages),
             ctypes.c_int(settings.segments), ctypes.c_int(pdl), ctypes.c_int(settings.options)]
-    pointers = [wmap.aligned(), xmap.aligned(), *(ctypes.addressof(a) for a in args)]
-    params = (ctypes.c_void_p * len(pointers))(*pointers)
-    _check(_driver().cuLaunchKernelEx(ctypes.byref(config), functions[name], params, None), "cuLaunchKernelEx")
+    cuda_driver.launch(kernels, name, x.device, grid_for(n // UNIT, sms), settings.threads, shared,
+                       [wmap.aligned(), xmap.aligned(), *(ctypes.addressof(a) for a in args)], bool(pdl))
     return out

@@ -18,7 +18,14 @@ torch = pytest.importorskip("torch")
 from executor import few_rows  # noqa: E402
 from executor import few_rows_tma as tma  # noqa: E402
 
-HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+from .few_rows_checks import (  # noqa: E402
+    HOPPER,
+    assert_close,
+    assert_pdl_chain_waits,
+    assert_served_run_completes,
+    reference,
+)
+
 hopper = pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU (sm_90)")
 
 
@@ -95,17 +102,6 @@ def test_source_compiles_for_sm90a_without_spills(tmp_path, monkeypatch: pytest.
     assert tma.compile_cubin() == cubin  # cached by the source's hash
 
 
-def _reference(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:
-    out = torch.nn.functional.linear(x.float(), w.float()).to(x.dtype)
-    if swiglu:
-        gate, up = out.float().chunk(2, dim=-1)
-        out = (torch.nn.functional.silu(gate) * up).to(x.dtype)
-    return out
-
-
-def _close(got: torch.Tensor, want: torch.Tensor) -> None:
-    diff = (got.float() - want.float()).abs()
-    assert bool((diff <= 2e-2 + 2e-2 * want.float().abs()).all()), float(diff.max())
 
 
 SHAPES = pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048, True), (528, 5312, False),
@@ -119,7 +115,7 @@ def _check_linear(m: int, n: int, k: int, swiglu: bool, settings) -> None:
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
     w = torch.randn(2 * n if swiglu else n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * k**-0.5
-    _close(tma.linear(x, w, swiglu, 0, settings), _reference(x, w, swiglu))
+    assert_close(tma.linear(x, w, swiglu, 0, settings), reference(x, w, swiglu))
 
 
 @pytest.mark.gpu
@@ -142,46 +138,11 @@ def test_every_setting_matches_linear_on_hopper(m: int, n: int, k: int, swiglu: 
 @pytest.mark.gpu
 @hopper
 def test_pdl_chain_in_a_cuda_graph_waits_for_each_input() -> None:
-    """Each call reads the output of the one before, launched under PDL with both triggers, captured and replayed."""
-    from executor.chain import EARLY, LATE
-
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    ws = [torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16, generator=gen) * 2048**-0.5 for _ in range(6)]
-    x = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16, generator=gen)
-    want = x
-    for w in ws:
-        want = _reference(want, w, False)
-    for trigger in (EARLY, LATE):
-        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            graph.capture_begin()
-            y = x
-            for w in ws:
-                y = tma.linear(y, w, False, trigger)
-            graph.capture_end()
-        torch.cuda.current_stream().wait_stream(side)
-        for _ in range(3):
-            graph.replay()
-        torch.cuda.synchronize()
-        _close(y, want)
+    assert_pdl_chain_waits(lambda y, w, trigger: tma.linear(y, w, False, trigger))
 
 
 @pytest.mark.gpu
 @hopper
 def test_served_run_on_the_tma_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cdbsim.config import ServeConfig
-    from executor.driver import execute
-
-    from .helpers import tiny_arch, tiny_model, tiny_requests
-
     monkeypatch.setenv("CDBSIM_FEW_ROWS_KERNEL", "tma")
-    arch = tiny_arch("ouro")
-    model = tiny_model(arch, backend="triton", device="cuda", dtype=torch.bfloat16)
-    model.ops.fuse_rows, model.ops.few_rows = 0, 16
-    requests = tiny_requests(n=12, seed=11, max_prompt=60, max_output=20)
-    config = ServeConfig(policy="refill", width=8, coda_batch=2, prefill_budget=64, timing="lookahead", layout="depth")
-    run = execute(arch, config, requests, 128, model=model, mode="lookahead", keep_logits=True)
-    assert run.log.meta["cuda_graphs"]
-    assert all(torch.isfinite(v).all() for v in run.logits.values())
-    assert [len(t) for t in run.tokens] == [r.output_len for r in requests]
+    assert_served_run_completes()

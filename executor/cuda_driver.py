@@ -135,6 +135,7 @@ def functions(source: Path, names: tuple[str, ...], device: int, dynamic_shared:
 
 
 def device_index(t: torch.Tensor) -> int:
+    """``t``'s CUDA device number (the current device for a bare ``cuda`` tensor)."""
     return t.device.index if t.device.index is not None else torch.cuda.current_device()
 
 

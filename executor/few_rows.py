@@ -192,7 +192,7 @@ def kernel_choice() -> str:
     return kernel
 
 
-def _cuda_module(x: torch.Tensor, w: torch.Tensor, swiglu: bool):
+def _cuda_module(x: torch.Tensor, w: torch.Tensor, n: int, swiglu: bool):
     """The CUDA C++ kernel's module (:mod:`executor.few_rows_tma` or :mod:`executor.few_rows_direct`) when
     :func:`kernel_choice` picks one and it takes this launch, else None."""
     kernel = kernel_choice() if x.is_cuda and x.dtype == torch.bfloat16 else "triton"
@@ -203,8 +203,7 @@ def _cuda_module(x: torch.Tensor, w: torch.Tensor, swiglu: bool):
     else:
         from executor import few_rows_direct as module
 
-        if kernel == "direct" and not module.faster(x.shape[0], w.shape[0] // 2 if swiglu else w.shape[0],
-                                                    x.shape[1], swiglu):
+        if kernel == "direct" and not module.faster(x.shape[0], n, x.shape[1], swiglu):
             return None
     return module if module.supports(x, w, swiglu) is None else None
 
@@ -231,8 +230,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
     _check(x, w, swiglu)
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    cuda = _cuda_module(x, w, swiglu) if config is None else None
-    pdl = pdl_mode(x, cuda.__name__.rpartition(".")[2] if cuda else "few_rows")
+    cuda = _cuda_module(x, w, n, swiglu) if config is None else None
+    pdl = pdl_mode(x, cuda.PDL_KIND if cuda else "few_rows")
     if pdl and late is not None:
         pdl = LATE if late else EARLY
     if cuda:

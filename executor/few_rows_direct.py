@@ -22,6 +22,7 @@ import torch
 
 from executor import cuda_driver
 
+PDL_KIND = "few_rows_direct"  # its name in executor.chain.pdl_mode (one of LATE_KINDS)
 SOURCE = cuda_driver.CSRC / "few_rows_direct.cu"
 NAMES = ("few_rows_direct_8", "few_rows_direct_16", "few_rows_direct_swiglu_8", "few_rows_direct_swiglu_16")
 MAX_ROWS = 16  # two MMAs of 8 rows

@@ -25,6 +25,7 @@ import torch
 from executor import cuda_driver
 from executor.cuda_driver import BLOCK_LIMIT, KernelUnavailable, check, driver, nvcc  # noqa: F401 (re-exported)
 
+PDL_KIND = "few_rows_tma"  # its name in executor.chain.pdl_mode (one of LATE_KINDS)
 SOURCE = cuda_driver.CSRC / "few_rows_tma.cu"
 NAMES = ("few_rows_tma_8", "few_rows_tma_16", "few_rows_tma_swiglu_8", "few_rows_tma_swiglu_16")
 MAX_ROWS = 16  # two MMAs of 8 rows

@@ -8,16 +8,21 @@ matmul peak is in the GEMMs and how much around them.
 
     python benchmarks/profile_prefill.py --models ouro-1.4b huginn-3.5b --tokens 2048 4096 --out DIR
 
-Writes ``DIR/prefill-profile.csv`` (model, tokens, family, kernels, device ms, share, and the launch's rate
-counting weight flops, the GEMMs' own, and the launch's counting causal attention's flops too) and prints a
+Writes ``DIR/prefill-profile.csv`` (model, tokens, family, kernels, device ms, share, the launch replayed as a
+CUDA graph, and the launch's rate counting weight flops, the GEMMs' own, the launch's counting causal
+attention's flops too, and the replay's counting weight flops) and prints a
 table; ``--summarize CSV`` prints a saved table with those rates on any machine. Measuring needs a CUDA
-GPU; it runs the launch eagerly (graph replays time the same kernels without the host between them; the
-device-time shares are what this is for).
+GPU; it runs the launch eagerly and sums its kernels' device times (the shares are what this is for), which
+leaves out the gaps between kernels that a served launch, a graph replay, still has (some 1,200 kernels in
+Ouro-1.4B's launch; ``replay_ms`` is that replay). The prefill speed a server gets is the replayed launch's:
+``--stages STAGES_CSV`` reads the prefill rows of ``bench_executor.py --parts stages`` and gives their rates
+against the fastest GEMM of the kernel profile (``--profile``), on any machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -28,15 +33,16 @@ for path in (ROOT, ROOT / "benchmarks"):
 
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-from bench_executor import build_model  # noqa: E402
+from bench_executor import build_model, time_fn  # noqa: E402
 
 from calibration.measure import write_probe_table  # noqa: E402
 from cdbsim.arch import PRESETS  # noqa: E402
 from cdbsim.config import ServeConfig  # noqa: E402
 from cdbsim.kv import need_blocks  # noqa: E402
 from cdbsim.kvlayout import KVLayout  # noqa: E402
-from cdbsim.launch import causal_pairs, prefill_launch  # noqa: E402
+from cdbsim.launch import Stage, causal_pairs, prefill_launch  # noqa: E402
 from executor.engine import Engine  # noqa: E402
+from executor.graphs import StageGraphs  # noqa: E402
 from traces.request import Request  # noqa: E402
 
 # kernel-name fragments of each family, first match wins (cuBLAS/CUTLASS GEMMs carry one of the first)
@@ -76,19 +82,26 @@ def with_rates(table: pd.DataFrame) -> pd.DataFrame:
     table["weight_tflops_gemm"] = pd.Series(w, index=table.index) / pd.Series(gemm_ms, index=table.index) / 1e9
     table["model_tflops_launch"] = (pd.Series(w, index=table.index) + pd.Series(a, index=table.index)) \
         / table.launch_device_ms / 1e9
+    if "replay_ms" in table:  # tables measured before the replay was timed lack it
+        table["weight_tflops_replay"] = pd.Series(w, index=table.index) / table.replay_ms / 1e9
     return table
 
 
 def profile(model_name: str, tokens: int, repeats: int = 3) -> list[dict]:
-    """Device time per kernel family of one full-depth prefill launch of ``tokens`` tokens."""
+    """Device time per kernel family of one full-depth prefill launch of ``tokens`` tokens, and the same launch's
+    time as a CUDA-graph replay (``replay_ms``: the kernels' device time plus the gaps between them)."""
     arch = PRESETS[model_name]
     model = build_model(arch, device=torch.device("cuda"), dtype=torch.bfloat16, seed=0)
     blocks = need_blocks(tokens, 2)
     config = ServeConfig(policy="refill", width=1, prefill_budget=tokens, layout=KVLayout.SHARED)
     engine = Engine(model, config, [Request(0, tokens, 2)], blocks)
     engine.admit([0])
-    prepared = engine.prepare(prefill_launch([0], [0], [tokens], [list(range(blocks))], tokens))
+    launch = prefill_launch([0], [0], [tokens], [list(range(blocks))], tokens)
+    prepared = engine.prepare(launch)
     with torch.inference_mode():
+        captured = StageGraphs(engine).get(Stage.PREFILL, tokens)  # the launch as served: one graph replay
+        captured.meta.copy_(torch.from_numpy(engine.prepare(launch, engine.max_blocks).meta))
+        replay_ms = time_fn(captured.replay, 1, 5)
         for _ in range(2):
             engine.run_eager(prepared)
         torch.cuda.synchronize()
@@ -97,18 +110,43 @@ def profile(model_name: str, tokens: int, repeats: int = 3) -> list[dict]:
                 engine.run_eager(prepared)
             torch.cuda.synchronize()
     per_family: dict[str, list[float]] = {}
+    others = []
     for event in prof.key_averages():
         device_us = getattr(event, "self_device_time_total", 0.0) or getattr(event, "self_cuda_time_total", 0.0)
         if device_us > 0 and event.device_type == torch.autograd.DeviceType.CUDA:
             entry = per_family.setdefault(family(event.key), [0.0, 0.0])
             entry[0] += device_us / 1e3 / repeats
             entry[1] += event.count / repeats
+            if family(event.key) == "other":
+                others.append((device_us / 1e3 / repeats, event.count // repeats, event.key[:90]))
+    for ms, count, name in sorted(others, reverse=True)[:8]:  # what "other" holds, in the log
+        print(f"  {model_name} {tokens} other: {count:4d} x {name} ({ms:.3f} ms)")
     total = sum(ms for ms, _ in per_family.values())
     del engine, model
     torch.cuda.empty_cache()
     return [{"model": model_name, "tokens": tokens, "family": name, "kernels": round(count), "device_ms": ms,
-             "share": ms / total, "launch_device_ms": total}
+             "share": ms / total, "launch_device_ms": total, "replay_ms": replay_ms}
             for name, (ms, count) in sorted(per_family.items(), key=lambda kv: -kv[1][0])]
+
+
+def gemm_peak_tflops(profile: Path) -> float:
+    """The fastest GEMM a kernel profile measured, TFLOP/s: the matmul rate prefill is held against."""
+    tables = json.loads(profile.read_text())["kernels"]["tables"]
+    return max(2 * m * n * k / seconds for m, n, k, seconds in tables["gemm"]) / 1e12
+
+
+def stage_rates(stages: pd.DataFrame, peak_tflops: float) -> pd.DataFrame:
+    """The prefill rows of a stage table (one chunk of ``batch`` tokens, replayed) with the launch's rate
+    counting weight flops, its share of ``peak_tflops``, and the rate counting attention's flops too."""
+    rows = stages[stages.stage == "prefill"]
+    out = pd.DataFrame({"model": rows.model, "tokens": rows.batch, "ms": rows.ms})
+    w = pd.Series([weight_flops(m, t) for m, t in zip(out.model, out.tokens, strict=True)], index=out.index)
+    a = pd.Series([attention_flops(m, t) for m, t in zip(out.model, out.tokens, strict=True)], index=out.index)
+    out["weight_tflops"] = w / out.ms / 1e9
+    out["of_peak"] = out.weight_tflops / peak_tflops
+    out["model_tflops"] = (w + a) / out.ms / 1e9
+    out["model_of_peak"] = out.model_tflops / peak_tflops
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--summarize", type=Path, metavar="CSV",
                         help="print a saved table with its rates (no GPU)")
+    parser.add_argument("--stages", type=Path, metavar="STAGES_CSV",
+                        help="the prefill rows of a bench_executor.py stage table with their rates (no GPU)")
+    parser.add_argument("--profile", type=Path, default=ROOT / "calibration/profiles/h200-kernels.json",
+                        help="kernel profile whose fastest GEMM is the peak (with --stages)")
     args = parser.parse_args(argv)
+    if args.stages:
+        peak = gemm_peak_tflops(args.profile)
+        print(f"peak: {peak:.0f} TFLOP/s, the fastest GEMM of {args.profile}")
+        print(stage_rates(pd.read_csv(args.stages), peak).round(3).to_string(index=False))
+        return 0
     if args.summarize:
         print(with_rates(pd.read_csv(args.summarize)).round(3).to_string(index=False))
         return 0

@@ -42,6 +42,19 @@ def test_prefill_profile_rates_add_attention_flops_to_the_weights() -> None:
         pytest.approx(4, rel=1e-3)
 
 
+def test_prefill_rates_of_a_stage_table_hold_replayed_launches_against_the_fastest_gemm() -> None:
+    profile = _script("profile_prefill")
+    peak = profile.gemm_peak_tflops(ROOT / "calibration" / "profiles" / "h200-kernels.json")
+    assert 500 < peak < 1000  # an H200's bf16 dense matmul, TFLOP/s
+    stages = pd.read_csv(RESULTS / "executor-table" / "stages" / "stages.csv")
+    rates = profile.stage_rates(stages, peak)
+    assert len(rates) == (stages.stage == "prefill").sum() > 0
+    for row in rates.itertuples():
+        assert row.weight_tflops == pytest.approx(profile.weight_flops(row.model, row.tokens) / row.ms / 1e9)
+        assert row.of_peak == pytest.approx(row.weight_tflops / peak)
+        assert row.model_tflops > row.weight_tflops  # causal attention adds flops
+
+
 def test_prefill_attention_sweep_measured_every_shipped_launch_shape(capsys) -> None:
     bench = _script("bench_prefill_attention")
     table = pd.read_csv(RESULTS / "prefill-attention" / "prefill-attention.csv")

@@ -10,7 +10,7 @@
 #   bash benchmarks/gpu_session.sh last     GPU tests, stage and attention bench, no-exit throughput of the three
 #                                           policies (K = 16), Ouro-1.4B calibration -> benchmarks/results/chain/final/
 #   bash benchmarks/gpu_session.sh k1       no-exit throughput of the three policies with refill at K = 1
-#                                           -> benchmarks/results/throughput-noexit/k1-chained/
+#                                           -> benchmarks/results/throughput-noexit/k1/
 #   bash benchmarks/gpu_session.sh kernels  the kernel-level calibration but the few-row families (about 535 s)
 #                                           -> calibration/profiles/h200-kernels.json, benchmarks/results/kernels/; then,
 #                                           that profile shipped, FAMILIES=few_gemm,few_swiglu bash benchmarks/gpu_session.sh update

@@ -162,9 +162,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="kernel profile whose fastest GEMM is the peak (with --stages)")
     args = parser.parse_args(argv)
     if args.stages:
+        for path in (args.stages, args.profile):
+            if not path.is_file():
+                print(f"error: {path} is not a file", file=sys.stderr)
+                return 2
+        stages = pd.read_csv(args.stages)
+        if not {"model", "stage", "batch", "ms"} <= set(stages.columns) or not (stages.stage == "prefill").any():
+            print(f"error: {args.stages} has no prefill rows of a bench_executor.py stage table", file=sys.stderr)
+            return 2
         peak = gemm_peak_tflops(args.profile)
         print(f"peak: {peak:.0f} TFLOP/s, the fastest GEMM of {args.profile}")
-        print(stage_rates(pd.read_csv(args.stages), peak).round(3).to_string(index=False))
+        print(stage_rates(stages, peak).round(3).to_string(index=False))
         return 0
     if args.summarize:
         print(with_rates(pd.read_csv(args.summarize)).round(3).to_string(index=False))

@@ -55,6 +55,15 @@ def test_prefill_rates_of_a_stage_table_hold_replayed_launches_against_the_faste
         assert row.model_tflops > row.weight_tflops  # causal attention adds flops
 
 
+def test_prefill_rates_refuse_a_missing_file_or_a_table_without_prefill_rows(tmp_path, capsys) -> None:
+    profile = _script("profile_prefill")
+    assert profile.main(["--stages", str(tmp_path / "none.csv")]) == 2
+    assert "is not a file" in capsys.readouterr().err
+    other = RESULTS / "prefill-profile" / "prefill-profile.csv"  # a profile table, not a stage table
+    assert profile.main(["--stages", str(other)]) == 2
+    assert "has no prefill rows" in capsys.readouterr().err
+
+
 def test_prefill_attention_sweep_measured_every_shipped_launch_shape(capsys) -> None:
     bench = _script("bench_prefill_attention")
     table = pd.read_csv(RESULTS / "prefill-attention" / "prefill-attention.csv")

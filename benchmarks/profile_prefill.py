@@ -70,20 +70,25 @@ def attention_flops(model_name: str, tokens: int) -> float:
     return 4 * causal_pairs(tokens) * arch.layer.heads * arch.layer.head_dim * layers
 
 
+def launch_flops(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Weight flops and causal attention flops of each row's launch (``model``, ``tokens``)."""
+    pairs = list(zip(table.model, table.tokens, strict=True))
+    return (pd.Series([weight_flops(m, t) for m, t in pairs], index=table.index, dtype=float),
+            pd.Series([attention_flops(m, t) for m, t in pairs], index=table.index, dtype=float))
+
+
 def with_rates(table: pd.DataFrame) -> pd.DataFrame:
     """The launch's rate counting weight flops only, the GEMMs' own, and the launch's counting attention's
     flops too (what a model-flops utilisation counts)."""
     table = table.copy()
-    w = [weight_flops(m, t) for m, t in zip(table.model, table.tokens, strict=True)]
-    a = [attention_flops(m, t) for m, t in zip(table.model, table.tokens, strict=True)]
+    w, a = launch_flops(table)
     gemm = table[table.family == "gemm"].set_index(["model", "tokens"]).device_ms
     gemm_ms = [gemm.get((m, t), float("nan")) for m, t in zip(table.model, table.tokens, strict=True)]
-    table["weight_tflops_launch"] = pd.Series(w, index=table.index) / table.launch_device_ms / 1e9
-    table["weight_tflops_gemm"] = pd.Series(w, index=table.index) / pd.Series(gemm_ms, index=table.index) / 1e9
-    table["model_tflops_launch"] = (pd.Series(w, index=table.index) + pd.Series(a, index=table.index)) \
-        / table.launch_device_ms / 1e9
+    table["weight_tflops_launch"] = w / table.launch_device_ms / 1e9
+    table["weight_tflops_gemm"] = w / pd.Series(gemm_ms, index=table.index) / 1e9
+    table["model_tflops_launch"] = (w + a) / table.launch_device_ms / 1e9
     if "replay_ms" in table:  # tables measured before the replay was timed lack it
-        table["weight_tflops_replay"] = pd.Series(w, index=table.index) / table.replay_ms / 1e9
+        table["weight_tflops_replay"] = w / table.replay_ms / 1e9
     return table
 
 
@@ -140,8 +145,7 @@ def stage_rates(stages: pd.DataFrame, peak_tflops: float) -> pd.DataFrame:
     counting weight flops, its share of ``peak_tflops``, and the rate counting attention's flops too."""
     rows = stages[stages.stage == "prefill"]
     out = pd.DataFrame({"model": rows.model, "tokens": rows.batch, "ms": rows.ms})
-    w = pd.Series([weight_flops(m, t) for m, t in zip(out.model, out.tokens, strict=True)], index=out.index)
-    a = pd.Series([attention_flops(m, t) for m, t in zip(out.model, out.tokens, strict=True)], index=out.index)
+    w, a = launch_flops(out)
     out["weight_tflops"] = w / out.ms / 1e9
     out["of_peak"] = out.weight_tflops / peak_tflops
     out["model_tflops"] = (w + a) / out.ms / 1e9

@@ -1,13 +1,39 @@
 """Checks shared by the tests of the CUDA C++ few-row kernels (:mod:`executor.few_rows_tma`,
-:mod:`executor.few_rows_direct`): the reference they are held to, a PDL chain captured in a CUDA graph, a served run."""
+:mod:`executor.few_rows_direct`): CPU tensors refused, ptxas's report of the source, the reference they are held to,
+a PDL chain captured in a CUDA graph, a served run."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
+import pytest
 import torch
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def assert_cpu_tensors_refused(kernel: ModuleType) -> None:
+    """A kernel module names why it cannot take CPU tensors, and its ``linear`` raises with that reason."""
+    x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
+    assert kernel.supports(x, w, False) == "bf16 CUDA tensors only"
+    with pytest.raises(ValueError, match="bf16 CUDA tensors only"):
+        kernel.linear(x, w)
+
+
+def ptxas_report(source: Path, out_dir: Path) -> tuple[list[tuple[str, str]], list[int]]:
+    """Compile ``source`` for sm_90a as the driver does and return ptxas's (spill stores, spill loads) and registers
+    per kernel."""
+    from executor.cuda_driver import nvcc
+
+    done = subprocess.run([nvcc(), "-cubin", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-o",
+                           str(out_dir / "k.cubin"), str(source)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return (re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr),
+            [int(r) for r in re.findall(r"Used (\d+) registers", done.stderr)])
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> torch.Tensor:

@@ -5,9 +5,7 @@ PDL-chained in a CUDA graph, served end to end)."""
 
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
 
 import pytest
 from hypothesis import given
@@ -21,8 +19,10 @@ from executor import few_rows_direct as direct  # noqa: E402
 from .few_rows_checks import (  # noqa: E402
     HOPPER,
     assert_close,
+    assert_cpu_tensors_refused,
     assert_pdl_chain_waits,
     assert_served_run_completes,
+    ptxas_report,
     reference,
 )
 
@@ -95,20 +95,13 @@ def test_ouros_and_huginns_shapes_fit(m: int, n: int, k: int, swiglu: bool) -> N
 
 
 def test_cpu_tensors_are_refused_with_the_reason() -> None:
-    x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
-    assert direct.supports(x, w, False) == "bf16 CUDA tensors only"
-    with pytest.raises(ValueError, match="bf16 CUDA tensors only"):
-        direct.linear(x, w)
+    assert_cpu_tensors_refused(direct)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_source_compiles_for_sm90a_without_spills(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    done = subprocess.run([cuda_driver.nvcc(), "-cubin", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas",
-                           "-v", "-o", str(tmp_path / "k.cubin"), str(direct.SOURCE)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
+    spills, registers = ptxas_report(direct.SOURCE, tmp_path)
     assert len(spills) == len(direct.NAMES) and all(a == b == "0" for a, b in spills)
-    registers = [int(r) for r in re.findall(r"Used (\d+) registers", done.stderr)]
     assert max(registers) <= 65536 // direct.THREADS  # one CTA per SM at least
     monkeypatch.setenv("CDBSIM_CACHE", str(tmp_path / "cache"))
     cubin = cuda_driver.compile_cubin(direct.SOURCE)

@@ -5,9 +5,7 @@ on a Hopper GPU (plain, SwiGLU, a K tail, several units per CTA, PDL-chained in 
 from __future__ import annotations
 
 import math
-import re
 import shutil
-import subprocess
 
 import pytest
 from hypothesis import given
@@ -21,8 +19,10 @@ from executor import few_rows_tma as tma  # noqa: E402
 from .few_rows_checks import (  # noqa: E402
     HOPPER,
     assert_close,
+    assert_cpu_tensors_refused,
     assert_pdl_chain_waits,
     assert_served_run_completes,
+    ptxas_report,
     reference,
 )
 
@@ -51,10 +51,7 @@ def test_ouros_shapes_fit(m: int, n: int, k: int, swiglu: bool) -> None:
 
 
 def test_cpu_tensors_are_refused_with_the_reason() -> None:
-    x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16)
-    assert tma.supports(x, w, False) == "bf16 CUDA tensors only"
-    with pytest.raises(ValueError, match="bf16 CUDA tensors only"):
-        tma.linear(x, w)
+    assert_cpu_tensors_refused(tma)
 
 
 def test_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -91,10 +88,7 @@ def test_the_ring_fits_a_block_and_two_share_an_sm(rows: int, swiglu: bool, segm
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_source_compiles_for_sm90a_without_spills(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    done = subprocess.run([tma.nvcc(), "-cubin", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
-                           "-o", str(tmp_path / "k.cubin"), str(tma.SOURCE)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", done.stderr)
+    spills, _ = ptxas_report(tma.SOURCE, tmp_path)
     assert len(spills) == 4 and all(a == b == "0" for a, b in spills)
     monkeypatch.setenv("CDBSIM_CACHE", str(tmp_path / "cache"))
     cubin = tma.compile_cubin()

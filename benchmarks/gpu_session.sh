@@ -86,13 +86,18 @@
 #                                           the TMA kernel's; per projection against the Triton kernel at every split
 #                                           count; Ouro-1.4B's stages on each (ROUNDS, SIZES, CONTEXTS); its kernels
 #                                           under Nsight Compute (NCU=0: not) -> benchmarks/results/few-row-direct/
+#   bash benchmarks/gpu_session.sh clock    whole stages (Huginn-3.5B's at 64 and 256 rows, Ouro-1.4B's at 256 rows and its
+#                                           prefills) replayed back to back from rest, the SM clock and power sampled
+#                                           -> benchmarks/results/step-clock/
+#   bash benchmarks/gpu_session.sh wide     Huginn-3.5B served at W = 256 (CB, refill K = 16), where its steps run into the
+#                                           power limit, against the simulator -> benchmarks/results/step-clock/wide/
 # Results go to $OUT/session-<phase>.tgz (logs, profiles, CSV/JSON, plots). Every step has its own time
 # limit so the archive is written even when one step runs long. docs/gpu-runs.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | maxsplits | ab | variants | servedvariants | servedab | direct) ;;
-  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, maxsplits, ab, variants, servedvariants, servedab, direct" >&2; exit 2 ;;
+  spin | rebuild | matrix | last | k1 | kernels | unseen | paper | adaptive | host | hostvar | sequence | attention | prefill | profile | update | gap | rows | pdl | table | rule | served | splits | fewrow | chainrows | chain2 | maxsplits | ab | variants | servedvariants | servedab | direct | clock | wide) ;;
+  *) echo "error: unknown phase '$phase'; phases: spin, rebuild, matrix, last, k1, kernels, unseen, paper, adaptive, host, hostvar, sequence, attention, prefill, profile, update, gap, rows, pdl, table, rule, served, splits, fewrow, chainrows, chain2, maxsplits, ab, variants, servedvariants, servedab, direct, clock, wide" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -501,6 +506,14 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,lts__t_b
         done
       done
     fi
+    ;;
+  clock)  # does a whole stage replay slower once the board has been busy, and is the SM clock why?
+    run 400 step-clock python3 benchmarks/probe_step_clock.py --out "$work/step-clock" \
+      --stages benchmarks/results/executor-table/stages/stages.csv
+    ;;
+  wide)  # the simulator against the executor where 256-row steps run at the power-limited clock
+    run 560 validate-wide python3 cli.py validate --matrix calibration/matrices/wide-huginn-h200.json \
+      --out "$work/wide"
     ;;
   k1)  # no-exit throughput of the three policies with refill at K = 1 (the launch-heavy case)
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \

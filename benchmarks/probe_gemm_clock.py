@@ -13,15 +13,17 @@ projection from rest. ``nvidia-smi`` samples the SM clock, power and temperature
     python benchmarks/probe_gemm_clock.py --summarize DIR/gemm-clock.csv   # onset and slowdown per phase
 
 Writes ``DIR/gemm-clock.csv`` (per phase and 10 ms of it: replays, microseconds per GEMM, and that over the
-phase's first replays), ``DIR/smi.csv`` and ``DIR/gemm-clock.png``.
+phase's first replays), ``DIR/smi.csv`` (after a line aligning its clock with the host's) and ``DIR/gemm-clock.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +38,44 @@ PHASES = (("huginn from rest", "huginn-qkv", 4.0, 2.5), ("huginn after 0.5 s res
           ("decode from rest", "decode", 4.0, 2.5), ("huginn after decode", "huginn-qkv", 0.0, 1.0),
           ("ouro from rest", "ouro-up", 4.0, 2.5))
 FIRST = 3  # replays that stand for a phase's start
+SMI_FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu"
+
+
+def smi_offset_s() -> float:
+    """Host ``time.time()`` minus ``nvidia-smi``'s timestamp read as UTC, so samples line up with host times."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=timestamp", "--format=csv,noheader"], capture_output=True,
+                         text=True, check=True).stdout.strip().splitlines()[0]
+    return time.time() - pd.Timestamp(out.replace("/", "-"), tz="UTC").timestamp()
+
+
+@contextlib.contextmanager
+def smi_sampling(path: Path) -> Iterator[None]:
+    """``nvidia-smi`` writes :data:`SMI_FIELDS` to ``path`` every 50 ms while the block runs, after a first line
+    holding :func:`smi_offset_s`."""
+    with open(path, "w") as log:
+        log.write(f"# host_minus_smi_s={smi_offset_s():.6f}\n")
+        log.flush()
+        sampler = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,nounits", "-lms", "50"],
+                                   stdout=log, stderr=subprocess.DEVNULL)
+        try:
+            yield
+        finally:
+            sampler.terminate()
+            sampler.wait()
+
+
+def ready_to_measure(parser: argparse.ArgumentParser, out: Path | None, prog: str) -> bool:
+    """Whether a measuring run can start: ``--out`` given (else the parser's usage error) and a CUDA GPU present
+    (else a one-line error and False); ``out`` is created."""
+    if out is None:
+        parser.error("--out or --summarize is needed")
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"error: {prog} needs a CUDA GPU", file=sys.stderr)
+        return False
+    out.mkdir(parents=True, exist_ok=True)
+    return True
 
 
 def gemm_chain(m: int, n: int, k: int, scale: float, device: object) -> tuple[object, int, list]:
@@ -84,7 +124,7 @@ def binned(table: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def plot(table: pd.DataFrame, path: Path) -> None:
+def plot(table: pd.DataFrame, path: Path, ylabel: str = "time per GEMM / its first replays") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,7 +134,7 @@ def plot(table: pd.DataFrame, path: Path) -> None:
     for phase, rows in table.groupby("phase", sort=False):
         ax.plot(rows["t_s"], rows["over_start"], label=phase, lw=1)
     ax.set_xlabel("seconds since the phase's load began")
-    ax.set_ylabel("time per GEMM / its first replays")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -131,34 +171,25 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.summarize:
             print(f"{path}:\n{summary(pd.read_csv(path)).round(4).to_string(index=False)}")
         return 0
-    if args.out is None:
-        parser.error("--out or --summarize is needed")
+    if not ready_to_measure(parser, args.out, "probe_gemm_clock.py"):
+        return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print("error: probe_gemm_clock.py needs a CUDA GPU", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
     chains = {name: gemm_chain(m, n, k, 0.02, device) for name, (m, n, k) in SHAPES.items()}
     rows = []
-    with open(args.out / "smi.csv", "w") as log:
-        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
-                                "--format=csv,nounits", "-lms", "50"], stdout=log, stderr=subprocess.DEVNULL)
-        try:
-            for phase, shape, rest, seconds in PHASES:
-                time.sleep(rest)
-                graph, count, _ = chains[shape]
-                wall = time.time()
-                times = replay_for(graph, count, seconds)
-                start = sum(us for _, us in times[:FIRST]) / FIRST
-                rows += [{"phase": phase, "shape": shape, "began_unix_s": wall, "t_s": t, "us_per_gemm": us,
-                          "over_start": us / start} for t, us in times]
-                late = [us for t, us in times if t > seconds - 0.3]
-                print(f"{phase}: {start:.1f} us per GEMM at the start, {sum(late) / len(late):.1f} in its last "
-                      "0.3 s", flush=True)
-        finally:
-            smi.terminate()
+    with smi_sampling(args.out / "smi.csv"):
+        for phase, shape, rest, seconds in PHASES:
+            time.sleep(rest)
+            graph, count, _ = chains[shape]
+            wall = time.time()
+            times = replay_for(graph, count, seconds)
+            start = sum(us for _, us in times[:FIRST]) / FIRST
+            rows += [{"phase": phase, "shape": shape, "began_unix_s": wall, "t_s": t, "us_per_gemm": us,
+                      "over_start": us / start} for t, us in times]
+            late = [us for t, us in times if t > seconds - 0.3]
+            print(f"{phase}: {start:.1f} us per GEMM at the start, {sum(late) / len(late):.1f} in its last "
+                  "0.3 s", flush=True)
     table = binned(pd.DataFrame(rows))
     table.round(4).to_csv(args.out / "gemm-clock.csv", index=False)
     plot(table, args.out / "gemm-clock.png")

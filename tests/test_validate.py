@@ -42,6 +42,16 @@ def test_paper_matrix_runs_huginn_w64_under_per_step_core_launches() -> None:
     assert {(e.arch, e.width, e.workload) for e in entries} == {("huginn-3.5b", 64, "alpaca")}
 
 
+def test_wide_matrix_runs_huginn_at_w256_on_the_same_requests() -> None:
+    entries = load_matrix("calibration/matrices/wide-huginn-h200.json")
+    assert {(e.policy, e.coda_batch) for e in entries} == {("cb", 1), ("refill", 16)}
+    assert {(e.arch, e.width, e.workload, e.requests, e.seed) for e in entries} == {
+        ("huginn-3.5b", 256, "alpaca", 1024, 1)}
+    for e in entries:
+        e.config()  # a valid configuration
+        assert e.kv_tokens >= 256 * 128  # every resident row has room for an Alpaca request (~90 tokens)
+
+
 def test_entry_carries_the_core_launch_to_the_executor() -> None:
     from cdbsim.experiment import Experiment
 

@@ -34,6 +34,9 @@ if str(ROOT) not in sys.path:
 import pandas as pd  # noqa: E402
 from probe_gemm_clock import binned, plot, ready_to_measure, smi_sampling  # noqa: E402
 
+from cdbsim.arch import load_arch  # noqa: E402
+from cdbsim.errors import ConfigError  # noqa: E402
+
 DEFAULT_POINTS = ("huginn-3.5b:decode:256:512,huginn-3.5b:prelude:256:512,huginn-3.5b:core:256:512,"
                   "huginn-3.5b:coda:256:512,huginn-3.5b:decode:64:512,huginn-3.5b:core:64:512,"
                   "ouro-1.4b:decode:256:512,ouro-1.4b:core:256:512,ouro-1.4b:prefill:2048,ouro-1.4b:prefill:4096")
@@ -85,7 +88,6 @@ def measure(points: list[Point], rest_s: float, seconds: float, device_name: str
     import torch
 
     from calibration.measure import Timer, UnitBench, back_to_back
-    from cdbsim.arch import load_arch
     from cdbsim.kvlayout import KVLayout
     from cdbsim.launch import Stage
 
@@ -215,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.summarize:
         try:
             points = parse_points(args.points)
-        except ValueError as exc:
+            for model in {p.model for p in points}:
+                load_arch(model)  # an unknown model is refused before any GPU work
+        except (ValueError, ConfigError) as exc:
             parser.error(str(exc))
         if not ready_to_measure(parser, args.out, "probe_step_clock.py"):
             return 2

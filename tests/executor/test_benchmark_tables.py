@@ -84,6 +84,15 @@ def test_step_clock_points_parse_and_malformed_ones_are_named() -> None:
             probe.parse_points(bad)
 
 
+
+def test_step_clock_refuses_an_unknown_model_before_any_gpu_work(tmp_path, capsys) -> None:
+    probe = _script("probe_step_clock")
+    with pytest.raises(SystemExit) as exit_:
+        probe.main(["--out", str(tmp_path), "--points", "ouro-1.4b:core:4:512,nosuch:core:4:512"])
+    assert exit_.value.code == 2 and "unknown architecture 'nosuch'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing measured, nothing written
+
+
 def _smi_file(path: Path, offset_s: float, samples: list[tuple[str, int, float]]) -> Path:
     """A sampler log as ``probe_step_clock.py`` writes it: the host clock's offset, then nvidia-smi's CSV."""
     lines = [f"# host_minus_smi_s={offset_s}", "timestamp, clocks.current.sm [MHz], power.draw [W], temperature.gpu"]

@@ -109,17 +109,11 @@ def validation(errors: dict) -> Verdict:
 def verdicts(paths: dict[str, Path]) -> list[Verdict]:
     """Every target's verdict from the tables at ``paths`` (keys of :data:`DEFAULTS`); a missing or malformed
     table is a ValueError naming it."""
+    from probe_step_clock import read_table
     from profile_prefill import gemm_peak_tflops
 
     def read(key: str, columns: tuple[str, ...]) -> pd.DataFrame:
-        try:
-            table = pd.read_csv(paths[key])
-        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-            raise ValueError(f"{paths[key]}: {exc}") from None
-        missing = [c for c in columns if c not in table.columns]
-        if missing:
-            raise ValueError(f"{paths[key]} has no {', '.join(missing)} column (is it a {key} table?)")
-        return table
+        return read_table(paths[key], key, columns)
 
     stages = read("stages", ("model", "stage", "batch", "context", "x_roofline_weights_kv"))
     out = [worst_steps(stages, "core"), worst_steps(stages, "decode"),

@@ -116,23 +116,26 @@ def replay_for(graph: object, count: int, seconds: float) -> list[tuple[float, f
 BIN_S = 0.01
 
 
-def binned(table: pd.DataFrame) -> pd.DataFrame:
-    """Every replay of a phase averaged over :data:`BIN_S` of it (each replay takes a few milliseconds)."""
+def binned(table: pd.DataFrame, keys: tuple[str, ...] = ("phase", "shape"), value: str = "us_per_gemm"
+           ) -> pd.DataFrame:
+    """Every replay of a phase (a group of ``keys``) averaged over :data:`BIN_S` of it (each replay takes a few
+    milliseconds): the replays, their mean ``value`` and ``over_start``."""
     table = table.assign(t_s=(table["t_s"] // BIN_S) * BIN_S)
-    out = table.groupby(["phase", "shape", "t_s"], sort=False).agg(
-        replays=("us_per_gemm", "size"), us_per_gemm=("us_per_gemm", "mean"), over_start=("over_start", "mean"))
+    out = table.groupby([*keys, "t_s"], sort=False).agg(
+        replays=(value, "size"), **{value: (value, "mean")}, over_start=("over_start", "mean"))
     return out.reset_index()
 
 
-def plot(table: pd.DataFrame, path: Path, ylabel: str = "time per GEMM / its first replays") -> None:
+def plot(table: pd.DataFrame, path: Path, ylabel: str = "time per GEMM / its first replays", label: str = "phase"
+         ) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for phase, rows in table.groupby("phase", sort=False):
-        ax.plot(rows["t_s"], rows["over_start"], label=phase, lw=1)
+    for name, rows in table.groupby(label, sort=False):
+        ax.plot(rows["t_s"], rows["over_start"], label=name, lw=1)
     ax.set_xlabel("seconds since the phase's load began")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)

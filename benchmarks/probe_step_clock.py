@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,15 +181,16 @@ def summary(replays: pd.DataFrame, smi: pd.DataFrame | None = None, stages: pd.D
     return table
 
 
-def read_table(path: Path, what: str, columns: tuple[str, ...]) -> pd.DataFrame:
-    """``path`` as a table holding ``columns``, or a ValueError that names the file."""
+def read_table(path: Path, what: str, columns: tuple[str, ...],
+               reader: Callable[[Path], pd.DataFrame] = pd.read_csv) -> pd.DataFrame:
+    """``path`` read by ``reader`` as a ``what`` table holding ``columns``, or a ValueError that names the file."""
     try:
-        table = read_smi(path) if what == "smi" else pd.read_csv(path)
-    except (OSError, ValueError, IndexError, KeyError, pd.errors.ParserError) as exc:
+        table = reader(path)
+    except (OSError, ValueError, IndexError, KeyError) as exc:  # pandas' parse errors are ValueErrors
         raise ValueError(f"{path} is not a readable {what} table ({exc})") from None
     missing = [c for c in columns if c not in table.columns]
     if missing:
-        raise ValueError(f"{path} is not a {what} table: it has no {', '.join(missing)} column")
+        raise ValueError(f"{path} has no {', '.join(missing)} column: not a {what} table")
     return table
 
 
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                   if args.stages else None)
         if args.summarize:
             replays = read_table(args.summarize[0], "replay", ("point", "t_s", "ms", "began_unix_s"))
-            smi = read_table(args.summarize[1], "smi", ("unix_s", "clocks.sm", "power.draw"))
+            smi = read_table(args.summarize[1], "smi", ("unix_s", "clocks.sm", "power.draw"), read_smi)
     except ValueError as exc:
         print(f"error: probe_step_clock.py: {exc}", file=sys.stderr)
         return 2
@@ -229,9 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             replays = measure(points, args.rest_s, args.seconds)
         replays.round(6).to_csv(args.out / "step-clock.csv", index=False)
         first = replays.groupby("point", sort=False)["ms"].transform("first")
-        plot(binned(replays.assign(phase=replays["point"], shape=replays["stage"], us_per_gemm=replays["ms"],
-                                   over_start=replays["ms"] / first)), args.out / "step-clock.png",
-             "time per replay / its first replay")
+        plot(binned(replays.assign(over_start=replays["ms"] / first), ("point", "stage"), "ms"),
+             args.out / "step-clock.png", "time per replay / its first replay", label="point")
         smi = read_smi(args.out / "smi.csv")
         print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
     from profile_prefill import gemm_peak_tflops

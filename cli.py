@@ -21,11 +21,11 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
-from cdbsim.arch import load_arch
-from cdbsim.config import ServeConfig
 from cdbsim.errors import ConfigError
-from cdbsim.experiment import Experiment, Setting, plain, read_toml, settings, unwrap_optional
-from cdbsim.outputs import atomic_file, check_dir, check_file
+from cdbsim.model.arch import load_arch
+from cdbsim.planner.experiment import Experiment, Setting, plain, read_toml, settings, unwrap_optional
+from cdbsim.report.outputs import atomic_file, check_dir, check_file
+from cdbsim.serving.config import ServeConfig
 
 try:
     from typer import TyperException as UsageFailure  # typer >= 0.2x parses with its own copy of click
@@ -228,7 +228,7 @@ class RunOutputs:
     """What a simulating command writes besides its table, checked before it simulates anything."""
 
     save_logs: Path | None
-    log_format: Any  # cdbsim.logs.LogFormat (imported when used: it brings pandas)
+    log_format: Any  # cdbsim.report.logs.LogFormat (imported when used: it brings pandas)
     plot_cdf: Path | None
     percentiles: tuple[float, ...] | None
     plot_k: Path | None = None
@@ -237,8 +237,8 @@ class RunOutputs:
     def check(cls, save_logs: Path | None, log_format: str, plot_cdf: Path | None, percentiles: str | None,
               runs: tuple[str, ...], plot_k: Path | None = None) -> RunOutputs:
         """Parse and check the options (``runs``: the sub-directories ``--save-logs`` will hold)."""
-        from cdbsim.logs import LogFormat
-        from cdbsim.report import parse_percentiles
+        from cdbsim.report.logs import LogFormat
+        from cdbsim.report.metrics import parse_percentiles
 
         return cls(check_dir(save_logs, "--save-logs", runs) if save_logs is not None else None,
                    LogFormat.parse(log_format),
@@ -253,13 +253,13 @@ class RunOutputs:
             for label, (_, log) in runs.items():
                 log.save(self.save_logs / dirs[label], self.log_format)
         if self.plot_cdf is not None:
-            from cdbsim.plots import plot_latency_cdfs
-            from cdbsim.report import latency_samples
+            from cdbsim.report.metrics import latency_samples
+            from cdbsim.report.plots import plot_latency_cdfs
 
             with atomic_file(self.plot_cdf) as staging:
                 plot_latency_cdfs({label: latency_samples(log) for label, (_, log) in runs.items()}, staging, title)
         if self.plot_k is not None:  # the coda batch over time: the runs that launch codas
-            from cdbsim.plots import plot_coda_batch
+            from cdbsim.report.plots import plot_coda_batch
 
             with atomic_file(self.plot_k) as staging:
                 plot_coda_batch({label: log.launches for label, (_, log) in runs.items()
@@ -306,7 +306,7 @@ def _fmt(value: Any) -> str:
 @contextmanager
 def progress() -> Iterator[Any]:
     """Progress of request generation and runs on stderr (bars on a terminal, plain lines elsewhere)."""
-    from cdbsim.progress import progress_display
+    from cdbsim.report.progress import progress_display
 
     with progress_display() as factory:
         yield factory
@@ -328,10 +328,10 @@ def schedule(
     as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
     """Print a window of a run's launches as a table (stage, batch, loop-step mix, queues)."""
-    from cdbsim.kv import capacity_blocks
-    from cdbsim.launch import Stage
-    from cdbsim.replay import drive
-    from cdbsim.scheduler import Scheduler
+    from cdbsim.serving.launch import Stage
+    from cdbsim.serving.memory import capacity_blocks
+    from cdbsim.serving.pipeline import drive
+    from cdbsim.serving.scheduler import Scheduler
 
     first = Stage.parse(from_stage) if from_stage is not None else None
     spec = exp.arch.spec()
@@ -406,9 +406,9 @@ def bound(
 ) -> None:
     """Print the FLOP bounds S_dec and S_e2e, the KV bytes per token of each layout, and B*(L) of the core
     step from the latency profile in use (no GPU needed)."""
-    from cdbsim.bounds import s_dec, s_e2e
-    from cdbsim.kvlayout import KVLayout
-    from cdbsim.workload import default_mean_depth
+    from cdbsim.model.arch import KVLayout
+    from cdbsim.model.bounds import s_dec, s_e2e
+    from cdbsim.simulator.workload import default_mean_depth
     from traces import length_model
 
     spec = exp.arch.spec()
@@ -470,7 +470,7 @@ def _metrics(percentiles: tuple[float, ...] | None) -> list[tuple[str, Any, floa
     the chosen percentiles in place of the fixed ones."""
     if percentiles is None:
         return METRICS
-    from cdbsim.report import percentile_name
+    from cdbsim.report.metrics import percentile_name
 
     latency = [(f"{label} {stat} {unit}", (key, stat), scale) for label, key, unit, scale in LATENCY_ROWS
                for stat in ("mean", "std", *map(percentile_name, percentiles))]
@@ -538,7 +538,7 @@ def predict(
     percentiles: PercentilesOpt = None, plot_k_png: PlotK = None, as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
     """Predict throughput and latency of one configuration (and of CB on the same requests)."""
-    from cdbsim.prediction import predict as simulate_experiment
+    from cdbsim.planner.study import predict as simulate_experiment
 
     outputs = RunOutputs.check(save_logs, log_format, plot_cdf, percentiles, ("run", "cb") if baseline else ("run",),
                                plot_k_png)
@@ -573,8 +573,8 @@ def compare(exp: Experiment, save_logs: SaveLogs = None, log_format: LogFormatOp
     """CB, CDB no-refill, CDB refill and adaptive CDB side by side on the same requests, with the bounds."""
     from dataclasses import replace
 
-    from cdbsim.config import Policy
-    from cdbsim.study import compare_policies
+    from cdbsim.planner.study import compare_policies
+    from cdbsim.serving.config import Policy
 
     outputs = RunOutputs.check(save_logs, log_format, plot_cdf, percentiles, tuple(p.value for p in Policy),
                                plot_k_png)
@@ -614,9 +614,9 @@ def rate_sweep(
     import math
     from dataclasses import replace
 
-    from cdbsim.plots import plot_rate_sweep
-    from cdbsim.study import latency_knee, run_one
-    from cdbsim.study import rate_sweep as sweep
+    from cdbsim.planner.study import latency_knee, run_one
+    from cdbsim.planner.study import rate_sweep as sweep
+    from cdbsim.report.plots import plot_rate_sweep
 
     if exp.workload.trace is not None:
         raise ConfigError("rate-sweep draws Poisson arrivals for a workload preset; it cannot sweep the trace "
@@ -727,10 +727,10 @@ def sweep_command(
     objective, and Pareto plots of throughput per GPU against p99 TPOT and mean depth."""
     import time
 
-    from cdbsim.grid import Grid
-    from cdbsim.grid_sweep import SweepPlan, run_sweep
-    from cdbsim.point_cache import default_cache_path
-    from cdbsim.sweep_summary import SweepSummary, summary_paths
+    from cdbsim.planner.grid import Grid
+    from cdbsim.planner.point_cache import default_cache_path
+    from cdbsim.planner.sweep import SweepPlan, run_sweep
+    from cdbsim.planner.sweep_summary import SweepSummary, summary_paths
 
     csv_out = out.with_suffix(".csv") if csv else None
     check_file(out, "--out", (".parquet",))  # the CSV and plots go beside it: checked as names there too
@@ -785,7 +785,7 @@ def capacity_command(
 ) -> None:
     """The highest Poisson request rate per GPU at which the SLOs hold (goodput: a request counts only if it
     meets every limit), per policy, by bisection; and the GPUs a target rate needs."""
-    from cdbsim.capacity_search import SLO, capacity, check_target_rate
+    from cdbsim.planner.capacity import SLO, capacity, check_target_rate
 
     def seconds(ms: float | None) -> float | None:
         return None if ms is None else ms / 1e3
@@ -883,7 +883,7 @@ def _saved_launches(path: Path) -> list:
     """The launch logs of every saved executor run under ``path`` (a directory of run directories, one run's
     directory, or a .tgz of them), read before the archive's temporary copy goes."""
     from calibration import validation as val
-    from cdbsim.logs import RunLog
+    from cdbsim.report.logs import RunLog
 
     if not path.exists():
         raise ConfigError(f"--launch-gap {path}: no such directory or archive")
@@ -924,7 +924,7 @@ def calibrate(
     kernel-level profile that predicts architectures nobody has built."""
     from calibration.fit import attention_rows, quality_rows, refit_profile, saturation_rows, with_launch_gap
     from calibration.run import calibrate as run_calibration
-    from cdbsim.profile import load_profile_file
+    from cdbsim.latency.profile import load_profile_file
 
     if launch_gap is not None and not refit:
         raise ConfigError("--launch-gap goes with --refit (it sets the gap of the profiles refitted)")
@@ -980,7 +980,7 @@ def _update_model_attention(specs: list, update: Path, families: str | None, out
     from calibration.fit import attention_rows
     from calibration.measure import remeasure_attention
     from calibration.run import torch_device
-    from cdbsim.profile import ProfileKind, load_profile_file
+    from cdbsim.latency.profile import ProfileKind, load_profile_file
 
     chosen = comma_list(families, "--families") if families else ["skew"]
     if chosen != ["skew"]:

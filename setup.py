@@ -42,7 +42,7 @@ class OptionalBuildExt(build_ext):
         if not self.extensions:
             return
         hashes = NATIVE.source_hashes()
-        stamp = Path(self.get_ext_fullpath("cdbsim.scheduler")).parent / NATIVE.STAMP
+        stamp = Path(self.get_ext_fullpath("cdbsim.native")).parent / NATIVE.STAMP
         stamp.unlink(missing_ok=True)  # an earlier build's stamp must not vouch for this one
         try:
             super().run()

@@ -16,17 +16,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cdbsim.arch import ArchSpec, LayerShape
-from cdbsim.attention import equivalent_length, least_splits, padded_mean
 from cdbsim.errors import ConfigError, require
-from cdbsim.interp import Surface
-from cdbsim.kernel_table import KernelTable
-from cdbsim.kernels import MANY_KERNELS, PROBE_SHAPES, KernelModel
-from cdbsim.latency import LatencyModel
-from cdbsim.launch import Stage
-from cdbsim.power import fit_replays
-from cdbsim.profile import Fit, Profile, ProfileKind, fit_points
-from cdbsim.recipes import Component, fitted_on_differences, interpolated
+from cdbsim.latency.gpu_work import equivalent_length, least_splits, padded_mean
+from cdbsim.latency.interp import Surface
+from cdbsim.latency.kernel_table import KernelTable
+from cdbsim.latency.kernels import MANY_KERNELS, PROBE_SHAPES, KernelModel
+from cdbsim.latency.model import LatencyModel
+from cdbsim.latency.power import fit_replays
+from cdbsim.latency.profile import Fit, Profile, ProfileKind, fit_points
+from cdbsim.latency.recipes import Component, fitted_on_differences, interpolated
+from cdbsim.model.arch import ArchSpec, LayerShape
+from cdbsim.serving.launch import Stage
 
 CONTEXTS = (128, 512, 2048, 8192)
 
@@ -50,7 +50,7 @@ def fit_slots(heads: int, head_dim: int, stage_time: Callable[[float, float], fl
     """The decode-attention width (programs the device runs at once) and the sharpness with which the
     spread and the critical path combine that best predict core steps whose rows have different context
     lengths (``rows`` from ``attention_skew_name``), given the core stage's measured surface at uniform
-    lengths; see :func:`cdbsim.attention.equivalent_length`. A grid search over both (eight points, two
+    lengths; see :func:`cdbsim.latency.gpu_work.equivalent_length`. A grid search over both (eight points, two
     numbers): the sharpness takes the p-norm's usual values, infinite being the larger term alone.
 
     Returns the profile's ``attention`` record: the slots, the sharpness, the points, and each point's
@@ -206,7 +206,7 @@ BACK_TO_BACK_S = 10e-6  # a longer gap is the device waiting for the host or for
 def fit_launch_gap(logs: list[pd.DataFrame]) -> float:
     """The mean device gap between consecutive launches that were queued back to back (gaps under
     :data:`BACK_TO_BACK_S`), over executor launch logs of lookahead runs: the profile's
-    ``device.launch_gap_s`` (:class:`cdbsim.latency.LatencyModel`)."""
+    ``device.launch_gap_s`` (:class:`cdbsim.latency.model.LatencyModel`)."""
     gaps = np.concatenate([launch_gaps(log) for log in logs] or [np.zeros(0)])
     gaps = gaps[gaps < BACK_TO_BACK_S]
     require(gaps.size > 0, "no consecutive launches to measure the gap between")
@@ -374,7 +374,7 @@ def quality_rows(profile: Profile) -> list[dict]:
 
 
 def held_out_predictions(fit: Fit) -> np.ndarray:
-    """The interpolating surface's (:class:`cdbsim.interp.Surface`) time at each ``[B, B*L, t]`` point when
+    """The interpolating surface's (:class:`cdbsim.latency.interp.Surface`) time at each ``[B, B*L, t]`` point when
     that point is left out (at the grid's edges that is extrapolation); empty for 4-column points
     (prefill) or fewer than three points."""
     pts = fit.points

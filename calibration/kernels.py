@@ -1,6 +1,6 @@
 """Kernel-level calibration: time the kernels the executor launches over a grid that spans the design space.
 
-What a stage of *any* looped model costs is composed from these tables by :mod:`cdbsim.kernels`. Each
+What a stage of *any* looped model costs is composed from these tables by :mod:`cdbsim.latency.kernels`. Each
 kernel is timed through the executor's own code (``F.linear`` for cuBLAS GEMMs; :class:`executor.ops.Ops`
 for the few-row matmul, the Triton norm, SwiGLU, RoPE/KV-write and attention kernels and the chained
 kernels; the engine's real stages for the glue around them), as a CUDA graph that runs a chain of the kernel on
@@ -8,7 +8,7 @@ distinct inputs (distinct weights, distinct KV cache layers) so that launch gaps
 are those of a stage, queued behind a spin kernel (:class:`calibration.measure.Timer`). A kernel's time is
 the chain's over its length.
 
-Families (see ``TABLE_DIMS`` in :mod:`cdbsim.kernels` for each table's dimensions):
+Families (see ``TABLE_DIMS`` in :mod:`cdbsim.latency.kernels` for each table's dimensions):
 
 * ``gemm``: tokens m 1..8,192 (powers of two and midpoints) x output n x input k over hidden sizes
   1,024-8,192 and intermediate sizes up to 24,576, non-powers of two included;
@@ -26,10 +26,10 @@ Families (see ``TABLE_DIMS`` in :mod:`cdbsim.kernels` for each table's dimension
   models of each layer style, hidden size and vocabulary (glue = 2 x one-layer - two-layer, so the layer
   cancels);
 * whole layers of probe shapes, from which the per-kernel gap is fitted; core steps whose rows have
-  different contexts, from which the attention width per head size is fitted (:mod:`cdbsim.attention`);
+  different contexts, from which the attention width per head size is fitted (:mod:`cdbsim.latency.gpu_work`);
   the copy bandwidth (for the last-exited fill); the host time per launch and the metadata copy;
 * ``sustained``: a long prefill replayed back to back, from which the onset and slowdown of the board's
-  power limit are fitted (:mod:`cdbsim.power`; the tables above are timed in short bursts, on a rested board).
+  power limit are fitted (:mod:`cdbsim.latency.power`; the tables above are timed in short bursts, on a rested board).
 
 Families are measured one after another and written as they finish, so a run cut short keeps what it
 measured.
@@ -58,15 +58,13 @@ from calibration.measure import (
     measure_meta_copy,
     spread_contexts,
 )
-from cdbsim.arch import ArchSpec, LayerShape, LayerStyle
-from cdbsim.attention import CHAINED_MAX_HIDDEN
-from cdbsim.kernels import GEMV_OPS, PROBE_SHAPES, STYLE_CODE, TABLE_DIMS
-from cdbsim.kvlayout import KVLayout
-from cdbsim.latency import H200
-from cdbsim.launch import Stage, decode_launch, prefill_launch
-from cdbsim.paths import CHAINED_ROWS, FEW_ROWS_MAX, FEW_ROWS_MAX_HIDDEN
-from cdbsim.power import RESTED_REPLAYS, fit_replays
-from cdbsim.profile import Profile, ProfileKind, fit_points
+from cdbsim.latency.devices import H200
+from cdbsim.latency.gpu_work import CHAINED_MAX_HIDDEN, CHAINED_ROWS, FEW_ROWS_MAX, FEW_ROWS_MAX_HIDDEN
+from cdbsim.latency.kernels import GEMV_OPS, PROBE_SHAPES, STYLE_CODE, TABLE_DIMS
+from cdbsim.latency.power import RESTED_REPLAYS, fit_replays
+from cdbsim.latency.profile import Profile, ProfileKind, fit_points
+from cdbsim.model.arch import ArchSpec, KVLayout, LayerShape, LayerStyle
+from cdbsim.serving.launch import Stage, decode_launch, prefill_launch
 from executor.ops import Ops
 
 L2_BYTES = 50 * 2 ** 20  # an H200's L2 is 50 MB: a chain reads at least twice that before it repeats
@@ -265,7 +263,7 @@ def measure_few_swiglu(plan: KernelPlan, chain: ChainTimer, progress: Callable[[
 
 def gemv_points(plan: KernelPlan) -> list[tuple[str, int, int]]:
     """``(op, n, k)`` of the chained kernels a layer can launch: it runs on models no wider than
-    :data:`~cdbsim.attention.CHAINED_MAX_HIDDEN`, so the ops whose input is the hidden state (the QKV and
+    :data:`~cdbsim.latency.gpu_work.CHAINED_MAX_HIDDEN`, so the ops whose input is the hidden state (the QKV and
     gate/up projections, with their norm or residual prologue) take ``k`` up to that width, and the plain one
     (O and down, whose output is the hidden state) ``n`` up to it. Points past those would never be read; on
     the H200 they took more than half of the family's 134 s."""
@@ -279,7 +277,7 @@ def gemv_points(plan: KernelPlan) -> list[tuple[str, int, int]]:
 
 def measure_gemv(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
     """``[op, rows, n, k, t]``: the chained kernels (:mod:`executor.chain`) at every row count the chained path
-    takes (:data:`~cdbsim.paths.CHAINED_ROWS`), at :func:`gemv_points`."""
+    takes (:data:`~cdbsim.latency.gpu_work.CHAINED_ROWS`), at :func:`gemv_points`."""
     device, dtype = chain.device, _dtype(chain.device)
     ops = Ops(_backend(device), fuse_rows=CHAINED_ROWS)
     out = []
@@ -604,7 +602,7 @@ def measure_mixed_probes(plan: KernelPlan, chain: ChainTimer, progress: Callable
 
 
 def measure_sustained(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> dict:
-    """The power limit a long prefill runs into (:mod:`cdbsim.power`): a four-layer model of one probe
+    """The power limit a long prefill runs into (:mod:`cdbsim.latency.power`): a four-layer model of one probe
     shape rests, runs decode-type load (its 64-row core step) as a serving run does before a prefill, then
     replays one prefill back to back. Each replay's time against the work done so far at the rested
     board's pace (its first replays) gives the onset and the slowdown; the replays are kept."""
@@ -701,14 +699,14 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
 
     def few_gemm() -> None:
         tables["few_gemm"] = measure_few_gemm(plan, chain, progress)
-        record["few_rows"] = {"rows": FEW_ROWS_MAX, "hidden": FEW_ROWS_MAX_HIDDEN}  # the build's rule (cdbsim.paths)
+        record["few_rows"] = {"rows": FEW_ROWS_MAX, "hidden": FEW_ROWS_MAX_HIDDEN}  # the build's rule (cdbsim.latency.gpu_work)
 
     family("few_gemm", few_gemm)
     family("few_swiglu", lambda: tables.update(few_swiglu=measure_few_swiglu(plan, chain, progress)))
     family("elementwise", lambda: tables.update(measure_elementwise(plan, chain, progress)))
     def gemv() -> None:
         tables["gemv"] = measure_gemv(plan, chain, progress)
-        record["chained_rows"] = {"rows": CHAINED_ROWS, "hidden": CHAINED_MAX_HIDDEN}  # the build's rule (cdbsim.paths)
+        record["chained_rows"] = {"rows": CHAINED_ROWS, "hidden": CHAINED_MAX_HIDDEN}  # the build's rule (cdbsim.latency.gpu_work)
 
     family("gemv", gemv)
 
@@ -750,7 +748,7 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
 
 
 def kernel_tables_complete(record: dict) -> list[str]:
-    """The tables :mod:`cdbsim.kernels` needs that a record lacks (``few_gemm`` and ``few_swiglu`` are optional:
+    """The tables :mod:`cdbsim.latency.kernels` needs that a record lacks (``few_gemm`` and ``few_swiglu`` are optional:
     a profile of a build before the few-row matmul composes without them)."""
     return [t for t in TABLE_DIMS if t not in record.get("tables", {}) and t not in ("few_gemm", "few_swiglu")]
 

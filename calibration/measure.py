@@ -2,7 +2,7 @@
 
 For each layer shape two *unit models* are built: the shape's core with one layer and with four
 (prelude and coda empty, r_max 2, depth-indexed KV). Their stages, timed at padded batch sizes and context
-lengths, give the components of :mod:`cdbsim.latency` directly:
+lengths, give the components of :mod:`cdbsim.latency.model` directly:
 
 * ``core1`` = core step of the 1-layer model; ``layer`` = (4-layer core - 1-layer core) / 3;
 * ``prelude0`` = prelude stage of the unit model (embedding and glue); ``coda0`` = its coda stage
@@ -16,7 +16,7 @@ lengths, give the components of :mod:`cdbsim.latency` directly:
 * ``<stage>/<model>`` = every stage of the whole model (prelude, core, coda, CB step, prefill), measured
   for each model calibrated: its own stages predict it, the components predict re-splits;
 * ``host`` = planning + preparing + launching time per launch against items, from a short real run;
-* ``meta_copy`` = the host-to-device copy of a launch's metadata against its bytes (:mod:`cdbsim.metadata`).
+* ``meta_copy`` = the host-to-device copy of a launch's metadata against its bytes (:mod:`cdbsim.serving.launch`).
 
 Every stage is replayed as the CUDA graph the executor uses (prefill padded to its token bucket), after
 warm-up, on random KV contents and loop states (:meth:`executor.engine.Engine.fill_random`); the time is
@@ -43,14 +43,13 @@ import torch
 import torch.nn.functional as F
 
 from calibration.fit import attention_skew_name
-from cdbsim.arch import ArchSpec, load_arch
-from cdbsim.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
 from cdbsim.errors import ConfigError
-from cdbsim.kvlayout import KVLayout
-from cdbsim.launch import Stage, causal_pairs, decode_launch, prefill_launch
-from cdbsim.profile import Profile
-from cdbsim.recipes import Component, model_stage_name
-from cdbsim.validate import host_points
+from cdbsim.latency.profile import Profile
+from cdbsim.latency.recipes import Component, model_stage_name
+from cdbsim.model.arch import ArchSpec, KVLayout, load_arch
+from cdbsim.report.validate import host_points
+from cdbsim.serving.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
+from cdbsim.serving.launch import Stage, causal_pairs, decode_launch, prefill_launch
 from executor.driver import build_model, execute
 from executor.engine import Engine, Prepared
 from executor.graphs import StageGraphs
@@ -98,7 +97,7 @@ class Plan:
     decode_contexts: tuple[int, ...] = (32, 128, 1024, 4096)
     model_max_positions: int = 65536  # the whole model's KV (shared slots) for batch x context
     # long prompts packed as serving packs them (2-8 to a launch): at thousands of tokens the attention's
-    # share is large, and these set its cost per pair where it weighs (cdbsim.prefill)
+    # share is large, and these set its cost per pair where it weighs (cdbsim.latency.prefill)
     model_prefill_points: tuple[tuple[int, int, int], ...] = (
         (16, 1, 0), (32, 1, 0), (64, 1, 0), (256, 1, 0), (512, 1, 0), (2048, 1, 0), (8192, 1, 0), (512, 1, 1024),
         (16, 8, 0), (16, 32, 0), (16, 64, 0), (64, 16, 0), (256, 8, 0), (1024, 2, 0), (4096, 2, 0),

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from calibration.fit import attention_skew_name, build_profile, fit_attention_slots, plot_profile
-from cdbsim.arch import ArchSpec
 from cdbsim.errors import ConfigError, unknown
-from cdbsim.launch import Stage
-from cdbsim.profile import Profile
-from cdbsim.recipes import model_stage_name
+from cdbsim.latency.profile import Profile
+from cdbsim.latency.recipes import model_stage_name
+from cdbsim.model.arch import ArchSpec
+from cdbsim.serving.launch import Stage
 
 
 def device_tag(name: str) -> str:

@@ -28,20 +28,20 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from cdbsim.arch import ArchSpec, load_arch
-from cdbsim.config import ServeConfig
 from cdbsim.errors import ConfigError, read_json, require, unknown
-from cdbsim.experiment import Experiment, parse_value, plain, settings
-from cdbsim.kv import capacity_blocks
-from cdbsim.latency import LatencyModel
-from cdbsim.logs import RunLog
-from cdbsim.metadata import table_width
-from cdbsim.outputs import atomic_file
-from cdbsim.profile import Profile
-from cdbsim.report import summarize
-from cdbsim.sim import simulate
-from cdbsim.validate import Comparison, error_summary, plot_scatter, plot_timelines, run_host, stage_errors
-from cdbsim.workload import DEFAULT_REQUESTS, WorkloadSpec, default_mean_depth
+from cdbsim.latency.model import LatencyModel
+from cdbsim.latency.profile import Profile
+from cdbsim.model.arch import ArchSpec, load_arch
+from cdbsim.planner.experiment import Experiment, parse_value, plain, settings
+from cdbsim.report.logs import RunLog
+from cdbsim.report.metrics import summarize
+from cdbsim.report.outputs import atomic_file
+from cdbsim.report.validate import Comparison, error_summary, plot_scatter, plot_timelines, run_host, stage_errors
+from cdbsim.serving.config import ServeConfig
+from cdbsim.serving.launch import table_width
+from cdbsim.serving.memory import capacity_blocks
+from cdbsim.simulator.sim import simulate
+from cdbsim.simulator.workload import DEFAULT_REQUESTS, WorkloadSpec, default_mean_depth
 from traces import ExitModel, Request, length_model
 
 ENTRY_EXITS = ("synthetic", "none")  # an entry carries no fixed depth

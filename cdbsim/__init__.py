@@ -26,14 +26,14 @@ __version__ = "0.1.0"
 native.guard()  # the compiled hot modules only while they match their source (cdbsim/native.py)
 
 _LAZY = {  # public name -> the module that defines it
-    "Experiment": "cdbsim.experiment",
-    "BuiltExperiment": "cdbsim.experiment",
+    "Experiment": "cdbsim.planner.experiment",
+    "BuiltExperiment": "cdbsim.planner.experiment",
     "ConfigError": "cdbsim.errors",
-    "Prediction": "cdbsim.prediction",
-    "predict": "cdbsim.prediction",
-    "sweep": "cdbsim.grid_sweep",
-    "capacity": "cdbsim.capacity_search",
-    "SLO": "cdbsim.capacity_search",
+    "Prediction": "cdbsim.planner.study",
+    "predict": "cdbsim.planner.study",
+    "sweep": "cdbsim.planner.sweep",
+    "capacity": "cdbsim.planner.capacity",
+    "SLO": "cdbsim.planner.capacity",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -26,8 +26,8 @@ import sys
 import warnings
 from pathlib import Path
 
-COMPILED = ("cdbsim.blocks", "cdbsim.requests", "cdbsim.launch", "cdbsim.scheduler", "cdbsim.pipeline",
-            "cdbsim.attention", "cdbsim.interp", "cdbsim.latency", "cdbsim.logs", "cdbsim.sim")
+COMPILED = ("cdbsim.serving.blocks", "cdbsim.serving.requests", "cdbsim.serving.launch", "cdbsim.serving.scheduler", "cdbsim.serving.pipeline",
+            "cdbsim.latency.gpu_work", "cdbsim.latency.interp", "cdbsim.latency.model", "cdbsim.report.logs", "cdbsim.simulator.sim")
 STAMP = "native-build.json"  # beside the compiled modules: {module: sha256 of the source it was built from}
 PURE_ENV = "CDBSIM_PURE"
 PACKAGE = Path(__file__).resolve().parent
@@ -35,7 +35,7 @@ PACKAGE = Path(__file__).resolve().parent
 
 def source_file(name: str, package: Path = PACKAGE) -> Path:
     """The ``.py`` file of module ``name`` (one of :data:`COMPILED`)."""
-    return package / f"{name.rsplit('.', 1)[1]}.py"
+    return package.parent.joinpath(*name.split(".")).with_suffix(".py")
 
 
 def source_hashes(package: Path = PACKAGE) -> dict[str, str]:
@@ -44,7 +44,7 @@ def source_hashes(package: Path = PACKAGE) -> dict[str, str]:
 
 
 def _has_extensions(package: Path) -> bool:
-    return any((package / f"{name.rsplit('.', 1)[1]}{suffix}").exists()
+    return any(source_file(name, package).with_suffix(suffix).exists()
                for name in COMPILED for suffix in importlib.machinery.EXTENSION_SUFFIXES)
 
 
@@ -89,5 +89,5 @@ def guard() -> None:
 
 def compiled() -> bool:
     """Whether the simulator's hot modules run compiled in this process."""
-    module = importlib.import_module("cdbsim.scheduler")
+    module = importlib.import_module("cdbsim.serving.scheduler")
     return str(module.__file__).endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))

@@ -1,12 +1,12 @@
 """Drive the shared scheduler with the real engine and log every launch with device timestamps.
 
-The call protocol is the one :func:`cdbsim.replay.drive` uses, with a clock:
+The call protocol is the one :func:`cdbsim.serving.pipeline.drive` uses, with a clock:
 
 ``sync``       plan -> enqueue -> wait -> complete: the device idles while the host plans.
 ``async``      plan launch k+1 while launch k runs, except after a core launch, whose exit gate has to
                come back first.
 ``lookahead``  coda, prelude and the next core step are planned and enqueued while a core step runs
-               (the lookahead gate makes that legal); the rule is :class:`cdbsim.pipeline.HostPipeline`'s,
+               (the lookahead gate makes that legal); the rule is :class:`cdbsim.serving.pipeline.HostPipeline`'s,
                the same the simulator follows.
 
 Launch start and end come from CUDA events on the one compute stream (on CPU, where every launch runs
@@ -19,7 +19,7 @@ metadata buffer) or for the next arrival is left out. That is the host's cost
 per launch on the serving path, which the simulator charges before each launch (the completion work
 happens at another moment of the cycle, but in a host-bound run only the sum matters). Device idle
 time is the gaps between consecutive launches in the log.
-The logs go through :class:`cdbsim.logs.RunRecorder`, the same schema the simulator writes.
+The logs go through :class:`cdbsim.report.logs.RunRecorder`, the same schema the simulator writes.
 """
 
 from __future__ import annotations
@@ -32,13 +32,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from cdbsim.arch import ArchSpec
-from cdbsim.config import Policy, ServeConfig, Timing, prefill_graph_sizes
-from cdbsim.launch import Stage
-from cdbsim.logs import RunLog, RunRecorder, run_meta
-from cdbsim.pipeline import HostPipeline
-from cdbsim.quiet_gc import paused_gc
-from cdbsim.scheduler import Scheduler
+from cdbsim.model.arch import ArchSpec
+from cdbsim.report.logs import RunLog, RunRecorder, run_meta
+from cdbsim.serving.config import Policy, ServeConfig, Timing, prefill_graph_sizes
+from cdbsim.serving.launch import Stage
+from cdbsim.serving.pipeline import HostPipeline, paused_gc
+from cdbsim.serving.scheduler import Scheduler
 from executor.engine import Engine, Prepared
 from executor.model import LoopedLM, ModelConfig, default_ops
 from executor.ops import default_backend

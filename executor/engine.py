@@ -1,4 +1,4 @@
-"""Run one :class:`~cdbsim.launch.Launch` of the shared scheduler on the device.
+"""Run one :class:`~cdbsim.serving.launch.Launch` of the shared scheduler on the device.
 
 The engine owns everything a launch reads or writes on the device:
 
@@ -11,7 +11,7 @@ The engine owns everything a launch reads or writes on the device:
   a row when its first prefill chunk is launched (:meth:`Engine.admit`) and gives it back when the
   scheduler reports it finished or a launch says it was preempted, so ``width`` rows always suffice.
 
-Everything the engine learns of the scheduler comes with the launch (:class:`cdbsim.launch.Launch`): the
+Everything the engine learns of the scheduler comes with the launch (:class:`cdbsim.serving.launch.Launch`): the
 items, their block ids, the requests preempted since the last launch, and for prefill how many tokens a
 recomputed request had generated; the engine never reads scheduler state.
 
@@ -31,10 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cdbsim.arch import LayerStyle
-from cdbsim.config import ServeConfig
-from cdbsim.launch import Launch, Stage
-from cdbsim.metadata import FIELDS, table_width
+from cdbsim.model.arch import LayerStyle
+from cdbsim.serving.config import ServeConfig
+from cdbsim.serving.launch import FIELDS, Launch, Stage, table_width
 from executor.attention import DecodeAttention
 from executor.kv_cache import CacheGeometry, PagedKVCache
 from executor.model import LoopedLM
@@ -140,7 +139,7 @@ class Engine:
     # ----- host side -----------------------------------------------------------------------------
     def prepare(self, launch: Launch, width: int | None = None) -> Prepared:
         """Build a launch's host inputs. The launch must carry its block ids (a scheduler made with
-        ``share_blocks``, or :func:`cdbsim.launch.decode_launch` / :func:`~cdbsim.launch.prefill_launch`);
+        ``share_blocks``, or :func:`cdbsim.serving.launch.decode_launch` / :func:`~cdbsim.serving.launch.prefill_launch`);
         ``width``: the block-table width of the captured graphs (None: as wide as this launch needs)."""
         if launch.blocks is None:
             raise ValueError("the engine needs each item's KV blocks: plan with Scheduler(share_blocks=True)")

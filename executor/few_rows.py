@@ -19,7 +19,7 @@ starts under the tail of the kernel before it. The successor is let launch only 
 program holds the same columns of both halves and writes ``silu(gate) * up`` (each rounded to the output dtype
 first, as the torch backend rounds), ``[M, I]``.
 
-Which launches take it: :func:`cdbsim.paths.few_rows` (shared with the latency model's kernel composition), unless
+Which launches take it: :func:`cdbsim.latency.gpu_work.few_rows` (shared with the latency model's kernel composition), unless
 ``CDBSIM_FEW_ROWS_KERNEL`` hands them to a CUDA C++ kernel (:func:`kernel_choice`).
 Launch configs are per ``(N, K, swiglu)`` from ``benchmarks/bench_chain.py --parts rows`` on the H200.
 Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (float32 in IEEE precision: how the tests check
@@ -35,10 +35,10 @@ import torch
 import triton
 import triton.language as tl
 
-from cdbsim.paths import FEW_ROWS_MAX
+from cdbsim.latency.gpu_work import FEW_ROWS_MAX
 from executor.chain import EARLY, LATE, launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
 
-MAX_ROWS = 64  # most rows the kernel takes; launches take it up to cdbsim.paths.FEW_ROWS_MAX rows (measured)
+MAX_ROWS = 64  # most rows the kernel takes; launches take it up to cdbsim.latency.gpu_work.FEW_ROWS_MAX rows (measured)
 MIN_BLOCK_M = 16  # rows per MMA at least (tl.dot's smallest dimension); rows past M are masked, never loaded
 # CDBSIM_FEW_ROWS_KERNEL: this module's Triton kernel, or the CUDA C++ one of executor.few_rows_tma or
 # executor.few_rows_direct (``direct`` on the shapes where it measured faster, ``direct-all`` on every one it takes)
@@ -63,7 +63,7 @@ class FewRowsConfig(NamedTuple):
 
 # (N, K, swiglu) -> config, from benchmarks/bench_chain.py --parts rows on the H200 (benchmarks/results/few-row-matmul/
 # sweep, run while every kernel still let its successor launch early); other shapes use default_config. Huginn-3.5B's
-# entries serve explicit use (Ops(few_rows=...)): its default path is cuBLAS (cdbsim.paths.few_rows)
+# entries serve explicit use (Ops(few_rows=...)): its default path is cuBLAS (cdbsim.latency.gpu_work.few_rows)
 CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
     (6144, 2048, False): FewRowsConfig(64, 256, 4, 3),  # ouro.wqkv: 8.4 us at M = 8
     (2048, 2048, False): FewRowsConfig(16, 256, 4, 4),  # ouro.wo: 5.5 us at M = 8

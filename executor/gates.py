@@ -24,10 +24,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from cdbsim.arch import ArchSpec, LayerStyle
-from cdbsim.config import ServeConfig
-from cdbsim.kv import need_blocks
-from cdbsim.kvlayout import KVLayout
+from cdbsim.model.arch import ArchSpec, KVLayout, LayerStyle
+from cdbsim.serving.blocks import need_blocks
+from cdbsim.serving.config import ServeConfig
 from executor.driver import execute
 from executor.model import LoopedLM
 from executor.reference import ReferenceDecoder

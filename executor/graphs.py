@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cdbsim.launch import Stage
+from cdbsim.serving.launch import Stage
 from executor.engine import Engine, Prepared
 
 

@@ -19,7 +19,7 @@ Row arithmetic (what kernels use): the K/V of position ``p`` of a request whose 
 ``b`` in cache layer ``L`` is *row* ``r = L * rows_per_layer + b * 16 + p % 16``; its head ``h`` starts at
 element ``((r // 16) * kv_heads + h) * 16 * head_dim + (r % 16) * head_dim``. Which slot a loop step
 uses, and how many deeper slots an exiting token fills (last-exited fill), is the layout's rule
-(:class:`cdbsim.kvlayout.KVLayout`).
+(:class:`cdbsim.model.arch.KVLayout`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cdbsim.kvlayout import KVLayout
+from cdbsim.model.arch import KVLayout
 
 BLOCK_SIZE = 16
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from cdbsim.arch import ArchSpec, LayerStyle
+from cdbsim.model.arch import ArchSpec, LayerStyle
 from executor.model import Layer, LoopedLM, ModelConfig, default_ops, initial_state
 from executor.ops import default_backend
 

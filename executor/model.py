@@ -1,4 +1,4 @@
-"""A looped (recurrent-depth) transformer built from an :class:`~cdbsim.arch.ArchSpec`.
+"""A looped (recurrent-depth) transformer built from an :class:`~cdbsim.model.arch.ArchSpec`.
 
 Two block styles, both with four RMSNorms per layer and a gated-SiLU MLP, no linear biases:
 
@@ -34,8 +34,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from cdbsim import paths
-from cdbsim.arch import ArchSpec, LayerStyle
+from cdbsim.latency import gpu_work as paths
+from cdbsim.model.arch import ArchSpec, LayerStyle
 from executor.ops import Ops
 
 STATE_INITS = ("zeros", "random")
@@ -51,7 +51,7 @@ def chained_rows(config: ModelConfig, backend: str) -> int:
 
 def few_rows(config: ModelConfig, backend: str) -> int:
     """The batch size up to which the triton backend runs the projections of launches not chained on the
-    few-row matmul (:mod:`executor.few_rows`) by default (:func:`cdbsim.paths.few_rows`)."""
+    few-row matmul (:mod:`executor.few_rows`) by default (:func:`cdbsim.latency.gpu_work.few_rows`)."""
     return paths.few_rows(config.hidden) if backend == "triton" else 0
 
 

@@ -1,7 +1,7 @@
 """Prefill launches as fixed-shape metadata, so a packed prefill replays as one CUDA graph per token bucket.
 
 A prefill launch packs chunks of several prompts (``tokens`` padded to one of the scheduler's prefill
-sizes, :func:`cdbsim.config.prefill_graph_sizes`). Everything the stage reads about the launch sits in one
+sizes, :func:`cdbsim.serving.config.prefill_graph_sizes`). Everything the stage reads about the launch sits in one
 int32 buffer whose layout depends only on (padded tokens ``T``, chunk capacity ``C``, block-table width):
 
 * per token (``T``): ``tok`` (token-store index of its input id), ``pos`` (position), ``row0`` (its KV

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cdbsim.arch import LayerStyle
-from cdbsim.kvlayout import KVLayout
+from cdbsim.model.arch import KVLayout, LayerStyle
 from executor.kv_cache import CacheGeometry
 from executor.model import LoopedLM
 

@@ -15,11 +15,11 @@ matmul, the RoPE kernel) is launched under their tail.
 * ``decode_attention``: split-KV paged decode attention (after SGLang's decode_attention and vLLM's unified
   attention). Program (row, head, split) walks its share of the row's positions in tiles of
   16 or 32 tokens (:func:`decode_tile`) (a head that is no power of two wide in two power-of-two column parts,
-  :func:`cdbsim.attention.head_parts`), translating each through the row's own block-table row and cache layer
+  :func:`cdbsim.latency.gpu_work.head_parts`), translating each through the row's own block-table row and cache layer
   (``layer_base[row] + layer``) - so one launch mixes rows at different loop steps - and keeps an online softmax; a
   second small kernel merges the splits by their log-sum-exp. The grid's split count comes from rows x heads and
   the head's width only (never from lengths), so the launch shape is fixed for a CUDA graph; how many splits of a
-  row do work depends on its context (:mod:`cdbsim.attention`), so short contexts do not pay for long ones'
+  row do work depends on its context (:mod:`cdbsim.latency.gpu_work`), so short contexts do not pay for long ones'
   parallelism.
 * ``rope_decode_attention``: ``rope_write_kv`` and ``decode_attention`` in one kernel, for the latency-bound
   launches of the chained path (:mod:`executor.chain`): the launch's own k/v come from registers, so the
@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cdbsim.attention import CHAINED_BLOCK, MIN_SPLIT_POSITIONS, PAGE, decode_splits, head_parts
+from cdbsim.latency.gpu_work import CHAINED_BLOCK, MIN_SPLIT_POSITIONS, PAGE, decode_splits, head_parts
 from executor.chain import EARLY, launch_options, let_successor_launch, pdl_enabled, pdl_mode, wait_for_predecessor
 from executor.kv_cache import PagedKVCache
 from executor.ops import RopeTable
@@ -279,7 +279,7 @@ def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.
 # ----- paged decode attention ------------------------------------------------------------------------
 @triton.jit
 def _split_positions(seq, SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.constexpr):
-    """Positions per split of a row, as cdbsim.attention.split_positions counts them."""
+    """Positions per split of a row, as cdbsim.latency.gpu_work.split_positions counts them."""
     per = tl.maximum(tl.cdiv(seq, SPLITS), MIN_PER)
     return tl.cdiv(per, PAGE) * PAGE
 
@@ -588,7 +588,7 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
                      warps: int | None = None, parts: tuple[int, int] | None = None, evict: str = DECODE_EVICT,
                      stages: int | None = None) -> torch.Tensor:
     """See :func:`executor.ops.decode_attention`. ``splits`` overrides the grid's split count
-    (:func:`cdbsim.attention.decode_splits`), ``min_split`` the fewest positions a split covers; ``block``
+    (:func:`cdbsim.latency.gpu_work.decode_splits`), ``min_split`` the fewest positions a split covers; ``block``
     (positions per tile), ``warps``, ``parts`` (:func:`head_parts`), ``evict`` (the KV loads' eviction policy)
     and ``stages`` (Triton's ``num_stages``) override the kernel's launch shape (a benchmark sweeps them)."""
     q = q.contiguous()

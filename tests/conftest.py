@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cdbsim.arch import ArchSpec, LayerShape
+from cdbsim.model.arch import ArchSpec, LayerShape
 from traces import Request
 
 

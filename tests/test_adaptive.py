@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from cdbsim.adaptive import OnlineCosts
-from cdbsim.arch import PRESETS
-from cdbsim.config import ServeConfig
-from cdbsim.latency import LatencyModel
-from cdbsim.launch import Launch, Stage
-from cdbsim.replay import drive
-from cdbsim.scheduler import Scheduler
-from cdbsim.shipped import resolve_profile
-from cdbsim.sim import Simulation
+from cdbsim.latency.model import LatencyModel
+from cdbsim.latency.shipped import resolve_profile
+from cdbsim.model.arch import PRESETS
+from cdbsim.serving.adaptive import OnlineCosts
+from cdbsim.serving.config import ServeConfig
+from cdbsim.serving.launch import Launch, Stage
+from cdbsim.serving.pipeline import drive
+from cdbsim.serving.scheduler import Scheduler
+from cdbsim.simulator.sim import Simulation
 from tests.conftest import make_requests, tiny_arch
 from traces import ExitModel, build_trace
 

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdbsim import bounds
-from cdbsim.arch import PRESETS, load_arch
-from cdbsim.bounds import DeviceTimes, e2e_bound, first_token_fraction, mean_depth, s_dec, s_e2e, saturation_batch
 from cdbsim.errors import ConfigError
+from cdbsim.model import bounds
+from cdbsim.model.arch import PRESETS, load_arch
+from cdbsim.model.bounds import DeviceTimes, e2e_bound, first_token_fraction, mean_depth, s_dec, s_e2e, saturation_batch
 from tests.conftest import make_requests
 
 

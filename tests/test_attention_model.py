@@ -11,8 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from calibration.fit import fit_attention_slots
-from cdbsim.arch import PRESETS
-from cdbsim.attention import (
+from cdbsim.latency.gpu_work import (
     CHAINED_BLOCK,
     MAX_SPLITS,
     MIN_PROGRAMS,
@@ -29,10 +28,11 @@ from cdbsim.attention import (
     padded_mean,
     split_positions,
 )
-from cdbsim.latency import LatencyModel
-from cdbsim.launch import Launch, Stage
-from cdbsim.profile import Fit
-from cdbsim.shipped import resolve_profile
+from cdbsim.latency.model import LatencyModel
+from cdbsim.latency.profile import Fit
+from cdbsim.latency.shipped import resolve_profile
+from cdbsim.model.arch import PRESETS
+from cdbsim.serving.launch import Launch, Stage
 
 
 @given(st.integers(1, 4096), st.integers(1, 128), st.integers(1, 256))
@@ -277,8 +277,8 @@ def test_refit_fits_the_attention_record_again() -> None:
     from dataclasses import replace
 
     from calibration.fit import refit_profile
-    from cdbsim.profile import Profile, ProfileKind
-    from cdbsim.recipes import model_stage_name
+    from cdbsim.latency.profile import Profile, ProfileKind
+    from cdbsim.latency.recipes import model_stage_name
 
     core, skew = _synthetic_core(1024.0, sharpness=2.0)
     arch = PRESETS["ouro-1.4b"]
@@ -295,8 +295,8 @@ def test_refit_reads_the_head_width_an_older_record_lacks_from_its_layer() -> No
     the points, or (a profile measured before it was) in its layer's name; neither is a one-line error."""
     from calibration.fit import refit_profile
     from cdbsim.errors import ConfigError
-    from cdbsim.profile import Profile, ProfileKind
-    from cdbsim.recipes import model_stage_name
+    from cdbsim.latency.profile import Profile, ProfileKind
+    from cdbsim.latency.recipes import model_stage_name
 
     core, skew = _synthetic_core(1024.0)
     arch = PRESETS["huginn-3.5b"]
@@ -315,7 +315,7 @@ def test_latency_model_looks_up_mixed_batches_at_their_equivalent_length() -> No
     from dataclasses import replace
     from pathlib import Path
 
-    from cdbsim.profile import load_profile_file
+    from cdbsim.latency.profile import load_profile_file
 
     arch = PRESETS["ouro-1.4b"]
     shipped = load_profile_file(Path(__file__).parents[1] / "calibration/profiles/h200-ouro-1.4b.json")

@@ -12,10 +12,10 @@ pytest.importorskip("torch")
 from calibration.fit import attention_rows, quality_rows, saturation_rows
 from calibration.measure import Plan
 from calibration.run import calibrate, device_tag
-from cdbsim.arch import ArchSpec, LayerShape
-from cdbsim.latency import LatencyModel, components_for, model_stage_name
-from cdbsim.launch import Stage
-from cdbsim.profile import load_profile_file
+from cdbsim.latency.model import LatencyModel, components_for, model_stage_name
+from cdbsim.latency.profile import load_profile_file
+from cdbsim.model.arch import ArchSpec, LayerShape
+from cdbsim.serving.launch import Stage
 
 TINY_PLAN = Plan(batches=(1, 2, 4), contexts=(16, 48), max_positions=512,
                  prefill_points=((16, 1, 0), (32, 1, 0), (16, 1, 16), (8, 3, 0)), model_contexts=(16, 32),
@@ -93,7 +93,7 @@ def test_calibration_times_stages_on_random_data(style: str) -> None:
     import torch
 
     from calibration.measure import Timer, UnitBench
-    from cdbsim.kvlayout import KVLayout
+    from cdbsim.model.arch import KVLayout
 
     arch = tiny(style)
     device = torch.device("cpu")
@@ -121,7 +121,7 @@ def test_held_out_error_of_interpolation() -> None:
     import numpy as np
 
     from calibration.fit import held_out_errors
-    from cdbsim.profile import Fit
+    from cdbsim.latency.profile import Fit
 
     points = [[b, b * length, 1e-3 + 1e-5 * b + 1e-8 * b * length] for length in (128, 512) for b in (1, 2, 4, 8)]
     errors = held_out_errors(Fit(delta=1e-3, gamma=1e-5, alpha=1e-8, points=points))
@@ -191,7 +191,7 @@ def test_skew_family_fits_the_attention_width_on_its_own_head_layout_and_refits_
 def test_mixed_probe_layers_record_each_real_rows_context_in_the_padded_graph(tmp_path) -> None:
     """One decode layer of a probe shape per point, as ``[probe, padded rows, contexts..., seconds]``."""
     from calibration.kernels import KernelPlan, calibrate_kernels
-    from cdbsim.arch import LayerShape, LayerStyle
+    from cdbsim.model.arch import LayerShape, LayerStyle
 
     shape = LayerShape(hidden=128, intermediate=256, heads=4, kv_heads=2, head_dim=32, style=LayerStyle.OURO)
     plan = KernelPlan(probes=(shape,), mixed_probe_points=((3, 40, 200), (2, 64, 64)), repeats=2, warmup=1)
@@ -205,8 +205,8 @@ def test_sustained_family_records_its_replays_and_the_fit_they_give(tmp_path) ->
     """A prefill of a probe shape replayed back to back: every replay's start and seconds, the rested pace of
     the first ones, and the onset and slowdown fitted to them (a CPU has no power limit to find)."""
     from calibration.kernels import KernelPlan, calibrate_kernels
-    from cdbsim.arch import LayerShape, LayerStyle
-    from cdbsim.power import SustainedLoad, fit_replays
+    from cdbsim.latency.power import SustainedLoad, fit_replays
+    from cdbsim.model.arch import LayerShape, LayerStyle
 
     shape = LayerShape(hidden=128, intermediate=256, heads=4, kv_heads=2, head_dim=32, style=LayerStyle.OURO)
     plan = KernelPlan(probes=(shape,), sustained_probe=0, sustained_tokens=64, sustained_rest_s=0.0,
@@ -223,7 +223,7 @@ def test_sustained_family_records_its_replays_and_the_fit_they_give(tmp_path) ->
 def test_few_gemm_family_records_the_few_row_points_and_the_builds_rule(tmp_path) -> None:
     pytest.importorskip("torch")
     from calibration.kernels import KernelPlan, calibrate_kernels, few_gemm_points
-    from cdbsim.paths import FEW_ROWS_MAX, FEW_ROWS_MAX_HIDDEN
+    from cdbsim.latency.gpu_work import FEW_ROWS_MAX, FEW_ROWS_MAX_HIDDEN
 
     plan = KernelPlan(gemm_m=(1, 8, 32), gemm_n=(64, 4096), gemm_k=(64, 4096), repeats=2, warmup=1)
     record = calibrate_kernels(tmp_path, device="cpu", plan=plan, families=("few_gemm",)).kernels
@@ -241,8 +241,8 @@ def test_few_swiglu_family_times_the_gate_up_kernel_and_the_model_reads_it(tmp_p
     from dataclasses import replace
 
     from calibration.kernels import KernelPlan, calibrate_kernels, few_swiglu_points
-    from cdbsim.arch import PRESETS
-    from cdbsim.kernels import KernelModel
+    from cdbsim.latency.kernels import KernelModel
+    from cdbsim.model.arch import PRESETS
 
     plan = KernelPlan(gemm_m=(1, 8), gemm_n=(64, 4096), gemm_k=(64, 2048), repeats=2, warmup=1)
     record = calibrate_kernels(tmp_path, device="cpu", plan=plan, families=("few_gemm", "few_swiglu")).kernels
@@ -263,9 +263,9 @@ def test_gemv_points_cover_every_chained_layer_and_only_those() -> None:
     from pathlib import Path
 
     from calibration.kernels import KernelPlan, gemv_points
-    from cdbsim.arch import PRESETS, load_arch
-    from cdbsim.attention import CHAINED_MAX_HIDDEN
-    from cdbsim.kernels import PROBE_SHAPES
+    from cdbsim.latency.gpu_work import CHAINED_MAX_HIDDEN
+    from cdbsim.latency.kernels import PROBE_SHAPES
+    from cdbsim.model.arch import PRESETS, load_arch
 
     points = gemv_points(KernelPlan())
     grid = {op: ({n for o, n, _ in points if o == op}, {k for o, _, k in points if o == op})
@@ -277,7 +277,7 @@ def test_gemv_points_cover_every_chained_layer_and_only_those() -> None:
              *(load_arch(str(p)).layer for p in sorted(Path("calibration/archs").glob("*.json")))]
     narrow = [s for s in archs if s.hidden <= CHAINED_MAX_HIDDEN]
     assert len(narrow) >= 5
-    for s in narrow:  # the chained layer's launches (cdbsim.kernels.KernelModel.layer_kernels)
+    for s in narrow:  # the chained layer's launches (cdbsim.latency.kernels.KernelModel.layer_kernels)
         qkv = (s.heads + 2 * s.kv_heads) * s.head_dim
         for op, n, k in (("residual", qkv, s.hidden), ("gemv", s.hidden, s.heads * s.head_dim),
                          ("swiglu", s.intermediate, s.hidden), ("gemv", s.hidden, s.intermediate)):
@@ -290,8 +290,8 @@ def test_the_profile_plot_draws_an_undefined_saturation_batch(tmp_path, monkeypa
     """A CPU calibration can fit no weight-read floor (B*(L) = 0 at every L) or no per-token cost (B*
     unbounded): the plot is still written (a log axis over such values raised)."""
     from calibration import fit
-    from cdbsim.arch import PRESETS
-    from cdbsim.shipped import resolve_profile
+    from cdbsim.latency.shipped import resolve_profile
+    from cdbsim.model.arch import PRESETS
 
     arch = PRESETS["ouro-1.4b"]
     monkeypatch.setattr(fit.LatencyModel, "saturation_batch", lambda self, context: bstar)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import cdbsim
-from cdbsim.capacity_search import SLO, CapacityResult, Check, search, simulate_rate
 from cdbsim.errors import ConfigError
-from cdbsim.experiment import Experiment
+from cdbsim.planner.capacity import SLO, CapacityResult, Check, search, simulate_rate
+from cdbsim.planner.experiment import Experiment
 
 EXP = Experiment(workload={"name": "alpaca", "requests": 200}, serve={"width": 32}, latency={"profile": "roofline"})
 SLOS = SLO(ttft_s=0.3, tpot_s=0.015)

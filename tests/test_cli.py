@@ -129,7 +129,7 @@ def test_calibrate_refit_rewrites_a_profile_from_its_raw_points(tmp_path) -> Non
     import shutil
     from pathlib import Path
 
-    from cdbsim.profile import load_profile_file
+    from cdbsim.latency.profile import load_profile_file
 
     shipped = Path(__file__).parents[1] / "calibration/profiles/h200-ouro-1.4b.json"
     path = tmp_path / "p.json"
@@ -286,7 +286,7 @@ def test_profiles_folder_from_the_environment(tmp_path, monkeypatch) -> None:
     a folder without profiles is refused in one line."""
     import json
 
-    from cdbsim.shipped import profile_dir
+    from cdbsim.latency.shipped import profile_dir
 
     shipped = profile_dir() / "h200-ouro-1.4b.json"
     record = json.loads(shipped.read_text())

@@ -22,10 +22,10 @@ CORES = ("Prescott", "Sandybridge", "Haswell", "SkylakeX")
 FITS = """
 import json, sys
 from pathlib import Path
-from cdbsim.arch import load_arch
-from cdbsim.kernels import compose_profile
-from cdbsim.prefill import fit_curve
-from cdbsim.profile import load_profile_file
+from cdbsim.model.arch import load_arch
+from cdbsim.latency.kernels import compose_profile
+from cdbsim.latency.prefill import fit_curve
+from cdbsim.latency.profile import load_profile_file
 root = Path(sys.argv[1])
 out = {}
 for name in ("h200-huginn-3.5b.json", "h200-ouro-1.4b.json"):

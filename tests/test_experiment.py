@@ -14,12 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdbsim.arch import PRESETS
-from cdbsim.config import Policy, Timing
 from cdbsim.errors import ConfigError
-from cdbsim.experiment import MAX_WIDTH, Experiment, ServeSection
-from cdbsim.hf_config import arch_from_hf_config
-from cdbsim.kvlayout import KVLayout
+from cdbsim.model.arch import PRESETS, KVLayout
+from cdbsim.model.hf_config import arch_from_hf_config
+from cdbsim.planner.experiment import MAX_WIDTH, Experiment, ServeSection
+from cdbsim.serving.config import Policy, Timing
 
 ROOT = Path(__file__).parents[1]
 

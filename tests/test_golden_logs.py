@@ -18,12 +18,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cdbsim.arch import load_arch
-from cdbsim.config import ServeConfig
-from cdbsim.latency import LatencyModel
-from cdbsim.logs import RunLog
-from cdbsim.profile import load_profile_file
-from cdbsim.sim import simulate
+from cdbsim.latency.model import LatencyModel
+from cdbsim.latency.profile import load_profile_file
+from cdbsim.model.arch import load_arch
+from cdbsim.report.logs import RunLog
+from cdbsim.serving.config import ServeConfig
+from cdbsim.simulator.sim import simulate
 from traces import Request
 
 
@@ -64,14 +64,14 @@ CASES = {
                                                  "timing": "sync"}, 40, None, 4000),
 }
 PROFILES = Path(__file__).parent / "data" / "golden-profiles"
-# a graph's padded rows count as one-position rows in the decode lookups (cdbsim.attention.padded_mean); a single
-# row on the chained path is looked up at the length of its whole tiles (cdbsim.attention.chained_walk_length);
-# a prefill is priced on the curve through its measured points (cdbsim.prefill), not on one line; the launch
+# a graph's padded rows count as one-position rows in the decode lookups (cdbsim.latency.gpu_work.padded_mean); a single
+# row on the chained path is looked up at the length of its whole tiles (cdbsim.latency.gpu_work.chained_walk_length);
+# a prefill is priced on the curve through its measured points (cdbsim.latency.prefill), not on one line; the launch
 # gap is the current build's 1.30 us; the tables are the least-squares non-decreasing grid through the points
-# (cdbsim.interp.monotone_grid), not their running maximum (the launches are the same, their times not); the
+# (cdbsim.latency.interp.monotone_grid), not their running maximum (the launches are the same, their times not); the
 # prefill curve's coefficients are solved on unit columns, with non-negative least squares where a bound binds,
-# and kept to 10 significant digits, so that no CPU's BLAS kernels move a launch's time (cdbsim.prefill); one Ouro
-# row has 32 attention splits, not 16 (cdbsim.attention.MIN_PROGRAMS), so its tile steps are 2,048 positions apart
+# and kept to 10 significant digits, so that no CPU's BLAS kernels move a launch's time (cdbsim.latency.prefill); one Ouro
+# row has 32 attention splits, not 16 (cdbsim.latency.gpu_work.MIN_PROGRAMS), so its tile steps are 2,048 positions apart
 GOLDEN = {
     "huginn-refill-K8-shared": "0fbab61eef06e981",  # 4,454 launches
     "huginn040-sync": "bf40706b3aa54ffd",           # 7,412 launches

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from cdbsim.config import Policy
 from cdbsim.errors import ConfigError
-from cdbsim.experiment import Experiment
-from cdbsim.grid import Grid
+from cdbsim.planner.experiment import Experiment
+from cdbsim.planner.grid import Grid
+from cdbsim.serving.config import Policy
 
 
 def test_points_times_grid_in_order() -> None:

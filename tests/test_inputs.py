@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from cdbsim.arch import PRESETS
+from cdbsim.model.arch import PRESETS
 from cli import app
 
 SHIPPED = Path(__file__).parents[1] / "calibration/profiles/h200-ouro-1.4b.json"
@@ -62,7 +62,7 @@ def write_malformed(directory: Path, profile: dict) -> None:
                          ("matrix_name", {**entry, "name": 5}), ("matrix_arch", {**entry, "arch": "llama"}),
                          ("matrix_item", "a")):
         (directory / f"{name}.json").write_text(json.dumps({"configs": [config]}))
-    from cdbsim.logs import REQUEST_LOG_COLUMNS, SAVED_LAUNCH_COLUMNS
+    from cdbsim.report.logs import REQUEST_LOG_COLUMNS, SAVED_LAUNCH_COLUMNS
 
     launches = ",".join(SAVED_LAUNCH_COLUMNS) + "\n" + ",".join(
         {"stage": "prefill", "step_mix": ""}.get(c, "0") for c in SAVED_LAUNCH_COLUMNS) + "\n"
@@ -225,7 +225,7 @@ def test_a_head_size_set_on_purpose_is_allowed(tmp_path) -> None:
     assert runner.invoke(app, ["bound", "--arch", str(path), "--json"]).exit_code == 0
     assert runner.invoke(app, ["bound", "--hidden", "4096", "--head-dim", "128", "--json"]).exit_code == 0
     assert runner.invoke(app, ["bound", "--hidden", "4096", "--heads", "32", "--json"]).exit_code == 0
-    from cdbsim.arch import load_arch
+    from cdbsim.model.arch import load_arch
 
     wide = load_arch(str(path))  # a file written from it says so again, and reads back
     back = tmp_path / "back.json"

@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from cdbsim.arch import PRESETS, load_arch
-from cdbsim.interp import Surface, isotonic, monotone_grid
-from cdbsim.latency import LatencyModel
-from cdbsim.launch import Stage
-from cdbsim.profile import Fit
-from cdbsim.recipes import interpolated
-from cdbsim.shipped import covers, shipped_profiles
+from cdbsim.latency.interp import Surface, isotonic, monotone_grid
+from cdbsim.latency.model import LatencyModel
+from cdbsim.latency.profile import Fit
+from cdbsim.latency.recipes import interpolated
+from cdbsim.latency.shipped import covers, shipped_profiles
+from cdbsim.model.arch import PRESETS, load_arch
+from cdbsim.serving.launch import Stage
 from cli import app
 
 PROFILES = shipped_profiles()
@@ -141,7 +141,7 @@ def test_a_cb_step_below_its_shortest_context_saves_what_its_stages_save() -> No
     """A CB step measured from 128 positions, made of a core (run twice) measured from 32: at 32 positions it
     takes its 128-position time less twice what the core saves there; where its parts were measured no
     shorter, the step's own fit stands."""
-    from cdbsim.latency import below_shortest_context
+    from cdbsim.latency.model import below_shortest_context
 
     core = Surface(Fit(delta=1.0, points=[[b, b * n, t] for n, row in ((32, (1.0, 1.2)), (128, (1.5, 2.0)))
                                           for b, t in zip((1, 4), row, strict=True)]))

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdbsim.arch import PRESETS, ArchSpec, LayerShape, LayerStyle
-from cdbsim.devices import device_preset
-from cdbsim.kernel_table import KernelTable
-from cdbsim.latency import H200, LatencyModel
-from cdbsim.launch import Stage, decode_launch
-from cdbsim.profile import ProfileKind
-from cdbsim.shipped import resolve_profile, shipped_profiles
+from cdbsim.latency.devices import H200, device_preset
+from cdbsim.latency.kernel_table import KernelTable
+from cdbsim.latency.model import LatencyModel
+from cdbsim.latency.profile import ProfileKind
+from cdbsim.latency.shipped import resolve_profile, shipped_profiles
+from cdbsim.model.arch import PRESETS, ArchSpec, LayerShape, LayerStyle
+from cdbsim.serving.launch import Stage, decode_launch
 
 
 def kernel_profile():
@@ -81,7 +81,7 @@ def test_a_shape_far_outside_the_grid_says_so() -> None:
 
 
 def test_auto_prefers_the_model_then_its_layer_shape_then_kernels() -> None:
-    from cdbsim.arch import PRESETS
+    from cdbsim.model.arch import PRESETS
 
     assert resolve_profile("auto", PRESETS["ouro-1.4b"]).kind is ProfileKind.MEASURED
     assert resolve_profile("auto", PRESETS["huginn-3.5b"].with_split("0-4-0")).kind is ProfileKind.MEASURED
@@ -95,7 +95,7 @@ def test_auto_prefers_the_model_then_its_layer_shape_then_kernels() -> None:
 
 
 def test_device_presets_order_memory_bound_decode_by_bandwidth() -> None:
-    from cdbsim.arch import PRESETS
+    from cdbsim.model.arch import PRESETS
 
     arch = PRESETS["ouro-1.4b"]
     launch = decode_launch(Stage.CORE, list(range(8)), [511] * 8, [[0]] * 8, 8)
@@ -111,8 +111,8 @@ def test_one_slow_small_batch_is_averaged_not_carried_to_every_larger_batch(monk
     """A kernel that measured slow at one row (cuBLAS picks another kernel there) must not set the time of
     every larger batch: the composed times over the batches are made non-decreasing by isotonic regression,
     not by a running maximum."""
-    from cdbsim.kernels import KernelModel
-    from cdbsim.recipes import Component
+    from cdbsim.latency.kernels import KernelModel
+    from cdbsim.latency.recipes import Component
 
     arch = ArchSpec(name="wide", layer=LayerShape(hidden=5120, intermediate=13824, heads=40, kv_heads=8,
                                                  head_dim=128, style=LayerStyle.OURO),
@@ -131,7 +131,7 @@ def test_one_slow_small_batch_is_averaged_not_carried_to_every_larger_batch(monk
 def _probe_record(share: float, per_kernel: float) -> dict:
     """The shipped kernel record with its probe layers replaced by layers that take exactly their kernels'
     tables, ``share`` more of their GEMMs' and ``per_kernel`` seconds per kernel (many-row path)."""
-    from cdbsim.kernels import MANY_KERNELS, PROBE_SHAPES, KernelModel
+    from cdbsim.latency.kernels import MANY_KERNELS, PROBE_SHAPES, KernelModel
 
     record = dict(kernel_profile().kernels)
     model = KernelModel({**record, "gaps": {}})
@@ -173,8 +173,8 @@ def test_mixed_probe_layers_choose_the_sharpness_they_were_made_with(sharpness: 
     """Probe layers built to take what the rule says at one sharpness (and each layout's width fitted at
     it) are fitted back to that sharpness, every layer then exact."""
     from calibration.fit import fit_mixed_sharpness, refit_attention_width
-    from cdbsim.attention import equivalent_length, least_splits
-    from cdbsim.kernels import PROBE_SHAPES, KernelModel
+    from cdbsim.latency.gpu_work import equivalent_length, least_splits
+    from cdbsim.latency.kernels import PROBE_SHAPES, KernelModel
 
     record = {k: v for k, v in kernel_profile().kernels.items() if k != "probes"}  # no layer error to take out
     model = KernelModel({**record, **refit_attention_width(record, (sharpness,))})
@@ -200,7 +200,7 @@ SMALL_OURO = ArchSpec(name="small-ouro", layer=LayerShape(hidden=1536, intermedi
 
 
 def test_the_gemm_share_changes_many_row_layers_only() -> None:
-    from cdbsim.kernels import KernelModel
+    from cdbsim.latency.kernels import KernelModel
 
     record = kernel_profile().kernels
     base = KernelModel({**record, "gaps": {"ouro": {"chained": 0.0, "many": 0.0}}})
@@ -276,7 +276,7 @@ def test_profile_decode_refuses_bad_points_and_missing_tables(tmp_path, capsys) 
 
 
 def test_attention_width_by_head_size_and_group_is_log_interpolated() -> None:
-    from cdbsim.kernels import KernelModel
+    from cdbsim.latency.kernels import KernelModel
 
     record = {**kernel_profile().kernels, "attention_slots": {"64": {"1": 1000.0, "4": 4000.0}, "128": 500.0},
               "attention_sharpness": {"64": {"1": 1.0, "4": 3.0}}}
@@ -320,7 +320,7 @@ def test_a_profile_composes_the_few_row_matmul_only_if_it_measured_it() -> None:
     """A profile with a ``few_gemm`` table and the build's rule composes few-row launches of narrow models from
     that table without the SwiGLU kernel; one measured before the kernel existed (the shipped one without them)
     and wide models compose cuBLAS GEMMs and the SwiGLU kernel, as their build ran them."""
-    from cdbsim.kernels import KernelModel
+    from cdbsim.latency.kernels import KernelModel
 
     shipped = kernel_profile().kernels
     record = {**{k: v for k, v in shipped.items() if k != "few_rows"},
@@ -350,7 +350,7 @@ def test_a_profile_chains_two_rows_only_if_it_measured_them() -> None:
     """A kernel profile whose ``gemv`` table predates its ``rows`` dimension (four columns, no ``chained_rows``
     rule: the shipped one until it is re-measured) composes two-row layers of a narrow model as its build ran
     them, on the many-row kernels; one with the rule and two-row points chains them, from those points."""
-    from cdbsim.kernels import GEMV_OPS, KernelModel
+    from cdbsim.latency.kernels import GEMV_OPS, KernelModel
 
     shipped = kernel_profile().kernels
     legacy_gemv = [[op, n, k, t] for op, rows, n, k, t in

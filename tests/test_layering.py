@@ -5,14 +5,18 @@ own package and anything below it, never above. ``cdbsim`` and ``traces`` instal
 ``gpu`` extra, so neither may import torch or triton in any form (module level, inside a function, behind
 ``TYPE_CHECKING``, or through ``importlib.import_module`` / ``__import__`` with a literal name).
 
-The check reads the source with :mod:`ast` and imports nothing, so it needs neither torch nor a GPU. The
-second test feeds it a tree with known violations, so a checker that silently finds nothing fails too.
+Nor may imports form a cycle, counting imports deferred into function bodies (only ``TYPE_CHECKING``
+blocks, which never run, are left out): a cycle hidden by a deferred import is still a tangle.
+
+The checks read the source with :mod:`ast` and import nothing, so they need neither torch nor a GPU. Each
+is also fed a tree with planted faults, so a checker that silently finds nothing fails too.
 """
 
 from __future__ import annotations
 
 import ast
 import enum
+import graphlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +114,57 @@ def layering_violations(root: Path) -> list[Violation]:
     return found
 
 
+def module_names(root: Path) -> dict[str, Path]:
+    """Every module of the layered tree by dotted name."""
+    return {".".join(module_parts(path, root)): path for path, _ in layer_files(root)}
+
+
+def type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside ``if TYPE_CHECKING:`` blocks (imports that never run)."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        test = getattr(node, "test", None)
+        if isinstance(node, ast.If) and getattr(test, "id", getattr(test, "attr", None)) == "TYPE_CHECKING":
+            inside.update(id(n) for n in ast.walk(node))
+    return inside
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the project modules it imports when run, at module level or inside functions."""
+    modules = module_names(root)
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        skip = type_checking_nodes(tree)
+        targets: list[str] = []
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                targets += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(relative_base(path, root, node.level)) if node.level else ""
+                base = ".".join(part for part in (base, node.module or "") if part)
+                targets += [f"{base}.{alias.name}" for alias in node.names]  # a name or a submodule
+        graph[name] = {found for found in map(resolve, targets) if found and found != name}
+    return graph
+
+
+def import_cycles(root: Path) -> list[tuple[str, ...]]:
+    """One cycle of the import graph, if any (graphlib finds one at a time); empty when imports form none."""
+    try:
+        tuple(graphlib.TopologicalSorter(import_graph(root)).static_order())
+    except graphlib.CycleError as error:
+        return [tuple(error.args[1])]
+    return []
+
+
 def test_the_tree_imports_one_way_and_keeps_torch_out_of_the_simulator() -> None:
     assert any(True for _ in layer_files(ROOT)), "no layered .py files found: wrong root?"
     violations = layering_violations(ROOT)
@@ -119,12 +174,12 @@ def test_the_tree_imports_one_way_and_keeps_torch_out_of_the_simulator() -> None
 SYNTHETIC_TREE = {
     "cli.py": "import calibration\nimport traces\n",
     "calibration/__init__.py": "from executor import engine\nfrom . import fit\n",
-    "calibration/fit.py": "import torch\nfrom cdbsim.latency import x\n",
+    "calibration/fit.py": "import torch\nfrom cdbsim.latency.model import x\n",
     "executor/engine.py": "import triton.language as tl\nfrom calibration.fit import refit\n",
     "cdbsim/__init__.py": "",
-    "cdbsim/sim.py": "from traces import presets\n\ndef run():\n    import torch.nn.functional as F\n",
+    "cdbsim/simulator/sim.py": "from traces import presets\n\ndef run():\n    import torch.nn.functional as F\n",
     "cdbsim/sub/__init__.py": "from ... import executor\nfrom .. import latency\n",
-    "cdbsim/latency.py": (
+    "cdbsim/latency/model.py": (
         "import importlib\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from triton import jit\n"
         "def gpu():\n    return importlib.import_module('torch.cuda')\n"
     ),
@@ -146,10 +201,10 @@ def test_the_checker_reports_every_planted_violation_and_nothing_else(synthetic_
     found = {(v.path, v.line, v.kind, v.imported) for v in layering_violations(synthetic_root)}
     assert found == {
         ("executor/engine.py", 2, Kind.UPWARD, "calibration"),
-        ("cdbsim/sim.py", 4, Kind.GPU, "torch"),
+        ("cdbsim/simulator/sim.py", 4, Kind.GPU, "torch"),
         ("cdbsim/sub/__init__.py", 1, Kind.UPWARD, "executor"),
-        ("cdbsim/latency.py", 4, Kind.GPU, "triton"),
-        ("cdbsim/latency.py", 6, Kind.GPU, "torch"),
+        ("cdbsim/latency/model.py", 4, Kind.GPU, "triton"),
+        ("cdbsim/latency/model.py", 6, Kind.GPU, "torch"),
         ("traces/presets.py", 2, Kind.UPWARD, "cli"),
         ("traces/io.py", 1, Kind.GPU, "triton"),
     }
@@ -165,3 +220,21 @@ def test_a_clean_tree_passes_and_one_upward_import_fails_it(tmp_path: Path) -> N
     assert layering_violations(tmp_path) == []
     module.write_text("from traces.io import read\nfrom executor.engine import Engine\n", encoding="utf-8")
     assert layering_violations(tmp_path) == [Violation("cdbsim/report.py", 2, Kind.UPWARD, "executor")]
+
+
+def test_the_tree_has_no_import_cycle_not_even_through_a_deferred_import() -> None:
+    assert len(import_graph(ROOT)) > 50, "too few modules found: wrong root?"
+    assert import_cycles(ROOT) == []
+
+
+def test_the_cycle_checker_finds_a_cycle_behind_a_function_level_import(tmp_path: Path) -> None:
+    files = {"cdbsim/__init__.py": "", "cdbsim/a.py": "from cdbsim.b import f\n",
+             "cdbsim/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from cdbsim.a import g\n"
+                            "def f():\n    return 1\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    assert import_cycles(tmp_path) == []  # a TYPE_CHECKING import never runs
+    (tmp_path / "cdbsim/b.py").write_text("def f():\n    from cdbsim.a import g\n    return g\n", encoding="utf-8")
+    (cycle,) = import_cycles(tmp_path)
+    assert set(cycle) == {"cdbsim.a", "cdbsim.b"}

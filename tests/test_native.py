@@ -49,7 +49,7 @@ def test_a_matching_stamp_lets_the_build_run(package: Path) -> None:
 def test_an_edited_source_turns_the_build_off(package: Path) -> None:
     _add_extension(package)
     (package / native.STAMP).write_text(json.dumps(native.source_hashes(package)))
-    with native.source_file("cdbsim.blocks", package).open("a") as fh:
+    with native.source_file("cdbsim.serving.blocks", package).open("a") as fh:
         fh.write("\n# edited\n")
     assert native.stale_reason(package) == "their source was edited after the build"
 
@@ -66,11 +66,11 @@ def test_the_environment_switch_turns_the_build_off(package: Path, monkeypatch: 
 RUN = """
 import hashlib, sys
 from cdbsim import native
-from cdbsim.arch import PRESETS
-from cdbsim.config import ServeConfig
-from cdbsim.latency import LatencyModel
-from cdbsim.shipped import resolve_profile
-from cdbsim.sim import simulate
+from cdbsim.model.arch import PRESETS
+from cdbsim.serving.config import ServeConfig
+from cdbsim.latency.model import LatencyModel
+from cdbsim.latency.shipped import resolve_profile
+from cdbsim.simulator.sim import simulate
 from traces import ExitModel, build_trace
 
 arch = PRESETS["huginn-3.5b"]

@@ -13,13 +13,13 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from cdbsim.experiment import Experiment
-from cdbsim.logs import RunLog
-from cdbsim.outputs import atomic_dir, atomic_file
-from cdbsim.perfetto import DEVICE_PID, DEVICE_TID, HOST_TID, REQUESTS_PID, timeline
-from cdbsim.prediction import predict
-from cdbsim.progress import PlainStep, progress_display
-from cdbsim.report import Distribution, kv_in_use, latency_samples, summarize
+from cdbsim.planner.experiment import Experiment
+from cdbsim.planner.study import predict
+from cdbsim.report.logs import RunLog
+from cdbsim.report.metrics import Distribution, kv_in_use, latency_samples, summarize
+from cdbsim.report.outputs import atomic_dir, atomic_file
+from cdbsim.report.perfetto import DEVICE_PID, DEVICE_TID, HOST_TID, REQUESTS_PID, timeline
+from cdbsim.report.progress import PlainStep, progress_display
 from cli import app
 
 runner = CliRunner()
@@ -144,9 +144,9 @@ def test_csv_and_bound_name_the_profile() -> None:
     row = pd.read_csv(io.StringIO(result.stdout)).iloc[0]
     assert row["profile"].startswith("h200-roofline") and row["input tokens"] > 0
     bound = json.loads(runner.invoke(app, ["bound", "--json"]).stdout)[0]
-    from cdbsim.arch import PRESETS
-    from cdbsim.latency import LatencyModel
-    from cdbsim.shipped import resolve_profile
+    from cdbsim.latency.model import LatencyModel
+    from cdbsim.latency.shipped import resolve_profile
+    from cdbsim.model.arch import PRESETS
 
     model = LatencyModel(PRESETS["ouro-1.4b"], resolve_profile("auto", PRESETS["ouro-1.4b"]))
     assert bound["B*(512)"] == pytest.approx(model.saturation_batch(512))
@@ -228,8 +228,8 @@ def test_plain_progress_is_quiet_for_short_steps_and_gives_an_eta() -> None:
 
 
 def test_workload_generation_reports_progress() -> None:
-    from cdbsim.arch import PRESETS
-    from cdbsim.workload import WorkloadSpec
+    from cdbsim.model.arch import PRESETS
+    from cdbsim.simulator.workload import WorkloadSpec
 
     done: list[int] = []
     requests = WorkloadSpec("alpaca", 600).build(PRESETS["ouro-1.4b"], 1, lambda label, n: done.append)
@@ -238,7 +238,7 @@ def test_workload_generation_reports_progress() -> None:
 
 def test_memory_estimate_refuses_what_the_machine_cannot_hold() -> None:
     from cdbsim.errors import ConfigError
-    from cdbsim.workload import WorkloadSpec
+    from cdbsim.simulator.workload import WorkloadSpec
 
     spec = WorkloadSpec("sharegpt", 10_000)
     assert 0.5e9 < spec.memory_estimate() < 2e9  # about 116 kB per ShareGPT request simulated
@@ -248,7 +248,7 @@ def test_memory_estimate_refuses_what_the_machine_cannot_hold() -> None:
 
 
 def test_capacity_reports_each_search_as_it_ends() -> None:
-    from cdbsim.capacity_search import capacity
+    from cdbsim.planner.capacity import capacity
 
     calls: list[tuple[int, int]] = []
     exp = Experiment(workload={"name": "alpaca", "requests": 20}, latency={"profile": "roofline"})

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdbsim.launch import Stage, prefill_launch
-from cdbsim.power import SustainedLoad, fit_sustained
+from cdbsim.latency.power import SustainedLoad, fit_sustained
+from cdbsim.serving.launch import Stage, prefill_launch
 
 loads = st.builds(SustainedLoad, onset_s=st.floats(0.0, 0.5), slowdown=st.floats(1.0, 1.5))
 seconds = st.floats(0.0, 5.0)
@@ -63,9 +63,9 @@ def test_bad_inputs_are_refused() -> None:
 def test_a_kernel_profiles_composed_prefill_is_stretched_and_a_measured_profiles_is_not() -> None:
     """The kernel profile's tables price a rested board, so its composed prefills are stretched by the record's
     ``sustained`` entry; a whole-model profile measured its prefills replayed back to back and is not."""
-    from cdbsim.arch import load_arch
-    from cdbsim.latency import LatencyModel
-    from cdbsim.shipped import resolve_profile
+    from cdbsim.latency.model import LatencyModel
+    from cdbsim.latency.shipped import resolve_profile
+    from cdbsim.model.arch import load_arch
 
     arch = load_arch("huginn-3.5b")
     kernels = resolve_profile("calibration/profiles/h200-kernels.json", arch)
@@ -88,7 +88,7 @@ def test_a_kernel_profiles_composed_prefill_is_stretched_and_a_measured_profiles
 def test_refit_fits_the_power_limit_again_from_the_stored_replays_and_names_a_bad_file() -> None:
     from calibration.fit import refit_sustained
     from cdbsim.errors import ConfigError
-    from cdbsim.profile import load_profile_file
+    from cdbsim.latency.profile import load_profile_file
 
     entry = load_profile_file("calibration/profiles/h200-kernels.json").kernels["sustained"]
     again = refit_sustained(entry)

@@ -1,4 +1,4 @@
-"""The prefill curve (cdbsim.prefill): fitted back to known curves, monotone, and summed as its parts."""
+"""The prefill curve (cdbsim.latency.prefill): fitted back to known curves, monotone, and summed as its parts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdbsim.prefill import PrefillCost, PrefillCurve, fit_curve, summed
+from cdbsim.latency.prefill import PrefillCost, PrefillCurve, fit_curve, summed
 
 TOKENS = (16, 64, 256, 1024, 2048, 8192)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cdbsim import logs
-from cdbsim.arch import PRESETS
-from cdbsim.config import ServeConfig
-from cdbsim.latency import LatencyModel, roofline_profile
-from cdbsim.logs import RunRecorder, _token_times
-from cdbsim.sim import Simulation
+from cdbsim.latency.model import LatencyModel, roofline_profile
+from cdbsim.model.arch import PRESETS
+from cdbsim.report import logs
+from cdbsim.report.logs import RunRecorder, _token_times
+from cdbsim.serving.config import ServeConfig
+from cdbsim.simulator.sim import Simulation
 from traces import ExitModel, build_trace
 
 

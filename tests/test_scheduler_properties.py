@@ -9,11 +9,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdbsim.config import CoreLaunch, Policy, ServeConfig, Timing
-from cdbsim.kv import need_blocks
-from cdbsim.kvlayout import KVLayout
-from cdbsim.launch import Launch, Stage
-from cdbsim.scheduler import Scheduler
+from cdbsim.model.arch import KVLayout
+from cdbsim.serving.blocks import need_blocks
+from cdbsim.serving.config import CoreLaunch, Policy, ServeConfig, Timing
+from cdbsim.serving.launch import Launch, Stage
+from cdbsim.serving.scheduler import Scheduler
 from tests.conftest import make_requests, tiny_arch
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cdbsim.config import ServeConfig, decode_graph_sizes, prefill_graph_sizes
 from cdbsim.errors import ConfigError
-from cdbsim.launch import Stage
-from cdbsim.replay import drive
-from cdbsim.requests import clipped_depths
-from cdbsim.scheduler import Scheduler
+from cdbsim.serving.config import ServeConfig, decode_graph_sizes, prefill_graph_sizes
+from cdbsim.serving.launch import Stage
+from cdbsim.serving.pipeline import drive
+from cdbsim.serving.requests import clipped_depths
+from cdbsim.serving.scheduler import Scheduler
 from tests.conftest import make_requests, tiny_arch
 from traces import Request
 

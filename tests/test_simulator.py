@@ -6,16 +6,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cdbsim.arch import PRESETS
-from cdbsim.config import ServeConfig
 from cdbsim.errors import ConfigError
-from cdbsim.latency import LatencyModel, constant_profile, roofline_profile
-from cdbsim.launch import Stage
-from cdbsim.logs import RunLog
-from cdbsim.profile import fit_points, load_profile_file
-from cdbsim.report import summarize
-from cdbsim.sim import simulate
-from cdbsim.study import KVCapacity, compare_policies, with_baseline
+from cdbsim.latency.model import LatencyModel, constant_profile, roofline_profile
+from cdbsim.latency.profile import fit_points, load_profile_file
+from cdbsim.model.arch import PRESETS
+from cdbsim.planner.study import compare_policies, with_baseline
+from cdbsim.report.logs import RunLog
+from cdbsim.report.metrics import summarize
+from cdbsim.serving.config import ServeConfig
+from cdbsim.serving.launch import Stage
+from cdbsim.serving.memory import KVCapacity
+from cdbsim.simulator.sim import simulate
 from tests.conftest import make_requests, tiny_arch
 from traces import ExitModel, build_trace
 
@@ -171,7 +172,7 @@ def test_report_on_a_hand_built_log() -> None:
 
 
 def test_idle_share_drops_summation_noise() -> None:
-    from cdbsim.report import idle_share
+    from cdbsim.report.metrics import idle_share
 
     assert idle_share(3.0 - 1e-14, 3.0) == 0.0
     assert idle_share(2.0, 4.0) == pytest.approx(0.5)
@@ -184,10 +185,10 @@ def test_a_measured_prefill_is_priced_on_the_curve_through_its_points() -> None:
     from the layer components' curves, levels off the same way."""
     from pathlib import Path
 
-    from cdbsim.arch import PRESETS
-    from cdbsim.latency import LatencyModel, model_stage_name
-    from cdbsim.launch import Launch, Stage
-    from cdbsim.profile import load_profile_file
+    from cdbsim.latency.model import LatencyModel, model_stage_name
+    from cdbsim.latency.profile import load_profile_file
+    from cdbsim.model.arch import PRESETS
+    from cdbsim.serving.launch import Launch, Stage
 
     arch = PRESETS["huginn-3.5b"]
     profile = load_profile_file(Path(__file__).parents[1] / "calibration/profiles/h200-huginn-3.5b.json")
@@ -217,10 +218,9 @@ def test_a_measured_prefill_is_priced_on_the_curve_through_its_points() -> None:
 def test_decode_launches_pay_their_metadata_copy_where_the_profile_measured_it() -> None:
     """The copy grows with the padded rows and the run's block-table width; prefill and profiles without
     a ``meta_copy`` fit pay none; the simulator charges it at the width of the run's longest request."""
-    from cdbsim.latency import META_COPY
-    from cdbsim.launch import Launch
-    from cdbsim.metadata import FIELDS, metadata_bytes, table_width
-    from cdbsim.profile import Fit
+    from cdbsim.latency.model import META_COPY
+    from cdbsim.latency.profile import Fit
+    from cdbsim.serving.launch import FIELDS, Launch, metadata_bytes, table_width
 
     arch = tiny_arch(r_max=3)
     profile = constant_profile(MS)
@@ -267,7 +267,7 @@ def test_share_of_s_e2e_realised_never_exceeds_100_percent(exits: ExitModel) -> 
     """On the shipped H200 profile refill used to reach 100.8% of the parameter bound on ShareGPT: the
     head takes less time per parameter than a core loop, and the split stages cost less than CB's fused
     step at long contexts. The bound now prices both, so it cannot be beaten."""
-    from cdbsim.shipped import resolve_profile
+    from cdbsim.latency.shipped import resolve_profile
 
     arch = PRESETS["ouro-1.4b"]
     latency = LatencyModel(arch, resolve_profile("auto", arch))
@@ -328,7 +328,7 @@ def test_a_launch_handed_to_an_idle_device_starts_the_idle_start_later() -> None
 
 def test_replayed_host_times_go_by_launch_index() -> None:
     """Launch i takes the i-th replayed host time; a launch past the replayed ones keeps the host line."""
-    from cdbsim.launch import Stage, decode_launch
+    from cdbsim.serving.launch import Stage, decode_launch
 
     arch = PRESETS["ouro-1.4b"]
     latency = LatencyModel(arch, roofline_profile(arch))

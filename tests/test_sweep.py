@@ -13,13 +13,12 @@ import pytest
 
 import cdbsim
 from cdbsim.errors import ConfigError
-from cdbsim.experiment import Experiment, LatencySection
-from cdbsim.flat_report import metric_columns
-from cdbsim.grid import Grid
-from cdbsim.grid_sweep import PointTask, SweepPlan, run_point
-from cdbsim.point_cache import PointCache, point_key
-from cdbsim.report import Report
-from cdbsim.shipped import profile_dir
+from cdbsim.latency.shipped import profile_dir
+from cdbsim.planner.experiment import Experiment, LatencySection
+from cdbsim.planner.grid import Grid
+from cdbsim.planner.point_cache import PointCache, point_key
+from cdbsim.planner.sweep import PointTask, SweepPlan, metric_columns, run_point
+from cdbsim.report.metrics import Report
 
 BASE = Experiment(workload={"name": "alpaca", "requests": 40})
 GRID = {"serve.width": [16, 64], "serve.policy": ["cb", "refill"], "serve.coda_batch": [1, 32]}

@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from calibration.validation import Entry, compare, load_matrix, requests_for
-from cdbsim.latency import LatencyModel, roofline_profile
-from cdbsim.sim import simulate
+from cdbsim.latency.model import LatencyModel, roofline_profile
+from cdbsim.simulator.sim import simulate
 from cli import app
 
 
@@ -53,7 +53,7 @@ def test_wide_matrix_runs_huginn_at_w256_on_the_same_requests() -> None:
 
 
 def test_entry_carries_the_core_launch_to_the_executor() -> None:
-    from cdbsim.experiment import Experiment
+    from cdbsim.planner.experiment import Experiment
 
     exp = Experiment(serve={"core_launch": "per-step", "kv_tokens": 65536})
     assert Entry.from_experiment("x", exp).config().core_launch.value == "per-step"
@@ -127,7 +127,7 @@ def test_validate_against_saved_logs(tmp_path) -> None:
         rows = [r for r in stages if r["stage"] == stage]
         assert rows[0]["batch"] == "all" and len(rows) >= 2
         assert sum(r["launches"] for r in rows[1:]) == rows[0]["launches"]
-    comps = compare(load_matrix(matrix), {e.name: __import__("cdbsim.logs", fromlist=["RunLog"]).RunLog.load(
+    comps = compare(load_matrix(matrix), {e.name: __import__("cdbsim.report.logs", fromlist=["RunLog"]).RunLog.load(
         measured / e.name) for e in entries}, latency_for)
     assert comps[2].online and comps[2].rows[0]["metric"] == "output_tps"
 
@@ -135,7 +135,7 @@ def test_validate_against_saved_logs(tmp_path) -> None:
 def test_stage_errors_by_batch_range() -> None:
     """A latency model that is exact for small batches and twice too slow above 16 rows shows it."""
     from calibration.validation import Entry
-    from cdbsim.validate import batch_range, stage_errors
+    from cdbsim.report.validate import batch_range, stage_errors
 
     assert [batch_range(b) for b in (1, 16, 17, 64, 256, 257)] == ["1-16", "1-16", "17-64", "17-64", "129-256",
                                                                   "257+"]
@@ -156,7 +156,7 @@ def test_stage_errors_of_queued_launches(timing: str) -> None:
     """Offline under lookahead every launch is queued behind the previous one, so the queued error is the
     error; under sync timing the device waits for the host before every launch, so none is queued."""
     from calibration.validation import Entry
-    from cdbsim.validate import stage_errors
+    from cdbsim.report.validate import stage_errors
 
     entry = Entry(name="refill", requests=30, width=16)
     arch, latency = entry.spec(), latency_for(entry.spec())
@@ -175,8 +175,8 @@ def test_stage_errors_of_queued_launches(timing: str) -> None:
 def test_run_host_fits_each_stage_to_its_mean() -> None:
     """A run whose codas cost the host twice a core step and whose core steps have a slow tail: each stage
     gets its own line, through the stage's mean host time (the tail counts); prefill keeps the pooled line."""
-    from cdbsim.launch import Stage
-    from cdbsim.validate import run_host
+    from cdbsim.report.validate import run_host
+    from cdbsim.serving.launch import Stage
 
     entry = Entry(name="refill", requests=40, width=16)
     arch, latency = entry.spec(), latency_for(entry.spec())
@@ -209,10 +209,10 @@ def test_stage_errors_see_each_launch_as_the_simulator_did(tmp_path) -> None:
     (the log keeps each launch's longest item, which the attention-width correction needs)."""
     from pathlib import Path
 
-    from cdbsim.logs import RunLog
-    from cdbsim.metadata import table_width
-    from cdbsim.profile import load_profile_file
-    from cdbsim.validate import stage_errors
+    from cdbsim.latency.profile import load_profile_file
+    from cdbsim.report.logs import RunLog
+    from cdbsim.report.validate import stage_errors
+    from cdbsim.serving.launch import table_width
 
     entry = Entry(name="sharegpt", arch="ouro-1.4b", workload="sharegpt", width=16, requests=16,
                   kv_tokens=98304)
@@ -238,8 +238,8 @@ def test_device_idle_is_predicted_from_the_launch_gap(tmp_path, name: str) -> No
     simulator predicts it within 10% from the saved H200 logs (it used to predict 0)."""
     from calibration.fit import BACK_TO_BACK_S, fit_launch_gap, launch_gaps
     from calibration.validation import unpacked_logs
-    from cdbsim.logs import RunLog
-    from cdbsim.shipped import resolve_profile
+    from cdbsim.latency.shipped import resolve_profile
+    from cdbsim.report.logs import RunLog
 
     with unpacked_logs(Path("benchmarks/results/validation/measured-logs.tgz")) as logs:
         measured = RunLog.load(logs / name)

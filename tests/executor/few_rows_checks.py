@@ -80,7 +80,7 @@ def assert_pdl_chain_waits(linear: Callable[[torch.Tensor, torch.Tensor, int], t
 def assert_served_run_completes() -> None:
     """A tiny Ouro model served with refill in CUDA graphs (the kernel chosen by ``CDBSIM_FEW_ROWS_KERNEL``, set by
     the caller): finite logits and every request's tokens."""
-    from cdbsim.config import ServeConfig
+    from cdbsim.serving.config import ServeConfig
     from executor.driver import execute
 
     from .helpers import tiny_arch, tiny_model, tiny_requests

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cdbsim.arch import ArchSpec, LayerShape
-from cdbsim.config import Policy, ServeConfig
+from cdbsim.model.arch import ArchSpec, LayerShape
+from cdbsim.serving.config import Policy, ServeConfig
 from executor.driver import ExecutorRun, build_model
 from executor.model import LoopedLM
 from executor.reference import ReferenceDecoder

@@ -19,9 +19,9 @@ from dataclasses import replace
 
 import torch
 
-import cdbsim.attention
-from cdbsim.config import ServeConfig
-from cdbsim.kvlayout import KVLayout
+import cdbsim.latency.gpu_work
+from cdbsim.model.arch import KVLayout
+from cdbsim.serving.config import ServeConfig
 from executor import ops as torch_ops
 from executor.driver import execute
 from executor.kv_cache import CacheGeometry, PagedKVCache
@@ -55,13 +55,13 @@ INTERPRETER_SPLITS = 3  # automatic split count under the interpreter (also a co
 
 @contextlib.contextmanager
 def split_cap(cap: int | None) -> Iterator[None]:
-    """Cap the automatic split count of decode attention (``cdbsim.attention.MAX_SPLITS``) while inside."""
-    saved = cdbsim.attention.MAX_SPLITS
-    cdbsim.attention.MAX_SPLITS = cap or saved
+    """Cap the automatic split count of decode attention (``cdbsim.latency.gpu_work.MAX_SPLITS``) while inside."""
+    saved = cdbsim.latency.gpu_work.MAX_SPLITS
+    cdbsim.latency.gpu_work.MAX_SPLITS = cap or saved
     try:
         yield
     finally:
-        cdbsim.attention.MAX_SPLITS = saved
+        cdbsim.latency.gpu_work.MAX_SPLITS = saved
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, atol: float, what: str) -> None:

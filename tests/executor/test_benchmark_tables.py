@@ -139,7 +139,7 @@ def test_step_clock_refuses_files_that_are_not_its_tables(tmp_path, capsys) -> N
 def test_step_clock_measures_every_point_on_a_cpu(tmp_path) -> None:
     import json
 
-    from cdbsim.arch import ArchSpec, LayerShape
+    from cdbsim.model.arch import ArchSpec, LayerShape
 
     probe = _script("probe_step_clock")
     arch = ArchSpec(name="tiny-ouro", layer=LayerShape(64, 128, 4, 4, 16, "ouro"), vocab=97, prelude=0, core=2,

@@ -161,7 +161,7 @@ def test_register_pieces_and_configs() -> None:
 
 
 def test_the_chained_path_is_on_for_the_fewest_rows_of_narrow_models_only() -> None:
-    from cdbsim.arch import PRESETS
+    from cdbsim.model.arch import PRESETS
     from executor import chain as c
     from executor.model import ModelConfig, chained_rows
     from executor.ops import Ops

@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from cdbsim.config import ServeConfig  # noqa: E402
-from cdbsim.logs import LAUNCH_COLUMNS, RunLog  # noqa: E402
+from cdbsim.report.logs import LAUNCH_COLUMNS, RunLog  # noqa: E402
+from cdbsim.serving.config import ServeConfig  # noqa: E402
 from executor.driver import execute, run_executor  # noqa: E402
 from traces.request import Request  # noqa: E402
 
@@ -129,10 +129,9 @@ def test_run_clock_starts_after_the_collector_pass(monkeypatch) -> None:
 
 
 def test_launch_metadata_is_the_size_the_latency_model_charges() -> None:
-    """cdbsim.metadata prices a decode-type launch's copy from the padded rows and the run's block-table
+    """cdbsim.serving.launch prices a decode-type launch's copy from the padded rows and the run's block-table
     width; the engine's graphs copy exactly that buffer."""
-    from cdbsim.launch import Stage
-    from cdbsim.metadata import metadata_bytes, table_width
+    from cdbsim.serving.launch import Stage, metadata_bytes, table_width
     from executor.engine import Engine
 
     arch = tiny_arch("ouro")
@@ -150,7 +149,7 @@ def test_decode_metadata_gathers_the_block_table_from_a_fresh_template() -> None
     """A decode-type launch's table row is its request's block ids (those past its position included:
     attention masks them), then the trash block; each launch's buffer is its own copy of the shape's
     scratch template, so filling one leaves the next launch's padding untouched."""
-    from cdbsim.launch import Stage, decode_launch
+    from cdbsim.serving.launch import Stage, decode_launch
     from executor.engine import FIELDS, Engine
 
     arch = tiny_arch("ouro")
@@ -173,7 +172,7 @@ def test_decode_metadata_matches_a_row_by_row_reading_of_the_launch() -> None:
     block table and bank row. Every field is re-derived here row by row from the launch itself, including
     after a request was given back and admitted again with other blocks of the same count (the mirror must
     notice new ids, not only a longer list)."""
-    from cdbsim.launch import Stage, decode_launch
+    from cdbsim.serving.launch import Stage, decode_launch
     from executor.engine import FIELDS, Engine
 
     arch = tiny_arch("ouro")

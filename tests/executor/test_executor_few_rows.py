@@ -115,8 +115,8 @@ def test_ops_dispatch_by_rows() -> None:
     take it up to the shared limit if no wider than 2,048; a limit past the kernel's rows is refused."""
     import torch.nn.functional as F
 
-    from cdbsim.arch import PRESETS
-    from cdbsim.paths import FEW_ROWS_MAX
+    from cdbsim.latency.gpu_work import FEW_ROWS_MAX
+    from cdbsim.model.arch import PRESETS
     from executor.model import ModelConfig, default_ops
     from executor.ops import Ops, silu_mul
 

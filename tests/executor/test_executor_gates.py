@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from cdbsim.kvlayout import KVLayout  # noqa: E402
+from cdbsim.model.arch import KVLayout  # noqa: E402
 from executor.gates import (  # noqa: E402
     depths_from_values,
     hazard_depth,

@@ -36,7 +36,7 @@ def test_cuda_graph_executor_matches_reference_fp32() -> None:
 @pytest.mark.parametrize("fuse_rows,few_rows", [(0, 0), (0, 16), (2, 16)], ids=["cublas", "few-rows", "chained"])
 @pytest.mark.parametrize("style", ["ouro", "huginn"])
 def test_bf16_lookahead_run_with_captured_graphs(style: str, fuse_rows: int, few_rows: int) -> None:
-    from cdbsim.config import ServeConfig
+    from cdbsim.serving.config import ServeConfig
     from executor.driver import execute
 
     from .helpers import tiny_arch, tiny_model, tiny_requests
@@ -56,7 +56,7 @@ def test_bf16_lookahead_run_with_captured_graphs(style: str, fuse_rows: int, few
 
 
 def test_decode_attention_cuda_long_contexts() -> None:
-    from cdbsim.kvlayout import KVLayout
+    from cdbsim.model.arch import KVLayout
     from executor import ops as torch_ops
     from executor import triton_kernels as tk
     from executor.kv_cache import CacheGeometry, PagedKVCache

@@ -17,7 +17,7 @@ pytest.importorskip("safetensors")
 
 from safetensors.torch import save_file  # noqa: E402
 
-from cdbsim.kvlayout import KVLayout  # noqa: E402
+from cdbsim.model.arch import KVLayout  # noqa: E402
 from executor.loader import load_model, to_public  # noqa: E402
 from executor.reference import ReferenceDecoder  # noqa: E402
 

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from cdbsim.config import ServeConfig
+from cdbsim.serving.config import ServeConfig
 from executor.driver import execute
 
 from .helpers import assert_matches_reference, tiny_arch, tiny_model, tiny_requests

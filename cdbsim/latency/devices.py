@@ -1,0 +1,87 @@
+"""GPU presets: datasheet figures, and what they imply for a GPU this project has not measured.
+
+Every measured profile comes from one GPU (an H200). Another GPU is predicted by carrying the measured
+kernels over with that GPU's speeds (:mod:`cdbsim.latency.kernels`): a kernel that reached some share of the
+H200's bandwidth or matmul rate is assumed to reach the same share of the other GPU's. The achievable
+figures of a preset are therefore the H200's measured ones (4.3 TB/s copy bandwidth, about 790 TFLOP/s
+bf16 matmul; ``reference/h200-notes.md``) scaled by the ratio of the two datasheets. Predictions for any
+preset but the H200 are labelled "not validated": no run on that GPU has checked them.
+
+Datasheet figures (dense bf16 Tensor Core rate, HBM capacity and bandwidth of one GPU):
+
+* H200 SXM: 989 TFLOP/s, 141 GB, 4.8 TB/s (NVIDIA H200 Tensor Core GPU datasheet; 1,979 with sparsity).
+* H100 SXM: 989 TFLOP/s, 80 GB, 3.35 TB/s (NVIDIA H100 Tensor Core GPU datasheet, SXM5; 1,979 with
+  sparsity).
+* B200 (HGX): 2,250 TFLOP/s, 180 GB, 7.7 TB/s (NVIDIA HGX B200 specifications: 4.5 PFLOP/s bf16 with
+  sparsity, so 2.25 dense).
+* A100 80GB SXM: 312 TFLOP/s, 80 GB, 2.039 TB/s (NVIDIA A100 Tensor Core GPU datasheet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cdbsim.errors import unknown
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Figures of a device for the roofline profile; defaults are measured H200 numbers
+    (reference/h200-notes.md: ~4.3 TB/s copy bandwidth, ~790 TFLOP/s bf16 matmul)."""
+
+    name: str = "NVIDIA H200"
+    bandwidth: float = 4.3e12           # bytes/s
+    matmul_flops: float = 7.9e14        # FLOP/s
+    launch_s: float = 2.5e-6            # per kernel inside a CUDA graph
+    memory_bytes: float = 141e9
+    attention_efficiency: float = 0.5   # share of matmul rate prefill attention reaches
+    host_launch_s: float = 30e-6        # host: plan + prepare + replay one launch
+    host_item_s: float = 0.3e-6         # host: per item planned
+    launch_gap_s: float = 1.30e-6       # device: one launch's end to the next one's start (LatencyModel.launch_gap)
+    idle_start_s: float = 4.5e-6        # device: an idle device's start after the host hands a launch over
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "memory_bytes": self.memory_bytes, "bandwidth": self.bandwidth,
+                "matmul_flops": self.matmul_flops, "launch_s": self.launch_s,
+                "attention_efficiency": self.attention_efficiency, "host_launch_s": self.host_launch_s,
+                "host_item_s": self.host_item_s, "launch_gap_s": self.launch_gap_s,
+                "idle_start_s": self.idle_start_s}
+
+
+H200 = DeviceSpec()
+
+
+@dataclass(frozen=True)
+class Datasheet:
+    name: str
+    bf16_flops: float      # dense
+    memory_bytes: float
+    bandwidth: float       # bytes/s
+    source: str
+
+
+DATASHEETS: dict[str, Datasheet] = {
+    "h200": Datasheet("NVIDIA H200", 989e12, 141e9, 4.8e12, "NVIDIA H200 Tensor Core GPU datasheet"),
+    "h100-sxm": Datasheet("NVIDIA H100 SXM", 989e12, 80e9, 3.35e12, "NVIDIA H100 Tensor Core GPU datasheet"),
+    "b200": Datasheet("NVIDIA B200", 2250e12, 180e9, 7.7e12, "NVIDIA HGX B200 specifications"),
+    "a100-80gb": Datasheet("NVIDIA A100 80GB SXM", 312e12, 80e9, 2.039e12, "NVIDIA A100 Tensor Core GPU datasheet"),
+}
+MEASURED = "h200"  # the GPU the shipped profiles were measured on
+
+
+def device_preset(name: str) -> DeviceSpec:
+    """A preset's achievable figures: the measured H200's, scaled by the datasheets' ratio."""
+    if name not in DATASHEETS:
+        raise unknown("device", name, DATASHEETS)
+    if name == MEASURED:
+        return H200
+    sheet, base = DATASHEETS[name], DATASHEETS[MEASURED]
+    return replace(H200, name=f"{sheet.name} (scaled from H200 measurements, not validated)",
+                   bandwidth=H200.bandwidth * sheet.bandwidth / base.bandwidth,
+                   matmul_flops=H200.matmul_flops * sheet.bf16_flops / base.bf16_flops,
+                   memory_bytes=sheet.memory_bytes)
+
+
+def validated(device: DeviceSpec) -> bool:
+    """Whether predictions on ``device`` have been checked against runs (the measured H200 only)."""
+    return device == H200

@@ -1,0 +1,290 @@
+"""Latency profiles: per-component fits ``t = delta + gamma x + alpha c`` of one device, as JSON.
+
+A profile holds one fit per *component*, named by what it computes and the shape it was measured at, so
+any architecture built from measured pieces is predicted with no new GPU run (Huginn 2-4-2 -> 1-4-1 ->
+0-4-0 reuses the same ``layer`` fit). How stages are composed from them: :mod:`cdbsim.latency.model`.
+
+=====================================  =====================  ===========================================
+component                              x                      c (and k)
+=====================================  =====================  ===========================================
+``layer/<shape>``                      tokens in the batch    (query, key) pairs attended
+``core1/<shape>``                      tokens                 pairs attended (a 1-layer core step)
+``prelude0/h<hidden>``                 tokens                 -   (embedding and stage glue)
+``coda0/h<hidden>-v<vocab>``           tokens                 -   (final norm, head, sampling, glue)
+``prefill_layer/<shape>``              prompt tokens          causal pairs attended; k = packed prompts
+``prefill1/<shape>-v<vocab>``          prompt tokens          causal pairs; k = packed prompts
+``adapter/h<hidden>``                  tokens                 -   (Huginn's adapter)
+``kv_copy/<shape>``                    (token, slot) copies   -   (last-exited fill, per core layer)
+``<stage>/<model>-<split>-r<r_max>``   tokens                 pairs (a stage measured on the whole model)
+``host``                               items planned          -   (host time to plan and launch)
+``meta_copy``                          bytes                  -   (a launch's metadata copy, cdbsim.serving.launch)
+``constant/<stage>``                   -                      -   (constant-latency profiles only)
+=====================================  =====================  ===========================================
+
+File format (``format: cdbsim-profile/1``): ``name``, ``kind`` (``measured`` | ``roofline`` |
+``constant``), ``device`` (name, memory_bytes, ...), ``versions``, ``date``, ``notes``, and
+``components``: ``{name: {delta, gamma, alpha, kappa, r2, max_rel_residual, points: [[x, c, t] or
+[x, c, k, t], ...]}}`` with times in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from cdbsim.errors import ConfigError, read_json, require
+from cdbsim.latency.power import SustainedLoad
+from traces.choice import Choice
+
+FORMAT = "cdbsim-profile/1"
+
+
+class ProfileKind(Choice):
+    """Where a profile's numbers come from: stages measured on a GPU for given shapes, kernels measured on
+    a GPU over the design space (composed per architecture, :mod:`cdbsim.latency.kernels`), derived from a
+    device's figures, or a constant time per stage (for hand-checkable runs)."""
+
+    MEASURED = "measured"
+    KERNELS = "kernels"
+    ROOFLINE = "roofline"
+    CONSTANT = "constant"
+
+    @classmethod
+    def what(cls) -> str:
+        return "profile kind"
+
+
+@dataclass
+class Fit:
+    """``t = delta + gamma x + alpha c (+ kappa k)`` with its fit quality and the points it came from.
+
+    Points are rows ``[x, c, t]`` (or ``[x, c, k, t]`` where a per-item count ``k`` matters, as prefill
+    chunks do). Besides the linear fit, a measured component predicts by interpolating its points
+    (:mod:`cdbsim.latency.interp`); the fit serves B*(L), the roofline and extrapolation.
+    """
+
+    delta: float
+    gamma: float = 0.0
+    alpha: float = 0.0
+    r2: float | None = None
+    max_rel_residual: float | None = None
+    points: list[list[float]] = field(default_factory=list)
+    kappa: float = 0.0
+
+    def __call__(self, x: float, c: float = 0.0, k: float = 0.0) -> float:
+        return self.delta + self.gamma * x + self.alpha * c + self.kappa * k
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+FIT_DIGITS = 10
+"""Significant digits a fitted coefficient keeps. A least-squares solve runs on the BLAS kernels the CPU
+selects, whose last bits differ between CPUs (an H200 profile's prefill curve fitted with OpenBLAS's Haswell and
+SkylakeX kernels differed from the 9th digit): rounded far below the measurements' precision, one profile
+predicts the same to the bit on every machine."""
+
+
+def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``argmin |a x - b|`` over ``x >= 0``, to :data:`FIT_DIGITS` significant digits.
+
+    The columns are scaled to unit norm first (a pairs or context column is ~10^7 times a constant one, which
+    left a solution's last five digits to the BLAS kernels), the plain solution is kept where it is already
+    non-negative, and otherwise scipy's ``nnls`` (an active-set method: exact where it stops, where an
+    iterative bounded solver stops at a tolerance) gives it."""
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    a = a / scale
+    x = np.linalg.lstsq(a, b, rcond=None)[0]
+    if np.any(x < 0):  # a bound binds
+        from scipy.optimize import nnls  # imported only here: predicting a shipped model seldom needs it
+
+        x = nnls(a, b)[0]
+    return np.array([float(f"{v:.{FIT_DIGITS}g}") for v in x / scale])
+
+
+def fit_points(points: np.ndarray | list, with_context: bool = True, relative: bool = True) -> Fit:
+    """Least-squares fit of ``t = delta + gamma x + alpha c (+ kappa k)``, all terms >= 0, to rows
+    ``[x, c, t]`` or ``[x, c, k, t]``.
+
+    Residuals are weighted by ``1/t`` so small and large launches count alike (the error that matters
+    for a simulator is relative); ``relative=False`` fits plain residuals, for a cost measured as a
+    difference that can come out at zero (a relative weight would pin the line to those points; its worst
+    residual is then relative to the largest time). R^2 is reported on the unweighted times. A term whose
+    column does not vary is left out (coefficient 0).
+    """
+    pts = np.asarray(points, dtype=float)
+    require(pts.ndim == 2 and pts.shape[1] in (3, 4) and len(pts) >= 2,
+            "a fit needs at least 2 points [x, c, t] or [x, c, k, t]")
+    t = pts[:, -1]
+    require(bool(np.all(t > 0)) or not relative, "measured times must be > 0")
+    names = ["delta", "gamma"]
+    columns = [np.ones(len(pts)), pts[:, 0]]
+    if with_context and np.ptp(pts[:, 1]) > 0:
+        names.append("alpha")
+        columns.append(pts[:, 1])
+    if pts.shape[1] == 4 and np.ptp(pts[:, 2]) > 0:
+        names.append("kappa")
+        columns.append(pts[:, 2])
+    design = np.stack(columns, axis=1)
+    weights = 1.0 / t if relative else np.ones(len(t))
+    solution = nonnegative_lstsq(design * weights[:, None], t * weights)
+    predicted = design @ solution
+    ss_res = float(np.sum((t - predicted) ** 2))
+    ss_tot = float(np.sum((t - t.mean()) ** 2))
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    scale = t if relative else np.full(len(t), np.abs(t).max())  # unweighted: against the largest time
+    worst = float(np.max(np.abs(predicted - t) / np.maximum(scale, 1e-12)))
+    coef = dict(zip(names, map(float, solution), strict=True))
+    return Fit(r2=r2, max_rel_residual=worst, points=pts.tolist(), **{"delta": 0.0, **coef})
+
+
+@dataclass
+class Profile:
+    """Component fits of one device, plus the device facts used for KV sizing and the roofline."""
+
+    name: str
+    kind: ProfileKind
+    device: dict
+    components: dict[str, Fit]
+    versions: dict = field(default_factory=dict)
+    date: str = ""
+    notes: str = ""
+    source: str = ""
+    attention: dict = field(default_factory=dict)  # decode attention's programs per wave ("slots"), its points
+    kernels: dict = field(default_factory=dict)    # a kernel-level profile's tables (cdbsim.latency.kernels)
+    remark: str = ""                                # what a label adds (a composed profile: its shape, reach)
+
+    def __post_init__(self) -> None:
+        self.kind = ProfileKind.parse(self.kind)
+
+    @property
+    def attention_slots(self) -> float | None:
+        """Decode-attention programs the device runs at once, fitted by calibration; None when unmeasured."""
+        slots = self.attention.get("slots")
+        return float(slots) if slots else None
+
+    @property
+    def attention_sharpness(self) -> float:
+        """How the two bounds of a mixed batch's attention combine (the p of their p-norm, see
+        :func:`cdbsim.latency.gpu_work.equivalent_length`), fitted with the slots; infinite (the larger bound
+        alone) for a profile fitted before it was."""
+        sharpness = self.attention.get("sharpness")
+        return float(sharpness) if sharpness else math.inf
+
+    def component(self, name: str) -> Fit | None:
+        return self.components.get(name)
+
+    @property
+    def memory_bytes(self) -> float:
+        return float(self.device.get("memory_bytes", 0.0))
+
+    def label(self) -> str:
+        device = self.device.get("name", "unknown device")
+        date = f", {self.date}" if self.date else ""
+        remark = f"; {self.remark}" if self.remark else ""
+        return f"{self.name} ({self.kind}, {device}{date}{remark})"
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "name": self.name, "kind": self.kind.value, "device": self.device,
+                "versions": self.versions, "date": self.date, "notes": self.notes,
+                **({"attention": self.attention} if self.attention else {}),
+                **({"kernels": self.kernels} if self.kernels else {}),
+                "components": {k: v.to_dict() for k, v in sorted(self.components.items())}}
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON form; written whole or not at all (:func:`cdbsim.report.outputs.atomic_file`)."""
+        from cdbsim.report.outputs import atomic_file
+
+        path = Path(path)
+        with atomic_file(path) as staging:
+            staging.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+
+FIT_TERMS = ("delta", "gamma", "alpha", "kappa")  # seconds (per unit): finite and >= 0
+FIT_QUALITY = ("r2", "max_rel_residual")           # numbers, or null where not fitted
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _fit_from_dict(data: object, where: str) -> Fit:
+    """One component's fit, every field checked: a time that is text, negative or not finite would
+    price launches at nonsense (or crash mid-run), so it is refused here with the key that holds it."""
+    require(isinstance(data, dict), f"{where}: expected an object of fit terms, got {data!r:.60}")
+    valid = [f.name for f in fields(Fit)]
+    unknown_keys = sorted(set(data) - set(valid))
+    require(not unknown_keys, f"{where}: unknown key(s) {', '.join(unknown_keys)}; valid keys: {', '.join(valid)}")
+    require("delta" in data, f"{where}: missing key delta")
+    for term in FIT_TERMS:
+        value = data.get(term, 0.0)
+        require(_number(value) and value >= 0, f"{where}.{term} must be a finite number >= 0, got {value!r}")
+    for term in FIT_QUALITY:
+        value = data.get(term)
+        require(value is None or _number(value), f"{where}.{term} must be a finite number or null, got {value!r}")
+    points = data.get("points", [])
+    require(isinstance(points, list), f"{where}.points must be a list of [x, c, t] rows, got {points!r:.60}")
+    for i, row in enumerate(points):
+        require(isinstance(row, list) and len(row) in (3, 4) and all(_number(v) for v in row),
+                f"{where}.points[{i}] must be [x, c, t] or [x, c, k, t] of finite numbers, got {row!r:.60}")
+    return Fit(**data)
+
+
+def _check_attention(data: dict, where: str) -> None:
+    """The decode-attention fit's numbers (``slots``, ``sharpness``: > 0 or null; ``heads``; ``points``:
+    rows of numbers), so a hand-edited value is refused when the file is read, not when a launch is priced."""
+    for key in ("slots", "sharpness"):
+        value = data.get(key)
+        require(value is None or (_number(value) and value > 0), f"{where}.{key} must be a finite number > 0 or "
+                                                                   f"null, got {value!r:.40}")
+    heads = data.get("heads")
+    require(heads is None or (isinstance(heads, int) and not isinstance(heads, bool) and heads >= 1),
+            f"{where}.heads must be a whole number >= 1, got {heads!r:.40}")
+    points = data.get("points", [])
+    require(isinstance(points, list), f"{where}.points must be a list of rows of numbers, got {points!r:.40}")
+    for i, row in enumerate(points):
+        require(isinstance(row, list) and len(row) >= 2 and all(_number(v) for v in row),
+                f"{where}.points[{i}] must be a row of finite numbers, got {row!r:.40}")
+
+
+def profile_from_dict(data: dict, source: str = "profile") -> Profile:
+    """Parse the JSON form; a wrong format or a malformed value is refused with a one-line error naming
+    ``source`` and the key."""
+    require(isinstance(data, dict), f"{source}: not a cdbsim profile (a profile file holds a JSON object, "
+                                    f"got {data!r:.40})")
+    if data.get("format") != FORMAT:
+        raise ConfigError(f"{source}: not a cdbsim profile (expected format {FORMAT!r})")
+    for key in ("name", "kind", "device", "components"):
+        require(key in data, f"{source}: malformed profile (missing key {key})")
+    for key, kind in (("name", str), ("date", str), ("notes", str), ("device", dict), ("components", dict),
+                      ("versions", dict), ("attention", dict), ("kernels", dict)):
+        if key in data:
+            require(isinstance(data[key], kind), f"{source}: {key} must be {'text' if kind is str else 'an object'}, "
+                                                 f"got {data[key]!r:.60}")
+    _check_attention(data.get("attention", {}), f"{source}: attention")
+    try:
+        SustainedLoad.from_record(data.get("kernels", {}).get("sustained"))
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    memory = data["device"].get("memory_bytes", 0.0)
+    require(_number(memory) and memory >= 0, f"{source}: device.memory_bytes must be a finite number >= 0, "
+                                             f"got {memory!r}")
+    components = {name: _fit_from_dict(fit, f"{source}: components.{name}")
+                  for name, fit in data["components"].items()}
+    try:
+        return Profile(name=data["name"], kind=data["kind"], device=dict(data["device"]),
+                       components=components, versions=dict(data.get("versions", {})),
+                       date=data.get("date", ""), notes=data.get("notes", ""), source=source,
+                       attention=dict(data.get("attention", {})), kernels=dict(data.get("kernels", {})))
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: malformed profile ({exc})") from None
+
+
+def load_profile_file(path: str | Path) -> Profile:
+    return profile_from_dict(read_json(path, "profile file"), str(path))

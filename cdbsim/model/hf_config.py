@@ -1,0 +1,115 @@
+"""Architectures read from the Hugging Face ``config.json`` of a looped checkpoint.
+
+Two families are understood (field names as in their public configs, see ``reference/models.md``):
+
+* Ouro (``model_type`` "ouro", ByteDance/Ouro-1.4B and -2.6B): every layer sits in the loop (split
+  0-L-0) and ``total_ut_steps`` is r_max.
+* Huginn (``model_type`` "huginn_raven", tomg-group-umd/huginn-0125, RavenConfig): prelude, recurrent
+  block and coda layers; the config holds no serving depth, so r_max is 16, as the CDB paper serves it
+  (``--r-max`` sets another).
+
+Only the shape is read: a checkpoint's weights are not needed to predict how it serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cdbsim.errors import ConfigError, read_json, unknown
+from cdbsim.model.arch import ArchSpec, LayerShape
+
+HUGINN_R_MAX = 16
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class _Fields:
+    """The keys of one config.json, read with a one-line error that names the file and the key."""
+
+    data: dict
+    path: Path
+    family: str
+
+    def get(self, *keys: str, default: Any = _MISSING, kind: type | tuple[type, ...] = int) -> Any:
+        """The value of the first of ``keys`` present (the spellings a family's configs use)."""
+        for key in keys:
+            if key in self.data:
+                value = self.data[key]
+                if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+                    raise ConfigError(f"{self.path}: {key} must be {_KIND_NAMES[kind]}, got {value!r}")
+                return value
+        if default is _MISSING:
+            raise ConfigError(f"{self.path}: no {' or '.join(keys)} (an {self.family} config.json has it)")
+        return default
+
+    def head_dim(self, hidden: int, heads: int) -> int:
+        """``head_dim`` if given, else hidden / heads (how both families size their heads)."""
+        if "head_dim" in self.data:
+            return self.get("head_dim")
+        if heads < 1 or hidden % heads:
+            raise ConfigError(f"{self.path}: no head_dim, and the hidden size {hidden} is not a multiple of "
+                              f"the {heads} attention heads")
+        return hidden // heads
+
+
+_NUMBER = (int, float)
+_KIND_NAMES = {int: "an integer", bool: "true or false", _NUMBER: "a number"}
+
+
+def _name(data: dict, path: Path) -> str:
+    """The checkpoint's name: ``_name_or_path``'s last part, else the directory holding the file."""
+    given = data.get("_name_or_path") or data.get("name")
+    if isinstance(given, str) and given.strip("/"):
+        return given.rstrip("/").rsplit("/", 1)[-1]
+    return path.resolve().parent.name or path.stem
+
+
+def _ouro(config: _Fields, name: str) -> ArchSpec:
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    layer = LayerShape(hidden=hidden, intermediate=config.get("intermediate_size"), heads=heads,
+                       kv_heads=config.get("num_key_value_heads", default=heads),
+                       head_dim=config.head_dim(hidden, heads), style="ouro")
+    return ArchSpec(name=name, layer=layer, vocab=config.get("vocab_size"), prelude=0,
+                    core=config.get("num_hidden_layers"), coda=0, r_max=config.get("total_ut_steps"),
+                    tied_head=config.get("tie_word_embeddings", default=True, kind=bool),
+                    rope_theta=float(config.get("rope_theta", kind=_NUMBER)),
+                    norm_eps=float(config.get("rms_norm_eps", default=1e-6, kind=_NUMBER)))
+
+
+def _huginn(config: _Fields, name: str) -> ArchSpec:
+    hidden, heads = config.get("n_embd"), config.get("n_heads", "num_attention_heads")
+    layer = LayerShape(hidden=hidden, intermediate=config.get("intermediate_size"), heads=heads,
+                       kv_heads=config.get("num_key_value_heads", default=heads),
+                       head_dim=config.head_dim(hidden, heads), style="huginn")
+    return ArchSpec(name=name, layer=layer, vocab=config.get("padded_vocab_size", "vocab_size"),
+                    prelude=config.get("n_layers_in_prelude"), core=config.get("n_layers_in_recurrent_block"),
+                    coda=config.get("n_layers_in_coda"), r_max=HUGINN_R_MAX,
+                    tied_head=config.get("tie_embeddings", "tie_word_embeddings", default=True, kind=bool),
+                    rope_theta=float(config.get("rope_base", "rope_theta", kind=_NUMBER)),
+                    norm_eps=float(config.get("norm_eps", default=1e-6, kind=_NUMBER)))
+
+
+FAMILIES: dict[str, tuple[str, Callable[[_Fields, str], ArchSpec]]] = {
+    "ouro": ("Ouro", _ouro),
+    "huginn_raven": ("Huginn", _huginn),
+}
+
+
+def arch_from_hf_config(path: str | Path) -> ArchSpec:
+    """The :class:`ArchSpec` of the checkpoint whose ``config.json`` is ``path``."""
+    path = Path(path)
+    data = read_json(path, "Hugging Face config")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a Hugging Face config (expected a JSON object)")
+    model_type = data.get("model_type")
+    if model_type not in FAMILIES:
+        raise ConfigError(f"{path}: {unknown('model_type', str(model_type), FAMILIES)}")
+    family, read = FAMILIES[model_type]
+    try:
+        return read(_Fields(data, path, family), _name(data, path))
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith(str(path)) else f"{path}: {message}") from None

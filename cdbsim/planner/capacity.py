@@ -1,0 +1,283 @@
+"""``cdbsim.capacity``: the highest Poisson request rate one GPU serves within latency SLOs.
+
+**What "the SLOs hold" means.** Each per-request limit (TTFT, TPOT, normalized latency = E2E / output
+tokens) is checked on every request, and, as vLLM's serving benchmark counts goodput, a request counts
+only if it meets *every* limit given. The SLOs hold at a rate when at least ``attainment`` of the requests
+(default 99%, so the limits read as p99 targets) count, and, if a limit on the *mean* normalized latency is
+given, the run's mean is within it. Goodput is the requests that count per second of the run. A request
+with one output token has no TPOT and meets that limit.
+
+**How the rate is found.** As Vidur's capacity search does, by bisection on the request rate with the
+same seed at every rate (a Poisson process's arrivals at rate ``r`` are the same draws scaled by 1/r, so
+rates compare like for like). An offline run (every request at t = 0) gives the throughput ``R`` the
+configuration sustains at most; if the SLOs hold even there, ``R`` is the answer (nothing but throughput
+binds). Otherwise the search checks ``R / 64`` (if the SLOs fail there they are called unreachable) and
+``R``, and while they hold doubles the rate (Poisson arrivals can be served a little faster than one burst
+of every request, which ends in a tail of small batches), up to ``4 R``, which says the run is too short to
+load the GPU. Then it halves the ratio between the highest rate that held and the lowest that did not
+(geometric midpoints) until it is within ``tolerance`` (2%): 11 simulations for the bracket [R/64, R], 10
+for [R, 2R]. The answer is the highest rate that held. Use enough requests that a run lasts well beyond
+its start-up (the workload presets' defaults do).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cdbsim.errors import ConfigError, require
+from cdbsim.planner.experiment import Experiment
+from cdbsim.report.logs import RunLog
+from cdbsim.report.metrics import Report
+from cdbsim.serving.config import Policy
+
+BRACKET = 64.0           # the search starts between R / BRACKET and R (R: offline throughput)
+TOLERANCE = 0.02         # the rate is found to within this share
+MAX_SIMULATIONS = 12
+ABOVE = 4.0              # the SLOs still holding at 4 R means the run is too short to load the GPU
+
+
+class Unreachable(ConfigError):
+    """The SLOs are not met even at a light load."""
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency limits in seconds (None: not limited) and the share of requests that must meet all of them."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    normalized_s: float | None = None
+    normalized_mean_s: float | None = None
+    attainment: float = 0.99
+
+    def __post_init__(self) -> None:
+        limits = self.limits()
+        require(bool(limits) or self.normalized_mean_s is not None,
+                "give at least one SLO (TTFT, TPOT, normalized latency or its mean)")
+        for name, value in [*limits.items(), ("mean normalized latency", self.normalized_mean_s)]:
+            require(value is None or (math.isfinite(value) and value > 0),
+                    f"the {name} limit must be a finite number > 0, got {value}")
+        require(0 < self.attainment <= 1, f"the attainment must be in (0, 1], got {self.attainment}")
+
+    def limits(self) -> dict[str, float]:
+        """The per-request limits given, by name."""
+        named = {"TTFT": self.ttft_s, "TPOT": self.tpot_s, "normalized latency": self.normalized_s}
+        return {name: value for name, value in named.items() if value is not None}
+
+    def describe(self) -> str:
+        share = f"p{self.attainment * 100:g}"
+        parts = [f"{share} {name} <= {_seconds(value)}" for name, value in self.limits().items()]
+        if self.normalized_mean_s is not None:
+            parts.append(f"mean normalized latency <= {_seconds(self.normalized_mean_s)}")
+        return ", ".join(parts)
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:g} ms" if value < 1 else f"{value:g} s"
+
+
+@dataclass
+class Check:
+    """One simulated rate: whether the SLOs held, and what was measured."""
+
+    rate: float | None          # requests/s offered (None: offline, every request at t = 0)
+    met: bool
+    attainment: float           # share of requests meeting every per-request limit
+    goodput: float              # those requests per second of the run
+    why: str                    # the limit that failed, in words ("" when met)
+    report: Report
+
+    @classmethod
+    def of(cls, rate: float | None, log: RunLog, report: Report, slo: SLO) -> Check:
+        reqs = log.requests
+        arrival = reqs["arrival"].to_numpy(float)
+        first = reqs["first_token"].to_numpy(float)
+        finish = reqs["finish"].to_numpy(float)
+        out = reqs["output_len"].to_numpy(float)
+        measured = {"TTFT": first - arrival,
+                    "TPOT": np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), 0.0),
+                    "normalized latency": (finish - arrival) / out}
+        good = np.ones(len(reqs), dtype=bool)
+        shares = {}
+        for name, limit in slo.limits().items():
+            meets = measured[name] <= limit
+            shares[name] = float(meets.mean())
+            good &= meets
+        attainment = float(good.mean()) if len(good) else 0.0
+        why = ""
+        if attainment < slo.attainment:
+            each = ", ".join(f"{name} <= {_seconds(slo.limits()[name])}: {share:.1%}" for name, share in shares.items())
+            why = f"{attainment:.1%} of requests meet every limit, below {slo.attainment:.1%} ({each})"
+        mean = report.normalized_s.mean
+        if slo.normalized_mean_s is not None and not mean <= slo.normalized_mean_s:
+            why = why or f"mean normalized latency {_seconds(mean)} > {_seconds(slo.normalized_mean_s)}"
+        return cls(rate, not why, attainment, float(good.sum()) / report.makespan_s, why, report)
+
+
+@dataclass
+class CapacityResult:
+    """The highest rate found to meet the SLOs for one policy, and every rate simulated to find it."""
+
+    policy: str
+    slo: SLO
+    rate: float = math.nan      # requests/s per GPU (one simulated replica)
+    upper: float = math.nan     # the lowest rate found not to meet them (NaN: throughput-bound)
+    offline_rate: float = math.nan
+    checks: list[Check] = field(default_factory=list)
+    unreachable: str = ""
+
+    @property
+    def simulations(self) -> int:
+        return len(self.checks)
+
+    @property
+    def at_rate(self) -> Check | None:
+        """The simulation at the rate reported."""
+        met = [c for c in self.checks if c.met]
+        return max(met, key=lambda c: c.rate if c.rate is not None else math.inf) if met else None
+
+    @property
+    def throughput_bound(self) -> bool:
+        """True when the SLOs held even offline: throughput, not latency, sets the capacity."""
+        return bool(self.checks) and self.checks[0].met
+
+    @property
+    def too_short(self) -> bool:
+        """True when the SLOs still held at ``ABOVE`` times the offline throughput (too few requests)."""
+        return self.rate >= ABOVE * self.offline_rate
+
+    def gpus_for(self, target_rate: float) -> int:
+        """GPUs (replicas) needed to serve ``target_rate`` requests/s within the SLOs."""
+        check_target_rate(target_rate)
+        require(self.rate > 0, f"{self.policy} cannot meet the SLOs ({self.unreachable})")
+        return math.ceil(target_rate / self.rate - 1e-9)
+
+    def row(self, target_rate: float | None = None) -> dict:
+        """A flat summary for tables and JSON."""
+        check = self.at_rate
+        row = {"policy": self.policy, "req/s per GPU": self.rate,
+               "output tok/s per GPU": check.report.output_tps if check else math.nan,
+               "goodput req/s": check.goodput if check else math.nan,
+               "attainment %": 100 * check.attainment if check else math.nan,
+               "TTFT p99 s": check.report.ttft_s.p99 if check else math.nan,
+               "TPOT p99 ms": 1e3 * check.report.tpot_s.p99 if check else math.nan,
+               "search within %": 100 * (self.upper / self.rate - 1) if self.upper > 0 else None,
+               "simulations": self.simulations}
+        if target_rate is not None:
+            row[f"GPUs for {target_rate:g} req/s"] = self.gpus_for(target_rate) if self.rate > 0 else "-"
+        if self.unreachable:
+            row["note"] = self.unreachable
+        elif self.throughput_bound:
+            row["note"] = "the SLOs hold offline: throughput-bound"
+        elif self.too_short:
+            row["note"] = f"the SLOs hold at {ABOVE:g}x its offline throughput: too few requests to load the GPU"
+        return row
+
+
+def check_target_rate(target_rate: float) -> float:
+    """A rate to size GPUs for: a finite number > 0 (checked before a search, not after its minutes)."""
+    require(math.isfinite(target_rate) and target_rate > 0,
+            f"the target rate must be a finite number > 0 req/s, got {target_rate:g}")
+    return target_rate
+
+
+def simulate_rate(exp: Experiment, rate: float | None, slo: SLO) -> Check:
+    """Run ``exp`` at Poisson ``rate`` (None: offline) and check the SLOs."""
+    from cdbsim.planner.study import predict
+
+    result = predict(exp.override({"workload.rate": rate}))
+    return Check.of(rate, result.log, result.report, slo)
+
+
+def search(exp: Experiment, slo: SLO, tolerance: float = TOLERANCE,
+           max_simulations: int = MAX_SIMULATIONS) -> CapacityResult:
+    """The capacity of ``exp`` (its policy) under ``slo``, by bisection; see the module's docstring.
+    Unreachable SLOs raise :class:`Unreachable`."""
+    require(exp.workload.trace is None, "capacity draws Poisson arrivals for a workload preset; it cannot vary "
+                                        f"the arrivals of the trace file {exp.workload.trace} (unset workload.trace)")
+    require(tolerance > 0, f"the tolerance must be > 0, got {tolerance}")
+    require(max_simulations >= 3, f"the search needs at least 3 simulations, got {max_simulations}")
+    result = CapacityResult(str(exp.serve.policy), slo)
+    offline = simulate_rate(exp, None, slo)
+    result.checks.append(offline)
+    result.offline_rate = offline.report.request_rate
+    if offline.met:
+        result.rate = result.offline_rate
+        return result
+    low = result.offline_rate / BRACKET
+    check = simulate_rate(exp, low, slo)
+    result.checks.append(check)
+    if not check.met:
+        raise Unreachable(f"{result.policy}: the SLOs ({slo.describe()}) are not met even at {low:.3g} req/s, "
+                          f"1/{BRACKET:g} of its offline throughput: {check.why}")
+    high = result.offline_rate
+    while (check := simulate_rate(exp, high, slo)).met:  # Poisson arrivals may be served faster than a burst
+        result.checks.append(check)
+        low, high = high, 2 * high
+        if low >= ABOVE * result.offline_rate or result.simulations >= max_simulations:
+            result.rate = low
+            return result
+    result.checks.append(check)
+    while high / low > 1 + tolerance and result.simulations < max_simulations:
+        mid = math.sqrt(low * high)
+        check = simulate_rate(exp, mid, slo)
+        result.checks.append(check)
+        low, high = (mid, high) if check.met else (low, mid)
+    result.rate, result.upper = low, high
+    return result
+
+
+@dataclass(frozen=True)
+class CapacityTask:
+    """One policy's search, as a worker gets it."""
+
+    experiment: Experiment
+    slo: SLO
+    tolerance: float = TOLERANCE
+    max_simulations: int = MAX_SIMULATIONS
+
+
+def run_search(task: CapacityTask) -> CapacityResult:
+    """A worker's search; unreachable SLOs come back as a result saying so."""
+    try:
+        return search(task.experiment, task.slo, task.tolerance, task.max_simulations)
+    except Unreachable as exc:
+        return CapacityResult(str(task.experiment.serve.policy), task.slo, rate=0.0, unreachable=str(exc))
+
+
+def capacity(experiment: Experiment, slo: SLO | None = None, policies: Sequence[Policy | str] | None = None, *,
+             tolerance: float = TOLERANCE, max_simulations: int = MAX_SIMULATIONS, jobs: int = 1,
+             dask: str | None = None, progress: Callable[[int, int], None] | None = None,
+             **limits: float) -> list[CapacityResult]:
+    """The capacity of ``experiment`` under ``slo`` (or the limits as keywords: ``ttft_s=2, tpot_s=0.05``)
+    for each of ``policies`` (default: the experiment's own), searched in parallel on ``jobs`` processes or a
+    Dask cluster (``progress`` is told the searches done and their number as each ends). A policy that cannot
+    meet the SLOs has ``rate`` 0 and says why in ``unreachable``; if none
+    can, a one-line :class:`ConfigError`."""
+    from cdbsim.planner.parallel import Job, in_order, runner
+    from cdbsim.planner.sweep import impossible
+
+    slo = slo if slo is not None else SLO(**limits)
+    chosen = [Policy.parse(p) for p in policies] if policies is not None else [experiment.serve.policy]
+    require(bool(chosen), f"no policy to search; choose from: {', '.join(p.value for p in Policy)}")
+    require(len(set(chosen)) == len(chosen), f"a policy is given twice: {', '.join(map(str, chosen))}")
+    experiments = [experiment.override({"serve.policy": p}) for p in chosen]
+    for exp in experiments:
+        reason = impossible(exp)
+        require(reason is None, f"{exp.serve.policy}: {reason}")
+    tasks = [Job(i, arg=CapacityTask(exp, slo, tolerance, max_simulations), ready=False)
+             for i, exp in enumerate(experiments)]
+    with runner(jobs, dask) as run:
+        results = []
+        for _, result in in_order(tasks, run_search, run):
+            results.append(result)
+            if progress is not None:
+                progress(len(results), len(tasks))
+    if all(r.unreachable for r in results):
+        raise ConfigError(results[0].unreachable if len(results) == 1 else
+                          "no policy meets the SLOs; " + "; ".join(r.unreachable for r in results))
+    return results

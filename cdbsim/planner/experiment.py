@@ -1,0 +1,613 @@
+"""One experiment, declared once: the model, how it is served, what it serves, how its tokens exit and
+which latency model prices the launches.
+
+Every setting is a field of one section dataclass, declared once with its default, type, command-line
+flag(s) and help in the field's metadata (as microsoft/vidur declares its config dataclasses). From these
+declarations come the options of every ``cdbsim`` command, the sections of an experiment TOML file::
+
+    [arch]
+    name = "huginn-3.5b"
+    split = "1-4-1"
+
+    [serve]
+    width = 128
+
+and the keys ``--set serve.width=128`` reaches. Values are parsed to the field's type wherever they come
+from (a flag, a TOML value, ``--set`` text, a notebook), and a wrong one is a one-line
+:class:`~cdbsim.errors.ConfigError` naming where it came from, the key and what is allowed.
+:meth:`Experiment.build` resolves an experiment into the objects a simulated run needs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
+from functools import cache
+from pathlib import Path
+from types import NoneType
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from cdbsim.errors import ConfigError, read_text, require, unknown
+from cdbsim.model.arch import ArchSpec, KVLayout, head_dim_explicit, load_arch
+from cdbsim.serving.config import CoreLaunch, Policy, ServeConfig, Timing
+from cdbsim.serving.memory import KVCapacity
+from cdbsim.simulator.workload import Arrival, WorkloadSpec, default_mean_depth
+from traces import ExitModel
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the tomli backport has the same API
+    import tomli as tomllib
+
+if TYPE_CHECKING:
+    from cdbsim.latency.devices import DeviceSpec
+    from cdbsim.latency.model import LatencyModel
+    from cdbsim.report.progress import ProgressFactory
+    from traces import Request
+
+
+def option(default: Any, help: str, *flags: str, minimum: float | None = None, above: float | None = None,
+           maximum: float | None = None) -> Any:
+    """A field with its help and command-line flags (``--field-name`` unless given), and the range its
+    values must lie in (``>= minimum``, ``> above``, ``<= maximum``; ``None``, where allowed, passes)."""
+    return field(default=default, metadata={"help": help, "flags": flags, "minimum": minimum, "above": above,
+                                            "maximum": maximum})
+
+
+def check_range(value: Any, metadata: Mapping[str, Any]) -> None:
+    """Refuse a value outside its field's declared range with a one-line :class:`ConfigError`."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    minimum, above, maximum = metadata.get("minimum"), metadata.get("above"), metadata.get("maximum")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"must be >= {minimum:g}, got {value:g}")
+    if above is not None and value <= above:
+        raise ConfigError(f"must be > {above:g}, got {value:g}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"must be <= {maximum:,}, got {value:,}")
+
+
+# ----- values ------------------------------------------------------------------------------------
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def unwrap_optional(hint: Any) -> tuple[Any, bool]:
+    """``(T, True)`` for ``T | None``, else ``(hint, False)``."""
+    args = typing.get_args(hint)
+    if NoneType in args:
+        return next(a for a in args if a is not NoneType), True
+    return hint, False
+
+
+def allowed(hint: Any) -> str:
+    """What a value of ``hint`` may be, in words (for error messages)."""
+    base, optional = unwrap_optional(hint)
+    if isinstance(base, type) and issubclass(base, Enum):
+        words = "one of " + ", ".join(m.value for m in base)
+    else:
+        words = {bool: "true or false", int: "an integer", float: "a number", Path: "a file path",
+                 str: "text"}[base]
+    return f"{words} (or none)" if optional else words
+
+
+def parse_value(value: Any, hint: Any) -> Any:
+    """``value`` as a value of ``hint`` (str, int, float, bool, Path, an enum, or one of those | None).
+
+    Text is parsed, so ``--set`` values and quoted TOML values work like typed ones; ``none`` (or an empty
+    text) clears an optional field. A value that does not fit raises a one-line :class:`ConfigError`.
+    """
+    base, optional = unwrap_optional(hint)
+    text = value.strip() if isinstance(value, str) else None
+    if optional and (value is None or (text is not None and text.lower() in ("", "none", "null"))):
+        return None
+    if isinstance(base, type) and issubclass(base, Enum):
+        if isinstance(value, base):
+            return value
+        if hasattr(base, "parse"):  # the enum's own aliases and one-line error
+            return base.parse(value)
+        try:
+            return base(value)
+        except ValueError:
+            raise unknown(base.__name__.lower(), str(value), [m.value for m in base]) from None
+    try:
+        if base is bool:
+            if isinstance(value, bool):
+                return value
+            if text is not None and text.lower() in _TRUE + _FALSE:
+                return text.lower() in _TRUE
+        elif base is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            if text is not None:
+                return int(text)
+        elif base is float:
+            number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else (
+                float(text) if text is not None else None)
+            if number is not None and math.isfinite(number):
+                return number
+            if number is not None:
+                raise ConfigError(f"expected a finite number, got {value!r}")
+        elif base is str and isinstance(value, str):
+            return value
+        elif base is Path and isinstance(value, str | Path):
+            return Path(value)
+    except ConfigError:
+        raise
+    except ValueError:
+        pass
+    raise ConfigError(f"expected {allowed(hint)}, got {value!r}")
+
+
+def plain(value: Any) -> Any:
+    """A field value as JSON/TOML holds it: enums by their value, paths as text."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return ("-inf" if value < 0 else "inf") if math.isinf(value) else "nan" if math.isnan(value) else repr(value)
+    # a JSON string is a TOML basic string, once DEL (raw in JSON, not in TOML) is escaped too
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _prefix(source: str | None) -> str:
+    return f"{source}: " if source else ""
+
+
+# ----- sections ----------------------------------------------------------------------------------
+class Section:
+    """Base of the experiment's sections: each field holds a value of its declared type."""
+
+    def __post_init__(self) -> None:
+        hints = _hints(type(self))
+        for f in fields(self):  # type: ignore[arg-type]
+            value = parse_value(getattr(self, f.name), hints[f.name])
+            try:
+                check_range(value, f.metadata)
+            except ConfigError as exc:
+                raise ConfigError(f"{self.name_of(f.name)}: {exc}") from None
+            object.__setattr__(self, f.name, value)
+
+    @classmethod
+    def name_of(cls, key: str) -> str:
+        """``section.key`` as errors name a field."""
+        section = next(name for name, section_cls in SECTIONS.items() if section_cls is cls)
+        return f"{section}.{key}"
+
+    def updated(self, values: Mapping[str, Any], section: str, source: str | None = None) -> Section:
+        """A copy with ``values`` set; an unknown key or a value of the wrong type names ``source``."""
+        hints = _hints(type(self))
+        parsed = {}
+        for key, value in values.items():
+            if key not in hints:
+                raise ConfigError(f"{_prefix(source)}unknown key {section}.{key}; valid keys of [{section}]: "
+                                  f"{', '.join(sorted(hints))}")
+            try:
+                parsed[key] = parse_value(value, hints[key])
+                check_range(parsed[key], self.__dataclass_fields__[key].metadata)  # type: ignore[attr-defined]
+            except ConfigError as exc:
+                raise ConfigError(f"{_prefix(source)}{section}.{key}: {exc}") from None
+        return replace(self, **parsed)  # type: ignore[type-var]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The declared type of each field of a section (class constants left out)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+@dataclass(frozen=True)
+class ArchSection(Section):
+    """The looped model: a preset, an architecture JSON file or a Hugging Face config.json, optionally with
+    another layer shape, split or loop limits. Shape fields left unset keep the base model's values."""
+
+    name: str = option("ouro-1.4b", "Preset (ouro-1.4b, ouro-2.6b, huginn-3.5b) or an architecture JSON file.",
+                       "--arch")
+    split: str | None = option(None, "Re-split the layers as prelude-core-coda, e.g. 1-4-1.")
+    r_max: int | None = option(None, "Maximum loops per token (default: the model's; 16 for a Huginn config).")
+    r_min: int | None = option(None, "Minimum exit depth of the model (default 1; the lookahead gate raises it "
+                                     "to 2).")
+    hf_config: Path | None = option(None, "A Hugging Face config.json of an Ouro (model_type ouro) or Huginn "
+                                          "(huginn_raven) checkpoint, instead of --arch.")
+    hidden: int | None = option(None, "Hidden size (overrides the model's).")
+    intermediate: int | None = option(None, "MLP intermediate size.")
+    heads: int | None = option(None, "Attention heads.")
+    kv_heads: int | None = option(None, "Key/value heads.")
+    head_dim: int | None = option(None, "Size of one attention head.")
+    vocab: int | None = option(None, "Vocabulary size.")
+    style: str | None = option(None, "Layer style: ouro (sandwich norm) or huginn (post-norm, adapter).")
+    prelude: int | None = option(None, "Layers before the loop (instead of --split).")
+    core: int | None = option(None, "Layers in the loop (instead of --split).")
+    coda: int | None = option(None, "Layers after the loop (instead of --split).")
+
+    SHAPE: ClassVar[tuple[str, ...]] = ("hidden", "intermediate", "heads", "kv_heads", "head_dim", "style")
+    LAYERS: ClassVar[tuple[str, ...]] = ("prelude", "core", "coda")
+
+    def spec(self) -> ArchSpec:
+        """The :class:`ArchSpec`: the base model, then the shape fields, the split and the loop limits."""
+        arch = self._base()
+        shape = {k: getattr(self, k) for k in self.SHAPE
+                 if getattr(self, k) is not None and getattr(self, k) != getattr(arch.layer, k)}
+        if self.vocab is not None and self.vocab != arch.vocab:
+            shape["vocab"] = self.vocab
+        if shape:
+            changed = ",".join(f"{k}={v}" for k, v in shape.items())
+            vocab = shape.pop("vocab", arch.vocab)
+            arch = replace(arch, name=f"{arch.name}[{changed}]", layer=replace(arch.layer, **shape), vocab=vocab)
+            self._check_heads(arch)
+        layers = [getattr(self, k) for k in self.LAYERS]
+        if any(n is not None for n in layers):
+            require(self.split is None, "give arch.split or arch.prelude/core/coda, not both")
+            before = [getattr(arch, k) for k in self.LAYERS]
+            counts = [b if n is None else n for b, n in zip(before, layers, strict=True)]
+            if counts != before:
+                arch = arch.with_split("-".join(map(str, counts)))
+        elif self.split:
+            arch = arch.with_split(self.split)
+        if self.r_max is not None or self.r_min is not None:
+            arch = arch.with_loops(self.r_max, self.r_min)
+        return arch
+
+    def _check_heads(self, arch: ArchSpec) -> None:
+        """A changed shape keeps heads x head_dim = hidden unless a head size is set on purpose (given as
+        ``head_dim``, or the base architecture file says ``head_dim_explicit``): a ``hidden`` changed
+        alone would otherwise keep the old heads and silently model attention of another width."""
+        layer = arch.layer
+        if layer.heads * layer.head_dim == layer.hidden or self.head_dim is not None or head_dim_explicit(arch):
+            return
+        raise ConfigError(f"heads x head_dim ({layer.heads} x {layer.head_dim} = {layer.heads * layer.head_dim}) "
+                          f"differs from hidden ({layer.hidden}); set --heads so they match, or give --head-dim "
+                          f"to choose a head size on purpose")
+
+    def _base(self) -> ArchSpec:
+        if self.hf_config is None:
+            return load_arch(self.name)
+        from cdbsim.model.hf_config import arch_from_hf_config
+
+        require(self.name == _default(ArchSection, "name"),
+                f"give a preset or architecture file (arch.name = {self.name!r}) or a Hugging Face config "
+                f"(arch.hf_config), not both")
+        return arch_from_hf_config(self.hf_config)
+
+
+MAX_WIDTH = 65_536                 # W: resident requests; the scheduler keeps a padding table this long
+MAX_PREFILL_BUDGET = 1_048_576     # M: prompt tokens per launch, 64 x the longest request a preset draws
+
+
+@dataclass(frozen=True)
+class ServeSection(Section):
+    """How the model is served: policy, widths, budgets, exit timing, KV layout and KV capacity."""
+
+    policy: Policy = option(Policy.REFILL, "cb, norefill, refill or adaptive (chooses its coda batch as it runs).")
+    width: int = option(64, "Resident requests and tokens per decode launch.", "--W", "--width",
+                        maximum=MAX_WIDTH)
+    coda_batch: int | None = option(None, "Coda batch refill waits for (1 <= K <= W; default 1).", "--K",
+                                    "--coda-batch", minimum=1)
+    prefill_budget: int = option(8192, "Prompt tokens per prefill launch.", "--M", "--prefill-budget",
+                                 maximum=MAX_PREFILL_BUDGET)
+    timing: Timing = option(Timing.LOOKAHEAD, "sync, async or lookahead (lookahead: r_min = 2).")
+    kv_layout: KVLayout = option(KVLayout.DEPTH, "depth (with last-exited fill), shared or first-shared.")
+    core_launch: CoreLaunch = option(CoreLaunch.MIXED, "mixed (a core launch takes tokens at any loop step) or "
+                                                       "per-step (one loop step per launch, as the paper's engine).")
+    kv_tokens: int | None = option(None, "KV capacity in tokens.", minimum=1)
+    kv_blocks: int | None = option(None, "KV capacity in blocks of 16 tokens.", minimum=1)
+
+    def config(self) -> ServeConfig:
+        require(self.coda_batch is None or self.policy is not Policy.ADAPTIVE,
+                f"--policy adaptive chooses the coda batch K itself as it runs; drop --K {self.coda_batch} "
+                f"(serve.coda_batch)")
+        return ServeConfig(policy=self.policy, width=self.width, coda_batch=self.coda_batch or 1,
+                           prefill_budget=self.prefill_budget, timing=self.timing, layout=self.kv_layout,
+                           core_launch=self.core_launch)
+
+    def kv_capacity(self) -> KVCapacity:
+        """The KV cache size given (tokens or blocks), else what the device memory leaves after weights."""
+
+        return KVCapacity(tokens=self.kv_tokens, blocks=self.kv_blocks)
+
+
+@dataclass(frozen=True)
+class WorkloadSection(Section):
+    """What is served: a workload preset or a trace file, how many requests, and when they arrive."""
+
+    name: str = option("sharegpt", "alpaca, sharegpt or arxiv.", "--workload")
+    trace: Path | None = option(None, "Replay a request+exit trace (.csv/.parquet) instead of a workload preset.")
+    requests: int | None = option(None, "Number of requests (default per workload).", "--requests", "-n",
+                                  minimum=1)
+    rate: float | None = option(None, "Poisson arrivals at this many requests/s (default: offline, all at t = 0).",
+                                above=0)
+    arrival: Arrival = option(Arrival.POISSON, "Arrival process at --rate: poisson.")
+    seed: int = option(0, "Seed for lengths, arrivals and depths (>= 0).", minimum=0)
+
+    def spec(self, exits: ExitModel) -> WorkloadSpec:
+        if self.trace is not None and self.rate is not None:
+            raise ConfigError(f"the trace {self.trace} carries its own arrivals; drop --rate {self.rate:g} "
+                              f"(workload.rate)")
+        return WorkloadSpec(self.name, self.requests, self.rate, exits, self.seed,
+                            str(self.trace) if self.trace else None, self.arrival)
+
+
+@dataclass(frozen=True)
+class ExitsSection(Section):
+    """How deep each generated token loops: no exits, one fixed depth, a synthetic distribution, or the
+    paper's operating point at a threshold q (:mod:`cdbsim.simulator.workload`)."""
+
+    model: str = option("synthetic", "Exit model: none, fixed, synthetic, or paper (with --q).", "--exits")
+    depth: int | None = option(None, "Depth for --exits fixed.")
+    mean_depth: float | None = option(None, "Mean requested depth of the synthetic model (default: "
+                                            "(r_max + 1) / 2).")
+    dispersion: float = option(0.3, "Synthetic depth dispersion in [0, 1).")
+    correlation: float = option(0.5, "Token-to-token depth correlation.")
+    q: float | None = option(None, "Exit threshold of --exits paper: Ouro 0.2, 0.4, 0.5, 0.7, 1.0; Huginn 0.28, "
+                                   "0.16, 0.10, 0.0.")
+
+    def exit_model(self, arch: ArchSpec) -> ExitModel:
+        if self.model == "paper":
+            from cdbsim.simulator.workload import CORRELATION, DISPERSION, paper_point
+
+            require(self.q is not None, "--exits paper needs the threshold --q (e.g. 0.2 for Ouro, 0.28 for Huginn)")
+            require(self.mean_depth is None, "--exits paper sets the mean depth from --q; drop --mean-depth")
+            point = paper_point(arch, self.q)
+            source = f"paper q = {self.q:g}, mean {'reported' if point.reported else 'inferred'}"
+            return ExitModel("synthetic", mean=point.mean_depth, dispersion=DISPERSION, correlation=CORRELATION,
+                             source=source)
+        require(self.q is None, "--q goes with --exits paper")
+        require(self.depth is None or self.model == "fixed", f"--depth goes with --exits fixed, not {self.model}")
+        require(self.mean_depth is None or self.model == "synthetic",
+                f"--mean-depth goes with --exits synthetic, not {self.model}")
+        mean = self.mean_depth if self.mean_depth is not None else default_mean_depth(arch.r_max)
+        return ExitModel(self.model, depth=self.depth, mean=mean, dispersion=self.dispersion,
+                         correlation=self.correlation)
+
+
+WHAT_IF_MAX = 1_000_000  # TB/s, TFLOP/s, us, GB: a million times today's GPUs is no longer a what-if but an overflow
+WHAT_IF_MIN = 1e-3  # TB/s, TFLOP/s, GB below which a device would take hours per launch (launch and host: 0 ok)
+
+
+@dataclass(frozen=True)
+class LatencySection(Section):
+    """Which latency model prices each launch: a measured profile or the roofline of a device."""
+
+    profile: str = option("auto", "auto (this model's measured profile, else its layer shape's, else the "
+                                  "kernel-level profile composed for it, else the roofline), roofline, a "
+                                  "shipped name, or a profile JSON file.")
+    force: bool = option(False, "Use a profile made for another shape, filling gaps from the roofline.")
+    device: str = option("h200", "GPU: h200 (measured), h100-sxm, b200, a100-80gb (datasheet figures; "
+                                 "predictions scaled from the H200's kernels, not validated).")
+    bandwidth: float | None = option(None, "What-if device: achievable memory bandwidth in TB/s.",
+                                     maximum=WHAT_IF_MAX)
+    matmul_tflops: float | None = option(None, "What-if device: achievable bf16 matmul rate in TFLOP/s.",
+                                         maximum=WHAT_IF_MAX)
+    launch_us: float | None = option(None, "What-if device: per-kernel launch cost in us (0 allowed).",
+                                     maximum=WHAT_IF_MAX)
+    memory_gb: float | None = option(None, "What-if device: device memory in GB.", maximum=WHAT_IF_MAX)
+    host_us: float | None = option(None, "What-if device: host time per launch in us (0 allowed).",
+                                   maximum=WHAT_IF_MAX)
+
+    DEVICE: ClassVar[dict[str, tuple[str, float]]] = {  # field -> DeviceSpec field and unit
+        "bandwidth": ("bandwidth", 1e12), "matmul_tflops": ("matmul_flops", 1e12), "launch_us": ("launch_s", 1e-6),
+        "memory_gb": ("memory_bytes", 1e9), "host_us": ("host_launch_s", 1e-6)}
+
+    def model(self, arch: ArchSpec) -> LatencyModel:
+        """The named profile on the chosen device (a preset, changed by any what-if figures given):
+        on another device than the measured H200, ``auto`` is the kernel-level profile carried to it."""
+        from cdbsim.latency.model import LatencyModel
+        from cdbsim.latency.shipped import resolve_profile
+
+        return LatencyModel(arch, resolve_profile(self.profile, arch, self.device_spec()), force=self.force)
+
+    def device_spec(self) -> DeviceSpec:
+        """The device's figures: the preset's, with the what-if ones given on top (zero launch and host
+        costs are allowed what-ifs; a zero bandwidth, rate or memory is not)."""
+        from cdbsim.latency.devices import device_preset
+
+        device = device_preset(self.device)
+        overrides = {}
+        for key, (device_field, scale) in self.DEVICE.items():
+            value = getattr(self, key)
+            if value is not None:
+                zero_ok = key in ("launch_us", "host_us")
+                require(math.isfinite(value) and (value >= 0 if zero_ok else value >= WHAT_IF_MIN),
+                        f"latency.{key} must be {'>= 0' if zero_ok else f'>= {WHAT_IF_MIN:g}'} and finite, "
+                        f"got {value:g}")
+                overrides[device_field] = value * scale
+        if not overrides:
+            return device
+        return replace(device, name=f"{device.name}, what-if {', '.join(self._given())}", **overrides)
+
+    def _given(self) -> list[str]:
+        return [f"{key} {getattr(self, key):g}" for key in self.DEVICE if getattr(self, key) is not None]
+
+
+SECTIONS: dict[str, type[Section]] = {"arch": ArchSection, "serve": ServeSection, "workload": WorkloadSection,
+                                      "exits": ExitsSection, "latency": LatencySection}
+
+
+def _default(cls: type, name: str) -> Any:
+    return cls.__dataclass_fields__[name].default
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One field of an experiment as a command line sees it."""
+
+    section: str
+    name: str
+    hint: Any
+    default: Any
+    flags: tuple[str, ...]
+    help: str
+
+    @property
+    def key(self) -> str:
+        """``section.field``, as ``--set`` and :meth:`Experiment.override` name it."""
+        return f"{self.section}.{self.name}"
+
+    @property
+    def param(self) -> str:
+        """A Python identifier unique across sections (``serve__width``), for generated functions."""
+        return f"{self.section}__{self.name}"
+
+
+def settings() -> list[Setting]:
+    """Every field of every section, in declaration order."""
+    out = []
+    for section, cls in SECTIONS.items():
+        hints = _hints(cls)
+        for f in fields(cls):
+            flags = f.metadata["flags"] or ("--" + f.name.replace("_", "-"),)
+            out.append(Setting(section, f.name, hints[f.name], f.default, tuple(flags), f.metadata["help"]))
+    return out
+
+
+# ----- the experiment ----------------------------------------------------------------------------
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """The parsed TOML of an experiment file; a missing file or bad TOML is a one-line error."""
+    text = read_text(path, "experiment file")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """Everything a run is made of, one section per concern. Sections may be given as dicts of their
+    fields: ``Experiment(serve={"width": 128}, workload={"name": "alpaca", "requests": 100})``."""
+
+    arch: ArchSection = field(default_factory=ArchSection)
+    serve: ServeSection = field(default_factory=ServeSection)
+    workload: WorkloadSection = field(default_factory=WorkloadSection)
+    exits: ExitsSection = field(default_factory=ExitsSection)
+    latency: LatencySection = field(default_factory=LatencySection)
+
+    def __post_init__(self) -> None:
+        for name, cls in SECTIONS.items():
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, name, cls().updated(value, name))
+            elif not isinstance(value, cls):
+                raise ConfigError(f"{name} must be a {cls.__name__} or a dict of its fields, got {value!r}")
+
+    # ----- building up -----------------------------------------------------------------------------
+    @classmethod
+    def from_toml(cls, path: str | Path) -> Experiment:
+        """An experiment file: a table per section (``[serve]``, ...); fields left out keep their defaults."""
+        return cls().merge(read_toml(path), source=str(path))
+
+    def merge(self, data: Mapping[str, Any], source: str | None = None) -> Experiment:
+        """A copy with the sections of ``data`` (``{"serve": {"width": 128}}``) set; errors name ``source``."""
+        updates = {}
+        for name, values in data.items():
+            if name not in SECTIONS:
+                raise ConfigError(f"{_prefix(source)}unknown section [{name}]; valid sections: "
+                                  f"{', '.join(SECTIONS)}")
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"{_prefix(source)}{name} must be a table of settings ([{name}]), "
+                                  f"got {values!r}")
+            updates[name] = getattr(self, name).updated(values, name, source)
+        return replace(self, **updates)
+
+    def override(self, assignments: Iterable[str] | Mapping[str, Any], source: str | None = "--set") -> Experiment:
+        """A copy with ``section.field=value`` assignments (or a ``{"section.field": value}`` mapping) applied
+        in order, each value parsed to its field's type; errors name ``source``."""
+        items = assignments.items() if isinstance(assignments, Mapping) else map(self._split, assignments)
+        nested: dict[str, dict[str, Any]] = {}
+        for key, value in items:
+            section, dot, name = key.partition(".")
+            if not dot or not section or not name or "." in name:
+                raise ConfigError(f"{_prefix(source)}expected section.field=value, got {key!r}")
+            nested.setdefault(section, {})[name] = value
+        return self.merge(nested, source)
+
+    def refuse_unused(self, given: Iterable[str]) -> None:
+        """Refuse fields the user set (``given``: ``section.field`` keys from flags, a config file or
+        ``--set``) that this experiment would not use: with a trace, the workload preset, request count,
+        seed and exit model (the trace holds the requests and their depths)."""
+        if self.workload.trace is None:
+            return
+        given = set(given)
+        unused = [s for s in settings() if s.key in given
+                  and (s.section == "exits" or s.key in ("workload.name", "workload.requests", "workload.seed"))]
+        if unused:
+            flags = ", ".join(s.flags[0] for s in unused)
+            raise ConfigError(f"the trace {self.workload.trace} holds the requests and their exit depths; "
+                              f"{flags} would be ignored: drop {'it' if len(unused) == 1 else 'them'}")
+
+    @staticmethod
+    def _split(assignment: str) -> tuple[str, str]:
+        key, eq, value = assignment.partition("=")
+        if not eq:
+            raise ConfigError(f"--set: expected section.field=value, got {assignment!r}")
+        return key.strip(), value
+
+    # ----- writing out -----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """``{section: {field: value}}`` with enums and paths as plain values (``None`` for unset)."""
+        return {name: getattr(self, name).to_dict() for name in SECTIONS}
+
+    def to_toml(self) -> str:
+        """The experiment as a TOML file that :meth:`from_toml` reads back to an equal experiment (unset
+        optional fields are left out: TOML has no null)."""
+        lines = []
+        for name, values in self.to_dict().items():
+            lines.append(f"[{name}]")
+            lines += [f"{key} = {_toml_value(value)}" for key, value in values.items() if value is not None]
+            lines.append("")
+        return "\n".join(lines)
+
+    # ----- resolving -------------------------------------------------------------------------------
+    def workload_spec(self, arch: ArchSpec) -> WorkloadSpec:
+        """The workload with this experiment's exit model for ``arch``."""
+        return self.workload.spec(self.exits.exit_model(arch))
+
+    def build(self, progress: ProgressFactory | None = None) -> BuiltExperiment:
+        """Resolve the sections into what a simulated run needs: architecture, serving config, workload,
+        latency model, KV capacity and the requests themselves. Settings that cannot run (a KV cache
+        without room for one block, more requests than memory) are refused before any request is drawn;
+        ``progress`` follows the drawing."""
+        arch = self.arch.spec()
+        config = self.serve.config()
+        workload = self.workload_spec(arch)
+        latency = self.latency.model(arch)
+        kv = self.serve.kv_capacity()
+        blocks = kv.blocks_for(arch, config, latency)
+        return BuiltExperiment(self, arch, config, workload, latency, kv,
+                               workload.build(arch, config.r_min(arch), progress, kv_blocks=blocks))
+
+
+@dataclass(frozen=True)
+class BuiltExperiment:
+    """An :class:`Experiment` resolved: the objects the simulator and the studies take."""
+
+    experiment: Experiment
+    arch: ArchSpec
+    config: ServeConfig
+    workload: WorkloadSpec
+    latency: LatencyModel
+    kv: KVCapacity
+    requests: list[Request]
+
+    def title(self) -> str:
+        """One line naming the model, the serving settings, the workload and the latency profile."""
+        c = self.config
+        return (f"{self.arch.name} ({self.arch.split}, r_max {self.arch.r_max}) | W={c.width} M={c.prefill_budget} "
+                f"{c.timing.value} {c.layout.value}-KV | {self.workload.describe()} | "
+                f"profile {self.latency.profile.label()}")

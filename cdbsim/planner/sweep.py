@@ -1,0 +1,330 @@
+"""``cdbsim.sweep``: simulate every point of a grid of experiments and get one row per point.
+
+Any field of an :class:`~cdbsim.planner.experiment.Experiment` can be swept (architecture fields, device presets,
+serving settings, workloads, exit models); see :mod:`cdbsim.planner.grid` for how a grid and explicit points
+combine. Each point is simulated on its own, from its experiment alone, so points run anywhere
+(:mod:`cdbsim.planner.parallel`) and are cached by content (:mod:`cdbsim.planner.point_cache`); rows come back in grid
+order whichever way they ran, and are identical bit for bit.
+
+A point that cannot run inside an otherwise valid grid (K > W at one width, a split the model cannot
+take, a KV cache smaller than one request) is a row with status ``skipped`` and the reason. A grid with
+nothing to run is a one-line :class:`~cdbsim.errors.ConfigError` before anything runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cdbsim.errors import ConfigError
+from cdbsim.planner.experiment import (
+    ArchSection,
+    BuiltExperiment,
+    Experiment,
+    LatencySection,
+    plain,
+    settings,
+    unwrap_optional,
+)
+from cdbsim.planner.grid import Grid
+from cdbsim.planner.parallel import Job, in_order, runner
+from cdbsim.planner.point_cache import PointCache, point_key
+from traces.choice import Choice
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+
+    from cdbsim.latency.model import LatencyModel
+    from cdbsim.report.metrics import Report
+import math
+import typing
+from dataclasses import fields, is_dataclass
+from functools import cache
+
+from cdbsim.report.metrics import Distribution, Report
+from cdbsim.serving.launch import STAGES
+
+SweepProgress = Callable[[int, int], None]
+"""Called with (points done, points in all) as each row is ready."""
+
+
+class Status(Choice):
+    """Whether a point ran."""
+
+    OK = "ok"
+    SKIPPED = "skipped"
+
+
+DESCRIPTION: dict[str, type] = {"status": str, "reason": str, "arch": str, "split": str, "r_max": int,
+                                "params": int, "layers_per_token": float, "profile": str}
+"""Columns every row has before its metrics: whether it ran, the model and profile it resolved to, and the
+layers a token passes through on average (prelude + d-bar x core + coda: depth comparable across models)."""
+
+
+def describe(setup: BuiltExperiment, report: Report) -> dict[str, Any]:
+    """The resolved model and latency profile of a point (what its swept fields amounted to)."""
+    arch = setup.arch
+    return {"status": Status.OK.value, "reason": "", "arch": arch.name, "split": arch.split, "r_max": arch.r_max,
+            "params": arch.total_params, "layers_per_token": arch.prelude + report.mean_depth * arch.core + arch.coda,
+            "profile": setup.latency.profile.label()}
+
+
+def skipped_row(reason: str) -> dict[str, Any]:
+    return {"status": Status.SKIPPED.value, "reason": reason}
+
+
+@dataclass(frozen=True)
+class PointTask:
+    """What a worker gets for one point: the experiment and whether to run CB on the same requests too."""
+
+    experiment: Experiment
+    baseline: bool = False
+
+
+def run_point(task: PointTask) -> dict[str, Any]:
+    """Simulate one point (in whatever process runs it): its description and metrics, or why it was skipped.
+
+    The latency model is built here from the profile the experiment names (it does not pickle)."""
+    from cdbsim.planner.study import predict
+
+    try:
+        setup = task.experiment.build()
+        result = predict(setup, baseline=task.baseline)
+    except ConfigError as exc:
+        return skipped_row(str(exc))
+    return {**describe(setup, result.report), **flatten(result.report)}
+
+
+@lru_cache(maxsize=64)
+def _latency(arch: ArchSection, latency: LatencySection) -> LatencyModel:
+    return latency.model(arch.spec())
+
+
+def impossible(exp: Experiment) -> str | None:
+    """Why ``exp`` cannot run, as far as can be told without building its requests; None if it can."""
+    try:
+        arch = exp.arch.spec()
+        config = exp.serve.config()
+        exp.exits.exit_model(arch).pmf(config.r_min(arch), arch.r_max)
+        exp.serve.kv_capacity().blocks_for(arch, config, _latency(exp.arch, exp.latency))
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def arrow_type(hint: Any) -> pa.DataType:
+    """The Arrow type of a column holding values of ``hint`` (a field's or a metric's)."""
+    import pyarrow as pa
+
+    base, _ = unwrap_optional(hint)
+    if base is bool:
+        return pa.bool_()
+    if base is int:
+        return pa.int64()
+    if base is float:
+        return pa.float64()
+    return pa.string()  # text, paths and enums are written as text
+
+
+@dataclass
+class SweepCounts:
+    """How the points of a sweep were answered."""
+
+    simulated: int = 0
+    cached: int = 0
+    skipped: int = 0
+
+
+@dataclass
+class SweepPlan:
+    """A checked sweep: the base experiment, the grid, and the points known impossible before running."""
+
+    base: Experiment
+    grid: Grid
+    baseline: bool = False
+    impossible: dict[int, str] = field(default_factory=dict)
+    counts: SweepCounts = field(default_factory=SweepCounts)
+
+    @classmethod
+    def make(cls, base: Experiment, grid: Grid, baseline: bool = False) -> SweepPlan:
+        """Check every point up front; a grid none of whose points can run is a one-line error."""
+        reasons = {i: reason for i, exp in enumerate(grid.experiments(base)) if (reason := impossible(exp))}
+        if len(reasons) == len(grid):
+            first = next(iter(grid.assignments()))
+            where = " ".join(f"{k}={plain(v)}" for k, v in first.items())
+            raise ConfigError(f"no point of the grid can run; the first ({where}): {reasons[0]}")
+        return cls(base, grid, baseline, reasons)
+
+    def __len__(self) -> int:
+        return len(self.grid)
+
+    @property
+    def fields(self) -> list[str]:
+        return self.grid.fields
+
+    def columns(self) -> dict[str, Any]:
+        """Every column of a row and its type: the point's index and swept fields, its description, the
+        metrics."""
+        hints = {s.key: s.hint for s in settings()}
+        return {"point": int, **{key: hints[key] for key in self.fields}, **DESCRIPTION, **metric_columns()}
+
+    def schema(self) -> pa.Schema:
+        import pyarrow as pa
+
+        return pa.schema([(name, arrow_type(hint)) for name, hint in self.columns().items()])
+
+    def rows(self, jobs: int = 1, dask: str | None = None, cache: PointCache | None = None,
+             progress: SweepProgress | None = None) -> Iterator[dict[str, Any]]:
+        """One row per point, in grid order, as the points finish; points run on ``jobs`` local processes
+        or a Dask cluster, and come from ``cache`` where it has them (and go into it when simulated)."""
+        self.counts = counts = SweepCounts()
+        total, done, ran, first_reason = len(self), 0, 0, ""
+        with runner(jobs, dask) as run:
+            results = in_order(self._jobs(cache), run_point, run, self._store(cache))
+            for (index, exp), result in results:
+                row = {"point": index, **{key: plain(value) for key, value in self._values(exp).items()},
+                       **result}
+                if row["status"] == Status.OK.value:
+                    ran += 1
+                else:
+                    counts.skipped += 1
+                    first_reason = first_reason or row["reason"]
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+                yield row
+        if not ran:
+            raise ConfigError(f"no point of the grid could run; the first: {first_reason}")
+
+    # ----- helpers of rows() -------------------------------------------------------------------------
+    def _jobs(self, cache: PointCache | None) -> Iterator[Job]:
+        for index, exp in enumerate(self.grid.experiments(self.base)):
+            tag = (index, exp)
+            if index in self.impossible:
+                yield Job(tag, skipped_row(self.impossible[index]))
+                continue
+            found = cache.get(point_key(exp, self.baseline)) if cache is not None else None
+            if found is not None:
+                self.counts.cached += 1
+                yield Job(tag, found)
+            else:
+                self.counts.simulated += 1
+                yield Job(tag, arg=PointTask(exp, self.baseline), ready=False)
+
+    def _store(self, cache: PointCache | None) -> Callable[[tuple[int, Experiment], dict], None] | None:
+        if cache is None:
+            return None
+        return lambda tag, row: cache.put(point_key(tag[1], self.baseline), row)
+
+    def _values(self, exp: Experiment) -> dict[str, Any]:
+        """The point's value of each swept field (a field a point leaves out keeps the base's value)."""
+        out = {}
+        for key in self.fields:
+            section, _, name = key.partition(".")
+            out[key] = getattr(getattr(exp, section), name)
+        return out
+
+
+def to_frame(rows: Sequence[Mapping[str, Any]], plan: SweepPlan) -> pd.DataFrame:
+    """Rows as a DataFrame with the sweep's column types (as the Parquet file reads back)."""
+    import pyarrow as pa
+
+    return pa.Table.from_pylist(list(rows), schema=plan.schema()).to_pandas()
+
+
+def sweep(experiment: Experiment, grid: Mapping[str, Sequence[Any]] | None = None,
+          points: Sequence[Mapping[str, Any]] | None = None, *, baseline: bool = False, jobs: int = 1,
+          dask: str | None = None, cache: str | Path | None = None, out: str | Path | None = None,
+          progress: SweepProgress | None = None) -> pd.DataFrame:
+    """Simulate ``experiment`` at every point of ``grid`` (``{"serve.width": [16, 64], ...}``: every
+    combination) applied to each of ``points`` (``[{"arch.name": "huginn-3.5b", "arch.split": "1-6-1"},
+    ...]``), and return one row per point: its swept fields, ``status`` and ``reason``, the resolved model
+    and profile, and every metric of its report (``output_tps``, ``tpot_s_p99``, ``mean_depth``, ...).
+
+    ``jobs`` > 1 runs points in local processes; ``dask`` (a scheduler address or ``"local"``) on a Dask
+    cluster; ``cache`` (a SQLite file) keeps results by content across calls; ``out`` also writes the rows
+    to a Parquet file; ``baseline`` also runs CB on each point's requests (speed-up and S_e2e columns)."""
+    plan = SweepPlan.make(experiment, Grid.of(grid, points), baseline)
+    rows: list[dict[str, Any]] = []
+    run_sweep(plan, jobs=jobs, dask=dask, cache=cache, parquet=out, progress=progress, each=rows.append)
+    return to_frame(rows, plan)
+
+
+def run_sweep(plan: SweepPlan, *, jobs: int = 1, dask: str | None = None, cache: str | Path | None = None,
+              parquet: str | Path | None = None, csv: str | Path | None = None,
+              progress: SweepProgress | None = None, each: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Run ``plan``'s points and hand each row, in order, to the Parquet and CSV files (complete or absent),
+    the cache (a SQLite file) and ``each``."""
+    from cdbsim.report.outputs import RowWriter
+
+    store = PointCache(cache) if cache is not None else None
+    try:
+        with RowWriter(plan.schema(), parquet=parquet, csv=csv) as writer:
+            for row in plan.rows(jobs, dask, store, progress):
+                writer.add(row)
+                if each is not None:
+                    each(row)
+    finally:
+        if store is not None:
+            store.close()
+
+
+META_COLUMNS: dict[str, type] = {"kv_tokens": int}  # facts of the run's log worth a column
+"""Columns taken from the report's ``meta`` (the run's log), with their types."""
+
+
+@cache
+def distribution_stats() -> tuple[str, ...]:
+    """The numbers of a :class:`Distribution` that become columns (mean, fixed percentiles, std); the
+    percentiles a user asked for on the command line vary from run to run, so they are not columns."""
+    hints = typing.get_type_hints(Distribution)
+    return tuple(f.name for f in fields(Distribution) if hints[f.name] is float)
+
+
+@cache
+def metric_columns() -> dict[str, type]:
+    """Every metric column and its Python type (int or float), in the report's field order."""
+    hints = typing.get_type_hints(Report)
+    columns: dict[str, type] = {}
+    stats = distribution_stats()
+    for f in fields(Report):
+        if f.name == "meta":
+            continue
+        hint, _ = unwrap_optional(hints[f.name])
+        if hint is Distribution:
+            columns.update({f"{f.name}_{stat}": float for stat in stats})
+        elif is_dataclass(hint):  # a record of numbers, e.g. where the device time went
+            inner = typing.get_type_hints(hint)
+            columns.update({f"{f.name}_{g.name}": inner[g.name] for g in fields(hint)})
+        elif typing.get_origin(hint) is dict:
+            value = typing.get_args(hint)[1]
+            columns.update({f"{f.name}_{stage.value}": value for stage in STAGES})
+        else:
+            columns[f.name] = hint
+    columns.update(META_COLUMNS)
+    return columns
+
+
+def flatten(report: Report) -> dict[str, Any]:
+    """``report`` as ``{column: value}`` over :func:`metric_columns` (a stage the run never launched:
+    0 launches and a NaN mean batch; a metric the run lacks, such as a speed-up without a baseline: None)."""
+    row: dict[str, Any] = {}
+    for f in fields(Report):
+        if f.name == "meta":
+            continue
+        value = getattr(report, f.name)
+        if isinstance(value, Distribution):
+            row.update({f"{f.name}_{stat}": float(getattr(value, stat)) for stat in distribution_stats()})
+        elif is_dataclass(value):
+            row.update({f"{f.name}_{k.name}": getattr(value, k.name) for k in fields(value)})
+        elif isinstance(value, dict):
+            default = 0 if metric_columns()[f"{f.name}_{STAGES[0].value}"] is int else math.nan
+            row.update({f"{f.name}_{stage.value}": value.get(stage.value, default) for stage in STAGES})
+        else:
+            row[f.name] = value
+    row.update({key: report.meta.get(key) for key in META_COLUMNS})
+    return row

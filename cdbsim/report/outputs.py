@@ -1,0 +1,173 @@
+"""Output paths: checked before any work starts, written under a temporary name and renamed when complete.
+
+A command checks each path it will write (:func:`check_file`, :func:`check_dir`) before it simulates
+anything, so a path it cannot write (a missing directory, a file where a directory is needed, ``/proc``, a
+wrong extension) is a one-line error up front rather than a traceback after minutes of work. Files and
+directories are then written through :func:`atomic_file` and :func:`atomic_dir`: the content goes to a
+hidden name next to its destination and is renamed into place only once complete, so a failure leaves
+neither half-written output nor the temporary name behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from cdbsim.errors import ConfigError, require
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+def staging_name(path: Path, tag: str = "tmp") -> Path:
+    """A unique hidden name in ``path``'s directory that keeps its extension (writers pick formats by it)."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.{tag}{path.suffix}")
+
+
+def _check_writable_dir(directory: Path, option: str, target: Path) -> None:
+    """``directory`` exists, is a directory, and a file can be created in it (a real write, not a
+    permission-bit guess: ``/proc`` and read-only mounts look writable to ``os.access`` under root)."""
+    require(directory.exists(), f"{option} {target}: directory {directory} does not exist")
+    require(directory.is_dir(), f"{option} {target}: {directory} is a file, not a directory")
+    probe = staging_name(directory / "probe", "probe")
+    try:
+        probe.touch(exist_ok=False)
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"{option} {target}: cannot write in {directory} ({exc.strerror or exc})") from None
+
+
+def check_file(path: str | Path, option: str, suffixes: Iterable[str]) -> Path:
+    """``path`` as a file this command may write: one of ``suffixes``, not a directory, in a writable
+    directory that exists. ``option`` names the flag in the error."""
+    path = Path(path)
+    suffixes = tuple(suffixes)
+    require(path.suffix.lower() in suffixes, f"{option} {path}: must end in {' or '.join(suffixes)}")
+    require(not path.is_dir(), f"{option} {path}: is a directory; give a file name ending in {suffixes[0]}")
+    require(not path.exists() or path.is_file(), f"{option} {path}: exists and is not a regular file")
+    _check_writable_dir(path.parent, option, path)
+    return path
+
+
+def check_dir(path: str | Path, option: str, entries: Iterable[str] = ()) -> Path:
+    """``path`` as a directory this command may write into (created if missing; its parent must exist),
+    and each of ``entries`` below it free to be a directory (not an existing file)."""
+    path = Path(path)
+    if path.exists():
+        require(path.is_dir(), f"{option} {path}: is a file, not a directory")
+        _check_writable_dir(path, option, path)
+    else:
+        _check_writable_dir(path.parent, option, path)
+    for entry in entries:
+        sub = path / entry
+        require(not sub.exists() or sub.is_dir(), f"{option} {path}: {sub} is a file, not a directory")
+    return path
+
+
+@contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path (same directory and extension) to write; rename it to ``path`` on success,
+    delete it on failure."""
+    path = Path(path)
+    temporary = staging_name(path, "tmp")
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary directory to fill; on success it replaces ``path`` (an older directory there is
+    removed only after the new one is in place), on failure it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = staging_name(path, "tmp")
+    temporary.mkdir()
+    try:
+        yield temporary
+        old = staging_name(path, "old") if path.exists() else None
+        if old is not None:
+            os.replace(path, old)
+        os.replace(temporary, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
+BATCH_ROWS = 128
+
+
+class RowWriter:
+    """Writes rows of ``schema`` to a Parquet file and/or a CSV file (either may be None)."""
+
+    def __init__(self, schema: pa.Schema, parquet: str | Path | None = None, csv: str | Path | None = None) -> None:
+        import pyarrow.csv as pcsv
+        import pyarrow.parquet as pq
+
+        self.schema = schema
+        kinds = [(parquet, "--out", ".parquet", pq.ParquetWriter), (csv, "--csv", ".csv", pcsv.CSVWriter)]
+        chosen = [(check_file(path, what, (suffix,)), make) for path, what, suffix, make in kinds if path is not None]
+        self.targets = [target for target, _ in chosen]
+        self.temporaries = [staging_name(target) for target in self.targets]
+        self.writers: list[Any] = []
+        self.batch: list[dict[str, Any]] = []
+        try:
+            for (_, make), temporary in zip(chosen, self.temporaries, strict=True):
+                self.writers.append(make(temporary, schema))
+        except BaseException:
+            self.abort()
+            raise
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.batch.append(row)
+        if len(self.batch) >= BATCH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.batch and self.writers:
+            import pyarrow as pa
+
+            table = pa.Table.from_pylist(self.batch, schema=self.schema)
+            for writer in self.writers:
+                writer.write_table(table)
+        self.batch = []
+
+    def close(self) -> None:
+        """Write what is left and move every file into place."""
+        self.flush()
+        for writer in self.writers:
+            writer.close()
+        self.writers = []
+        for temporary, target in zip(self.temporaries, self.targets, strict=True):
+            os.replace(temporary, target)
+
+    def abort(self) -> None:
+        """Drop everything written so far."""
+        for writer in self.writers:
+            with contextlib.suppress(Exception):  # the file is removed next either way
+                writer.close()
+        self.writers = []
+        for temporary in self.temporaries:
+            temporary.unlink(missing_ok=True)
+
+    def __enter__(self) -> RowWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()

@@ -1,0 +1,101 @@
+"""The KV block manager: which cache blocks each request holds, handed out from one free list.
+
+A block holds ``block_size`` token positions across every layer and slot of the model, so a request
+holding ``n`` positions needs ``ceil(n / block_size)`` blocks whatever the KV layout; the layout only
+changes how many bytes a block is (:meth:`cdbsim.model.arch.ArchSpec.kv_bytes_per_token`). The ids are real:
+the GPU executor indexes its paged cache with them, reading each launch's block lists from the launch.
+
+Blocks of a finished request go back with :meth:`free`; a request preempted under KV pressure gives its
+blocks back with :meth:`preempt`, which also records it, so the next launch can tell the backend to drop
+whatever it keeps for that request (:attr:`cdbsim.serving.launch.Launch.dropped`).
+
+The free list is a stack: blocks given back are handed out again first, most recently returned first, and
+ids never handed out follow in ascending order. Those never-used ids are a counter rather than a list, so
+a simulated cache of millions of blocks costs nothing to set up.
+"""
+
+from __future__ import annotations
+
+from cdbsim.errors import require
+
+
+class BlockManager:
+    """Block ids ``0 .. total - 1`` shared by ``requests`` requests; low ids are handed out first.
+
+    ``capacity[i]``: token positions request ``i``'s blocks hold (``len(blocks[i]) * block_size``), kept
+    so that the scheduler's per-token check is one comparison.
+    """
+
+    def __init__(self, total: int, block_size: int, requests: int) -> None:
+        require(total >= 1, f"the KV cache needs at least one block, got {total}")
+        self.total = total
+        self.block_size = block_size
+        self.blocks: list[list[int]] = [[] for _ in range(requests)]
+        self.capacity = [0] * requests
+        self.used = 0                    # blocks some request holds
+        self._returned: list[int] = []   # given back; the top of the stack is handed out next
+        self._fresh = 0                  # ids from here up were never handed out
+        self._dropped: list[int] = []
+
+    @property
+    def num_free(self) -> int:
+        """Blocks no request holds."""
+        return self.total - self.used
+
+    def can_allocate(self, blocks: int) -> bool:
+        return blocks <= self.total - self.used
+
+    def allocate(self, i: int, positions: int) -> bool:
+        """Grow request ``i``'s blocks to hold ``positions`` token positions; False (and nothing taken) if
+        too few blocks are free."""
+        held = self.blocks[i]
+        need = -(-positions // self.block_size) - len(held)
+        if need <= 0:
+            return True
+        if need > self.total - self.used:
+            return False
+        returned = self._returned
+        reuse = min(need, len(returned))
+        if reuse:
+            held.extend(returned[:-reuse - 1:-1])  # popped one by one: the top of the stack first
+            del returned[-reuse:]
+        if need > reuse:
+            fresh = self._fresh
+            self._fresh = fresh + need - reuse
+            held.extend(range(fresh, self._fresh))
+        self.used += need
+        self.capacity[i] = len(held) * self.block_size
+        return True
+
+    def append(self, i: int, position: int) -> bool:
+        """Make room for a decoded token at ``position``: a new block when it starts one; False if none
+        is free."""
+        if position < self.capacity[i]:
+            return True
+        return self.allocate(i, position + 1)
+
+    def free(self, i: int) -> None:
+        """Request ``i`` finished: its blocks go back to the free list."""
+        held = self.blocks[i]
+        self._returned.extend(reversed(held))
+        self.used -= len(held)
+        self.capacity[i] = 0
+        held.clear()
+
+    def preempt(self, i: int) -> None:
+        """Request ``i`` is preempted: its blocks go back, and the backend is told to drop its state."""
+        self.free(i)
+        self._dropped.append(i)
+
+    def take_dropped(self) -> list[int]:
+        """Requests preempted since the last call (the next launch carries them to the backend)."""
+        dropped, self._dropped = self._dropped, []
+        return dropped
+
+
+BLOCK_SIZE = 16
+
+
+def need_blocks(prompt_len: int, output_len: int, block_size: int = BLOCK_SIZE) -> int:
+    """Blocks a request holds at its end (prompt + every output token but the last)."""
+    return -(-max(prompt_len, prompt_len + output_len - 1) // block_size)

@@ -1,0 +1,165 @@
+"""Serving configuration: policy, widths, budgets, exit timing, and the executor's graph sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cdbsim.errors import require
+from cdbsim.model.arch import ArchSpec, KVLayout
+from traces.choice import Choice
+
+
+class Policy(Choice):
+    """CB: token-level continuous batching (every token at full depth, fused step).
+    NOREFILL: CDB with lock-step decode waves (freed slots wait for the wave's coda).
+    REFILL: CDB that refills loop slots every launch (coda >= K > prefill > core).
+    ADAPTIVE: refill whose coda (and the prelude after it) launches when the rule of :mod:`cdbsim.serving.adaptive`
+    finds it due, from step costs and exit rates observed during the run (a coda batch K that moves)."""
+
+    CB = "cb"
+    NOREFILL = "norefill"
+    REFILL = "refill"
+    ADAPTIVE = "adaptive"
+
+    @property
+    def refills(self) -> bool:
+        """Whether a freed loop slot is refilled at once through a prelude queue (refill, adaptive) rather
+        than by the next wave (norefill) or not at all (CB)."""
+        return self in (Policy.REFILL, Policy.ADAPTIVE)
+
+    @classmethod
+    def aliases(cls) -> dict[str, str]:
+        return {"no-refill": "norefill", "continuous": "cb", "cdb": "refill"}
+
+
+class Timing(Choice):
+    """When the host learns exit decisions and plans the next launch.
+
+    SYNC: the host plans only after the device finished (device idles while the host plans).
+    ASYNC: planning overlaps the running launch, except after a core launch, whose gate must be read.
+    LOOKAHEAD: the gate computed at loop step r decides step r + 2, so planning always overlaps;
+    the price is a minimum exit depth of 2.
+    """
+
+    SYNC = "sync"
+    ASYNC = "async"
+    LOOKAHEAD = "lookahead"
+
+    @classmethod
+    def what(cls) -> str:
+        return "exit timing"
+
+    @property
+    def min_depth(self) -> int:
+        return 2 if self is Timing.LOOKAHEAD else 1
+
+
+class CoreLaunch(Choice):
+    """Which ready tokens one core launch may carry.
+
+    MIXED: up to W tokens from the head of the ready queue, whatever loop step each is at (one launch
+    advances tokens at many depths; cdbsim's default, and what the executor measures).
+    PER_STEP: slot-homogeneous launches as in the CDB paper's engine with a depth-indexed KV cache
+    (``reference/cdb-engine-spec.md``, "Recurrent batch composition"): the head token's loop step fixes
+    the launch's, tokens at other steps stay queued in their order, so a queue spread over d steps needs
+    d launches where MIXED needs one.
+    """
+
+    MIXED = "mixed"
+    PER_STEP = "per-step"
+
+    @classmethod
+    def aliases(cls) -> dict[str, str]:
+        return {"per_step": "per-step", "homogeneous": "per-step"}
+
+    @classmethod
+    def what(cls) -> str:
+        return "core launch"
+
+
+def decode_graph_sizes(width: int) -> tuple[int, ...]:
+    """Padded batch sizes with a CUDA graph: 1, 2, 4, 8, 12, 16..256 by 8, 272..496 by 16, 512.. by 32, W."""
+    sizes = {1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 497, 16), *range(512, width + 1, 32), width}
+    return tuple(sorted(s for s in sizes if s <= width))
+
+
+def prefill_graph_sizes(budget: int) -> tuple[int, ...]:
+    """Padded prefill token counts: 16..256 by 16, 288..512 by 32, 576..1024 by 64, 1280..4096 by 256,
+    4608.. by 512, and the budget M itself."""
+    sizes = {*range(16, 257, 16), *range(288, 513, 32), *range(576, 1025, 64), *range(1280, 4097, 256),
+             *range(4608, budget + 1, 512), budget}
+    return tuple(sorted(s for s in sizes if s <= budget))
+
+
+def padding_table(sizes: tuple[int, ...], limit: int) -> list[int]:
+    """``table[n]`` = the smallest size >= n (n = 0 .. limit)."""
+    table = [0] * (limit + 1)
+    j = 0
+    for n in range(1, limit + 1):
+        while sizes[j] < n:
+            j += 1
+        table[n] = sizes[j]
+    return table
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How a looped model is served. Defaults follow the CDB paper's engine (reference/cdb-engine-spec.md).
+
+    ``width`` (W) bounds both resident requests and tokens per decode-type launch; ``coda_batch`` (K) is
+    the coda size refill waits for; ``prefill_budget`` (M) bounds prompt tokens per prefill launch;
+    ``kv_margin`` is the share of free KV blocks below which new prompts are not admitted while others
+    decode; ``min_free_slots`` (default max(1, W/8)) how many resident slots must be free to start
+    admitting; ``core_launch`` whether one core launch may mix loop steps (:class:`CoreLaunch`).
+    """
+
+    policy: Policy = Policy.REFILL
+    width: int = 64
+    coda_batch: int = 1
+    prefill_budget: int = 8192
+    timing: Timing = Timing.LOOKAHEAD
+    layout: KVLayout = KVLayout.DEPTH
+    kv_margin: float = 0.2
+    min_free_slots: int | None = None
+    max_coda_in_flight: int = 2
+    block_size: int = 16
+    graph_sizes: tuple[int, ...] | None = field(default=None)
+    core_launch: CoreLaunch = CoreLaunch.MIXED
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", Policy.parse(self.policy))
+        object.__setattr__(self, "timing", Timing.parse(self.timing))
+        object.__setattr__(self, "layout", KVLayout.parse(self.layout))
+        object.__setattr__(self, "core_launch", CoreLaunch.parse(self.core_launch))
+        require(self.width >= 1, f"W must be >= 1, got {self.width}")
+        require(self.coda_batch >= 1, f"K must be >= 1, got {self.coda_batch}")
+        require(self.coda_batch <= self.width, f"K ({self.coda_batch}) must not exceed W ({self.width})")
+        require(self.prefill_budget >= 1, f"M must be >= 1, got {self.prefill_budget}")
+        require(self.width <= self.prefill_budget,
+                f"W ({self.width}) must not exceed the prefill budget M ({self.prefill_budget})")
+        require(0.0 <= self.kv_margin < 1.0, f"the KV margin must be in [0, 1), got {self.kv_margin}")
+        require(self.min_free_slots is None or 1 <= self.min_free_slots <= self.width,
+                f"min_free_slots must be in [1, W], got {self.min_free_slots}")
+        require(self.max_coda_in_flight >= 1, "max_coda_in_flight must be >= 1")
+        require(self.block_size >= 1, "block_size must be >= 1")
+        if self.graph_sizes is not None:
+            require(len(self.graph_sizes) > 0 and max(self.graph_sizes) >= self.width,
+                    f"graph sizes must include a size >= W ({self.width})")
+
+    @property
+    def free_slots_to_admit(self) -> int:
+        return self.min_free_slots if self.min_free_slots is not None else max(1, self.width // 8)
+
+    def r_min(self, arch: ArchSpec) -> int:
+        """Effective minimum exit depth: the model's, raised to 2 by the lookahead gate (CB ignores depths
+        and runs r_max, but its requests carry the same depths as CDB's so runs compare like for like)."""
+        return min(max(arch.r_min, self.timing.min_depth), arch.r_max)
+
+    def decode_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self.graph_sizes)) if self.graph_sizes else decode_graph_sizes(self.width)
+
+    def describe(self) -> str:
+        k = f" K={self.coda_batch}" if self.policy is Policy.REFILL else ""
+        per_step = " per-step-core" if self.core_launch is CoreLaunch.PER_STEP else ""
+        return (f"{self.policy.value}{k} W={self.width} M={self.prefill_budget} {self.timing.value} "
+                f"{self.layout.value}-KV{per_step}")

@@ -1,0 +1,70 @@
+"""KV capacity: how many blocks of token positions a run's cache holds, sized from a token count, a block
+count or the device memory the weights leave."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cdbsim.errors import require
+from cdbsim.model.arch import ArchSpec, KVLayout
+from cdbsim.serving.blocks import BLOCK_SIZE
+from cdbsim.serving.config import ServeConfig
+
+if TYPE_CHECKING:
+    from cdbsim.latency.model import LatencyModel
+
+
+def capacity_blocks(arch: ArchSpec, layout: KVLayout | str, *, tokens: int | None = None,
+                    blocks: int | None = None, memory_bytes: float | None = None,
+                    block_size: int = BLOCK_SIZE) -> int:
+    """KV capacity in blocks from exactly one of: tokens, blocks, or bytes of memory for the cache."""
+    given = [x is not None for x in (tokens, blocks, memory_bytes)]
+    require(sum(given) == 1, "give the KV capacity as exactly one of tokens, blocks or memory bytes")
+    if blocks is not None:
+        result = blocks
+    elif tokens is not None:
+        result = tokens // block_size
+    else:
+        per_block = arch.kv_bytes_per_token(layout) * block_size
+        result = int(memory_bytes // per_block)
+    require(result >= 1, f"the KV capacity ({result} blocks of {block_size} tokens) must be >= 1 block")
+    return int(result)
+
+
+def memory_for_kv(device_bytes: float, weight_bytes: float, fraction: float = 0.9) -> float:
+    """Bytes left for the KV cache when ``fraction`` of device memory may be used and weights sit in it."""
+    return max(0.0, device_bytes * fraction - weight_bytes)
+
+
+def size_text(n_bytes: float) -> str:
+    """Bytes as messages print them: GB, or MB below 0.1 GB."""
+    return f"{n_bytes / 1e9:,.1f} GB" if n_bytes >= 1e8 else f"{n_bytes / 1e6:,.1f} MB"
+
+
+@dataclass(frozen=True)
+class KVCapacity:
+    """The KV cache size: tokens or blocks if given, else what the device memory leaves after weights."""
+
+    tokens: int | None = None
+    blocks: int | None = None
+    memory_fraction: float = 0.9
+
+    def blocks_for(self, arch: ArchSpec, config: ServeConfig, latency: LatencyModel) -> int:
+        if self.tokens is not None or self.blocks is not None:
+            return capacity_blocks(arch, config.layout, tokens=self.tokens, blocks=self.blocks,
+                                   block_size=config.block_size)
+        memory = latency.profile.memory_bytes
+        require(memory > 0, f"profile {latency.profile.name} does not give the device memory; pass --kv-tokens")
+        weights = arch.total_params * arch.dtype_bytes
+        usable = f"{self.memory_fraction:.0%} of the device's {size_text(memory)}"
+        require(weights < memory * self.memory_fraction,
+                f"the weights of {arch.name} ({size_text(weights)}) do not fit in {usable}: nothing is left for the "
+                f"KV cache (fewer layers, or --kv-tokens to size the cache regardless)")
+        free = memory_for_kv(memory, weights, self.memory_fraction)
+        block = arch.kv_bytes_per_token(config.layout) * config.block_size
+        require(block <= free, f"one KV block of {config.block_size} tokens needs {size_text(block)} "
+                               f"({arch.cache_layers(config.layout):,} layer slots per token with the "
+                               f"{config.layout.value} layout at r_max {arch.r_max}), more than the {size_text(free)} "
+                               f"left after the weights in {usable}; lower r_max or use the shared layout")
+        return capacity_blocks(arch, config.layout, memory_bytes=free, block_size=config.block_size)

@@ -1,0 +1,136 @@
+"""How far the host may plan ahead of the device: the one rule both drivers (simulator, executor) follow.
+
+The scheduler moves its state when it plans, and a backend runs launches in order on one stream, so the
+host could in principle plan any number of launches ahead. What limits it is when it *learns* the exit
+decisions a core launch needs:
+
+* ``sync``: the host reads everything back after each launch, so it plans only when nothing is in flight
+  (the device idles while the host plans).
+* ``async``: the host plans the next launch while one runs, but after a core launch it must read that
+  launch's exit gate before planning anything else.
+* ``lookahead``: the gate computed at loop step r decides step r + 2, so a core launch may be planned once
+  every launch *before* the newest core launch in flight has completed; prelude and coda launches need no
+  gate and can be queued behind it. The host thus prepares coda, prelude and the next core step while a
+  core step runs. ``max_ahead`` bounds the launches in flight.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Generic, TypeVar
+
+from cdbsim.serving.config import Timing
+from cdbsim.serving.launch import Launch, Stage
+from cdbsim.serving.scheduler import Scheduler
+
+MAX_AHEAD = 4
+Handle = TypeVar("Handle")
+
+
+class HostPipeline(Generic[Handle]):
+    """The launches a host has handed to the device and not yet completed, oldest first, each with the
+    backend's handle to wait on (a SimPy event, a CUDA event, nothing); the rule for when the host must
+    wait (:meth:`must_wait`); and completion, which hands the oldest launch back to the scheduler.
+
+    The SimPy simulator, the GPU executor's driver and the clock-less replay all drive the scheduler
+    through this one class, so they follow one rule. ``seconds(handle)``, where a driver knows it, is how
+    long a completed launch ran on the device (simulated or measured); the scheduler observes it before
+    it learns the completion, so a policy that learns its step costs online sees the same durations in
+    every driver.
+    """
+
+    def __init__(self, scheduler, timing: Timing, max_ahead: int = MAX_AHEAD,
+                 seconds: Callable[[Handle], float] | None = None) -> None:
+        self.scheduler = scheduler
+        self.timing = timing
+        self.max_ahead = max_ahead
+        self.seconds = seconds
+        self._launches: deque[Launch] = deque()
+        self._handles: deque[Handle] = deque()
+        self._added = 0          # launches added so far; the oldest in flight is number ``_completed``
+        self._completed = 0
+        self._newest_core = -1   # number of the newest core launch added
+        # True if the host has to wait for the oldest launch in flight before planning the next one: the
+        # rule of the timing, chosen once (drivers ask before every launch)
+        self.must_wait: Callable[[], bool] = {Timing.SYNC: self._sync_waits, Timing.ASYNC: self._async_waits,
+                                              Timing.LOOKAHEAD: self._lookahead_waits}[timing]
+
+    def __len__(self) -> int:
+        return len(self._launches)
+
+    def add(self, launch: Launch, handle: Handle) -> None:
+        """``launch`` was handed to the device; ``handle`` tells the backend when it is done."""
+        if launch.stage is Stage.CORE:
+            self._newest_core = self._added
+        self._added += 1
+        self._launches.append(launch)
+        self._handles.append(handle)
+
+    @property
+    def oldest(self) -> Handle:
+        """The handle of the oldest launch in flight."""
+        return self._handles[0]
+
+    def _sync_waits(self) -> bool:
+        return bool(self._launches)
+
+    def _async_waits(self) -> bool:
+        n = len(self._launches)
+        return n != 0 and (n >= 2 or self._newest_core == self._added - 1)
+
+    def _lookahead_waits(self) -> bool:
+        # wait while the newest core launch in flight is not the oldest one
+        n = len(self._launches)
+        return n != 0 and (n >= self.max_ahead or self._newest_core > self._completed)
+
+    def complete_oldest(self) -> tuple[Launch, Handle, list[int]]:
+        """The oldest launch finished: the scheduler learns it; returns it, its handle and the requests it
+        finished."""
+        launch = self._launches.popleft()
+        handle = self._handles.popleft()
+        self._completed += 1
+        if self.seconds is not None:
+            self.scheduler.observe(launch, self.seconds(handle))
+        return launch, handle, self.scheduler.complete(launch)
+
+
+def drive(scheduler: Scheduler, timing: Timing | None = None, max_ahead: int = MAX_AHEAD) -> Iterator[Launch]:
+    """Yield every launch of an offline run (all requests present at the start); ``timing`` defaults to
+    the scheduler's configuration."""
+    for i in sorted(range(len(scheduler.requests)), key=lambda i: scheduler.requests[i].arrival):
+        scheduler.arrive(i)
+    pipeline: HostPipeline[None] = HostPipeline(scheduler, timing or scheduler.config.timing, max_ahead)
+    while not scheduler.done:
+        while pipeline.must_wait():
+            pipeline.complete_oldest()
+        if scheduler.done:
+            break
+        launch = scheduler.plan()
+        if launch is None:
+            if not len(pipeline):
+                raise RuntimeError("the scheduler can plan nothing although requests remain")
+            pipeline.complete_oldest()
+            continue
+        yield launch
+        pipeline.add(launch, None)
+
+
+@contextmanager
+def paused_gc(collect: bool = True) -> Iterator[None]:
+    """Collect once (unless ``collect`` is False), then run the block with the collector off (restored
+    afterwards). A full pass over a large heap takes tens of milliseconds, as long as a short simulated
+    run; the simulator skips it, since what it leaves is collected after the run."""
+    was_enabled = gc.isenabled()
+    if collect:
+        gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()

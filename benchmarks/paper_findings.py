@@ -19,6 +19,7 @@ shares) are compared, never absolute rates.
     python benchmarks/paper_findings.py [--json FILE] [--csv FILE] [--jobs 2]
 """
 
+# ruff: noqa: E402  (the imports follow the sys.path line that picks this checkout)
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # this checkout's packages, not an installed copy
+    sys.path.insert(0, str(ROOT))
 
 import numpy as np
 import pandas as pd

@@ -1,5 +1,6 @@
 """How fast the simulator runs on this machine (one core): CPU time per launch and simulated token loop
 steps per second of CPU time, for ``simulate`` alone (trace building and the report excluded).
+Run time: about 2 min on two cores with ``--repeat 5 --memory`` (CPU only).
 
     python benchmarks/bench_sim.py [--repeat 5] [--profile shipped|roofline] [--cases SUBSTRING]
                                    [--out benchmarks/results/sim_speed.json] [--memory [N]]

@@ -1,4 +1,5 @@
 """The CDB paper's findings, side by side with cdbsim's predictions on the shipped H200 profiles.
+Run time: a few minutes on two cores with ``--jobs 2`` (CPU only).
 
 Every finding of the paper (``reference/paper-facts.md``) that a serving simulator can address is run
 with cdbsim's defaults (mixed core launches, the synthetic exit model, the measured H200 profile) and

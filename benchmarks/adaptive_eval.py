@@ -1,5 +1,5 @@
 """The adaptive CDB policy against every fixed choice, in the simulator on the shipped H200 profiles.
-Run time (two cores): ``--part grid`` about 3.5 min, ``--part shift`` seconds; ``--part matrix`` needs a GPU (about 9 min).
+Run time (two cores): ``--part grid`` about 3.5 min, ``--part shift`` seconds; ``--part matrix``: GPU, 9 min.
 
 Grid: Ouro-1.4B and Huginn-3.5B re-split 2-4-2, 1-4-1, 0-4-0 x W in {16, 64, 256} x Alpaca, ShareGPT, ArXiv x
 two mean depths per model x offline and online. Per point the fixed choices are no-refill and refill with

@@ -1,4 +1,5 @@
 """The adaptive CDB policy against every fixed choice, in the simulator on the shipped H200 profiles.
+Run time (two cores): ``--part grid`` about 3.5 min, ``--part shift`` seconds; ``--part matrix``: GPU, 9 min.
 
 Grid: Ouro-1.4B and Huginn-3.5B re-split 2-4-2, 1-4-1, 0-4-0 x W in {16, 64, 256} x Alpaca, ShareGPT, ArXiv x
 two mean depths per model x offline and online. Per point the fixed choices are no-refill and refill with
@@ -39,9 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cdbsim.experiment import Experiment  # noqa: E402
-from cdbsim.shipped import PROFILES_ENV  # noqa: E402
-from cdbsim.study import run_one  # noqa: E402
+from cdbsim.planner.experiment import Experiment  # noqa: E402
+from cdbsim.latency.shipped import PROFILES_ENV  # noqa: E402
+from cdbsim.planner.study import run_one  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "adaptive"
 ARCHS = {"ouro-1.4b": ("ouro-1.4b", None), "huginn-2-4-2": ("huginn-3.5b", "2-4-2"),
@@ -170,7 +171,7 @@ SHIFTS = {
 def shifting_load(name: str) -> dict:
     """Every fixed choice and adaptive on one trace whose load shifts half-way (``SHIFTS[name]``); writes the
     trace and a plot of the coda batch over time."""
-    from cdbsim.plots import plot_coda_batch
+    from cdbsim.report.plots import plot_coda_batch
     from traces import ExitModel, write_trace
     from traces.shift import Phase, shifting_trace
 
@@ -264,9 +265,9 @@ def write_matrix() -> None:
     simulator finds best on that entry's own requests; the short shifting-load trace under adaptive and each
     fixed choice of ``SHIFTS["shift-gpu"]`` (run ``--part shift`` first: it writes the trace)."""
     from calibration.validation import Entry, load_matrix
-    from cdbsim.experiment import LatencySection
-    from cdbsim.report import summarize
-    from cdbsim.sim import simulate
+    from cdbsim.planner.experiment import LatencySection
+    from cdbsim.report.metrics import summarize
+    from cdbsim.simulator.sim import simulate
 
     configs = []
     for name, arch_key, width, workload, depth, n in GPU_POINTS:

@@ -1,28 +1,28 @@
 """Benchmark the GPU executor: stage latencies, decode-attention bandwidth, offline serving throughput.
 
-Parts (each bounded; ``--quick`` keeps the whole run to a few minutes):
+Parts (each bounded by ``--budget-s``):
 
 (a) ``stages``     per-stage latency (prelude, core, coda, CB decode, prefill chunk) at several batch sizes
                    for each model, replayed as CUDA graphs, against the weight-read roofline (weight bytes
-                   one pass reads / measured copy bandwidth) and the weight+KV roofline.
-(b) ``attention``  the paged decode-attention kernel at B = 64, L = 4096 and B = 1, L = 512
-                   (``--attention-points`` for others): KV bytes actually read / time, against the measured
-                   copy bandwidth (``--attention-sweep``: also over the kernel's tile and warps, and two
-                   more head shapes; ``--attention-rule``: a candidate split rule).
+                   one pass reads / measured copy bandwidth) and the weight + KV roofline.
+(b) ``attention``  the paged decode-attention kernel at B = 64, L = 4,096 and B = 1, L = 512
+                   (``--attention-points`` for others): KV bytes read / time, against the copy bandwidth.
 (c) ``throughput`` offline output-token throughput of CB, no-refill and refill on a small Alpaca trace
-                   (``--workload sharegpt`` for ShareGPT lengths) with synthetic exits (mean 2.5 for Ouro,
-                   8 for Huginn) and without exits, in lookahead mode (full runs add sync), with the
-                   device's idle share (gaps between launches / run span).
+                   (``--workload`` for others) with synthetic exits (mean 2.5 for Ouro, 8 for Huginn) and
+                   without exits, in lookahead mode (full runs add sync), with the device's idle share.
 
-Methodology: random weights and random KV contents (never zeros), CUDA graphs, CUDA events, warm-up
-replays, median of repeats; the copy bandwidth (bytes read + written by a large device-to-device copy)
-is the ceiling every roofline uses. Results: ``results.json`` (everything), ``stages.csv``,
-``attention.csv``, ``throughput.csv`` in ``--out`` (default ``$OUT``, else ``runs/bench-executor``), and
-a short table printed last.
+Random weights and KV contents (never zeros), CUDA graphs, CUDA events, warm-up replays, median of repeats;
+the copy bandwidth (bytes read + written by a large device-to-device copy) is the ceiling every roofline uses.
+Writes ``stages.csv``, ``attention.csv``, ``throughput.csv`` and ``results.json`` (everything) to ``--out``
+and prints a short table. Needs a CUDA GPU (``--smoke``: a tiny model on the CPU, to check the script).
+
+Run time on an H200: the README's executor table (``bash benchmarks/gpu_session.sh bench``) about 4.5 min for
+``--parts stages attention``, 2 min for ``--parts throughput --exits none --k 1 --requests 128``.
 
     python benchmarks/bench_executor.py --quick --out /tmp/bench
 """
 
+# ruff: noqa: E402  (the imports follow the sys.path line that picks this checkout)
 from __future__ import annotations
 
 import argparse
@@ -38,22 +38,21 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
+if str(ROOT) not in sys.path:  # this checkout's packages, not an installed copy
     sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from cdbsim.arch import PRESETS, ArchSpec  # noqa: E402
-from cdbsim.attention import TARGET_SPLITS  # noqa: E402
-from cdbsim.config import Policy, ServeConfig  # noqa: E402
-from cdbsim.kv import need_blocks  # noqa: E402
-from cdbsim.kvlayout import KVLayout  # noqa: E402
-from cdbsim.launch import Stage, decode_launch, prefill_launch  # noqa: E402
-from executor.driver import Executor, build_model  # noqa: E402
-from executor.engine import Engine  # noqa: E402
-from executor.kv_cache import CacheGeometry, PagedKVCache  # noqa: E402
-from traces import ExitModel, build_trace  # noqa: E402
-from traces.request import Request  # noqa: E402
+from cdbsim.model.arch import PRESETS, ArchSpec
+from cdbsim.serving.config import Policy, ServeConfig
+from cdbsim.serving.blocks import need_blocks
+from cdbsim.model.arch import KVLayout
+from cdbsim.serving.launch import Stage, decode_launch, prefill_launch
+from executor.driver import Executor, build_model
+from executor.engine import Engine
+from executor.kv_cache import CacheGeometry, PagedKVCache
+from traces import ExitModel, build_trace
+from traces.request import Request
 
 DEVICE = torch.device("cuda")
 DTYPE = torch.bfloat16
@@ -133,8 +132,7 @@ def copy_bandwidth(gib: float = 4.0) -> dict:
 def stage_latency(arch: ArchSpec, model, sizes: list[int], context: int, prefill_tokens: list[int],
                   bandwidth: float, iters: int, repeats: int, layout: KVLayout = KVLayout.SHARED) -> list[dict]:
     """Latency of each stage's CUDA graph with ``B`` rows attending ``context + 1`` positions each, on the KV
-    ``layout`` (the table's: shared; served Ouro runs and calibration use depth, a slot per loop step, and a kernel
-    change can move the two differently: docs/executor.md)."""
+    ``layout`` (shared: one slot per layer)."""
     from executor.graphs import StageGraphs
 
     rows = max(sizes)
@@ -198,8 +196,9 @@ def _stage_row(arch: ArchSpec, stage: str, b: int, context: int, ms: float, weig
 
 # ----- (b) decode attention --------------------------------------------------------------------------
 def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, batch: int, length: int,
-                        bandwidth: float, iters: int, repeats: int, with_torch: bool,
-                        sweep: bool = False, split_grid: bool = False) -> list[dict]:
+                        bandwidth: float, iters: int, repeats: int, with_torch: bool) -> list[dict]:
+    """The shipped decode-attention kernel (``triton``; on a CPU run only the torch path) at ``batch`` rows of
+    ``length`` positions: KV bytes read per second against ``bandwidth``."""
     from executor import ops as torch_ops
     from executor import triton_kernels as tk
 
@@ -214,57 +213,19 @@ def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, bat
     q = torch.randn(batch, heads, head_dim, device=DEVICE, dtype=DTYPE)
     scale = head_dim ** -0.5
     kv_bytes = batch * length * kv_heads * head_dim * 2 * cache.k.element_size()
-    rows = []
     impls = []
-    if cuda():  # the default split heuristic, then a sweep of fixed KV split counts to tune it
+    if cuda():
         impls.append(("triton", lambda: tk.decode_attention(q, cache, table, base, 0, seq, scale)))
-        for splits in (1, 2, 4, 8, 16):
-            impls.append((f"triton-splits{splits}", lambda splits=splits: tk.decode_attention(
-                q, cache, table, base, 0, seq, scale, splits=splits)))
-            for least in (128, 256, 512) if split_grid else ():  # a split's fewest positions (shipped: 64)
-                if splits > 1 and least < length:
-                    impls.append((f"triton-splits{splits}-min{least}", lambda splits=splits, least=least:
-                                  tk.decode_attention(q, cache, table, base, 0, seq, scale, splits=splits,
-                                                      min_split=least)))
-        if sweep:  # the tile's positions, the warps per program and the head's parts, at the default split count
-            import triton
-
-            padded = (triton.next_power_of_2(head_dim), 0)
-            part_choices = {tk.head_parts(head_dim): "", padded: "-padded"}
-            for block in (16, 32, 64, 128):
-                for warps in (1, 2, 4, 8):
-                    for parts, label in part_choices.items():
-                        impls.append((f"triton-block{block}-warps{warps}{label}",
-                                      lambda block=block, warps=warps, parts=parts: tk.decode_attention(
-                                          q, cache, table, base, 0, seq, scale, block=block, warps=warps,
-                                          parts=parts)))
-            for evict in ("evict_first", "evict_last"):  # the KV stream's L2 policy, the built tile
-                impls.append((f"triton-{evict}", lambda evict=evict: tk.decode_attention(
-                    q, cache, table, base, 0, seq, scale, evict=evict)))
-            for stages in (1, 2, 4):  # Triton's software pipelining depth
-                impls.append((f"triton-stages{stages}", lambda stages=stages: tk.decode_attention(
-                    q, cache, table, base, 0, seq, scale, stages=stages)))
-        # with the new token's RoPE and KV write: the fused kernel against the two-kernel composition
-        from executor.ops import RopeTable
-
-        qkv = torch.randn(batch, (heads + 2 * kv_heads) * head_dim, device=DEVICE, dtype=DTYPE)
-        rope = RopeTable.build(head_dim, 1e6, length, False, DEVICE)
-        pos = seq - 1
-        row0 = (table.long()[:, -1] * 16 + (length - 1) % 16).int()
-        fill = torch.zeros_like(seq)
-        impls.append(("triton-rope-fused", lambda: tk.rope_decode_attention(
-            qkv, None, None, pos, rope, cache, row0, base, 0, fill, 0, table, seq, scale)))
-        impls.append(("triton-rope+attn", lambda: tk.decode_attention(tk.rope_write_kv(
-            qkv, None, None, pos, rope, cache, row0, base, 0, fill, 0), cache, table, base, 0, seq, scale)))
     if with_torch:
         impls.append(("torch-gather", lambda: torch_ops.decode_attention(q, cache, table, base, 0, seq, scale)))
+    rows = []
     for impl, fn in impls:
         ms = time_fn(graphed(fn), iters, repeats)
         achieved = kv_bytes / (ms / 1e3)
         rows.append({"shape": name, "impl": impl, "batch": batch, "length": length, "heads": heads,
-                     "auto_splits": tk.decode_splits(batch, heads, head_dim),  # the rule the kernel launched with
-                     "kv_heads": kv_heads, "head_dim": head_dim, "ms": ms, "kv_bytes": kv_bytes,
-                     "achieved_Bps": achieved, "fraction_of_copy_bw": achieved / bandwidth})
+                     "splits": tk.decode_splits(batch, heads, head_dim), "kv_heads": kv_heads,
+                     "head_dim": head_dim, "ms": ms, "kv_bytes": kv_bytes, "achieved_Bps": achieved,
+                     "fraction_of_copy_bw": achieved / bandwidth})
     return rows
 
 
@@ -283,33 +244,6 @@ def attention_point(text: str) -> tuple[int, int]:
     if batch < 1 or length < 16 or length % 16:
         raise argparse.ArgumentTypeError(f"B must be >= 1 and L a positive multiple of 16, got {text!r}")
     return batch, length
-
-
-def attention_rule(text: str) -> tuple[int, int, int]:
-    """``PROGRAMS:LEAST[:MOST]`` of ``--attention-rule`` as an argparse type (``MOST`` defaults to the program
-    target's cap, ``cdbsim.attention.TARGET_SPLITS``)."""
-    parts = text.split(":")
-    if len(parts) == 2:
-        parts.append(str(TARGET_SPLITS))
-    try:
-        programs, least, most = (int(p) for p in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected PROGRAMS:LEAST[:MOST] (integers), got {text!r}") from None
-    if programs < 1 or not 1 <= least <= most <= 256:
-        raise argparse.ArgumentTypeError(f"PROGRAMS must be >= 1 and 1 <= LEAST <= MOST <= 256, got {text!r}")
-    return programs, least, most
-
-
-def use_attention_rule(programs: int, least: int, most: int = TARGET_SPLITS) -> None:
-    """Launch decode attention with a candidate split count for the rest of this process. The executor's
-    kernels read the rule through ``executor.triton_kernels.decode_splits``; the simulator keeps the shipped
-    one, so this measures a candidate and is not a configuration."""
-    from executor import triton_kernels as tk
-
-    def splits(rows: int, heads: int, head_dim: int) -> int:  # the candidate ignores the head's width
-        return max(least, min(most, programs // max(rows * heads, 1)))
-
-    tk.decode_splits = splits
 
 
 # ----- (c) throughput --------------------------------------------------------------------------------
@@ -399,15 +333,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, help="requests per throughput run (64 quick, 256 full)")
     parser.add_argument("--max-len", type=int, help="truncate prompt + output to this many tokens")
     parser.add_argument("--width", type=int, default=64, help="W for the throughput runs")
-    parser.add_argument("--fuse-rows", type=int,
-                        help="run batches of at most this many rows on the chained skinny-matmul path "
-                             "(executor.chain; default: the engine's own cut, 0: never)")
-    parser.add_argument("--few-rows", type=int,
-                        help="run the projections of other launches of at most this many rows (up to 64) on the "
-                             "few-row matmul (executor.few_rows; default: the engine's own cut, 0: never)")
-    parser.add_argument("--fused-attention-rows", type=int,
-                        help="run RoPE, the KV write and attention of decode launches of at most this many rows "
-                             "as one kernel (default: the chained path's rows)")
     parser.add_argument("--sizes", type=int, nargs="+", help="batch sizes of the decode-type stages")
     parser.add_argument("--contexts", type=int, nargs="+", default=[512],
                         help="context lengths of the decode-type stages (sizes whose KV would exceed "
@@ -418,38 +343,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="exit models of the throughput runs (none: every token at r_max)")
     parser.add_argument("--budget-s", type=float, help="skip parts that would start after this many seconds")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--attention-sweep", action="store_true",
-                        help="attention part: also sweep the tile's positions and warps, and add head shapes "
-                             "55x128 and 16x96 (which of heads and head_dim sets the bandwidth)")
     parser.add_argument("--attention-points", type=attention_point, nargs="+", default=[(64, 4096), (1, 512)],
                         metavar="B:L", help="attention part: batch and context of each point (default 64:4096 1:512)")
-    parser.add_argument("--split-grid", action="store_true",
-                        help="attention part: also every split count with 128, 256 and 512 as a split's fewest "
-                             "positions (the shipped kernel: 64)")
-    parser.add_argument("--stage-layout", choices=["shared", "depth"], default="shared",
-                        help="KV layout of the stage part (shared: the README table's; depth: a slot per loop step, "
-                             "as served Ouro runs and calibration use)")
-    parser.add_argument("--attention-rule", type=attention_rule, metavar="PROGRAMS:LEAST[:MOST]",
-                        help="a candidate split rule for decode attention, this run only: splits = PROGRAMS // "
-                             "(rows x heads), at least LEAST, at most MOST (default 16; shipped: "
-                             "cdbsim.attention.decode_splits)")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script itself: tiny same-style models, float32, CPU unless CUDA is there")
     args = parser.parse_args(argv)
-    if args.fuse_rows is not None:
-        from executor.chain import MAX_ROWS
-
-        if not 0 <= args.fuse_rows <= MAX_ROWS:
-            parser.error(f"--fuse-rows must be 0..{MAX_ROWS}: the most rows the chained kernels take")
-    if args.attention_rule is not None:
-        use_attention_rule(*args.attention_rule)
-    if args.fused_attention_rows is not None and args.fused_attention_rows < 0:
-        parser.error("--fused-attention-rows must be 0 or more")
-    if args.few_rows is not None:
-        from executor.few_rows import MAX_ROWS as FEW_MAX
-
-        if not 0 <= args.few_rows <= FEW_MAX:
-            parser.error(f"--few-rows must be 0..{FEW_MAX}: the few-row matmul takes that many rows")
     global DEVICE, DTYPE
     if args.smoke:
         DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -464,8 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     device_name = torch.cuda.get_device_name() if cuda() else "cpu"
     results: dict = {"meta": {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
-                              "quick": quick, "smoke": args.smoke, "dtype": str(DTYPE).replace("torch.", ""),
-                              "fuse_rows": args.fuse_rows, "few_rows": args.few_rows},
+                              "quick": quick, "smoke": args.smoke, "dtype": str(DTYPE).replace("torch.", "")},
                      "stages": [], "attention": [], "throughput": [], "errors": [], "skipped": []}
 
     def save() -> None:
@@ -491,51 +388,35 @@ def main(argv: list[str] | None = None) -> int:
 
     bw = copy_bandwidth(0.05 if args.smoke else 2.0 if quick else 8.0)
     results["meta"]["copy_bandwidth"] = bw
-    results["meta"]["attention_rule"] = list(args.attention_rule) if args.attention_rule else "shipped"
     bandwidth = bw["bandwidth_Bps"]
     iters, repeats = (5, 5) if quick else (20, 7)
 
     if "attention" in args.parts:
         shapes = [("ouro-mha-16x128", 16, 16, 128), ("huginn-mha-55x96", 55, 55, 96)]
-        if args.attention_sweep:
-            shapes += [("mha-55x128", 55, 55, 128), ("mha-16x96", 16, 16, 96)]
         sizes = [(4, 256)] if args.smoke else args.attention_points  # default: the bandwidth target; a B = 1 step's
         for name, h, kvh, d in shapes:
             for batch, length in sizes:
                 part(f"attention {name} B={batch} L={length}",
                      lambda name=name, h=h, kvh=kvh, d=d, batch=batch, length=length: results["attention"].extend(
                          attention_bandwidth(name, h, kvh, d, batch, length, bandwidth, iters, repeats,
-                                             with_torch=args.smoke or not quick,
-                                             sweep=args.attention_sweep and batch > 1,
-                                             split_grid=args.split_grid)))
+                                             with_torch=args.smoke or not quick)))
 
     models = {}
     for name in args.models:  # stage latencies of every model first: the cheapest, most reused numbers
         arch = tiny_preset(name) if args.smoke else PRESETS[name]
         models[name] = (arch, build_model(arch, device=DEVICE, dtype=DTYPE, seed=args.seed))
-        if args.fuse_rows is not None:
-            models[name][1].ops.fuse_rows = args.fuse_rows  # 0: cuBLAS projections at every size
-        if args.few_rows is not None:
-            models[name][1].ops.few_rows = args.few_rows  # 0: cuBLAS projections beyond the chained path
-        if args.fused_attention_rows is not None:
-            models[name][1].ops.fused_attention_rows = args.fused_attention_rows
-        results["meta"]["fused_attention_rows"] = models[name][1].ops.fused_attention_rows
-        results["meta"]["fuse_rows"] = models[name][1].ops.fuse_rows
-        results["meta"]["few_rows"] = models[name][1].ops.few_rows
-        results["meta"]["stage_layout"] = args.stage_layout
         if "stages" in args.parts:
             sizes = args.sizes or ([1, 16, 64] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256])
             prefill = args.prefill_tokens or ([128 if args.smoke else 512] if quick else [256, 1024, 4096])
             arch, model = models[name]
             for i, context in enumerate([64] if args.smoke else args.contexts):
-                most = MAX_KV_TOKENS * arch.cache_layers("shared") // arch.cache_layers(args.stage_layout)
-                fits = [b for b in sizes if b * context <= most]  # the cache holds every layer's KV
+                fits = [b for b in sizes if b * context <= MAX_KV_TOKENS]  # the cache holds every layer's KV
                 if fits != sizes:
-                    print(f"stages {name} L={context}: B > {max(fits, default=0)} left out (over {most:,} KV tokens)")
+                    print(f"stages {name} L={context}: B > {max(fits, default=0)} left out "
+                          f"(over {MAX_KV_TOKENS:,} KV tokens)")
                 part(f"stages {name} L={context}", lambda arch=arch, model=model, sizes=fits, context=context,
                      prefill=prefill if i == 0 else []: results["stages"].extend(stage_latency(
-                         arch, model, sizes, context, prefill, bandwidth, iters, repeats,
-                         KVLayout(args.stage_layout))))
+                         arch, model, sizes, context, prefill, bandwidth, iters, repeats)))
         if "throughput" not in args.parts:  # nothing reads the weights again: the next model gets the memory
             del models[name]
             model = None
@@ -563,7 +444,7 @@ def tiny_preset(name: str) -> ArchSpec:
     """A small model of the preset's style, split and loop count, for ``--smoke``."""
     from dataclasses import replace
 
-    from cdbsim.arch import LayerShape
+    from cdbsim.model.arch import LayerShape
 
     arch = PRESETS[name]
     layer = LayerShape(hidden=64, intermediate=128, heads=4, kv_heads=4, head_dim=16, style=arch.style)

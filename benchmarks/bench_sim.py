@@ -1,5 +1,6 @@
 """How fast the simulator runs on this machine (one core): CPU time per launch and simulated token loop
 steps per second of CPU time, for ``simulate`` alone (trace building and the report excluded).
+Run time: about 2 min on two cores with ``--repeat 5 --memory`` (CPU only).
 
     python benchmarks/bench_sim.py [--repeat 5] [--profile shipped|roofline] [--cases SUBSTRING]
                                    [--out benchmarks/results/sim_speed.json] [--memory [N]]
@@ -35,11 +36,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from cdbsim import native  # noqa: E402
-from cdbsim.arch import PRESETS  # noqa: E402
-from cdbsim.config import ServeConfig  # noqa: E402
-from cdbsim.latency import LatencyModel, roofline_profile  # noqa: E402
-from cdbsim.shipped import resolve_profile  # noqa: E402
-from cdbsim.sim import simulate  # noqa: E402
+from cdbsim.model.arch import PRESETS  # noqa: E402
+from cdbsim.serving.config import ServeConfig  # noqa: E402
+from cdbsim.latency.model import LatencyModel, roofline_profile  # noqa: E402
+from cdbsim.latency.shipped import resolve_profile  # noqa: E402
+from cdbsim.simulator.sim import simulate  # noqa: E402
 from traces import ExitModel, build_trace  # noqa: E402
 
 CASES = [

@@ -1,13 +1,14 @@
-"""The co-design study's answer, from the rows ``cdbsim sweep --config docs/codesign/study.toml`` wrote: per
-model, split and r_max the best throughput per GPU (over policy and W), and the best point under p99 TPOT
-limits. Prints Markdown tables (docs/codesign.md quotes them).
+"""The co-design study's answer, from the rows ``cdbsim sweep --config benchmarks/results/codesign/study.toml``
+wrote: per model, split and r_max the best throughput per GPU (over policy and W), and the best point under p99
+TPOT limits. Prints Markdown tables (docs/results.md quotes them). Reads a table only: about 2 s, no GPU.
 
-    python benchmarks/codesign_table.py docs/codesign/study.parquet
+    python benchmarks/codesign_table.py                                   # the committed study
+    python benchmarks/codesign_table.py benchmarks/results/codesign/study-kernels.parquet
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import pandas as pd
 
@@ -44,4 +45,7 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "docs/codesign/study.parquet")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("study", nargs="?", default="benchmarks/results/codesign/study.parquet",
+                        help="the rows `cdbsim sweep` wrote (default: %(default)s)")
+    main(parser.parse_args().study)

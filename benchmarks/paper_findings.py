@@ -1,4 +1,5 @@
 """The CDB paper's findings, side by side with cdbsim's predictions on the shipped H200 profiles.
+Run time: a few minutes on two cores with ``--jobs 2`` (CPU only).
 
 Every finding of the paper (``reference/paper-facts.md``) that a serving simulator can address is run
 with cdbsim's defaults (mixed core launches, the synthetic exit model, the measured H200 profile) and
@@ -19,6 +20,7 @@ shares) are compared, never absolute rates.
     python benchmarks/paper_findings.py [--json FILE] [--csv FILE] [--jobs 2]
 """
 
+# ruff: noqa: E402  (the imports follow the sys.path line that picks this checkout)
 from __future__ import annotations
 
 import argparse
@@ -32,6 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # this checkout's packages, not an installed copy
+    sys.path.insert(0, str(ROOT))
+
 import numpy as np
 import pandas as pd
 from rich.console import Console
@@ -39,7 +45,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import cdbsim
-from cdbsim.study import latency_knee
+from cdbsim.planner.study import latency_knee
 
 OURO, HUGINN = "ouro-1.4b", "huginn-3.5b"
 KV_TOKENS = 327_680  # the paper's KV cache (tokens)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -227,54 +226,6 @@ def test_refitting_a_kernel_profile_refits_its_gaps_and_keeps_its_tables(tmp_pat
         refit_profile(no_probes)
 
 
-def _profile_decode():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_decode.py"
-    spec = importlib.util.spec_from_file_location("profile_decode", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("profile_decode", module)  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return sys.modules["profile_decode"], path.parents[1] / "benchmarks" / "results" / "decode-profile"
-
-
-def test_the_committed_core_steps_of_unseen_shapes_are_composed_within_seven_percent() -> None:
-    import pandas as pd
-
-    script, results = _profile_decode()
-    # composed with the kernel profile of the unseen matrix's build (two builds back), close to the one these
-    # replays ran (the shipped profile is of the current build, whose kernels differ)
-    profile = results.parent / "unseen" / "h200-kernels.json"
-    table = script.with_composed(pd.read_csv(results / "decode-profile.csv"), profile)
-    launches = table[table.family == "launch"]
-    errors = (launches["measured/composed"] - 1).abs()
-    assert len(launches) == 28 and errors.median() < 0.02 and errors.max() < 0.07
-    # every point's families carry the stage's composed glue and gaps, and the GEMMs' measured time is there
-    for _, point in table.groupby(["arch", "batch", "context"]):
-        assert {"glue", "gaps", "launch"} <= set(point.family)
-        assert point.set_index("family").measured_us.get("gemm", 0) > 0 or 1 in set(point.batch)
-
-
-def test_profile_decode_counts_the_few_row_matmul_as_a_gemm() -> None:
-    """The kernel model names the few-row matmul's projections ``gemm``; the profiler's families must match."""
-    script, _ = _profile_decode()
-    assert script.family("_few_rows_kernel") == "gemm" == script.family("nvjet_tst_64x8_64x16_4x1_v_bz_TNT")
-    assert script.family("_chain_gemv_kernel") == "gemv" and script.family("triton_poi_fused_cat_0") == "glue"
-
-
-def test_profile_decode_refuses_bad_points_and_missing_tables(tmp_path, capsys) -> None:
-    import argparse
-
-    script, _ = _profile_decode()
-    with pytest.raises(argparse.ArgumentTypeError, match="batch:context"):
-        script.parse_points("4x3072")
-    with pytest.raises(argparse.ArgumentTypeError, match="batch:context"):
-        script.parse_points("4:256:2048:5")
-    assert script.main(["--summarize", str(tmp_path / "missing.csv")]) == 2
-    assert "missing.csv" in capsys.readouterr().err
-
-
 def test_attention_width_by_head_size_and_group_is_log_interpolated() -> None:
     from cdbsim.latency.kernels import KernelModel
 
@@ -294,26 +245,6 @@ def test_attention_width_by_head_size_and_group_is_log_interpolated() -> None:
     w = math.log(96 / 64) / math.log(2)  # head size 96 between 64 and 128, in log size
     assert model.attention_slots(arch(96, 32)) == pytest.approx(1000.0 ** (1 - w) * 500.0 ** w)
     assert model.attention_sharpness(arch(64, 16)) in (1.0, 3.0) and model.attention_sharpness(arch(64, 4)) == 3.0
-
-
-def test_profile_decode_composes_exiting_rows_with_their_last_exited_fill() -> None:
-    import pandas as pd
-
-    script, results = _profile_decode()
-    table = pd.concat([pd.read_csv(results / f"decode-profile-wide-{kind}.csv") for kind in ("mixed", "exiting")])
-    composed = script.with_composed(table)
-    launches = composed[composed.family == "launch"].set_index(["arch", "batch", "context", "long", "exiting"])
-    plain, exiting = launches.xs(False, level="exiting"), launches.xs(True, level="exiting")
-    assert (exiting.composed_us > plain.composed_us).all()  # the fill's copies are charged
-    assert ((exiting.measured_us / plain.measured_us - 1).abs() < 0.05).all()
-
-
-def test_profile_decode_plots_saved_tables_together(tmp_path) -> None:
-    script, results = _profile_decode()
-    png = tmp_path / "plot.png"
-    tables = [str(results / f"{name}.csv") for name in ("decode-profile", "decode-profile-skew")]
-    assert script.main(["--summarize", *tables, "--plot", str(png)]) == 0
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_profile_composes_the_few_row_matmul_only_if_it_measured_it() -> None:

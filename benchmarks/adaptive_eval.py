@@ -40,8 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cdbsim.planner.experiment import Experiment  # noqa: E402
 from cdbsim.latency.shipped import PROFILES_ENV  # noqa: E402
+from cdbsim.planner.experiment import Experiment  # noqa: E402
 from cdbsim.planner.study import run_one  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "adaptive"

@@ -43,10 +43,9 @@ if str(ROOT) not in sys.path:  # this checkout's packages, not an installed copy
 
 import torch
 
-from cdbsim.model.arch import PRESETS, ArchSpec
-from cdbsim.serving.config import Policy, ServeConfig
+from cdbsim.model.arch import PRESETS, ArchSpec, KVLayout
 from cdbsim.serving.blocks import need_blocks
-from cdbsim.model.arch import KVLayout
+from cdbsim.serving.config import Policy, ServeConfig
 from cdbsim.serving.launch import Stage, decode_launch, prefill_launch
 from executor.driver import Executor, build_model
 from executor.engine import Engine

@@ -36,10 +36,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from cdbsim import native  # noqa: E402
-from cdbsim.model.arch import PRESETS  # noqa: E402
-from cdbsim.serving.config import ServeConfig  # noqa: E402
 from cdbsim.latency.model import LatencyModel, roofline_profile  # noqa: E402
 from cdbsim.latency.shipped import resolve_profile  # noqa: E402
+from cdbsim.model.arch import PRESETS  # noqa: E402
+from cdbsim.serving.config import ServeConfig  # noqa: E402
 from cdbsim.simulator.sim import simulate  # noqa: E402
 from traces import ExitModel, build_trace  # noqa: E402
 

@@ -70,8 +70,9 @@ PROFILES = Path(__file__).parent / "data" / "golden-profiles"
 # gap is the current build's 1.30 us; the tables are the least-squares non-decreasing grid through the points
 # (cdbsim.latency.interp.monotone_grid), not their running maximum (the launches are the same, their times not); the
 # prefill curve's coefficients are solved on unit columns, with non-negative least squares where a bound binds,
-# and kept to 10 significant digits, so that no CPU's BLAS kernels move a launch's time (cdbsim.latency.prefill); one Ouro
-# row has 32 attention splits, not 16 (cdbsim.latency.gpu_work.MIN_PROGRAMS), so its tile steps are 2,048 positions apart
+# and kept to 10 significant digits, so that no CPU's BLAS kernels move a launch's time (cdbsim.latency.prefill);
+# one Ouro row has 32 attention splits, not 16 (cdbsim.latency.gpu_work.MIN_PROGRAMS), so its tile steps are 2,048
+# positions apart
 GOLDEN = {
     "huginn-refill-K8-shared": "0fbab61eef06e981",  # 4,454 launches
     "huginn040-sync": "bf40706b3aa54ffd",           # 7,412 launches

@@ -7,7 +7,7 @@ import pytest
 
 from cdbsim.latency.model import LatencyModel, roofline_profile
 from cdbsim.model.arch import PRESETS
-from cdbsim.report.metrics import logs
+from cdbsim.report import logs
 from cdbsim.report.logs import RunRecorder, _token_times
 from cdbsim.serving.config import ServeConfig
 from cdbsim.simulator.sim import Simulation

@@ -29,7 +29,7 @@ Every Triton kernel of a chained layer (these, and ``rope_decode_attention`` in
 its successor launch (``griddepcontrol.launch_dependents``) right away or, for the kinds of
 :func:`pdl_mode` that trigger late (the few-row matmul), after its main loop; a kernel that is not
 PDL-launched (cuBLAS, torch) orders the chain as usual. PDL is used on CUDA devices of compute capability 9
-and up unless ``CDBSIM_PDL=0``; CUDA graphs capture it as programmatic edges. This module also holds those
+and up; CUDA graphs capture it as programmatic edges. This module also holds those
 PDL helpers for every Triton kernel of the executor, and :func:`pdl_behind`, which keeps the kernels of a
 launch whose projections run on cuBLAS from being PDL-launched (why: its docstring).
 
@@ -51,7 +51,6 @@ Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (without PDL; how 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -166,8 +165,7 @@ _BEHIND_OWN: ContextVar[bool] = ContextVar("cdbsim_pdl_behind_own", default=True
 @contextmanager
 def pdl_behind(own_kernels: bool) -> Iterator[None]:
     """Within the block, PDL-launch the executor's Triton kernels only if ``own_kernels``: their predecessors
-    are kernels of this package (the chained or few-row path), not cuBLAS GEMMs. ``CDBSIM_PDL=all`` launches
-    them with PDL behind cuBLAS too.
+    are kernels of this package (the chained or few-row path), not cuBLAS GEMMs.
 
     Why: cuBLAS's kernels let their dependents launch before they end, so a PDL-launched norm or attention
     kernel behind one becomes resident while the GEMM still has tiles to run, and waits there. On the H200
@@ -175,7 +173,7 @@ def pdl_behind(own_kernels: bool) -> Iterator[None]:
     PDL-launched behind cuBLAS and 1.472 ms without; at B = 64 1.51 or 1.61 ms depending on the capture
     (1.54 without, every capture); its CB step at B = 64, L = 128 7.83 against 7.57 ms
     (``benchmarks/results/pdl-behind-cublas``)."""
-    token = _BEHIND_OWN.set(own_kernels or os.environ.get("CDBSIM_PDL") == "all")
+    token = _BEHIND_OWN.set(own_kernels)
     try:
         yield
     finally:
@@ -189,10 +187,8 @@ def pdl_allowed_here() -> bool:
 
 def pdl_enabled(t: torch.Tensor) -> bool:
     """Whether kernels on ``t``'s device launch with PDL: CUDA, compute capability >= 9, not interpreted,
-    ``CDBSIM_PDL`` not ``0``, and not in a :func:`pdl_behind` block of a cuBLAS path."""
-    if t.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    if os.environ.get("CDBSIM_PDL", "1") == "0" or not pdl_allowed_here():
+    and not in a :func:`pdl_behind` block of a cuBLAS path."""
+    if t.device.type != "cuda" or triton.knobs.runtime.interpret or not pdl_allowed_here():
         return False
     return _pdl_on(_index(t.device))
 
@@ -203,27 +199,14 @@ def launch_options(pdl: bool) -> dict:
 
 
 EARLY, LATE = 1, 2  # a PDL kernel's PDL constexpr: when it lets its successor launch (0: not PDL-launched)
-# kernels that let their successor launch only after their main loop
-LATE_KINDS = ("few_rows", "few_rows_tma", "few_rows_direct")
 
 
-def pdl_mode(t: torch.Tensor, kind: str) -> int:
-    """The ``PDL`` constexpr of a kernel of ``kind`` on ``t``'s device: 0 without PDL (:func:`pdl_enabled`),
-    :data:`LATE` for the kinds in ``CDBSIM_PDL_LATE`` (a comma-separated list; default :data:`LATE_KINDS`),
-    else :data:`EARLY`.
-
-    Why it matters: a successor let launch right after the wait (early) becomes resident while this kernel
-    streams and issues its own first loads beside it. Behind the few-row matmul that cost the H200 ~20%: an
-    Ouro-1.4B layer's projections at two rows took 49.1 us per layer with the early trigger, 40.8 us with the
-    late one (cuBLAS 47.2 us) (``benchmarks/results/few-row-matmul``). ``CDBSIM_PDL_LATE=none`` lets every kernel
-    trigger early; the few-row matmul then takes the configs chosen under that trigger
-    (``executor.few_rows.EARLY_CONFIGS``). That is 4% faster in stages replayed alone at 4-6 rows and 6-7% slower
-    in few-row launches served back to back: measured, not the default (docs/executor.md)."""
+def pdl_mode(t: torch.Tensor, late: bool = False) -> int:
+    """The ``PDL`` constexpr of a kernel on ``t``'s device: 0 without PDL (:func:`pdl_enabled`), else :data:`LATE`
+    (the successor may launch after the main loop: the few-row matmul) or :data:`EARLY` (right after the wait)."""
     if not pdl_enabled(t):
         return 0
-    env = os.environ.get("CDBSIM_PDL_LATE")
-    kinds = LATE_KINDS if env is None else tuple(k.strip() for k in env.split(","))
-    return LATE if kind in kinds else EARLY
+    return LATE if late else EARLY
 
 
 @triton.jit
@@ -408,7 +391,7 @@ def _launch(op: str, x: torch.Tensor, w: torch.Tensor, *, branch: torch.Tensor |
     cfg = config or config_for(op, n, k, swiglu, sm_count(x.device), x.shape[0])
     k1, k2 = split_k(k)
     out = torch.empty((x.shape[0], n), device=x.device, dtype=x.dtype)
-    pdl = pdl_mode(x, "chain")
+    pdl = pdl_mode(x)
     _chain_gemv_kernel[(triton.cdiv(n, cfg.block_n * cfg.tiles),)](
         x, x if branch is None else branch, x if w_post is None else w_post, x if w_norm is None else w_norm, w, out,
         x if x_out is None else x_out, eps, N=n, K=k, K1=k1, K2=k2, BLOCK_N=cfg.block_n, TILES=cfg.tiles,

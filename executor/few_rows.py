@@ -19,8 +19,7 @@ starts under the tail of the kernel before it. The successor is let launch only 
 program holds the same columns of both halves and writes ``silu(gate) * up`` (each rounded to the output dtype
 first, as the torch backend rounds), ``[M, I]``.
 
-Which launches take it: :func:`cdbsim.paths.few_rows` (shared with the latency model's kernel composition), unless
-``CDBSIM_FEW_ROWS_KERNEL`` hands them to a CUDA C++ kernel (:func:`kernel_choice`).
+Which launches take it: :func:`cdbsim.paths.few_rows` (shared with the latency model's kernel composition).
 Launch configs are per ``(N, K, swiglu)`` from ``benchmarks/bench_chain.py --parts rows`` on the H200.
 Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (float32 in IEEE precision: how the tests check
 it against ``F.linear``).
@@ -28,7 +27,6 @@ it against ``F.linear``).
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -36,17 +34,10 @@ import triton
 import triton.language as tl
 
 from cdbsim.paths import FEW_ROWS_MAX
-from executor.chain import EARLY, LATE, launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
+from executor.chain import launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
 
 MAX_ROWS = 64  # most rows the kernel takes; launches take it up to cdbsim.paths.FEW_ROWS_MAX rows (measured)
 MIN_BLOCK_M = 16  # rows per MMA at least (tl.dot's smallest dimension); rows past M are masked, never loaded
-# CDBSIM_FEW_ROWS_KERNEL: this module's Triton kernel, or the CUDA C++ one of executor.few_rows_tma or
-# executor.few_rows_direct (``direct`` on the shapes where it measured faster, ``direct-all`` on every one it takes)
-KERNELS = ("triton", "tma", "direct", "direct-all")
-# the default; a CUDA C++ one falls back to triton where nvcc or a Hopper GPU is missing (cuda_driver.available).
-# ``direct`` is faster on Ouro's shapes (benchmarks/results/few-row-direct) but the shipped profiles and validation are
-# the Triton kernel's: it becomes the default with a rebuild of all three profiles on one board
-DEFAULT_KERNEL = "triton"
 SHARED_BUDGET = 224 * 1024  # bytes of tiles a program may hold in shared memory (an H200 block: 227 KB)
 assert FEW_ROWS_MAX <= MAX_ROWS
 
@@ -77,16 +68,6 @@ CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
 }
 
 
-# Under the early trigger (CDBSIM_PDL_LATE without few_rows: the successor let launch right after the wait) the layer
-# runs fastest with smaller QKV and O tiles: benchmarks/sweep_layer_configs.py --trigger early on the H200 chose these
-# inside Ouro-1.4B's whole layer, 41.6 / 42.2 / 44.2 us per layer at 4 / 8 / 16 rows against 42.9 / 43.3 / 44.6 for the
-# shipped late trigger and CONFIGS (benchmarks/results/few-row-matmul/layer-configs-early). Other shapes as CONFIGS.
-EARLY_CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
-    (6144, 2048, False): FewRowsConfig(32, 128, 2, 4),  # ouro.wqkv
-    (2048, 2048, False): FewRowsConfig(16, 256, 2, 4),  # ouro.wo
-}
-
-
 def default_config(n: int, k: int, swiglu: bool = False) -> FewRowsConfig:
     """16 columns (32 for a wide output: at least ~3 programs per SM of an H200 either way) over 256-column
     chunks, four warps, four stages."""
@@ -94,11 +75,9 @@ def default_config(n: int, k: int, swiglu: bool = False) -> FewRowsConfig:
     return FewRowsConfig(block_n, min(256, max(16, triton.next_power_of_2(k))), 4, 4)
 
 
-def config_for(n: int, k: int, swiglu: bool = False, early: bool = False) -> FewRowsConfig:
-    """The launch config of an ``[n, k]`` projection; ``early``: when the kernel lets its successor launch right
-    after its wait (:data:`EARLY_CONFIGS` first)."""
-    return ((EARLY_CONFIGS.get((n, k, swiglu)) if early else None) or CONFIGS.get((n, k, swiglu))
-            or default_config(n, k, swiglu))
+def config_for(n: int, k: int, swiglu: bool = False) -> FewRowsConfig:
+    """The launch config of an ``[n, k]`` projection: its :data:`CONFIGS` entry, else :func:`default_config`."""
+    return CONFIGS.get((n, k, swiglu)) or default_config(n, k, swiglu)
 
 
 def block_rows(m: int) -> int:
@@ -177,37 +156,6 @@ def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl
     tl.store(out_ptrs, acc.to(dt), mask=col_ok & (rows < M)[None, :])
 
 
-def kernel_choice() -> str:
-    """Which kernel CUDA launches take: ``CDBSIM_FEW_ROWS_KERNEL`` (one of :data:`KERNELS`), by default
-    :data:`DEFAULT_KERNEL` (``triton`` where a CUDA C++ default cannot be built and run). ``tma`` and ``direct-all``
-    take the shapes their module's ``supports`` accepts (bf16, at most 16 rows), ``direct`` those of them
-    :func:`executor.few_rows_direct.faster` names, and leave the rest here."""
-    kernel = os.environ.get("CDBSIM_FEW_ROWS_KERNEL")
-    if kernel is None:
-        from executor import cuda_driver
-
-        return DEFAULT_KERNEL if DEFAULT_KERNEL == "triton" or cuda_driver.available() else "triton"
-    if kernel not in KERNELS:
-        raise ValueError(f"unknown CDBSIM_FEW_ROWS_KERNEL {kernel!r}; expected one of {', '.join(KERNELS)}")
-    return kernel
-
-
-def _cuda_module(x: torch.Tensor, w: torch.Tensor, n: int, swiglu: bool):
-    """The CUDA C++ kernel's module (:mod:`executor.few_rows_tma` or :mod:`executor.few_rows_direct`) when
-    :func:`kernel_choice` picks one and it takes this launch, else None."""
-    kernel = kernel_choice() if x.is_cuda and x.dtype == torch.bfloat16 else "triton"
-    if kernel == "triton":
-        return None
-    if kernel == "tma":
-        from executor import few_rows_tma as module
-    else:
-        from executor import few_rows_direct as module
-
-        if kernel == "direct" and not module.faster(x.shape[0], n, x.shape[1], swiglu):
-            return None
-    return module if module.supports(x, w, swiglu) is None else None
-
-
 def _check(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> None:
     """Shapes, dtypes and contiguity (metadata only: no device work, no sync)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.dtype != w.dtype:
@@ -224,19 +172,13 @@ def _check(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> None:
 def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
            config: FewRowsConfig | None = None, late: bool | None = None) -> torch.Tensor:
     """``x @ w.T`` (``F.linear(x, w)``) for ``x`` ``[M, K]`` with ``M <= MAX_ROWS``, ``w`` ``[N, K]``; with
-    ``swiglu``, ``silu(gate) * up`` of the fused projection (``silu_mul(F.linear(x, w))``). ``late`` overrides
-    when the successor may launch (:func:`executor.chain.pdl_mode`; a benchmark compares). Without ``config``,
-    :func:`kernel_choice` may hand the launch to a CUDA C++ kernel (:func:`_cuda_module`)."""
+    ``swiglu``, ``silu(gate) * up`` of the fused projection (``silu_mul(F.linear(x, w))``). ``late=False`` lets the
+    successor launch right after the wait instead of after the K loop (a benchmark compares)."""
     _check(x, w, swiglu)
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    cuda = _cuda_module(x, w, n, swiglu) if config is None else None
-    pdl = pdl_mode(x, cuda.PDL_KIND if cuda else "few_rows")
-    if pdl and late is not None:
-        pdl = LATE if late else EARLY
-    if cuda:
-        return cuda.linear(x, w, swiglu, pdl)
-    cfg = config or config_for(n, k, swiglu, early=pdl == EARLY)
+    pdl = pdl_mode(x, late=late is not False)
+    cfg = config or config_for(n, k, swiglu)
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     block_m = block_rows(m)
     stages, warps = stages_for(cfg, block_m, swiglu), warps_for(cfg, block_m)

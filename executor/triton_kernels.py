@@ -600,7 +600,7 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
     da, db = parts or head_parts(d)
     tile = decode_tile(d)
     block, warps = block or tile[0], warps or tile[1]
-    pdl = pdl_mode(q, "attention")
+    pdl = pdl_mode(q)
     _decode_attn_kernel[(n, heads, splits)](
         q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, out, layer, geo.pages_per_layer,
         scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, DA=da, DB=db, PAGE=geo.block_size,
@@ -630,7 +630,7 @@ def rope_decode_attention(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias
     out = torch.empty((n, heads, d), device=qkv.device, dtype=qkv.dtype)
     splits, mid_o, mid_l, counters = _splits_and_partials(n, heads, d, splits, out, counters=True)
     has_bias = q_bias is not None
-    pdl = pdl_mode(qkv, "attention")
+    pdl = pdl_mode(qkv)
     _rope_decode_attn_kernel[(n, heads, splits)](
         qkv, q_bias if has_bias else qkv, k_bias if has_bias else qkv, pos, rope.cos, rope.sin, row0, fill,
         cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, counters, out, layer, geo.rows_per_layer,

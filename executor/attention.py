@@ -7,7 +7,7 @@ never sees pages or block tables.
 * :class:`DecodeAttention` (prelude, core, coda, CB decode): one query per row. Row ``i`` reads cache layer
   ``layer_base[i] + layer`` through its own block-table row, so a core launch mixes tokens at different
   loop steps (= different slots) in one call; ``fill[i]`` makes an exiting token also write its deeper slots.
-* :class:`executor.prefill.PagedPrefillAttention`: several prompt chunks packed into one launch; each
+* :class:`PagedPrefillAttention`: several prompt chunks packed into one launch; each
   chunk attends causally to itself plus every earlier position of its request.
 """
 
@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from executor.kv_cache import PagedKVCache
-from executor.ops import Ops, RopeTable
+from executor.ops import Ops
+from executor.prefill import PrefillMeta
+from executor.rope import RopeTable
 
 
 @dataclass
@@ -47,3 +49,26 @@ class DecodeAttention:
                                    self.layer_base, layer, self.fill, self.max_fill)
         return self.ops.decode_attention(q, self.cache, self.block_table, self.layer_base, layer,
                                          self.seq_len, self.scale)
+
+
+@dataclass
+class PagedPrefillAttention:
+    """The attention context of a prefill launch (the protocol above).
+
+    Each chunk attends causally to its request's cached positions and its own tokens, read from the
+    paged cache after this layer's K/V of the chunk were written (so one kernel covers cached prefix and
+    new tokens alike).
+    """
+
+    ops: Ops
+    cache: PagedKVCache
+    rope: RopeTable
+    meta: PrefillMeta
+    scale: float
+
+    def __call__(self, qkv: torch.Tensor, layer: int, q_bias: torch.Tensor | None,
+                 k_bias: torch.Tensor | None) -> torch.Tensor:
+        m = self.meta
+        q = self.ops.rope_write_kv(qkv, q_bias, k_bias, m.pos, self.rope, self.cache, m.row0, m.zeros, layer,
+                                   m.zeros, 0)
+        return self.ops.prefill_attention(q, self.cache, m, layer, self.scale)

@@ -35,13 +35,12 @@ from cdbsim.arch import LayerStyle
 from cdbsim.config import ServeConfig
 from cdbsim.launch import Launch, Stage
 from cdbsim.metadata import FIELDS, table_width
-from executor.attention import DecodeAttention
+from executor.attention import DecodeAttention, PagedPrefillAttention
 from executor.kv_cache import CacheGeometry, PagedKVCache
 from executor.model import LoopedLM
-from executor.ops import RopeTable, to_device
+from executor.ops import to_device
 from executor.prefill import (
     Chunk,
-    PagedPrefillAttention,
     PrefillLayout,
     PrefillMeta,
     chunk_capacity,
@@ -50,6 +49,7 @@ from executor.prefill import (
     scratch_prefill,
 )
 from executor.reference import Episode
+from executor.rope import RopeTable
 from executor.tokens import prompt_ids
 from traces.request import Request
 

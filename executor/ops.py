@@ -13,34 +13,12 @@ layer ``layer_base[i] + layer`` is ``(layer_base[i] + layer) * rows_per_layer + 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 
 import torch
 
 from executor.kv_cache import PagedKVCache
-
-
-@dataclass
-class RopeTable:
-    """cos/sin of ``position * inv_freq`` for every position, ``[max_pos, head_dim / 2]`` in float32.
-
-    ``interleaved`` picks the pairing: (2i, 2i+1) for Huginn, (i, i + head_dim/2) ("rotate half") for Ouro.
-    """
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-    interleaved: bool
-
-    @classmethod
-    def build(cls, head_dim: int, theta: float, max_pos: int, interleaved: bool,
-              device: torch.device | str) -> RopeTable:
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        angles = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv_freq)
-        return cls(angles.cos().float().to(device), angles.sin().float().to(device), interleaved)
-
-    @property
-    def max_pos(self) -> int:
-        return self.cos.shape[0]
+from executor.prefill import PrefillMeta
+from executor.rope import RopeTable
 
 
 def to_device(array, device: torch.device) -> torch.Tensor:
@@ -154,7 +132,8 @@ def rope_decode_attention(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias
     return decode_attention(q, cache, block_table, layer_base, layer, seq_len, scale)
 
 
-def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta, layer: int, scale: float) -> torch.Tensor:
+def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta: PrefillMeta, layer: int, scale: float
+                      ) -> torch.Tensor:
     """Packed prefill attention (see :mod:`executor.prefill`): chunk ``c``'s queries (packed rows ``qoff ..
     qoff + len``) attend causally to positions ``0 .. start + i`` of its request in cache ``layer``, read
     through the chunk's block-table row. Rows in no chunk come out zero. Returns ``[T, heads * D]``.

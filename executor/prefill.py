@@ -26,9 +26,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from executor.kv_cache import PagedKVCache
-from executor.ops import Ops, RopeTable
-
 BLOCK_M = 64  # queries per attention work item (the prefill attention kernel's tile height)
 
 TOKEN_FIELDS = ("tok", "pos", "row0")
@@ -154,26 +151,3 @@ def pack(layout: PrefillLayout, chunks: list[Chunk], scratch_token: int, trash_b
     item_chunk, item_q0 = work_items([c.length for c in chunks], starts=[c.start for c in chunks])
     item_f[:, : len(item_chunk)] = (item_chunk, item_q0)
     return buf
-
-
-@dataclass
-class PagedPrefillAttention:
-    """The attention context of a prefill launch (see :mod:`executor.attention` for the protocol).
-
-    Each chunk attends causally to its request's cached positions and its own tokens, read from the
-    paged cache after this layer's K/V of the chunk were written (so one kernel covers cached prefix and
-    new tokens alike).
-    """
-
-    ops: Ops
-    cache: PagedKVCache
-    rope: RopeTable
-    meta: PrefillMeta
-    scale: float
-
-    def __call__(self, qkv: torch.Tensor, layer: int, q_bias: torch.Tensor | None,
-                 k_bias: torch.Tensor | None) -> torch.Tensor:
-        m = self.meta
-        q = self.ops.rope_write_kv(qkv, q_bias, k_bias, m.pos, self.rope, self.cache, m.row0, m.zeros, layer,
-                                   m.zeros, 0)
-        return self.ops.prefill_attention(q, self.cache, m, layer, self.scale)

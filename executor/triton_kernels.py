@@ -44,7 +44,8 @@ import triton.language as tl
 from cdbsim.attention import CHAINED_BLOCK, MIN_SPLIT_POSITIONS, PAGE, decode_splits, head_parts
 from executor.chain import EARLY, launch_options, let_successor_launch, pdl_enabled, pdl_mode, wait_for_predecessor
 from executor.kv_cache import PagedKVCache
-from executor.ops import RopeTable
+from executor.prefill import BLOCK_M, PrefillMeta
+from executor.rope import RopeTable
 
 BLOCK_N = CHAINED_BLOCK  # positions per tile of the fused single-row kernel (rope_decode_attention)
 # the many-row kernel's launch shape, (positions per tile, warps) by the head's parts (head_parts): on the H200
@@ -774,14 +775,12 @@ def prefill_head_parts(d: int) -> tuple[int, int]:
     return (a, b) if b == 0 or b >= 16 else (triton.next_power_of_2(d), 0)
 
 
-def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta, layer: int, scale: float,
+def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta: PrefillMeta, layer: int, scale: float,
                       tiles: PrefillTiles | None = None, block_m: int | None = None) -> torch.Tensor:
     """See :func:`executor.ops.prefill_attention`; one program per (head, work item), no host sync, so
     it runs inside a CUDA graph. ``meta`` is an :class:`executor.prefill.PrefillMeta` whose work items
     are ``block_m`` queries high (default :data:`executor.prefill.BLOCK_M`); ``tiles`` overrides the launch
     shape (a benchmark sweeps it)."""
-    from executor.prefill import BLOCK_M
-
     q = q.contiguous()
     tokens, heads, d = q.shape
     geo = cache.geometry

@@ -9,10 +9,8 @@ import torch
 
 @dataclass
 class RopeTable:
-    """cos/sin of ``position * inv_freq`` for every position, ``[max_pos, head_dim / 2]`` in float32.
-
-    ``interleaved`` picks the pairing: (2i, 2i+1) for Huginn, (i, i + head_dim/2) ("rotate half") for Ouro.
-    """
+    """cos/sin of ``position * inv_freq``, ``[max_pos, head_dim / 2]`` float32; ``interleaved`` pairs (2i, 2i+1)
+    (Huginn), else (i, i + head_dim/2) (rotate half, Ouro)."""
 
     cos: torch.Tensor
     sin: torch.Tensor

@@ -1,27 +1,10 @@
 """The real engine: runs the shared scheduler's launches on a GPU (or, for tests, a CPU) and logs them.
 
-Modules, in the order a launch meets them:
-
-``driver``         :func:`run_executor` / :func:`execute`: scheduler + engine + clock (sync, async,
-                   lookahead) + the simulator's log schema.
-``engine``         runs one Launch: token store, hidden-state bank, per-row metadata, stage runners.
-``graphs``         CUDA graphs per (stage, padded batch size or padded prefill tokens).
-``prefill``        fixed-shape metadata of packed prefill chunks, and their attention context.
-``attention``      paged decode attention (per-row slots).
-``kv_cache``       paged, depth-aware KV cache (depth-indexed + last-exited fill, shared, first-shared).
-``ops``            primitives in torch; ``triton_kernels`` the same primitives fused for the GPU;
-                   ``chain`` PDL-chained skinny matmuls for single-row launches (the chained path);
-                   ``few_rows`` the tensor-core matmul of launches of 2-16 rows; ``few_rows_direct`` the same
-                   with weights loaded straight into MMA registers (CUDA C++ in ``csrc/``, opt-in:
-                   ``CDBSIM_FEW_ROWS_KERNEL=direct``), ``few_rows_tma`` on the tensor copy engine (opt-in);
-                   ``cuda_driver`` builds and launches the CUDA C++ kernels.
-``model``          the looped transformer (Ouro and Huginn block styles, any prelude-core-coda split).
-``reference``      a plain per-request decoder with the same KV semantics (what the tests compare to).
-``loader``         real Ouro / Huginn safetensors checkpoints by their public parameter names.
-``gates``          live exit gates (Ouro cumulative hazard, Huginn latent difference) to record traces.
-``tokens``         deterministic synthetic prompt ids.
-
-Needs torch (``pip install -e ".[gpu]"``); :mod:`cdbsim` and :mod:`traces` never import this package.
+Entry points: :func:`run_executor` / :func:`execute` (:mod:`executor.driver`), :func:`build_model`. A launch goes
+driver -> engine (metadata, stage runners) -> graphs (CUDA graphs) -> model (the looped transformer) -> ops (torch
+primitives, or their Triton kernels: ``triton_kernels``, ``chain`` for one or two rows, ``few_rows`` for a few) over
+the paged, depth-aware ``kv_cache``. ``reference`` is the per-request decoder the tests compare to, ``loader`` reads
+real checkpoints, ``gates`` records exit traces. Needs torch; :mod:`cdbsim` and :mod:`traces` never import it.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""Attention over the paged cache for the two kinds of launch.
-
-A model layer calls ``attn(qkv, layer, q_bias, k_bias)``: the context adds the bias, rotates q and k, writes
-this launch's k and v into cache layer ``layer`` (+ the row's own slot offset), and attends. The model
-never sees pages or block tables.
-
-* :class:`DecodeAttention` (prelude, core, coda, CB decode): one query per row. Row ``i`` reads cache layer
-  ``layer_base[i] + layer`` through its own block-table row, so a core launch mixes tokens at different
-  loop steps (= different slots) in one call; ``fill[i]`` makes an exiting token also write its deeper slots.
-* :class:`executor.prefill.PagedPrefillAttention`: several prompt chunks packed into one launch; each
-  chunk attends causally to itself plus every earlier position of its request.
+"""Attention contexts over the paged cache. A layer calls ``attn(qkv, layer, q_bias, k_bias)``: the context adds
+the bias, rotates q and k, writes the launch's k and v into cache layer ``layer`` (plus the row's slot offset) and
+attends, so the model never sees pages. :class:`DecodeAttention`: one query per row, row ``i`` in cache layer
+``layer_base[i] + layer`` (one call mixes loop steps; ``fill[i]`` writes an exiting token's deeper slots).
+:class:`PagedPrefillAttention`: packed prompt chunks, each causal over its request's positions.
 """
 
 from __future__ import annotations
@@ -18,7 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from executor.kv_cache import PagedKVCache
-from executor.ops import Ops, RopeTable
+from executor.ops import Ops
+from executor.prefill import PrefillMeta
+from executor.rope import RopeTable
 
 
 @dataclass
@@ -47,3 +43,22 @@ class DecodeAttention:
                                    self.layer_base, layer, self.fill, self.max_fill)
         return self.ops.decode_attention(q, self.cache, self.block_table, self.layer_base, layer,
                                          self.seq_len, self.scale)
+
+
+@dataclass
+class PagedPrefillAttention:
+    """Attention of a prefill launch: each chunk attends causally to its request's cached positions and its own
+    tokens, read from the cache after this layer's K/V of the chunk were written."""
+
+    ops: Ops
+    cache: PagedKVCache
+    rope: RopeTable
+    meta: PrefillMeta
+    scale: float
+
+    def __call__(self, qkv: torch.Tensor, layer: int, q_bias: torch.Tensor | None,
+                 k_bias: torch.Tensor | None) -> torch.Tensor:
+        m = self.meta
+        q = self.ops.rope_write_kv(qkv, q_bias, k_bias, m.pos, self.rope, self.cache, m.row0, m.zeros, layer,
+                                   m.zeros, 0)
+        return self.ops.prefill_attention(q, self.cache, m, layer, self.scale)

@@ -1,57 +1,17 @@
-"""Skinny matmuls for launches of one or two rows, chained with programmatic dependent launch (PDL).
+"""Skinny matmuls for launches of one or two rows, chained with programmatic dependent launch (PDL), and the PDL
+helpers every Triton kernel of the executor uses.
 
-Why: at batch 1 a decode layer is a chain of small kernels, each streaming a few MB of weights. With
-cuBLAS and separate norm / SwiGLU kernels an Ouro-1.4B layer's projections take ~47 us on the H200 against
-24 us of weight reads: every kernel pays a fixed 2-4 us to start, fill the memory pipe and drain.
-
-Design. Each program owns ``TILES`` consecutive tiles of ``BLOCK_N`` output columns, over the whole of
-``K``: it loads a tile's weights (``BLOCK_N x K``, bf16, ~16 KB, held in registers as two power-of-two
-pieces, so ``K = 5632`` loads ``4096 + 2048`` columns, the last masked) with one wide load, reduces it
-against each activation row, and loads the next tile before reducing the current one, so a program always
-has a load in flight and there is no ``K`` loop and no split-``K`` sum. The first tile is loaded *before*
-the program waits for its predecessor (``griddepcontrol.wait``): weights never depend on it, so under
-PDL, where a kernel is launched while its predecessor still runs, the weight stream of one kernel starts
-under the tail of the last. Each activation row is built once per program after the wait, from the
-predecessor's outputs (the prologue): a norm, or a residual add and a norm.
-
-Kernels (``out = a @ w.T`` for one or two rows, fp32 accumulation, intermediates rounded where the torch
-backend rounds):
-
-* ``gemv``           ``a = x``;
-* ``gemv_rmsnorm``   ``a = rms_norm(x, w_norm)``;
-* ``gemv_residual``  ``x_new, a = residual_norm(branch, x, w_post, w_next)``, also returning ``x_new``
-  (program 0 writes it, to a fresh tensor); with ``swiglu=True`` the weight is the fused gate/up
-  projection ``[2I, K]`` and the result is ``silu(gate) * up`` ``[M, I]``: each program owns the same
-  columns of both halves, so the activation never makes a round trip through memory.
-
-Every Triton kernel of a chained layer (these, and ``rope_decode_attention`` in
-:mod:`executor.triton_kernels`) waits before it touches anything its predecessor writes or reads, then lets
-its successor launch (``griddepcontrol.launch_dependents``) right away or, for the kinds of
-:func:`pdl_mode` that trigger late (the few-row matmul), after its main loop; a kernel that is not
-PDL-launched (cuBLAS, torch) orders the chain as usual. PDL is used on CUDA devices of compute capability 9
-and up unless ``CDBSIM_PDL=0``; CUDA graphs capture it as programmatic edges. This module also holds those
-PDL helpers for every Triton kernel of the executor, and :func:`pdl_behind`, which keeps the kernels of a
-launch whose projections run on cuBLAS from being PDL-launched (why: its docstring).
-
-Measured on the H200 (``benchmarks/bench_chain.py``, ``benchmarks/results/chain/``): an Ouro-1.4B layer's
-four projections take 32 us with PDL (1.33x their weight reads), 36-39 us without, 47 us on cuBLAS with the
-Triton norm and SwiGLU kernels; the whole core step at B = 1, L = 512 takes 0.92 ms against 1.34-1.40 ms
-with cuBLAS projections. At two rows (each tile reduced against both rows, the two rows' launch
-configurations in :data:`CONFIGS`) the four projections take 37.8 us per layer against 43.1 us on the few-row
-matmul, and Ouro-1.4B's core step at L = 512 1.096 against 1.317 ms (``benchmarks/results/chain-rows/``); at four
-rows they take 75.9 us with the one-row configurations and 63 us summed over the best of each projection's sweep,
-against 43.0 us on the few-row matmul: the multiplies run on the CUDA cores, four per weight. For Huginn-3.5B
-(hidden 5280) even one row loses (a core step at B = 1: 1.03-1.04 against 0.98-1.00 ms), so
-:func:`executor.model.chained_rows` turns the path on for launches of at most :data:`MAX_ROWS` rows of models no
-wider than 2048 (launches of 3-16 rows take :mod:`executor.few_rows`).
-
-Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (without PDL; how the tests check it).
+Each program owns ``TILES`` tiles of ``BLOCK_N`` output columns over the whole of ``K`` (weights in registers as
+two power-of-two pieces: no K loop, no split-K sum), loads the next tile before reducing the current one, and loads
+its first tile before it waits for its predecessor, so one kernel's weight stream starts under the last one's tail.
+After the wait it builds each activation row from the predecessor's outputs (the prologue: none, a norm, or a
+residual add and a norm); with ``swiglu`` it writes ``silu(gate) * up`` of a fused gate/up weight. fp32
+accumulation, intermediates rounded where the torch backend rounds. CPU tensors run under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -78,19 +38,18 @@ class ChainConfig(NamedTuple):
     tiles: int
 
 
-# (op, N, K, rows) -> config, from benchmarks/bench_chain.py on the H200 (one row: benchmarks/results/chain/run-2-tiles;
-# two: benchmarks/results/chain-rows/; op "swiglu" for the gate/up projection, the plain entry of a shape serves its
-# other ops); shapes not listed use default_config.
+# (op, N, K, rows) -> config measured on the H200 (op "swiglu" for the gate/up projection; the plain entry of a shape
+# serves its other ops); shapes not listed use default_config.
 CONFIGS: dict[tuple[str, int, int, int], ChainConfig] = {
-    ("gemv", 6144, 2048, 1): ChainConfig(4, 8, 3),  # ouro.wqkv (with the residual prologue): 7.7 us
-    ("gemv", 2048, 2048, 1): ChainConfig(4, 4, 1),  # ouro.wo: 3.5 us
-    ("swiglu", 5632, 2048, 1): ChainConfig(2, 8, 11),  # ouro.gate_up (residual prologue, SwiGLU): 14.4 us
-    ("gemv", 2048, 5632, 1): ChainConfig(2, 8, 2),  # ouro.down: 6.2 us
-    ("gemv", 49152, 2048, 1): ChainConfig(8, 8, 12),  # ouro.head: 49.0 us
-    ("gemv", 6144, 2048, 2): ChainConfig(8, 4, 3),  # ouro.wqkv: 9.7 us
-    ("gemv", 2048, 2048, 2): ChainConfig(8, 8, 1),  # ouro.wo: 3.8 us
-    ("swiglu", 5632, 2048, 2): ChainConfig(1, 4, 11),  # ouro.gate_up: 16.3 us
-    ("gemv", 2048, 5632, 2): ChainConfig(2, 4, 4),  # ouro.down: 8.5 us
+    ("gemv", 6144, 2048, 1): ChainConfig(4, 8, 3),  # ouro.wqkv
+    ("gemv", 2048, 2048, 1): ChainConfig(4, 4, 1),  # ouro.wo
+    ("swiglu", 5632, 2048, 1): ChainConfig(2, 8, 11),  # ouro.gate_up
+    ("gemv", 2048, 5632, 1): ChainConfig(2, 8, 2),  # ouro.down
+    ("gemv", 49152, 2048, 1): ChainConfig(8, 8, 12),  # ouro.head
+    ("gemv", 6144, 2048, 2): ChainConfig(8, 4, 3),  # ouro.wqkv
+    ("gemv", 2048, 2048, 2): ChainConfig(8, 8, 1),  # ouro.wo
+    ("swiglu", 5632, 2048, 2): ChainConfig(1, 4, 11),  # ouro.gate_up
+    ("gemv", 2048, 5632, 2): ChainConfig(2, 4, 4),  # ouro.down
 }
 
 
@@ -103,14 +62,8 @@ def split_k(k: int) -> tuple[int, int]:
 
 def default_config(n: int, k: int, swiglu: bool = False, sms: int = 132, tile_elements: int | None = None,
                    programs_per_sm: int | None = None, num_warps: int = 4, rows: int = 1) -> ChainConfig:
-    """About ``tile_elements`` weight elements per tile (a power of two of columns, at most the output
-    width), and as many tiles per program as leave about ``programs_per_sm`` programs per SM.
-
-    Unless given, both depend on ``rows``: one row takes :data:`TILE_ELEMENTS` and :data:`PROGRAMS_PER_SM`; more
-    rows hold more activations in registers, so a tile of ``TILE_ELEMENTS / rows`` and
-    :data:`PROGRAMS_PER_SM_ROWS` programs per SM. At two rows that rule gives, for Ouro-1.4B's projections, a config
-    within 6% of the sweep's best for QKV, O and gate/up and one 18% slower for down (10.0 against 8.5 us)
-    (``benchmarks/results/chain-rows/four-rows/sweep.json``)."""
+    """About ``tile_elements`` (default ``TILE_ELEMENTS / rows``) weights per tile, in a power of two of columns, and
+    tiles per program for about ``programs_per_sm`` programs per SM (default by ``rows``)."""
     if tile_elements is None:
         tile_elements = TILE_ELEMENTS // rows
     if programs_per_sm is None:
@@ -123,21 +76,15 @@ def default_config(n: int, k: int, swiglu: bool = False, sms: int = 132, tile_el
 
 
 def config_for(op: str, n: int, k: int, swiglu: bool = False, sms: int = 132, rows: int = 1) -> ChainConfig:
-    """The table entry of ``(op, n, k, rows)``, else the plain entry of the shape at those rows (a SwiGLU launch
-    never takes one), else the default.
-
-    Why not for SwiGLU: its tile holds the gate and the up rows, twice a plain tile's weights. A gate/up
-    projection ``6144 x 2048`` at two rows took Ouro-1.4B's QKV entry (8 columns, 3 tiles), which spilled 3.7 KB
-    of registers a thread when compiled for sm_90 and took 418 us on the H200 against 17 at one row
-    (``benchmarks/results/chain-rows/config-fallback/``)."""
+    """The table entry of ``(op, n, k, rows)``, else the plain entry of the shape at those rows, else the default.
+    A SwiGLU launch never takes a plain entry: its tile holds twice the weights and would spill registers."""
     entry = CONFIGS.get(("swiglu" if swiglu else op, n, k, rows))
     if entry is None and not swiglu:
         entry = CONFIGS.get(("gemv", n, k, rows))
     return entry or default_config(n, k, swiglu, sms, rows=rows)
 
 
-MAX_ROWS = 2  # most rows a launch takes (measured: at 4 rows the multiplies, on the CUDA cores, cost more than the
-# few-row matmul's tensor cores; see the module notes)
+MAX_ROWS = 2  # most rows a launch takes: beyond, the few-row matmul's tensor cores win over these CUDA-core multiplies
 
 
 @functools.cache
@@ -165,17 +112,9 @@ _BEHIND_OWN: ContextVar[bool] = ContextVar("cdbsim_pdl_behind_own", default=True
 
 @contextmanager
 def pdl_behind(own_kernels: bool) -> Iterator[None]:
-    """Within the block, PDL-launch the executor's Triton kernels only if ``own_kernels``: their predecessors
-    are kernels of this package (the chained or few-row path), not cuBLAS GEMMs. ``CDBSIM_PDL=all`` launches
-    them with PDL behind cuBLAS too.
-
-    Why: cuBLAS's kernels let their dependents launch before they end, so a PDL-launched norm or attention
-    kernel behind one becomes resident while the GEMM still has tiles to run, and waits there. On the H200
-    Ouro-1.4B's core step at B = 32, L = 32 took 1.578 ms with the norm, SwiGLU and attention kernels
-    PDL-launched behind cuBLAS and 1.472 ms without; at B = 64 1.51 or 1.61 ms depending on the capture
-    (1.54 without, every capture); its CB step at B = 64, L = 128 7.83 against 7.57 ms
-    (``benchmarks/results/pdl-behind-cublas``)."""
-    token = _BEHIND_OWN.set(own_kernels or os.environ.get("CDBSIM_PDL") == "all")
+    """Within the block, PDL-launch the Triton kernels only if ``own_kernels`` (their predecessors are this package's
+    kernels): cuBLAS lets dependents launch early, so they would sit resident while the GEMM still has tiles."""
+    token = _BEHIND_OWN.set(own_kernels)
     try:
         yield
     finally:
@@ -189,10 +128,8 @@ def pdl_allowed_here() -> bool:
 
 def pdl_enabled(t: torch.Tensor) -> bool:
     """Whether kernels on ``t``'s device launch with PDL: CUDA, compute capability >= 9, not interpreted,
-    ``CDBSIM_PDL`` not ``0``, and not in a :func:`pdl_behind` block of a cuBLAS path."""
-    if t.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    if os.environ.get("CDBSIM_PDL", "1") == "0" or not pdl_allowed_here():
+    and not in a :func:`pdl_behind` block of a cuBLAS path."""
+    if t.device.type != "cuda" or triton.knobs.runtime.interpret or not pdl_allowed_here():
         return False
     return _pdl_on(_index(t.device))
 
@@ -203,27 +140,14 @@ def launch_options(pdl: bool) -> dict:
 
 
 EARLY, LATE = 1, 2  # a PDL kernel's PDL constexpr: when it lets its successor launch (0: not PDL-launched)
-# kernels that let their successor launch only after their main loop
-LATE_KINDS = ("few_rows", "few_rows_tma", "few_rows_direct")
 
 
-def pdl_mode(t: torch.Tensor, kind: str) -> int:
-    """The ``PDL`` constexpr of a kernel of ``kind`` on ``t``'s device: 0 without PDL (:func:`pdl_enabled`),
-    :data:`LATE` for the kinds in ``CDBSIM_PDL_LATE`` (a comma-separated list; default :data:`LATE_KINDS`),
-    else :data:`EARLY`.
-
-    Why it matters: a successor let launch right after the wait (early) becomes resident while this kernel
-    streams and issues its own first loads beside it. Behind the few-row matmul that cost the H200 ~20%: an
-    Ouro-1.4B layer's projections at two rows took 49.1 us per layer with the early trigger, 40.8 us with the
-    late one (cuBLAS 47.2 us) (``benchmarks/results/few-row-matmul``). ``CDBSIM_PDL_LATE=none`` lets every kernel
-    trigger early; the few-row matmul then takes the configs chosen under that trigger
-    (``executor.few_rows.EARLY_CONFIGS``). That is 4% faster in stages replayed alone at 4-6 rows and 6-7% slower
-    in few-row launches served back to back: measured, not the default (docs/executor.md)."""
+def pdl_mode(t: torch.Tensor, late: bool = False) -> int:
+    """The ``PDL`` constexpr of a kernel on ``t``'s device: 0 without PDL (:func:`pdl_enabled`), else :data:`LATE`
+    (the successor may launch after the main loop: the few-row matmul) or :data:`EARLY` (right after the wait)."""
     if not pdl_enabled(t):
         return 0
-    env = os.environ.get("CDBSIM_PDL_LATE")
-    kinds = LATE_KINDS if env is None else tuple(k.strip() for k in env.split(","))
-    return LATE if kind in kinds else EARLY
+    return LATE if late else EARLY
 
 
 @triton.jit
@@ -270,9 +194,8 @@ def _residual(x, br, wp, inv1, SANDWICH: tl.constexpr):
 @triton.jit
 def _operand(X, BR, WP, K: tl.constexpr, OFF: tl.constexpr, BK: tl.constexpr, PROLOGUE: tl.constexpr,
              SANDWICH: tl.constexpr):
-    """One row's prologue inputs over one register piece, in fp32: ``(x, branch, w_post, sum of squares)``
-    (the sum of what the first norm normalises; unused slots repeat ``x``). The norms need whole-row sums,
-    so the caller adds the pieces' sums before scaling."""
+    """One row's prologue inputs over one register piece in fp32, ``(x, branch, w_post, sum of squares of what the
+    first norm normalises)``; unused slots repeat ``x``. The caller adds the pieces' sums."""
     x = _vec(X, K, OFF, BK)
     if PROLOGUE == 2:
         br = _vec(BR, K, OFF, BK)
@@ -356,13 +279,7 @@ def _chain_gemv_kernel(X, BR, WP, WN, W, OUT, XO, eps, N: tl.constexpr, K: tl.co
                        K2: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr, ROWS: tl.constexpr,
                        PROLOGUE: tl.constexpr, SANDWICH: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr):
     """``OUT[m, n] = sum_k a[m, k] * W[n, k]`` for ``ROWS`` (1 or 2) rows and this program's ``TILES`` tiles of
-    ``BLOCK_N`` columns; with ``SWIGLU``, ``W`` has ``2N`` rows and ``OUT[m, n] = silu(gate) * up`` of rows
-    ``n`` and ``N + n``.
-
-    The next tile's weights are loaded before the current one is reduced (two tiles in registers), so a
-    program always has a load in flight; the first is loaded before the wait for the predecessor. Each
-    tile is read from memory once and reduced against every row (the rows' activations stay in registers,
-    one pair of register pieces per row, so every row's reduction runs in the tile's own layout)."""
+    ``BLOCK_N`` columns (each read once); with ``SWIGLU``, ``W`` has ``2N`` rows, ``OUT = silu(gate) * up``."""
     pid = tl.program_id(0)
     dt = OUT.dtype.element_ty
     rows = pid * (TILES * BLOCK_N) + tl.arange(0, BLOCK_N)
@@ -408,7 +325,7 @@ def _launch(op: str, x: torch.Tensor, w: torch.Tensor, *, branch: torch.Tensor |
     cfg = config or config_for(op, n, k, swiglu, sm_count(x.device), x.shape[0])
     k1, k2 = split_k(k)
     out = torch.empty((x.shape[0], n), device=x.device, dtype=x.dtype)
-    pdl = pdl_mode(x, "chain")
+    pdl = pdl_mode(x)
     _chain_gemv_kernel[(triton.cdiv(n, cfg.block_n * cfg.tiles),)](
         x, x if branch is None else branch, x if w_post is None else w_post, x if w_norm is None else w_norm, w, out,
         x if x_out is None else x_out, eps, N=n, K=k, K1=k1, K2=k2, BLOCK_N=cfg.block_n, TILES=cfg.tiles,

@@ -1,25 +1,12 @@
 """Drive the shared scheduler with the real engine and log every launch with device timestamps.
 
-The call protocol is the one :func:`cdbsim.serving.pipeline.drive` uses, with a clock:
-
-``sync``       plan -> enqueue -> wait -> complete: the device idles while the host plans.
-``async``      plan launch k+1 while launch k runs, except after a core launch, whose exit gate has to
-               come back first.
-``lookahead``  coda, prelude and the next core step are planned and enqueued while a core step runs
-               (the lookahead gate makes that legal); the rule is :class:`cdbsim.serving.pipeline.HostPipeline`'s,
-               the same the simulator follows.
-
-Launch start and end come from CUDA events on the one compute stream (on CPU, where every launch runs
-synchronously, from the wall clock), relative to an event recorded when the run starts. ``host_s`` is
-all the host's work since it handed over the previous launch, measured with ``perf_counter``: completing
-the launches that finished meanwhile (the scheduler learns their exits, the engine frees their rows, the
-recorder logs them), taking in arrivals, planning and preparing this launch and (on GPU) enqueueing it;
-the time it spends waiting for the device (for a launch to end, or for a queued copy to release a
-metadata buffer) or for the next arrival is left out. That is the host's cost
-per launch on the serving path, which the simulator charges before each launch (the completion work
-happens at another moment of the cycle, but in a host-bound run only the sum matters). Device idle
-time is the gaps between consecutive launches in the log.
-The logs go through :class:`cdbsim.report.logs.RunRecorder`, the same schema the simulator writes.
+Timing modes as in :func:`cdbsim.serving.pipeline.drive`: ``sync`` (plan, enqueue, wait, complete), ``async``
+(plan launch k+1 while k runs, except after a core launch) and ``lookahead``
+(:class:`cdbsim.serving.pipeline.HostPipeline`'s rule).
+Launch start and end come from CUDA events (on CPU the wall clock) relative to the run's start. ``host_s`` is the
+host's work since it handed over the previous launch (completions, arrivals, planning, preparing, enqueueing),
+less its waits for the device or for arrivals: the per-launch host cost the simulator charges. Logs use the
+simulator's schema (:class:`cdbsim.report.logs.RunRecorder`).
 """
 
 from __future__ import annotations
@@ -71,9 +58,8 @@ class _InFlight:
 
 
 class _CudaClock:
-    """CUDA events on the current stream, read relative to one recorded when the run starts. The stream is
-    looked up once: recording an event on the stream it names costs the host a few microseconds less per
-    mark than looking up the current stream each time, and a run marks every launch twice."""
+    """CUDA events on the current stream (looked up once: cheaper per mark), read relative to one recorded when
+    the run starts."""
 
     def __init__(self) -> None:
         self.stream = torch.cuda.current_stream()
@@ -169,8 +155,8 @@ class Executor:
         return self.engine.run_eager(prepared)
 
     def run(self) -> ExecutorRun:
-        """Serve every request. The clock starts after ``paused_gc``'s collector pass (about 0.1 s on a
-        GPU host's heap), so the log holds serving time only."""
+        """Serve every request; the clock starts after ``paused_gc``'s collector pass, so the log holds serving
+        time only."""
         with torch.inference_mode(), paused_gc():
             return self._serve()
 
@@ -280,10 +266,7 @@ def execute(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blo
 def run_executor(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
                  device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
                  mode: Timing | str | None = "sync", seed: int = 0, **options: object) -> RunLog:
-    """Serve ``requests`` and return the run's log (same schema as the simulator's).
-
-    ``mode``: ``sync``, ``async`` or ``lookahead`` (None: from ``config.timing``). ``options`` go to
-    :func:`execute` (``model``, ``graphs``, ``backend``, ``warmup``).
-    """
+    """Serve ``requests`` and return the run's log (the simulator's schema). ``mode``: ``sync``, ``async`` or
+    ``lookahead`` (None: ``config.timing``); ``options`` go to :func:`execute`."""
     return execute(arch, config, requests, kv_blocks, device=device, dtype=dtype, mode=mode, seed=seed,
                    **options).log

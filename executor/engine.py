@@ -1,26 +1,11 @@
 """Run one :class:`~cdbsim.serving.launch.Launch` of the shared scheduler on the device.
 
-The engine owns everything a launch reads or writes on the device:
-
-* the paged KV cache (:mod:`executor.kv_cache`), addressed with the scheduler's block ids;
-* the token store: one row per request, prompt ids (synthetic, :mod:`executor.tokens`) followed by every
-  generated token at its position. Prelude and CB decode read their input token from it, coda, decode and
-  prefill write the sampled token into it; a recompute after preemption re-reads prompt + generated ids;
-* the hidden-state bank: ``width`` rows (+1 scratch) holding each resident request's loop state between
-  prelude, core and coda launches (Huginn also keeps the prelude output for its adapter). A request gets
-  a row when its first prefill chunk is launched (:meth:`Engine.admit`) and gives it back when the
-  scheduler reports it finished or a launch says it was preempted, so ``width`` rows always suffice.
-
-Everything the engine learns of the scheduler comes with the launch (:class:`cdbsim.serving.launch.Launch`): the
-items, their block ids, the requests preempted since the last launch, and for prefill how many tokens a
-recomputed request had generated; the engine never reads scheduler state.
-
-Decode-type stages (prelude, core, coda, decode) read their per-row metadata from one int32 buffer (8
-fields + a block-table row per padded row, :data:`FIELDS`), copied to the device in one transfer; with
-CUDA graphs that buffer is the graph's static input (:mod:`executor.graphs`). Padded rows point at the
-scratch token, the scratch bank row and the trash KV block, so they never touch a real request. Prefill
-packs every chunk of the launch into one token batch padded to the scheduler's prefill sizes, with its
-own fixed-shape metadata (:mod:`executor.prefill`), so it is captured and replayed like the others.
+The engine owns the paged KV cache, the token store (per request: prompt ids, then each generated token at its
+position) and the hidden-state bank (``width`` rows + 1 scratch: each resident request's loop state between
+prelude, core and coda; a row from its first prefill chunk until it finishes or is preempted). It learns of the
+scheduler only through launches. Decode-type stages read one int32 buffer (:data:`FIELDS` + a block-table row per
+padded row); prefill its packed layout (:mod:`executor.prefill`). Padded rows point at the scratch token, the
+scratch bank row and the trash block, so they never touch a real request; either buffer is a graph's static input.
 """
 
 from __future__ import annotations
@@ -34,13 +19,12 @@ import torch
 from cdbsim.model.arch import LayerStyle
 from cdbsim.serving.config import ServeConfig
 from cdbsim.serving.launch import FIELDS, Launch, Stage, table_width
-from executor.attention import DecodeAttention
+from executor.attention import DecodeAttention, PagedPrefillAttention
 from executor.kv_cache import CacheGeometry, PagedKVCache
 from executor.model import LoopedLM
-from executor.ops import RopeTable, to_device
+from executor.ops import to_device
 from executor.prefill import (
     Chunk,
-    PagedPrefillAttention,
     PrefillLayout,
     PrefillMeta,
     chunk_capacity,
@@ -49,6 +33,7 @@ from executor.prefill import (
     scratch_prefill,
 )
 from executor.reference import Episode
+from executor.rope import RopeTable
 from executor.tokens import prompt_ids
 from traces.request import Request
 
@@ -118,10 +103,8 @@ class Engine:
         self.scratch_row = width
         self._spare_rows = list(range(width - 1, -1, -1))
         self.row_of: dict[int, int] = {}
-        # Host mirrors, so that a launch's metadata is a few numpy gathers rather than a loop over its rows:
-        # every request's block table (refreshed when the scheduler's block list changes, cleared when it
-        # is given back; ``_known``/``_last``: the length and last id synced, as Python ints because the
-        # check runs once per row per launch) and every request's bank row (the scratch row when it has none).
+        # host mirrors of every request's block table (``_known``/``_last``: length and last id synced) and bank
+        # row, so a launch's metadata is a few numpy gathers
         self._table = np.full((n + 1, self.max_blocks), self.geo.trash_block, dtype=np.int32)
         self._known = [0] * (n + 1)
         self._last = [-1] * (n + 1)
@@ -138,9 +121,8 @@ class Engine:
 
     # ----- host side -----------------------------------------------------------------------------
     def prepare(self, launch: Launch, width: int | None = None) -> Prepared:
-        """Build a launch's host inputs. The launch must carry its block ids (a scheduler made with
-        ``share_blocks``, or :func:`cdbsim.serving.launch.decode_launch` / :func:`~cdbsim.serving.launch.prefill_launch`);
-        ``width``: the block-table width of the captured graphs (None: as wide as this launch needs)."""
+        """Build a launch's host inputs; the launch must carry its block ids (``Scheduler(share_blocks=True)``).
+        ``width``: the captured graphs' block-table width (None: as wide as this launch needs)."""
         if launch.blocks is None:
             raise ValueError("the engine needs each item's KV blocks: plan with Scheduler(share_blocks=True)")
         for r in launch.dropped:
@@ -156,9 +138,8 @@ class Engine:
                 self.row_of[r] = self._bank[r] = self._spare_rows.pop()
 
     def scratch_meta(self, rows: int, width: int) -> np.ndarray:
-        """Metadata of ``rows`` padded rows: scratch token and bank row, trash block, one position. At the
-        graphs' width (``max_blocks``) it is a fresh copy of a template kept per row count, so a launch's
-        preparation starts from one copy; eager launches, as wide as each needs, build theirs."""
+        """Metadata of ``rows`` padded rows (scratch token and bank row, trash block, one position); at the graphs'
+        width a copy of a template kept per row count."""
         if width != self.max_blocks:
             return self._scratch_meta(rows, width)
         template = self._scratch.get(rows)
@@ -260,11 +241,8 @@ class Engine:
         return meta_views(buffer, rows, width)
 
     def warmup_prefill(self, tokens: int = 16) -> None:
-        """Run one prefill of ``tokens`` padding tokens (scratch token, trash block), touching no request.
-
-        The first prefill of a process compiles kernel variants and initialises libraries; doing it here
-        keeps that out of a timed run.
-        """
+        """Run one prefill of ``tokens`` padding tokens, touching no request, so kernel compilation and library
+        setup stay out of a timed run."""
         bs = self.config.block_size
         n = max(1, min(tokens, self.stride - 1))
         width = -(-n // bs)
@@ -272,12 +250,8 @@ class Engine:
             self.device), n, width))
 
     def fill_random(self, seed: int = 0) -> None:
-        """Random KV contents and loop states, for timing stages outside a run.
-
-        A fresh engine holds zeros, and a stage fed zeros runs on zero activations: the GPU's matrix units
-        draw less power on them and hold higher clocks than on real data, so an all-zero engine times
-        large batches faster than a serving run does.
-        """
+        """Random KV contents and loop states, for timing stages outside a run (on zeros the GPU draws less power
+        and clocks higher than on real data)."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
         for tensor in (self.cache.k, self.cache.v, self.bank_state, self.bank_inject):
             if tensor is not None:

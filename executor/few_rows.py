@@ -1,34 +1,14 @@
-"""Matmuls of launches with a few rows (``x @ w.T`` for up to :data:`MAX_ROWS` rows), PDL-chained, optionally
-with the SwiGLU of a fused gate/up projection in the epilogue.
+"""The few-row matmul: ``x @ w.T`` for up to :data:`MAX_ROWS` rows on the tensor cores, PDL-chained, optionally with
+the SwiGLU of a fused gate/up projection in its epilogue (``silu(gate) * up``, each rounded as the torch backend).
 
-Why: at 2-16 rows a decode layer's projections read a layer's weights and do next to no arithmetic, and cuBLAS
-reads them at about 60% of copy bandwidth on Ouro-1.4B's shapes (an H200 core step at B = 2 spent 940 us in
-GEMMs against 578 us of weight reads, profiled before this kernel: ``benchmarks/results/decode-profile/
-shipped-ouro-pdl0.csv`` as of commit 4c3fa8f). cuBLAS kernels are not launched with programmatic dependent launch
-either, so each starts only once its predecessor has drained, and the SwiGLU after the gate/up projection is one
-more launch.
-
-Design ("swap AB"). A program owns ``BLOCK_N`` output columns for every row and computes them as
-``w_tile @ x.T``: the weight tile ``[BLOCK_N, BLOCK_K]`` is the MMA's wide operand and the rows, padded to
-``BLOCK_M`` (16, or the next power of two up to 64) with masked (never loaded) rows, its narrow one, so
-padding costs tensor-core work that is free here, not bandwidth. The program walks ``K`` in ``BLOCK_K``
-chunks that Triton software-pipelines (``STAGES``). Its first weight chunk is loaded before the wait for the
-predecessor (``griddepcontrol.wait``): weights never depend on it, so under PDL a projection's weight stream
-starts under the tail of the kernel before it. The successor is let launch only after the K loop
-(:func:`executor.chain.pdl_mode`). With ``SWIGLU`` the weight is the fused ``[2I, K]`` gate/up projection; each
-program holds the same columns of both halves and writes ``silu(gate) * up`` (each rounded to the output dtype
-first, as the torch backend rounds), ``[M, I]``.
-
-Which launches take it: :func:`cdbsim.latency.gpu_work.few_rows` (shared with the latency model's kernel composition), unless
-``CDBSIM_FEW_ROWS_KERNEL`` hands them to a CUDA C++ kernel (:func:`kernel_choice`).
-Launch configs are per ``(N, K, swiglu)`` from ``benchmarks/bench_chain.py --parts rows`` on the H200.
-Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (float32 in IEEE precision: how the tests check
-it against ``F.linear``).
+"Swap AB": a program computes its ``BLOCK_N`` output columns as ``w_tile @ x.T``, the rows padded to ``BLOCK_M`` (16,
+32 or 64) by masking, never loading, and walks ``K`` in software-pipelined ``BLOCK_K`` chunks. Its first weight chunk
+is loaded before it waits for its predecessor; its successor may launch only after the K loop. Which launches take
+it: :func:`cdbsim.latency.gpu_work.few_rows`. CPU tensors run under ``TRITON_INTERPRET=1`` (float32, IEEE products).
 """
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -36,17 +16,10 @@ import triton
 import triton.language as tl
 
 from cdbsim.latency.gpu_work import FEW_ROWS_MAX
-from executor.chain import EARLY, LATE, launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
+from executor.chain import launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
 
-MAX_ROWS = 64  # most rows the kernel takes; launches take it up to cdbsim.latency.gpu_work.FEW_ROWS_MAX rows (measured)
+MAX_ROWS = 64  # most rows the kernel takes; served launches take it up to cdbsim.latency.gpu_work.FEW_ROWS_MAX rows
 MIN_BLOCK_M = 16  # rows per MMA at least (tl.dot's smallest dimension); rows past M are masked, never loaded
-# CDBSIM_FEW_ROWS_KERNEL: this module's Triton kernel, or the CUDA C++ one of executor.few_rows_tma or
-# executor.few_rows_direct (``direct`` on the shapes where it measured faster, ``direct-all`` on every one it takes)
-KERNELS = ("triton", "tma", "direct", "direct-all")
-# the default; a CUDA C++ one falls back to triton where nvcc or a Hopper GPU is missing (cuda_driver.available).
-# ``direct`` is faster on Ouro's shapes (benchmarks/results/few-row-direct) but the shipped profiles and validation are
-# the Triton kernel's: it becomes the default with a rebuild of all three profiles on one board
-DEFAULT_KERNEL = "triton"
 SHARED_BUDGET = 224 * 1024  # bytes of tiles a program may hold in shared memory (an H200 block: 227 KB)
 assert FEW_ROWS_MAX <= MAX_ROWS
 
@@ -61,29 +34,18 @@ class FewRowsConfig(NamedTuple):
     stages: int
 
 
-# (N, K, swiglu) -> config, from benchmarks/bench_chain.py --parts rows on the H200 (benchmarks/results/few-row-matmul/
-# sweep, run while every kernel still let its successor launch early); other shapes use default_config. Huginn-3.5B's
-# entries serve explicit use (Ops(few_rows=...)): its default path is cuBLAS (cdbsim.latency.gpu_work.few_rows)
+# (N, K, swiglu) -> config measured on the H200; other shapes use default_config. Huginn-3.5B's entries serve explicit
+# use (Ops(few_rows=...)): its default path is cuBLAS (cdbsim.latency.gpu_work.few_rows)
 CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
-    (6144, 2048, False): FewRowsConfig(64, 256, 4, 3),  # ouro.wqkv: 8.4 us at M = 8
-    (2048, 2048, False): FewRowsConfig(16, 256, 4, 4),  # ouro.wo: 5.5 us at M = 8
-    (5632, 2048, True): FewRowsConfig(32, 128, 2, 4),  # ouro.gate_up: 13.7 us at M = 8
-    (2048, 5632, False): FewRowsConfig(16, 256, 4, 6),  # ouro.down: 10.4 us at M = 8
-    (15840, 5280, False): FewRowsConfig(64, 256, 4, 4),  # huginn.wqkv: 44.2 us at M = 8
-    (5280, 5280, False): FewRowsConfig(64, 128, 4, 4),  # huginn.wo: 18.9 us at M = 8
-    (17920, 5280, True): FewRowsConfig(64, 128, 2, 2),  # huginn.gate_up: 100.4 us at M = 8
-    (5280, 17920, False): FewRowsConfig(32, 256, 4, 4),  # huginn.down: 52.3 us at M = 8
-    (5280, 10560, False): FewRowsConfig(32, 256, 2, 4),  # huginn.adapter: 30.7 us at M = 8
-}
-
-
-# Under the early trigger (CDBSIM_PDL_LATE without few_rows: the successor let launch right after the wait) the layer
-# runs fastest with smaller QKV and O tiles: benchmarks/sweep_layer_configs.py --trigger early on the H200 chose these
-# inside Ouro-1.4B's whole layer, 41.6 / 42.2 / 44.2 us per layer at 4 / 8 / 16 rows against 42.9 / 43.3 / 44.6 for the
-# shipped late trigger and CONFIGS (benchmarks/results/few-row-matmul/layer-configs-early). Other shapes as CONFIGS.
-EARLY_CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
-    (6144, 2048, False): FewRowsConfig(32, 128, 2, 4),  # ouro.wqkv
-    (2048, 2048, False): FewRowsConfig(16, 256, 2, 4),  # ouro.wo
+    (6144, 2048, False): FewRowsConfig(64, 256, 4, 3),  # ouro.wqkv
+    (2048, 2048, False): FewRowsConfig(16, 256, 4, 4),  # ouro.wo
+    (5632, 2048, True): FewRowsConfig(32, 128, 2, 4),  # ouro.gate_up
+    (2048, 5632, False): FewRowsConfig(16, 256, 4, 6),  # ouro.down
+    (15840, 5280, False): FewRowsConfig(64, 256, 4, 4),  # huginn.wqkv
+    (5280, 5280, False): FewRowsConfig(64, 128, 4, 4),  # huginn.wo
+    (17920, 5280, True): FewRowsConfig(64, 128, 2, 2),  # huginn.gate_up
+    (5280, 17920, False): FewRowsConfig(32, 256, 4, 4),  # huginn.down
+    (5280, 10560, False): FewRowsConfig(32, 256, 2, 4),  # huginn.adapter
 }
 
 
@@ -94,11 +56,9 @@ def default_config(n: int, k: int, swiglu: bool = False) -> FewRowsConfig:
     return FewRowsConfig(block_n, min(256, max(16, triton.next_power_of_2(k))), 4, 4)
 
 
-def config_for(n: int, k: int, swiglu: bool = False, early: bool = False) -> FewRowsConfig:
-    """The launch config of an ``[n, k]`` projection; ``early``: when the kernel lets its successor launch right
-    after its wait (:data:`EARLY_CONFIGS` first)."""
-    return ((EARLY_CONFIGS.get((n, k, swiglu)) if early else None) or CONFIGS.get((n, k, swiglu))
-            or default_config(n, k, swiglu))
+def config_for(n: int, k: int, swiglu: bool = False) -> FewRowsConfig:
+    """The launch config of an ``[n, k]`` projection: its :data:`CONFIGS` entry, else :func:`default_config`."""
+    return CONFIGS.get((n, k, swiglu)) or default_config(n, k, swiglu)
 
 
 def block_rows(m: int) -> int:
@@ -107,16 +67,14 @@ def block_rows(m: int) -> int:
 
 
 def warps_for(cfg: FewRowsConfig, block_m: int) -> int:
-    """``cfg``'s warps, more for a taller row tile (each thread's share of the ``[BLOCK_N, BLOCK_M]`` float32
-    accumulators stays what the config measured at 16 rows; at most 8 warps): a 2-warp SwiGLU config spilled
-    112-360 bytes a thread at 32-64 rows when compiled for sm_90 with its own warps."""
+    """``cfg``'s warps, scaled with the row tile (at most 8) so each thread's share of the float32 accumulators stays
+    what the config has at 16 rows (fewer warps spill registers at 32-64 rows)."""
     return min(8, cfg.num_warps * block_m // MIN_BLOCK_M)
 
 
 def stages_for(cfg: FewRowsConfig, block_m: int, swiglu: bool) -> int:
-    """``cfg``'s pipeline stages, fewer where a taller row tile would not fit :data:`SHARED_BUDGET` (the configs
-    are measured at 16 rows; their stages are kept there). Triton holds ``stages + 1`` tiles of weights and rows
-    (the sm_90 compile of the shipped configs at 32 and 64 rows: 245,760 bytes for 4 stages of 48 KB)."""
+    """``cfg``'s pipeline stages (its own at 16 rows), fewer where a taller row tile would not fit
+    :data:`SHARED_BUDGET`: Triton holds ``stages + 1`` tiles of weights and rows."""
     if block_m <= MIN_BLOCK_M:
         return cfg.stages
     return max(2, min(cfg.stages, SHARED_BUDGET // stage_bytes(cfg, block_m, swiglu) - 1))
@@ -177,37 +135,6 @@ def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl
     tl.store(out_ptrs, acc.to(dt), mask=col_ok & (rows < M)[None, :])
 
 
-def kernel_choice() -> str:
-    """Which kernel CUDA launches take: ``CDBSIM_FEW_ROWS_KERNEL`` (one of :data:`KERNELS`), by default
-    :data:`DEFAULT_KERNEL` (``triton`` where a CUDA C++ default cannot be built and run). ``tma`` and ``direct-all``
-    take the shapes their module's ``supports`` accepts (bf16, at most 16 rows), ``direct`` those of them
-    :func:`executor.few_rows_direct.faster` names, and leave the rest here."""
-    kernel = os.environ.get("CDBSIM_FEW_ROWS_KERNEL")
-    if kernel is None:
-        from executor import cuda_driver
-
-        return DEFAULT_KERNEL if DEFAULT_KERNEL == "triton" or cuda_driver.available() else "triton"
-    if kernel not in KERNELS:
-        raise ValueError(f"unknown CDBSIM_FEW_ROWS_KERNEL {kernel!r}; expected one of {', '.join(KERNELS)}")
-    return kernel
-
-
-def _cuda_module(x: torch.Tensor, w: torch.Tensor, n: int, swiglu: bool):
-    """The CUDA C++ kernel's module (:mod:`executor.few_rows_tma` or :mod:`executor.few_rows_direct`) when
-    :func:`kernel_choice` picks one and it takes this launch, else None."""
-    kernel = kernel_choice() if x.is_cuda and x.dtype == torch.bfloat16 else "triton"
-    if kernel == "triton":
-        return None
-    if kernel == "tma":
-        from executor import few_rows_tma as module
-    else:
-        from executor import few_rows_direct as module
-
-        if kernel == "direct" and not module.faster(x.shape[0], n, x.shape[1], swiglu):
-            return None
-    return module if module.supports(x, w, swiglu) is None else None
-
-
 def _check(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> None:
     """Shapes, dtypes and contiguity (metadata only: no device work, no sync)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.dtype != w.dtype:
@@ -223,20 +150,13 @@ def _check(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> None:
 
 def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
            config: FewRowsConfig | None = None, late: bool | None = None) -> torch.Tensor:
-    """``x @ w.T`` (``F.linear(x, w)``) for ``x`` ``[M, K]`` with ``M <= MAX_ROWS``, ``w`` ``[N, K]``; with
-    ``swiglu``, ``silu(gate) * up`` of the fused projection (``silu_mul(F.linear(x, w))``). ``late`` overrides
-    when the successor may launch (:func:`executor.chain.pdl_mode`; a benchmark compares). Without ``config``,
-    :func:`kernel_choice` may hand the launch to a CUDA C++ kernel (:func:`_cuda_module`)."""
+    """``F.linear(x, w)`` for ``x`` ``[M <= MAX_ROWS, K]``, ``w`` ``[N, K]`` (with ``swiglu``: ``silu_mul`` of it).
+    ``late=False`` lets the successor launch right after the wait instead of after the K loop."""
     _check(x, w, swiglu)
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    cuda = _cuda_module(x, w, n, swiglu) if config is None else None
-    pdl = pdl_mode(x, cuda.PDL_KIND if cuda else "few_rows")
-    if pdl and late is not None:
-        pdl = LATE if late else EARLY
-    if cuda:
-        return cuda.linear(x, w, swiglu, pdl)
-    cfg = config or config_for(n, k, swiglu, early=pdl == EARLY)
+    pdl = pdl_mode(x, late=late is not False)
+    cfg = config or config_for(n, k, swiglu)
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     block_m = block_rows(m)
     stages, warps = stages_for(cfg, block_m, swiglu), warps_for(cfg, block_m)

@@ -1,19 +1,12 @@
-"""Live exit gates: record per-token exit depths from a model, to save as a trace and replay.
+"""Live exit gates: record per-token exit depths from a model, to save as a trace the scheduler replays (as the CDB
+paper, Schwethelm, Rueckert, Kaissis, arXiv 2608.09444, serves recorded exits).
 
-Replaying recorded exits is how the CDB paper (and cdbsim) serve: the exit decision of every generated
-token is computed once, offline, from a full-depth run, then replayed by the scheduler. Two criteria:
+* ``hazard`` (Ouro): lambda_t = sigmoid(gate(normed state_t)), p_t = lambda_t * prod_{j<t}(1 - lambda_j) (the rest
+  at the last loop); a token exits at the first t whose CDF reaches q.
+* ``latent-diff`` (Huginn): ||s_r - s_{r-1}|| / ||s_r|| of the loop state before ``ln_f``; exit at the first r below q.
 
-* ``hazard`` (Ouro): after loop t the exit gate gives lambda_t = sigmoid(gate(normed state_t)); the exit
-  distribution is p_t = lambda_t * prod_{j<t}(1 - lambda_j) for t < T and the remaining mass at T; the
-  token exits at the first t where the CDF reaches q (reference/cdb-engine-spec.md section 3).
-* ``latent-diff`` (Huginn): value_r = ||s_r - s_{r-1}|| / ||s_r|| of the loop state (before ``ln_f``; s_0 is
-  the initial state); the token exits at the first r with value_r < q (q = 0: never).
-
-Recording takes each request's greedy output at full depth (decoded one request at a time by the
-reference decoder, or all together in one batched CB run of the executor), then one teacher-forced
-full-depth forward over prompt + output: with every loop computed and every slot written, that equals
-incremental decoding. Output token j >= 1 takes the gate values of the step whose input sits at position
-prompt_len + j - 1, as the paper's recorder does.
+Each request's greedy full-depth output (reference decoder, or one batched CB executor run) is then run once
+teacher-forced; output token j >= 1 takes the gate values at input position prompt_len + j - 1.
 """
 
 from __future__ import annotations
@@ -71,11 +64,8 @@ def depths_from_values(values: np.ndarray, q: float, criterion: str) -> np.ndarr
 
 def teacher_forced_values(model: LoopedLM, prompt: Sequence[int], outputs: Sequence[int],
                           criterion: str) -> np.ndarray:
-    """Gate signals of output tokens 1 .. from one full-depth forward over ``prompt + outputs[:-1]``.
-
-    Row ``j - 1`` holds the signal of every loop at input position ``len(prompt) + j - 1``. Teacher
-    forcing gives what incremental full-depth decoding gives: every loop runs and every slot is written.
-    """
+    """Gate signals of output tokens 1 .. from one full-depth forward over ``prompt + outputs[:-1]``: row ``j - 1``
+    holds every loop's signal at input position ``len(prompt) + j - 1`` (what incremental decoding gives)."""
     cfg = model.config
     first, rows = len(prompt), max(len(outputs) - 1, 0)
     values = np.zeros((rows, cfg.r_max), dtype=np.float32)
@@ -98,12 +88,8 @@ def teacher_forced_values(model: LoopedLM, prompt: Sequence[int], outputs: Seque
 
 def record_gate_values(model: LoopedLM, request: Request, *, criterion: str | None = None,
                        prompt_seed: int = 0, outputs: Sequence[int] | None = None) -> tuple[np.ndarray, list[int]]:
-    """Per decoded token (output tokens 1 ..), the gate signal of every loop, ``[output_len - 1, r_max]``.
-
-    Hazard: the gate logit of each loop's normed state. Latent-diff: ||s_r - s_{r-1}|| / ||s_r||.
-    Also returns the greedy output tokens of the full-depth run: ``outputs`` if given (say from a batched
-    executor run, :func:`greedy_outputs`), else decoded here one token at a time.
-    """
+    """Per output token 1 .., every loop's gate signal ``[output_len - 1, r_max]``, and the greedy full-depth output
+    tokens: ``outputs`` if given (e.g. :func:`greedy_outputs`), else decoded here one token at a time."""
     criterion = criterion or default_criterion(model)
     if criterion not in CRITERIA:
         raise ValueError(f"unknown exit criterion {criterion!r}; expected one of {CRITERIA}")
@@ -123,9 +109,8 @@ def record_gate_values(model: LoopedLM, request: Request, *, criterion: str | No
 
 def greedy_outputs(model: LoopedLM, arch: ArchSpec, requests: Sequence[Request], *, prompt_seed: int = 0,
                    width: int = 64) -> list[np.ndarray]:
-    """Every request's greedy output at full depth from one batched CB run of the executor (CB runs every
-    token through all ``r_max`` loops, with depth-indexed KV as the recorder defines it), instead of
-    decoding requests one at a time."""
+    """Every request's greedy full-depth output from one batched CB run of the executor (every token through all
+    ``r_max`` loops, depth-indexed KV)."""
     requests = [Request(r.request_id, r.prompt_len, r.output_len, 0.0) for r in requests]
     longest = max(r.prompt_len + r.output_len for r in requests)
     width = max(1, min(width, len(requests)))
@@ -138,9 +123,8 @@ def greedy_outputs(model: LoopedLM, arch: ArchSpec, requests: Sequence[Request],
 
 def record_exit_trace(model: LoopedLM, requests: Sequence[Request], q: float, *, criterion: str | None = None,
                       prompt_seed: int = 0, arch: ArchSpec | None = None) -> list[Request]:
-    """``requests`` with exit depths from the model's live gate at threshold ``q`` (``traces.write_trace``
-    saves them). With ``arch`` (the model's architecture) the greedy outputs come from one batched
-    executor run (:func:`greedy_outputs`); each request then takes one teacher-forced forward."""
+    """``requests`` with exit depths from the model's live gate at threshold ``q``; with ``arch`` the greedy outputs
+    come from one batched executor run (:func:`greedy_outputs`)."""
     criterion = criterion or default_criterion(model)
     outputs = greedy_outputs(model, arch, requests, prompt_seed=prompt_seed) if arch is not None else None
     out = []

@@ -1,17 +1,9 @@
-"""CUDA graphs per (stage, padded batch size): decode-type stages per padded batch, prefill per padded
-token count.
+"""CUDA graphs per (stage, padded batch size; prefill: padded token count), sharing one memory pool.
 
-A captured stage reads all its per-row inputs from one static int32 buffer (the engine's metadata layouts,
-:meth:`executor.engine.Engine.views`), as wide as the longest request's block table, so replaying it for a
-launch is one host-to-device copy plus ``graph.replay()``. Capture happens on first use, or up front with
-:meth:`StageGraphs.capture_all`; the warm-up run and the capture both use scratch metadata (padded rows
-only), so they never change a real request's state. All graphs share one memory pool: they run one at a
-time on one stream and keep nothing alive between replays but their static inputs and logits.
-
-On a CPU device nothing is captured: the same static buffers are filled and the stage re-runs eagerly
-on them, so tests exercise exactly the metadata a graph replay sees (full-width block tables, padded
-rows, the static fill loop). The torch backend's prefill attention loops over chunks on the host, so
-with it prefill is never captured (it re-runs on the static buffer, as on CPU).
+A captured stage reads all its inputs from one static int32 buffer (:meth:`executor.engine.Engine.views`) as wide
+as the longest request's block table, so a launch is one host-to-device copy and a replay. Warm-up and capture use
+scratch metadata only, so they never change a request's state. On CPU nothing is captured: the stage re-runs on the
+same static buffers (what the tests check); the torch backend's prefill, which loops on the host, is never captured.
 """
 
 from __future__ import annotations
@@ -28,15 +20,8 @@ from executor.engine import Engine, Prepared
 
 
 class PinnedStaging:
-    """Two pinned host buffers used in turn for one graph's metadata copies.
-
-    A buffer is refilled only after the copy that last read it has run, so the host never overwrites
-    metadata a queued copy has yet to read. What says so is an event recorded after that copy: the
-    caller's own (``guard``, the launch's end event, recorded once its graph is queued, so a launch costs
-    no event of its own here) or else one this class records. With one launch in flight that wait is
-    already over; with several (lookahead) the host can find itself waiting for the device here, and
-    :meth:`copy_to` says how long. Reusing fixed buffers avoids a pinned allocation per launch.
-    """
+    """Two pinned host buffers used in turn for one graph's metadata copies; a buffer is refilled only once the event
+    recorded after its last copy (the caller's ``guard``, else one recorded here) has passed."""
 
     def __init__(self, numel: int) -> None:
         self.buffers = [torch.empty(numel, dtype=torch.int32).pin_memory() for _ in range(2)]
@@ -98,9 +83,8 @@ class StageGraphs:
                 self.get(stage, size)
 
     def capture_prefill(self, sizes: Iterable[int]) -> None:
-        """Prefill graphs of every padded token count, largest first. Only the largest runs a warm-up
-        before its capture: kernels and library handles are then set up, and the others are recorded
-        without running (a warm-up each would cost a full-depth prefill per size)."""
+        """Prefill graphs of every padded token count, largest first; only the largest warms up before its capture
+        (a full-depth prefill each would be costly)."""
         for i, size in enumerate(sorted(set(sizes), reverse=True)):
             self.get(Stage.PREFILL, size, warm=i == 0)
 
@@ -138,9 +122,8 @@ class StageGraphs:
         return CapturedStage(graph, meta, logits, run, staging)
 
     def launch(self, prepared: Prepared, done: torch.cuda.Event | None = None) -> torch.Tensor | None:
-        """Copy the launch's metadata into the graph's input buffer and replay it; ``done``, if given, is
-        recorded on the current stream once the replay is queued (the launch's end, and the sign that its
-        metadata buffer may be refilled)."""
+        """Copy the launch's metadata into the graph's input and replay it; ``done`` is recorded once the replay is
+        queued (the launch's end, after which its metadata buffer may be refilled)."""
         launch = prepared.launch
         captured = self.get(launch.stage, launch.padded)
         if prepared.width != self.width:

@@ -1,25 +1,11 @@
 """Paged, depth-aware KV cache: one page table shared by every layer, loop slot and request.
 
-Storage is ``[cache_layers, blocks + 1, kv_heads, 16, head_dim]`` for K and for V: pages are head-major, so
-a page's 16 positions of one KV head are one contiguous run (16 x 96 x 2 = 3 KB for Huginn's heads) instead
-of 16 runs of ``head_dim`` elements strided by every head's. A decode-attention program reads one head: on an
-H200 at B = 64, L = 4,096 the head-major pages took Huginn's 55 x 96 heads from 80% to 91% of copy
-bandwidth (``benchmarks/results/few-rows/``, a probe of commit 7685b2d). A *cache layer* is one
-(layer, slot) pair:
-
-    prelude layer l          -> l
-    core layer l, slot s     -> P + s * C + l
-    coda layer l             -> P + S * C + l          (S = layout.slots(r_max))
-
-Block ids are the scheduler's (``Scheduler.blocks[i]``): a block holds 16 token positions of one request
-across every cache layer, so the layout changes bytes per block, never the block count. The extra last
-block is a trash block: padded batch rows of a CUDA graph write there and read only from there.
-
-Row arithmetic (what kernels use): the K/V of position ``p`` of a request whose ``p // 16``-th block is
-``b`` in cache layer ``L`` is *row* ``r = L * rows_per_layer + b * 16 + p % 16``; its head ``h`` starts at
-element ``((r // 16) * kv_heads + h) * 16 * head_dim + (r % 16) * head_dim``. Which slot a loop step
-uses, and how many deeper slots an exiting token fills (last-exited fill), is the layout's rule
-(:class:`cdbsim.model.arch.KVLayout`).
+K and V are ``[cache_layers, blocks + 1, kv_heads, 16, head_dim]``: head-major pages, so one KV head's 16 positions
+are contiguous. A cache layer is a (layer, slot) pair: prelude ``l`` -> ``l``, core ``l`` in slot ``s`` ->
+``P + s * C + l``, coda ``l`` -> ``P + S * C + l``. Blocks are the scheduler's ids (16 positions of one request in
+every cache layer); the extra last block is the trash block padded rows write to. Position ``p`` in block ``b`` of
+cache layer ``L`` is row ``L * rows_per_layer + b * 16 + p % 16``, head ``h`` of row ``r`` at element
+``((r // 16) * kv_heads + h) * 16 * head_dim + (r % 16) * head_dim``. Slots, fills: :class:`cdbsim.model.arch.KVLayout`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
-"""Load real Ouro and Huginn checkpoints from local safetensors files into :class:`LoopedLM`.
+"""Load real Ouro and Huginn checkpoints (one ``.safetensors`` file, or a directory of them, sharded with an
+index or not) into :class:`LoopedLM`, one tensor at a time, into the model's fused weights and dtype.
 
-Checkpoints use their public parameter names (HF ``modeling_ouro.py``; ``raven_modeling_minimal.py`` of
-seal-rg/recurrent-pretraining); this module is the one place that knows them. A checkpoint is one
-``.safetensors`` file, or a directory holding ``model.safetensors.index.json`` (sharded) or ``.safetensors``
-files. Tensors are read one at a time and copied into the model's fused weights, converted to its dtype.
-
-Ouro (``model.layers.{i}.*``, layers counted across prelude, core and coda in that order)::
-
-    self_attn.{q,k,v}_proj -> wqkv rows     self_attn.o_proj -> wo
-    mlp.{gate,up}_proj -> w_gate_up rows     mlp.down_proj -> w_down
-    input_layernorm -> norm1 (pre-attn)      input_layernorm_2 -> norm2 (post-attn)
-    post_attention_layernorm -> norm3        post_attention_layernorm_2 -> norm4
-    model.embed_tokens, model.norm (final), model.early_exit_gate (weight, bias), lm_head
-
-Huginn (``transformer.{prelude,core_block,coda}.{i}.*``)::
-
-    attn.Wqkv -> wqkv    attn.proj -> wo    attn.qk_bias [2, 1, heads, head_dim] -> q_bias, k_bias
-    mlp.fc -> w_gate_up  mlp.proj -> w_down norm_1..norm_4 -> norm1..norm4
-    transformer.wte (tied head), transformer.adapter, transformer.ln_f
+Public names (HF ``modeling_ouro.py``; ``raven_modeling_minimal.py``) are known here only: Ouro's
+``model.layers.{i}.*`` count prelude, core and coda layers in order (q/k/v -> ``wqkv``, gate/up -> ``w_gate_up``,
+``input_layernorm``/``_2`` -> norm1/norm2, ``post_attention_layernorm``/``_2`` -> norm3/norm4); Huginn's
+``transformer.{prelude,core_block,coda}.{i}.*`` (``attn.qk_bias`` -> ``q_bias``, ``k_bias``), tied to ``wte``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
-"""A looped (recurrent-depth) transformer built from an :class:`~cdbsim.model.arch.ArchSpec`.
+"""A looped (recurrent-depth) transformer built from an :class:`~cdbsim.model.arch.ArchSpec`: four RMSNorms per layer,
+a gated-SiLU MLP, no linear biases, in two block styles.
 
-Two block styles, both with four RMSNorms per layer and a gated-SiLU MLP, no linear biases:
+``ouro`` (ByteDance Ouro): ``x = x + norm2(attn(norm1(x))); x = x + norm4(mlp(norm3(x)))``; rotate-half RoPE,
+untied head, the final norm after every loop (the next loop's input and what the exit gate ``Linear(h, 1)`` reads).
 
-``ouro`` (ByteDance Ouro): sandwich norm, the post-norm on the branch before the residual add::
+``huginn`` (Huginn-0125): ``x = norm2(attn(norm1(x)) + x); x = norm4(mlp(norm3(x)) + x)``; q/k bias before
+interleaved-pair RoPE, embedding scaled by sqrt(h), an adapter ``Linear(2h, h)`` on ``concat(state, prelude
+output)`` every loop, ``ln_f`` / coda / ``ln_f`` after the loop, tied head. The loop starts from zeros, or with
+``state_init="random"`` from one fixed seeded draw shared by every token (the original draws on every call).
 
-    x = x + norm2(attn(norm1(x)));  x = x + norm4(mlp(norm3(x)))
-
-  rotate-half RoPE (theta from the arch, 1e6), untied head, and the final RMSNorm applied after EVERY
-  loop; its output is the next loop's input and what the exit gate ``Linear(hidden, 1)`` reads.
-
-``huginn`` (tomg-group-umd Huginn-0125 / "raven"): post-norm on the residual sum::
-
-    x = norm2(attn(norm1(x)) + x);  x = norm4(mlp(norm3(x)) + x)
-
-  a learned bias added to q and k before RoPE, interleaved-pair RoPE (base 50000), embedding scaled by
-  sqrt(hidden), prelude layers, and an adapter ``Linear(2h, h)`` applied at every loop to
-  ``concat(state, prelude_output)``; after the loop ``ln_f``, the coda, ``ln_f`` again, tied head.
-  The original draws the initial loop state from a truncated normal on every call; this model starts
-  from zeros (``state_init="zeros"``, deterministic) or, with ``state_init="random"``, from one fixed
-  seeded draw shared by every token, so batched and per-request runs stay comparable.
-
-Weights are fused for speed (q/k/v into ``wqkv``, gate/up into ``w_gate_up``, gate first as Huginn's ``fc``);
-:mod:`executor.loader` maps the public parameter names onto them. The model knows nothing of pages:
-every layer calls the attention context it is given (:mod:`executor.attention`) with its cache layer.
+Weights are fused (``wqkv``; ``w_gate_up``, gate first); :mod:`executor.loader` maps public names onto them. Layers
+call the attention context they are given (:mod:`executor.attention`) with their cache layer; they know no pages.
 """
 
 from __future__ import annotations
@@ -34,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from cdbsim.latency import gpu_work as paths
+from cdbsim.latency import gpu_work
 from cdbsim.model.arch import ArchSpec, LayerStyle
 from executor.ops import Ops
 
@@ -42,17 +30,15 @@ STATE_INITS = ("zeros", "random")
 
 
 def chained_rows(config: ModelConfig, backend: str) -> int:
-    """The batch size up to which the triton backend runs layers on the chained skinny-matmul path
-    (:meth:`Layer.forward_fused`, :mod:`executor.chain`) by default: one or two rows of models no wider than
-    2048 (Ouro), where it wins; wider models do not gain (Huginn-3.5B). Measured on the H200
-    (``benchmarks/results/chain``, ``chain-rows``); the torch backend composes the same path and gains nothing."""
-    return paths.chained_rows(config.hidden) if backend == "triton" else 0
+    """The batch size up to which the triton backend runs layers on the chained path (:meth:`Layer.forward_fused`)
+    by default (:func:`cdbsim.latency.gpu_work.chained_rows`); 0 for the torch backend."""
+    return gpu_work.chained_rows(config.hidden) if backend == "triton" else 0
 
 
 def few_rows(config: ModelConfig, backend: str) -> int:
     """The batch size up to which the triton backend runs the projections of launches not chained on the
     few-row matmul (:mod:`executor.few_rows`) by default (:func:`cdbsim.latency.gpu_work.few_rows`)."""
-    return paths.few_rows(config.hidden) if backend == "triton" else 0
+    return gpu_work.few_rows(config.hidden) if backend == "triton" else 0
 
 
 def default_ops(config: ModelConfig, backend: str) -> Ops:
@@ -138,13 +124,8 @@ class Layer(nn.Module):
 
     def forward_fused(self, x: torch.Tensor, pending: tuple[torch.Tensor, torch.Tensor] | None, attn, layer: int,
                       ops: Ops, eps: float, sandwich: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """The same layer as four skinny matmuls with the norms, residual adds and SwiGLU fused into them
-        (small batches: :mod:`executor.chain`).
-
-        ``pending`` is the previous layer's MLP output and post-norm weight, not yet added to ``x`` (None
-        at the start of a stage); this layer's comes back pending in turn, for the next layer's QKV
-        projection (or the stage's closing :meth:`Ops.residual_norm`) to add.
-        """
+        """The layer as four skinny matmuls with norms, residual adds and SwiGLU fused in. ``pending``: the previous
+        layer's MLP output and post-norm weight, not yet added to ``x`` (None at a stage's start); returns its own."""
         if pending is None:
             qkv = ops.gemv_rmsnorm(x, self.norm1, eps, self.wqkv)
         else:
@@ -156,11 +137,8 @@ class Layer(nn.Module):
 
 
 class LoopedLM(nn.Module):
-    """Embedding, prelude layers, looped core, coda layers and head, as stage functions.
-
-    The stage functions take an attention context and the cache layer of their first layer; the runner
-    (:mod:`executor.engine`) decides pages, slots and batching.
-    """
+    """Embedding, prelude layers, looped core, coda layers and head, as stage functions that take an attention
+    context and their first cache layer (the engine decides pages, slots and batching)."""
 
     def __init__(self, config: ModelConfig, ops: Ops | None = None) -> None:
         super().__init__()
@@ -284,9 +262,7 @@ class LoopedLM(nn.Module):
         return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """The head: chained for single rows only. At two rows its one-row launch configuration made Ouro-1.4B's
-        coda 21% slower on the H200 than the few-row matmul (0.097 against 0.080 ms,
-        ``benchmarks/results/chain-rows/``)."""
+        """The head's float32 logits: chained for single rows only (at two rows the few-row matmul is faster)."""
         w = self.head_weight
         return (self.ops.gemv(h, w) if h.shape[0] == 1 and self.fused(h) else self.ops.linear(h, w)).float()
 

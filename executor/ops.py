@@ -1,46 +1,20 @@
-"""The executor's elementwise and attention primitives, in two interchangeable backends.
+"""The executor's elementwise and attention primitives in two interchangeable backends: ``torch`` (plain PyTorch,
+anywhere; the CPU correctness path) and ``triton`` (the same signatures as fused GPU kernels, :class:`Ops`).
 
-``torch``: plain PyTorch, runs anywhere; the CPU correctness path and the reading of what each op means.
-``triton``: fused GPU kernels (:mod:`executor.triton_kernels`) with the same signatures; unfused eager
-elementwise ops cost about 40% of a decode step on the H200 (reference/h200-notes.md).
-
-Both backends write KV with the same addressing (see :mod:`executor.kv_cache`): a token's row in cache
-layer ``layer_base[i] + layer`` is ``(layer_base[i] + layer) * rows_per_layer + row0[i]``; a token with
-``fill[i] = f`` also writes the ``f`` deeper slots of its core layer (rows ``+ k * core * rows_per_layer``,
-``k = 1..f``): the last-exited fill, done at write time instead of as a copy after the launch.
+KV addressing (:mod:`executor.kv_cache`): a token's row in cache layer ``layer_base[i] + layer`` is
+``(layer_base[i] + layer) * rows_per_layer + row0[i]``; with ``fill[i] = f`` it also writes rows
+``+ k * core * rows_per_layer`` for ``k = 1..f`` (the last-exited fill, done at write time).
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 
 import torch
 
 from executor.kv_cache import PagedKVCache
-
-
-@dataclass
-class RopeTable:
-    """cos/sin of ``position * inv_freq`` for every position, ``[max_pos, head_dim / 2]`` in float32.
-
-    ``interleaved`` picks the pairing: (2i, 2i+1) for Huginn, (i, i + head_dim/2) ("rotate half") for Ouro.
-    """
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-    interleaved: bool
-
-    @classmethod
-    def build(cls, head_dim: int, theta: float, max_pos: int, interleaved: bool,
-              device: torch.device | str) -> RopeTable:
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        angles = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv_freq)
-        return cls(angles.cos().float().to(device), angles.sin().float().to(device), interleaved)
-
-    @property
-    def max_pos(self) -> int:
-        return self.cos.shape[0]
+from executor.prefill import PrefillMeta
+from executor.rope import RopeTable
 
 
 def to_device(array, device: torch.device) -> torch.Tensor:
@@ -60,11 +34,8 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def residual_norm(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor | None,
                   eps: float, sandwich: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Close a block branch and open the next one.
-
-    sandwich (Ouro): ``x + norm_post(branch)``; otherwise (Huginn): ``norm_post(branch + x)``.
-    Returns the new residual and, if ``w_next`` is given, ``norm_next`` of it (the next pre-norm).
-    """
+    """Close a block branch: ``x + norm_post(branch)`` (sandwich, Ouro) or ``norm_post(branch + x)`` (Huginn); returns
+    the new residual and, if ``w_next`` is given, ``norm_next`` of it (the next pre-norm)."""
     if sandwich:
         x_new = (x.float() + rms_norm(branch.float(), w_post, eps)).to(x.dtype)
     else:
@@ -125,11 +96,8 @@ def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.
 def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Tensor,
                      layer_base: torch.Tensor, layer: int, seq_len: torch.Tensor, scale: float
                      ) -> torch.Tensor:
-    """Each row ``i`` attends positions ``0 .. seq_len[i]-1`` of cache layer ``layer_base[i] + layer``.
-
-    Pages are gathered through the row's block-table row, so one call mixes rows at different loop
-    steps (different cache layers). Returns ``[N, heads * D]``.
-    """
+    """Each row ``i`` attends positions ``0 .. seq_len[i]-1`` of cache layer ``layer_base[i] + layer`` through its
+    block-table row (so one call mixes loop steps). Returns ``[N, heads * D]``."""
     geo = cache.geometry
     n, heads, d = q.shape
     pages = (layer_base.long() + layer)[:, None] * geo.pages_per_layer + block_table.long()
@@ -154,13 +122,10 @@ def rope_decode_attention(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias
     return decode_attention(q, cache, block_table, layer_base, layer, seq_len, scale)
 
 
-def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta, layer: int, scale: float) -> torch.Tensor:
-    """Packed prefill attention (see :mod:`executor.prefill`): chunk ``c``'s queries (packed rows ``qoff ..
-    qoff + len``) attend causally to positions ``0 .. start + i`` of its request in cache ``layer``, read
-    through the chunk's block-table row. Rows in no chunk come out zero. Returns ``[T, heads * D]``.
-
-    Loops over chunks on the host: the CPU reference, not capturable in a CUDA graph.
-    """
+def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta: PrefillMeta, layer: int, scale: float
+                      ) -> torch.Tensor:
+    """Packed prefill attention: chunk ``c``'s query ``i`` attends positions ``0 .. start + i`` of cache ``layer``;
+    rows in no chunk are zero. ``[T, heads * D]``. Loops over chunks on the host (no CUDA graph)."""
     geo = cache.geometry
     tokens, heads, d = q.shape
     out = torch.zeros_like(q)
@@ -200,24 +165,16 @@ def gemv_residual(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w
 
 # ----- dispatch --------------------------------------------------------------------------------------
 class Ops:
-    """The primitives of one backend: ``Ops("torch")`` or ``Ops("triton")``.
-
-    ``fuse_rows``: batches of at most this many rows run each layer as four skinny matmuls with the
-    norms, residual adds and SwiGLU fused into them (:meth:`executor.model.Layer.forward_fused`; on the
-    triton backend the PDL-chained kernels of :mod:`executor.chain`, which take one or two rows). 0 (off) unless
-    given; :func:`executor.model.chained_rows` picks the models' default. With the torch backend it checks
-    the fused composition against the plain one.
-
-    ``few_rows``: other launches of at most this many rows run their projections on the few-row matmul
-    (:mod:`executor.few_rows`, up to its ``MAX_ROWS``; :meth:`linear`, :meth:`linear_swiglu`). 0 (off) unless given;
-    :func:`executor.model.few_rows` picks the models' default.
-    """
+    """The primitives of one backend, ``"torch"`` or ``"triton"``. Batches of at most ``fuse_rows`` rows run layers
+    as four skinny matmuls with norms, residual adds and SwiGLU fused in (:meth:`executor.model.Layer.forward_fused`,
+    on triton :mod:`executor.chain`); other launches of at most ``few_rows`` rows project on :mod:`executor.few_rows`.
+    Both 0 (off) unless given (:func:`executor.model.default_ops` picks the models' defaults)."""
 
     def __init__(self, backend: str = "torch", fuse_rows: int | None = None, few_rows: int | None = None) -> None:
         if backend not in ("torch", "triton"):
             raise ValueError(f"unknown ops backend {backend!r}; expected 'torch' or 'triton'")
         self.backend = backend
-        if backend == "triton":
+        if backend == "triton":  # Triton is optional: imported only for its backend
             from executor import chain as skinny
             from executor import few_rows as few
             from executor import triton_kernels as impl
@@ -247,10 +204,8 @@ class Ops:
 
     @property
     def fused_attention_rows(self) -> int:
-        """Decode launches of at most this many rows run RoPE, the KV write and attention as one kernel
-        (:meth:`rope_decode_attention`, the in-kernel merge); larger ones as :meth:`rope_write_kv`,
-        :meth:`decode_attention` and its merge. The chained path's rows unless set (a benchmark compares the
-        few-row launches both ways)."""
+        """Decode launches of at most this many rows (``fuse_rows`` unless set) run :meth:`rope_decode_attention`,
+        larger ones :meth:`rope_write_kv` then :meth:`decode_attention`."""
         return self.fuse_rows if self._fused_attention_rows is None else self._fused_attention_rows
 
     @fused_attention_rows.setter
@@ -258,9 +213,8 @@ class Ops:
         self._fused_attention_rows = rows
 
     def pdl_scope(self, rows: int) -> AbstractContextManager[None]:
-        """A block of a launch of ``rows`` rows: its Triton kernels are PDL-launched only when its projections
-        are kernels of this package too (the chained or few-row path), not behind cuBLAS
-        (:func:`executor.chain.pdl_behind`)."""
+        """A block of a launch of ``rows`` rows: its Triton kernels are PDL-launched only if its projections are
+        this package's kernels, not cuBLAS (:func:`executor.chain.pdl_behind`)."""
         if self._pdl_behind is None:
             return nullcontext()
         return self._pdl_behind(rows <= max(self.fuse_rows, self.few_rows))

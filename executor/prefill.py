@@ -1,22 +1,12 @@
-"""Prefill launches as fixed-shape metadata, so a packed prefill replays as one CUDA graph per token bucket.
+"""A prefill launch (chunks of several prompts packed into ``T`` padded tokens) as one int32 metadata buffer whose
+layout depends only on ``T``, the chunk capacity ``C`` and the block-table width, so it replays as a CUDA graph:
 
-A prefill launch packs chunks of several prompts (``tokens`` padded to one of the scheduler's prefill
-sizes, :func:`cdbsim.serving.config.prefill_graph_sizes`). Everything the stage reads about the launch sits in one
-int32 buffer whose layout depends only on (padded tokens ``T``, chunk capacity ``C``, block-table width):
+* per token: ``tok`` (token-store index), ``pos``, ``row0`` (KV row in cache layer 0);
+* per chunk: ``start`` (positions already cached), ``len``, ``qoff`` (first packed row), a block-table row;
+* per sampled row: ``last`` (packed index of a finishing chunk's last token), ``out`` (token-store index);
+* per attention work item (``T / BLOCK_M + C``): ``item_chunk``, ``item_q0``, most keys first (:func:`work_items`).
 
-* per token (``T``): ``tok`` (token-store index of its input id), ``pos`` (position), ``row0`` (its KV
-  row in cache layer 0);
-* per chunk (``C``): ``start`` (tokens of the request already in the cache), ``len``, ``qoff`` (where the
-  chunk's tokens start in the packed batch) and the chunk's block-table row (``C x width``);
-* per sampled row (``C``): ``last`` (packed index of a finishing chunk's last token) and ``out`` (the
-  token-store index its sampled token goes to);
-* per attention work item (``T / BLOCK_M + C``): ``item_chunk`` and ``item_q0``: one item is up to
-  ``BLOCK_M`` queries of one chunk, so the attention grid has a fixed size whatever the chunk lengths;
-  the items that see the most keys come first (:func:`work_items`).
-
-Padding never touches a request: padded tokens read the scratch token, write the trash KV row and are
-in no work item; padded chunks have length 0; padded sampled rows write the scratch token; padded work
-items have chunk -1 and exit at once.
+Padding touches no request: the scratch token, the trash KV row, length-0 chunks, work items of chunk -1.
 """
 
 from __future__ import annotations
@@ -25,9 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from executor.kv_cache import PagedKVCache
-from executor.ops import Ops, RopeTable
 
 BLOCK_M = 64  # queries per attention work item (the prefill attention kernel's tile height)
 
@@ -107,9 +94,8 @@ def scratch_prefill(layout: PrefillLayout, scratch_token: int, trash_block: int,
 
 def work_items(lens: list[int], block_m: int = BLOCK_M,
                starts: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(chunk, first query) of every attention work item: ``block_m`` queries of one chunk each, the
-    items that see the most keys first. A causal item's work grows with the keys it sees, and blocks
-    start in grid order: longest first keeps a long item from starting last and running alone."""
+    """(chunk, first query) of every attention work item of ``block_m`` queries, those that see the most keys first
+    (so a long item does not start last and run alone)."""
     starts = starts if starts is not None else [0] * len(lens)
     chunk = np.concatenate([np.full(-(-n // block_m), c) for c, n in enumerate(lens)] or [np.zeros(0)])
     q0 = np.concatenate([np.arange(0, n, block_m) for n in lens] or [np.zeros(0)])
@@ -120,9 +106,8 @@ def work_items(lens: list[int], block_m: int = BLOCK_M,
 
 @dataclass(frozen=True)
 class Chunk:
-    """One prompt chunk of a launch: positions ``start .. start + length - 1`` of a request whose block
-    ids are ``blocks`` and whose position 0 sits at token-store index ``token_base``. ``final`` chunks
-    end the prompt: their last token is sampled into the store right after it."""
+    """Positions ``start .. start + length - 1`` of a request with block ids ``blocks`` and position 0 at token-store
+    index ``token_base``; a ``final`` chunk ends the prompt and has its last token's successor sampled."""
 
     start: int
     length: int
@@ -154,26 +139,3 @@ def pack(layout: PrefillLayout, chunks: list[Chunk], scratch_token: int, trash_b
     item_chunk, item_q0 = work_items([c.length for c in chunks], starts=[c.start for c in chunks])
     item_f[:, : len(item_chunk)] = (item_chunk, item_q0)
     return buf
-
-
-@dataclass
-class PagedPrefillAttention:
-    """The attention context of a prefill launch (see :mod:`executor.attention` for the protocol).
-
-    Each chunk attends causally to its request's cached positions and its own tokens, read from the
-    paged cache after this layer's K/V of the chunk were written (so one kernel covers cached prefix and
-    new tokens alike).
-    """
-
-    ops: Ops
-    cache: PagedKVCache
-    rope: RopeTable
-    meta: PrefillMeta
-    scale: float
-
-    def __call__(self, qkv: torch.Tensor, layer: int, q_bias: torch.Tensor | None,
-                 k_bias: torch.Tensor | None) -> torch.Tensor:
-        m = self.meta
-        q = self.ops.rope_write_kv(qkv, q_bias, k_bias, m.pos, self.rope, self.cache, m.row0, m.zeros, layer,
-                                   m.zeros, 0)
-        return self.ops.prefill_attention(q, self.cache, m, layer, self.scale)

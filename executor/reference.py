@@ -1,17 +1,10 @@
-"""A plain per-request decoder: the yardstick the batched, paged executor is tested against.
+"""A plain per-request decoder, the yardstick the batched, paged executor is tested against: one request at a
+time, one dense K/V tensor per cache layer, the layer math written out anew (it shares weights, not code).
 
-No batching, no pages, no fused kernels: one request at a time, one dense K/V tensor per cache layer
-(``[positions, kv_heads, head_dim]``), and the layer math written out from the formulas in
-:mod:`executor.model`'s docstring (it reads the same weights but shares none of the model's code).
-It implements the serving semantics the executor must reproduce:
-
-* prefill at full depth (``r_max`` loops), possibly in chunks, produces output token 0; every loop
-  writes the slot the layout gives its step (shared slots are overwritten, so chunking matters there);
-* output token ``j >= 1``: the previous token runs prelude, ``depths[j-1]`` core loops (the executed
-  depth, already clamped by the caller), coda and greedy argmax; an exit after step ``e`` copies the KV
-  of slot(e) into the deeper slots the layout says (last-exited fill);
-* a recompute after preemption (an :class:`Episode` starting at ``generated > 0``) drops the KV and
-  prefills prompt + generated tokens at full depth, which produces the next token.
+Semantics the executor must reproduce: prefill (possibly chunked) runs ``r_max`` loops, each writing its step's
+slot, and yields output token 0; token ``j >= 1`` runs ``depths[j-1]`` core loops, then an exit after step ``e``
+copies slot(e)'s KV into the deeper slots the layout names (last-exited fill); a recompute after preemption (an
+:class:`Episode` at ``generated > 0``) drops the KV and prefills prompt + generated tokens at full depth.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Compile the executor's Triton kernels for Hopper (sm_90) on any machine, GPU or not.
-
-Triton's interpreter checks what a kernel computes; it does not run the GPU compiler, so a kernel can pass
-every CPU test and still fail to compile for the H200, or spill registers, or ask for more shared memory
-than a block may have. Compiling ahead for the target with the ptxas Triton ships catches those on a CPU
-(the tests do, for the kernels' shipped launch shapes; ``benchmarks/kernel_registers.py`` prints the
-figures for a sweep of shapes).
+"""Compile the executor's Triton kernels for Hopper (sm_90) on any machine, GPU or not, with the ptxas Triton
+ships: the tests catch kernels that fail to compile, spill registers or ask for too much shared memory.
 """
 
 from __future__ import annotations
@@ -58,9 +53,8 @@ class Resources:
 
 
 def compile_sm90(fn, signature: dict[str, str], constants: dict, num_warps: int = 4, num_stages: int = 3):
-    """``fn`` compiled for sm_90 with ``constants`` as its constexpr arguments (pointers assumed 16-byte
-    aligned, as at launch; constexpr arguments with a default take it unless given). Raises what Triton raises when
-    it does not compile."""
+    """``fn`` compiled for sm_90 with ``constants`` as its constexpr arguments (defaults unless given; pointers
+    16-byte aligned, as at launch); raises what Triton raises."""
     defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty}
     constants = {**{k: v for k, v in defaults.items() if k not in signature}, **constants}
     sig = {**signature, **{k: "constexpr" for k in constants}}

@@ -1,8 +1,5 @@
-"""Synthetic prompt token ids: deterministic per request, so every backend and the reference agree.
-
-Timing does not depend on which ids a prompt holds, but correctness tests do: the executor, the reference
-decoder and the gate recorder must all see the same prompt for a request. The ids come from a numpy
-generator seeded with ``(seed, request_id)``, so they do not depend on the order requests are processed.
+"""Synthetic prompt token ids, deterministic per ``(seed, request_id)`` whatever the order requests are processed
+in, so the executor, the reference decoder and the gate recorder see the same prompts.
 """
 
 from __future__ import annotations

@@ -1,36 +1,11 @@
-"""Fused GPU kernels (Triton) with the same signatures as the torch backend in :mod:`executor.ops`.
+"""Fused GPU kernels (Triton) with the signatures of the torch backend in :mod:`executor.ops`; each waits for its
+predecessor under PDL (:func:`executor.chain.wait_for_predecessor`).
 
-* ``rms_norm`` and ``residual_norm``: one row per program. ``residual_norm`` closes a block branch and opens
-  the next in one pass (Ouro: ``x + norm(branch)``; Huginn: ``norm(branch + x)``; then the next pre-norm),
-  so the residual stream is read and written once per branch instead of four or five times.
-* ``silu_mul``: ``silu(gate) * up`` over the fused gate/up projection (launches of more rows than the few-row
-  matmul takes, which has it in its epilogue).
-
-The norms and ``silu_mul`` wait for their predecessor under programmatic dependent launch like every
-Triton kernel of a step (:func:`executor.chain.wait_for_predecessor`), so a PDL-launched successor (a few-row
-matmul, the RoPE kernel) is launched under their tail.
-* ``rope_write_kv``: q/k bias, RoPE (rotate-half or interleaved pairs) and the paged K/V write in one
-  kernel, one program per (row, head); an exiting token with ``fill = f`` writes its K/V into its slot and
-  the ``f`` deeper slots (the last-exited fill) in the same program.
-* ``decode_attention``: split-KV paged decode attention (after SGLang's decode_attention and vLLM's unified
-  attention). Program (row, head, split) walks its share of the row's positions in tiles of
-  16 or 32 tokens (:func:`decode_tile`) (a head that is no power of two wide in two power-of-two column parts,
-  :func:`cdbsim.latency.gpu_work.head_parts`), translating each through the row's own block-table row and cache layer
-  (``layer_base[row] + layer``) - so one launch mixes rows at different loop steps - and keeps an online softmax; a
-  second small kernel merges the splits by their log-sum-exp. The grid's split count comes from rows x heads and
-  the head's width only (never from lengths), so the launch shape is fixed for a CUDA graph; how many splits of a
-  row do work depends on its context (:mod:`cdbsim.latency.gpu_work`), so short contexts do not pay for long ones'
-  parallelism.
-* ``rope_decode_attention``: ``rope_write_kv`` and ``decode_attention`` in one kernel, for the latency-bound
-  launches of the chained path (:mod:`executor.chain`): the launch's own k/v come from registers, so the
-  first K/V tile is read from the cache before waiting for the QKV projection (programmatic dependent
-  launch), and the last split of a (row, head) to finish (an acquire-release counter) merges the partials,
-  so there is no second kernel. It needs ~125 registers a thread against ~80 for ``decode_attention`` (fewer
-  programs per SM) and its in-kernel merge costs many-row launches bandwidth (H200, B = 64, L = 4096:
-  ``decode_attention`` with an in-kernel merge reached 72% of copy bandwidth, with the merge kernel 89%), so
-  launches of more rows than the chained path takes keep the two kernels.
-
-Runs on CUDA, and on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests check the kernels without a GPU).
+``rms_norm``, ``residual_norm`` (closes a block branch and opens the next in one pass), ``silu_mul``;
+``rope_write_kv`` (q/k bias, RoPE and the paged K/V write, with the last-exited fill); ``decode_attention``
+(split-KV paged attention whose grid depends only on rows, heads and head size, so it fits a CUDA graph, plus a
+small merge kernel); ``rope_decode_attention`` (both in one kernel with an in-kernel merge, for the chained path's
+one or two rows); ``prefill_attention`` over packed chunks. CPU tensors run under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
@@ -44,15 +19,12 @@ import triton.language as tl
 from cdbsim.latency.gpu_work import CHAINED_BLOCK, MIN_SPLIT_POSITIONS, PAGE, decode_splits, head_parts
 from executor.chain import EARLY, launch_options, let_successor_launch, pdl_enabled, pdl_mode, wait_for_predecessor
 from executor.kv_cache import PagedKVCache
-from executor.ops import RopeTable
+from executor.prefill import BLOCK_M, PrefillMeta
+from executor.rope import RopeTable
 
 BLOCK_N = CHAINED_BLOCK  # positions per tile of the fused single-row kernel (rope_decode_attention)
-# the many-row kernel's launch shape, (positions per tile, warps) by the head's parts (head_parts): on the H200
-# (B = 64, L = 4,096, head-major pages) one warp per program read KV fastest, with 32-position tiles for a
-# head in one part (16 x 128: 102% of copy bandwidth, 2 warps 74%) and 16 for one in two (55 x 96: 91%; 32
-# positions 69%) (benchmarks/results/few-rows/layout.csv)
-DECODE_TILES = {1: (32, 1), 2: (16, 1)}
-DECODE_EVICT = ""
+DECODE_TILES = {1: (32, 1), 2: (16, 1)}  # decode_attention's (positions per tile, warps) by the head's part count
+DECODE_EVICT = ""  # decode_attention's eviction policy for KV loads (Triton's default)
 
 
 # ----- norms and activation --------------------------------------------------------------------------
@@ -121,8 +93,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def residual_norm(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor | None,
                   eps: float, sandwich: bool, pdl: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """See :func:`executor.ops.residual_norm`; ``pdl`` overrides whether it is PDL-launched (a benchmark
-    compares)."""
+    """See :func:`executor.ops.residual_norm`; ``pdl=False`` launches it without PDL."""
     branch, x = branch.contiguous(), x.contiguous()
     n_cols = x.shape[-1]
     x_out = torch.empty_like(x)
@@ -165,9 +136,8 @@ def _row_offset(row, kvh, KVH: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr
 @triton.jit
 def _load_pairs(src, rows_ok, HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr,
                 INTERLEAVED: tl.constexpr):
-    """The rotation pairs ``(x0, x1)`` (``[BLOCK_T, BLOCK_HALF]`` each) of the heads at ``src`` (``[BLOCK_T, 1]``
-    pointers): elements ``2i, 2i + 1`` (interleaved) or ``i, i + HALF`` (rotate-half). Interleaved heads are
-    read whole and split in registers: two stride-2 loads made Huginn's 2,048-token launch 7x slower."""
+    """The rotation pairs ``(x0, x1)`` ``[BLOCK_T, BLOCK_HALF]`` of the heads at ``src``: elements ``2i, 2i + 1``
+    (interleaved: read whole and split in registers, not by slow stride-2 loads) or ``i, i + HALF``."""
     if INTERLEAVED:
         d = tl.arange(0, 2 * BLOCK_HALF)
         x = tl.load(src + d[None, :], mask=rows_ok[:, None] & (d < 2 * HALF)[None, :], other=0.0)
@@ -246,8 +216,7 @@ def _rope_kv_kernel(QKV, QB, KB, POS, COS, SIN, QO, KC, VC, ROW0, LB, FILL, n,
             _store_pairs(VC + dst, v0, v1, mj, HALF, BLOCK_T, BLOCK_HALF, INTERLEAVED)
 
 
-ROPE_ROWS = 16  # rows per program of rope_write_kv: one row each left a 2,048-token prefill's launch at
-# 65,536 programs, latency-bound (80 us per layer for Ouro-1.4B, 15% of the prefill; profile_prefill.py)
+ROPE_ROWS = 16  # rows per program of rope_write_kv (one row each leaves a long prefill latency-bound)
 
 
 def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.Tensor | None,
@@ -286,9 +255,8 @@ def _split_positions(seq, SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.
 
 @triton.jit
 def _split_range(seq, split, SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.constexpr):
-    """Positions ``start .. end`` of a row's split (``start >= end``: past the context, it does nothing) and
-    how many of the row's splits hold positions (split 0 counts even for an empty row: it stores the row's
-    partial)."""
+    """Positions ``start .. end`` of a row's split (empty past the context) and how many of the row's splits hold
+    positions (at least split 0, which stores even an empty row's partial)."""
     per = _split_positions(seq, SPLITS, MIN_PER, PAGE)
     start = split * per
     return start, tl.minimum(start + per, seq), tl.maximum(tl.minimum(tl.cdiv(seq, per), SPLITS), 1)
@@ -297,9 +265,8 @@ def _split_range(seq, split, SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: 
 @triton.jit
 def _tile_rows(BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH: tl.constexpr, D: tl.constexpr,
                PAGE: tl.constexpr, BLOCK: tl.constexpr, SKIP_OWN: tl.constexpr):
-    """Where the cache rows of positions ``t0 .. t0 + BLOCK`` start for KV head ``kvh`` (element offsets)
-    and which of them to read: none past ``end`` and, with ``SKIP_OWN``, not ``pos`` (the launch's own
-    token, which is not read from the cache)."""
+    """Element offsets of KV head ``kvh`` at positions ``t0 .. t0 + BLOCK`` and which to read: none past ``end``
+    and, with ``SKIP_OWN``, not the launch's own token ``pos``."""
     t = t0 + tl.arange(0, BLOCK)
     tm = t < end
     blk = tl.load(BT + b * bt_stride + t // PAGE, mask=tm, other=0).to(tl.int64)
@@ -362,15 +329,10 @@ def _attend(qa, qb, k_new, v_new, pos, k, v, start, end, used, KC, VC, BT, MO, M
             page_base, bt_stride, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, DA: tl.constexpr,
             DB: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr, OWN: tl.constexpr,
             PEEL: tl.constexpr, MERGE_HERE: tl.constexpr, EVICT: tl.constexpr):
-    """One (row, head, split) of split-KV decode attention with the scaled fp32 query ``qa`` (columns
-    ``0 .. DA``) and ``qb`` (``DA .. DA + DB``; ``DB == 0``: none, ``qa`` is the whole padded head): the
-    online softmax over ``start .. end``, stored as the output (one split) or as a partial, which the last
-    split merges with ``MERGE_HERE`` and :func:`_decode_attn_merge` otherwise. Only the row's ``used`` splits
-    store a partial and count towards the merge: a split past the context does nothing, so a graph launched with
-    many splits for long contexts costs a short one little more than its empty programs. Tiles are loaded in the
-    loop and used at once (one tile live: few registers, many programs per SM); with ``PEEL`` the first one is
-    ``k, v``, loaded early by the caller. ``OWN`` (one part only): position ``pos`` is the launch's own
-    token, ``k_new``/``v_new`` (fp32, in registers)."""
+    """One (row, head, split) of split-KV decode attention: the online softmax of the scaled fp32 query (columns
+    ``qa``, ``qb``; ``DB == 0``: ``qa`` alone) over ``start .. end``, stored as the output (one split) or as one of
+    the row's ``used`` partials, merged by the last split (``MERGE_HERE``) or :func:`_decode_attn_merge`. ``PEEL``:
+    the first tile is ``k, v``; ``OWN``: position ``pos`` is the launch's own token ``k_new``/``v_new``."""
     tl.static_assert(DB == 0 or not (OWN or PEEL), "the launch's own token and a peeled tile take one part")
     s_own = tl.sum(k_new * qa, axis=0)
     m_i = -float("inf")
@@ -441,9 +403,8 @@ def _decode_attn_kernel(Q, KC, VC, BT, LB, SL, MO, ML, OUT, layer, pages_per_lay
 @triton.jit
 def _rope_angles(COS, SIN, pos, HALF: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                  INTERLEAVED: tl.constexpr):
-    """RoPE at position ``pos`` in head-dimension order: ``(cos, sin, first, partner)``, element ``d``
-    pairing with ``partner[d]`` (``d ^ 1`` interleaved, ``d +- HALF`` rotate-half), ``first`` the pair's
-    leading element."""
+    """RoPE at position ``pos`` in head-dimension order: ``(cos, sin, first, partner)``; element ``d`` pairs with
+    ``partner[d]`` (``d ^ 1`` interleaved, ``d +- HALF`` rotate-half), ``first`` marks a pair's leading element."""
     d = tl.arange(0, BLOCK_D)
     dm = d < D
     if INTERLEAVED:
@@ -479,12 +440,10 @@ def _rope_decode_attn_kernel(QKV, QB, KB, POS, COS, SIN, ROW0, FILL, KC, VC, BT,
                              HALF: tl.constexpr, HAS_BIAS: tl.constexpr, INTERLEAVED: tl.constexpr,
                              PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
                              MIN_PER: tl.constexpr, PDL: tl.constexpr):
-    """RoPE, the KV write and decode attention in one launch. Every program rotates its own head of q and
-    its KV head's new k (a few hundred flops) and takes the new k/v from registers at the row's own
-    position; one program per (row, KV head) - split 0 of the group's first head - writes them (and the
-    fill slots) to the cache for later launches. No program of the launch reads a cache row the launch
-    writes, and the predecessor (the QKV projection) writes none, so the metadata, the RoPE angles and
-    the first K/V tile are all loaded before waiting for it: only q, k and v come after."""
+    """RoPE, the KV write and decode attention in one launch. Every program rotates its q head and its KV head's new
+    k and uses the new k/v from registers; split 0 of each KV group's first head writes them (and the fill slots).
+    No program reads a cache row the launch or its predecessor writes, so metadata, RoPE angles and the first K/V
+    tile load before the wait."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -543,8 +502,7 @@ def _merge_splits(MO, ML, OUT, b, h, used, H: tl.constexpr, D: tl.constexpr, BLO
 def _decode_attn_merge(MO, ML, OUT, SL, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                        SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.constexpr, PDL: tl.constexpr):
     """The merge of :func:`decode_attention`'s splits, one program per (row, head), over the splits the row's
-    context fills: a second small kernel keeps the attention kernel lean (the in-kernel merge of the fused
-    kernel costs the many-row launches ~10-17 points of bandwidth on the H200)."""
+    context fills (a separate kernel keeps the many-row attention kernel lean)."""
     b = tl.program_id(0).to(tl.int64)
     used = _split_range(tl.load(SL + b), 0, SPLITS, MIN_PER, PAGE)[2]  # seq_len is the launch's metadata
     wait_for_predecessor(PDL)
@@ -555,10 +513,8 @@ _COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
 
 
 def split_counters(device: torch.device, numel: int) -> torch.Tensor:
-    """Zeroed int32 counters (one per row x head) for the in-kernel merge of KV splits: each launch leaves
-    them zero again, so one buffer per device serves every launch and every CUDA graph. A larger need
-    allocates a larger buffer (outside any capture: the warm-up runs first); older ones stay alive for
-    the graphs that captured them."""
+    """Zeroed int32 counters (one per row x head) for the in-kernel merge of KV splits; launches leave them zero, so
+    one buffer per device serves all (a larger need allocates a larger one; older ones stay for their graphs)."""
     held = _COUNTERS.setdefault(device, [])
     if not held or held[-1].numel() < numel:
         held.append(torch.zeros(max(numel, 1 << 15), device=device, dtype=torch.int32))
@@ -587,10 +543,9 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
                      splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS, block: int | None = None,
                      warps: int | None = None, parts: tuple[int, int] | None = None, evict: str = DECODE_EVICT,
                      stages: int | None = None) -> torch.Tensor:
-    """See :func:`executor.ops.decode_attention`. ``splits`` overrides the grid's split count
-    (:func:`cdbsim.latency.gpu_work.decode_splits`), ``min_split`` the fewest positions a split covers; ``block``
-    (positions per tile), ``warps``, ``parts`` (:func:`head_parts`), ``evict`` (the KV loads' eviction policy)
-    and ``stages`` (Triton's ``num_stages``) override the kernel's launch shape (a benchmark sweeps them)."""
+    """See :func:`executor.ops.decode_attention`. ``splits`` (:func:`cdbsim.latency.gpu_work.decode_splits`),
+    ``min_split`` (fewest positions a split covers), ``block``, ``warps``, ``parts``, ``evict`` and ``stages``
+    override the launch shape."""
     q = q.contiguous()
     n, heads, d = q.shape
     geo = cache.geometry
@@ -600,7 +555,7 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
     da, db = parts or head_parts(d)
     tile = decode_tile(d)
     block, warps = block or tile[0], warps or tile[1]
-    pdl = pdl_mode(q, "attention")
+    pdl = pdl_mode(q)
     _decode_attn_kernel[(n, heads, splits)](
         q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, out, layer, geo.pages_per_layer,
         scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, DA=da, DB=db, PAGE=geo.block_size,
@@ -618,8 +573,7 @@ def rope_decode_attention(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias
                           layer_base: torch.Tensor, layer: int, fill: torch.Tensor, max_fill: int,
                           block_table: torch.Tensor, seq_len: torch.Tensor, scale: float,
                           splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS) -> torch.Tensor:
-    """See :func:`executor.ops.rope_decode_attention`: one launch instead of
-    :func:`rope_write_kv` and :func:`decode_attention`; every row attends its own position ``pos``
+    """See :func:`executor.ops.rope_decode_attention`; every row attends up to its own position ``pos``
     (``seq_len = pos + 1``). ``splits`` and ``min_split`` as in :func:`decode_attention`."""
     qkv = qkv.contiguous()
     kvh, d = cache.kv_heads, cache.head_dim
@@ -630,7 +584,7 @@ def rope_decode_attention(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias
     out = torch.empty((n, heads, d), device=qkv.device, dtype=qkv.dtype)
     splits, mid_o, mid_l, counters = _splits_and_partials(n, heads, d, splits, out, counters=True)
     has_bias = q_bias is not None
-    pdl = pdl_mode(qkv, "attention")
+    pdl = pdl_mode(qkv)
     _rope_decode_attn_kernel[(n, heads, splits)](
         qkv, q_bias if has_bias else qkv, k_bias if has_bias else qkv, pos, rope.cos, rope.sin, row0, fill,
         cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, counters, out, layer, geo.rows_per_layer,
@@ -697,9 +651,8 @@ def _prefill_attn_kernel(Q, KC, VC, OUT, BT, START, LEN, QOFF, ICHUNK, IQ0, laye
                          bt_stride, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, DA: tl.constexpr,
                          DB: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          PRECISION: tl.constexpr):
-    """One work item (up to ``BLOCK_M`` queries of one chunk) of one head. Keys below the item's first
-    query are seen by all its queries: those tiles skip every mask; the rest (diagonal, chunk end) mask.
-    The head's columns come in two parts ``DA`` + ``DB`` (:func:`prefill_head_parts`)."""
+    """One work item (up to ``BLOCK_M`` queries of one chunk) of one head, its columns in parts ``DA`` + ``DB``. Key
+    tiles below the item's first query skip every mask; the rest (diagonal, chunk end) mask."""
     h = tl.program_id(0)  # heads vary fastest: every head of the longest item starts first
     item = tl.program_id(1)
     chunk = tl.load(ICHUNK + item)
@@ -757,10 +710,8 @@ class PrefillTiles:
 
 
 def prefill_tiles(d: int) -> PrefillTiles:
-    """The shipped launch shape for head size ``d``, measured by ``benchmarks/bench_prefill_attention.py``
-    (benchmarks/results/prefill-attention/): a head split in two parts (96 = 64 + 32) keeps fewer columns
-    per key, so twice the keys per tile and one more stage run 15-19% faster; a power-of-two head is
-    fastest at 64 keys, two stages."""
+    """The launch shape for head size ``d``: a head in two parts (96 = 64 + 32) holds fewer columns per key, so
+    twice the keys per tile and one more stage; a power-of-two head 64 keys, two stages."""
     return PrefillTiles(128, 4, 3) if prefill_head_parts(d)[1] else PrefillTiles(64, 4, 2)
 
 
@@ -774,14 +725,10 @@ def prefill_head_parts(d: int) -> tuple[int, int]:
     return (a, b) if b == 0 or b >= 16 else (triton.next_power_of_2(d), 0)
 
 
-def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta, layer: int, scale: float,
+def prefill_attention(q: torch.Tensor, cache: PagedKVCache, meta: PrefillMeta, layer: int, scale: float,
                       tiles: PrefillTiles | None = None, block_m: int | None = None) -> torch.Tensor:
-    """See :func:`executor.ops.prefill_attention`; one program per (head, work item), no host sync, so
-    it runs inside a CUDA graph. ``meta`` is an :class:`executor.prefill.PrefillMeta` whose work items
-    are ``block_m`` queries high (default :data:`executor.prefill.BLOCK_M`); ``tiles`` overrides the launch
-    shape (a benchmark sweeps it)."""
-    from executor.prefill import BLOCK_M
-
+    """See :func:`executor.ops.prefill_attention`; no host sync (fits a CUDA graph). ``block_m``: the height of
+    ``meta``'s work items (default :data:`executor.prefill.BLOCK_M`); ``tiles`` overrides the launch shape."""
     q = q.contiguous()
     tokens, heads, d = q.shape
     geo = cache.geometry

@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from cdbsim.model.arch import KVLayout  # noqa: E402
+from executor.attention import PagedPrefillAttention  # noqa: E402
 from executor.kv_cache import CacheGeometry, PagedKVCache  # noqa: E402
 from executor.ops import Ops, RopeTable, decode_attention, rope_write_kv, rotate  # noqa: E402
-from executor.prefill import Chunk, PagedPrefillAttention, PrefillLayout, pack, prefill_views, work_items  # noqa: E402
+from executor.prefill import Chunk, PrefillLayout, pack, prefill_views, work_items  # noqa: E402
 
 HEADS, KV_HEADS, D = 4, 2, 16
 

@@ -99,17 +99,6 @@ def test_bad_inputs_are_refused_before_any_launch() -> None:
         f.linear(torch.zeros(8, 2).t(), w)
 
 
-def test_early_trigger_takes_its_own_configs_then_the_shipped_ones() -> None:
-    """With the successor let launch early, Ouro's QKV and O projections take the configs chosen under that trigger;
-    every other shape, and either projection under the late trigger, the shipped table's."""
-    from executor import few_rows as f
-
-    for key, cfg in f.EARLY_CONFIGS.items():
-        assert f.config_for(*key, early=True) == cfg != f.config_for(*key)
-    assert f.config_for(5632, 2048, True, early=True) == f.CONFIGS[(5632, 2048, True)]
-    assert f.config_for(100, 64, early=True) == f.default_config(100, 64)
-
-
 def test_ops_dispatch_by_rows() -> None:
     """``Ops.linear`` / ``linear_swiglu`` take the few-row matmul up to ``few_rows`` rows; the default models
     take it up to the shared limit if no wider than 2,048; a limit past the kernel's rows is refused."""
@@ -147,22 +136,15 @@ def test_kernel_on_the_gpu_in_bfloat16(graph: bool) -> None:
         fn()
 
 
-@pytest.mark.parametrize("env,early_rows", [(None, set()), ("none", set(range(1, 17))), ("few_rows", set())])
-def test_trigger_by_setting(monkeypatch: pytest.MonkeyPatch, env: str | None, early_rows: set[int]) -> None:
-    """The few-row matmul lets its successor launch late at every row count (an early trigger at 4-6 rows measured
-    slower served); CDBSIM_PDL_LATE=none makes it early; other kinds trigger early unless listed."""
+def test_trigger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The few-row matmul lets its successor launch after its K loop (``late``), every other kernel right after its
+    wait; without PDL neither."""
     from executor import chain
 
+    assert chain.pdl_mode(torch.zeros(5, 8), late=True) == 0
     monkeypatch.setattr(chain, "pdl_enabled", lambda t: True)
-    if env is None:
-        monkeypatch.delenv("CDBSIM_PDL_LATE", raising=False)
-    else:
-        monkeypatch.setenv("CDBSIM_PDL_LATE", env)
-    got = {m for m in range(1, 17) if chain.pdl_mode(torch.zeros(m, 8), "few_rows") == chain.EARLY}
-    assert got == early_rows
-    assert {chain.pdl_mode(torch.zeros(m, 8), "attention") for m in (1, 5, 16)} == {chain.EARLY}
-    monkeypatch.setattr(chain, "pdl_enabled", lambda t: False)
-    assert chain.pdl_mode(torch.zeros(5, 8), "few_rows") == 0
+    assert chain.pdl_mode(torch.zeros(5, 8), late=True) == chain.LATE
+    assert chain.pdl_mode(torch.zeros(5, 8)) == chain.EARLY
 
 
 if __name__ == "__main__":

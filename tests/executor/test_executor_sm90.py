@@ -67,23 +67,21 @@ def test_fused_decode_attention_compiles_with_its_merge(splits: int) -> None:
     assert r.stack == 0 and r.fits, r
 
 
-@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("rows", [16, 32, 64])
 @pytest.mark.parametrize("n,k,swiglu", [(6144, 2048, False), (5632, 2048, True), (2048, 2048, False),
                                         (2048, 5632, False), (15840, 5280, False), (17920, 5280, True),
                                         (5280, 17920, False)])
-def test_few_row_matmul_compiles_at_its_shipped_configs(n: int, k: int, swiglu: bool, rows: int, early: bool) -> None:
-    """At every row tile, with the stages that fit it (a 64-row tile takes more shared memory per stage), with either
-    trigger and its configs."""
+def test_few_row_matmul_compiles_at_its_shipped_configs(n: int, k: int, swiglu: bool, rows: int) -> None:
+    """At every row tile, with the stages that fit it (a 64-row tile takes more shared memory per stage)."""
     from executor import few_rows
-    from executor.chain import EARLY, LATE
+    from executor.chain import LATE
 
-    cfg = few_rows.config_for(n, k, swiglu, early=early)
+    cfg = few_rows.config_for(n, k, swiglu)
     block_m = few_rows.block_rows(rows)
     stages = few_rows.stages_for(cfg, block_m, swiglu)
     kernel = sm90.compile_sm90(few_rows._few_rows_kernel, sm90.SIGNATURES["few_rows"],
                                dict(N=n, K=k, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                    STAGES=stages, SWIGLU=swiglu, IEEE=False, PDL=EARLY if early else LATE),
+                                    STAGES=stages, SWIGLU=swiglu, IEEE=False, PDL=LATE),
                                few_rows.warps_for(cfg, block_m), stages)
     ptx = kernel.asm["ptx"]
     assert "mma" in ptx and "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx

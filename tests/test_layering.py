@@ -1,9 +1,9 @@
 """Imports point one way, and the simulator side never imports torch or triton.
 
-The layers, top to bottom, are cli -> calibration -> executor -> cdbsim -> traces: a module may import its
-own package and anything below it, never above. ``cdbsim`` and ``traces`` install and run without the
-``gpu`` extra, so neither may import torch or triton in any form (module level, inside a function, behind
-``TYPE_CHECKING``, or through ``importlib.import_module`` / ``__import__`` with a literal name).
+The layers, top to bottom, are cli (cli.py and the commands package) -> calibration -> executor -> cdbsim ->
+traces: a module may import its own layer and anything below it, never above. ``cdbsim`` and ``traces`` install
+and run without the ``gpu`` extra, so neither may import torch or triton in any form (module level, inside a
+function, behind ``TYPE_CHECKING``, or through ``importlib.import_module`` / ``__import__`` with a literal name).
 
 Nor may imports form a cycle, counting imports deferred into function bodies (only ``TYPE_CHECKING``
 blocks, which never run, are left out): a cycle hidden by a deferred import is still a tangle.
@@ -25,9 +25,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LAYERS: tuple[str, ...] = ("traces", "cdbsim", "executor", "calibration", "cli")
-"""Bottom to top: a module may import its own layer and any layer earlier in this tuple."""
-RANK = {name: rank for rank, name in enumerate(LAYERS)}
+LAYERS: tuple[tuple[str, ...], ...] = (("traces",), ("cdbsim",), ("executor",), ("calibration",), ("cli", "commands"))
+"""Bottom to top, each layer's top-level modules: a module may import its own layer and any layer earlier here."""
+RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 TORCH_FREE = frozenset({"cdbsim", "traces"})
 GPU_MODULES = frozenset({"torch", "triton"})
 DYNAMIC_IMPORTERS = frozenset({"import_module", "__import__"})
@@ -50,15 +50,15 @@ class Violation:
 
 
 def layer_files(root: Path) -> Iterator[tuple[Path, str]]:
-    """Every .py file of the layered tree with the layer it belongs to."""
+    """Every .py file of the layered tree with the top-level module it belongs to (``cli`` is one file)."""
     cli = root / "cli.py"
     if cli.is_file():
         yield cli, "cli"
-    for layer in LAYERS:
-        if layer == "cli":
+    for package in RANK:
+        if package == "cli":
             continue
-        for path in sorted((root / layer).rglob("*.py")):
-            yield path, layer
+        for path in sorted((root / package).rglob("*.py")):
+            yield path, package
 
 
 def module_parts(path: Path, root: Path) -> list[str]:

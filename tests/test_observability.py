@@ -109,7 +109,7 @@ def test_report_has_input_tokens_scheduling_delay_and_chosen_percentiles(small_r
 
 
 def test_table_shows_kv_use_from_the_log_and_n_a_without_it(small_run) -> None:
-    from cli import metric_rows
+    from commands.study import metric_rows
 
     log = small_run.log
     arch, requests = small_run.setup.arch, small_run.setup.requests

@@ -1,0 +1,207 @@
+"""The GPU commands: the simulator checked against the GPU executor (validate), and the latency profiles
+measured on this GPU (calibrate). The executor and the measurements (torch) are imported by the command that
+runs them, never by ``cdbsim`` alone."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from cdbsim.errors import ConfigError
+from cdbsim.model.arch import load_arch
+from cdbsim.planner.experiment import Experiment, settings
+from cdbsim.report.outputs import check_dir, check_file
+from commands.common import CommandGroup, CsvOut, JsonOut, comma_list, emit, emit_data
+
+group = CommandGroup()
+register = group.register
+
+
+@group.command("validate", "arch.name", "arch.split", "serve.policy", "serve.width", "serve.coda_batch",
+               "serve.timing", "serve.kv_layout", "workload.name", "workload.requests", "exits.model",
+               "exits.mean_depth", "workload.seed", "serve.kv_tokens", "serve.core_launch", "latency.profile",
+               "latency.force", defaults={"workload.name": "alpaca", "workload.requests": 128, "workload.seed": 1,
+                                          "serve.kv_tokens": 65536})
+def validate(
+    exp: Experiment,
+    given: frozenset[str],
+    matrix: Annotated[Path | None, typer.Option(
+        "--matrix", help="A validation matrix JSON file (default: one configuration from the options below).")] = None,
+    only: Annotated[str | None, typer.Option("--only", help="Comma-separated config names of the matrix.")] = None,
+    measured: Annotated[Path | None, typer.Option(
+        "--measured", help="Compare against executor logs saved in this directory instead of running the GPU.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Where logs, tables and plots go.")] = Path("validation"),
+    rate_of_capacity: Annotated[float | None, typer.Option(
+        "--rate-of-capacity", help="Online run: Poisson arrivals at this fraction of the simulated offline "
+                                   "capacity.")] = None,
+    as_json: JsonOut = False, as_csv: CsvOut = False,
+) -> None:
+    """Run configurations on the GPU executor and in the simulator on identical requests; show the errors."""
+    from calibration import validation as val
+
+    if matrix is None and only is not None:
+        raise ConfigError("--only picks configurations of a --matrix file; give --matrix too")
+    if matrix is not None and rate_of_capacity is not None:
+        raise ConfigError("--rate-of-capacity sets the configuration given by options; a --matrix entry sets its "
+                          "own (rate_of_capacity)")
+    unused = [s.flags[0] for s in settings() if s.key in given and s.section != "latency"]
+    if matrix is not None and unused:
+        raise ConfigError(f"{', '.join(unused)}: a --matrix entry sets its own configuration; of the options only "
+                          "--profile and --force apply to it")
+    check_dir(out, "--out", ("measured",))
+    unpacked = contextlib.ExitStack()
+    if measured is not None:  # a committed archive of logs re-predicts as it is
+        measured = unpacked.enter_context(val.unpacked_logs(measured))
+    if measured is not None and not measured.is_dir():
+        raise ConfigError(f"--measured {measured}: not a directory of saved executor logs (or a .tgz of one)")
+    if matrix is not None:
+        entries = val.load_matrix(matrix, only=comma_list(only, "--only") if only else None)
+    else:
+        entries = [val.Entry.from_experiment("config", exp, rate_of_capacity)]
+    latency_for = functools.cache(exp.latency.model)
+    created = not out.exists()
+    try:
+        with unpacked:
+            result = val.run_validation(entries, out, latency_for, measured=measured,
+                                        log=lambda msg: Console(stderr=True).print(msg, markup=False))
+    finally:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # a run that failed before writing anything leaves no empty directory either
+    profiles = "; ".join(dict.fromkeys(val.profile_names(latency_for, entries).values()))
+    if emit_data(as_json, as_csv, [{**row, "profile": profiles} for row in result.summary],
+                 [{"summary": result.summary, "errors": result.errors, "profile": profiles}]):
+        return
+    if len(entries) == 1:
+        emit(result.comparisons[0].rows, f"{entries[0].describe()} | errors are (predicted - measured) / measured",
+             caption=f"predicted with profile {profiles} | files in {out}")
+    else:
+        emit(result.summary, f"validation: {len(entries)} configurations",
+             caption=" | ".join(f"{k}: {v:.3g}" for k, v in result.errors.items())
+             + f" | predicted with profile {profiles} | files in {out}")
+
+
+def _saved_launches(path: Path) -> list:
+    """The launch logs of every saved executor run under ``path`` (a directory of run directories, one run's
+    directory, or a .tgz of them), read before the archive's temporary copy goes."""
+    from calibration import validation as val
+    from cdbsim.report.logs import RunLog
+
+    if not path.exists():
+        raise ConfigError(f"--launch-gap {path}: no such directory or archive")
+    with val.unpacked_logs(path, "--launch-gap") as root:
+        if not root.is_dir():
+            raise ConfigError(f"--launch-gap {path}: not a directory of saved executor runs (or a .tgz of one)")
+        runs = [root] if RunLog.saved_in(root) else sorted(d for d in root.iterdir() if RunLog.saved_in(d))
+        if not runs:
+            raise ConfigError(f"--launch-gap {path}: no saved executor runs in it")
+        return [RunLog.load(run).launches for run in runs]
+
+
+def _mixed_context_title(name: str, profile: Any) -> str:
+    """The title of a profile's mixed-context table: the attention width and sharpness it fitted."""
+    slots = profile.attention_slots
+    return (f"{name}: core steps with mixed context lengths (attention width "
+            f"{f'{slots:,.0f}' if slots else 'not fitted'}, sharpness {profile.attention_sharpness:g})")
+
+
+@group.command("calibrate")
+def calibrate(
+    arch: Annotated[str, typer.Option("--arch", help="Comma-separated presets or architecture files.")] =
+        "ouro-1.4b,ouro-2.6b,huginn-3.5b",
+    out: Annotated[Path, typer.Option("--out", help="Where the profiles (JSON + PNG) go.")] = Path("profiles"),
+    quick: Annotated[bool, typer.Option("--quick", help="A few points per component (minutes less).")] = False,
+    device: Annotated[str, typer.Option("--device", help="cuda (default) or cpu (for a tiny test model).")] = "cuda",
+    refit: Annotated[list[Path] | None, typer.Option(
+        "--refit", help="Refit this profile JSON from its raw points, in place, and measure nothing "
+                        "(no GPU needed; repeat for several).")] = None,
+    kernels: Annotated[bool | None, typer.Option(
+        "--kernels/--no-kernels", help="Only the kernel-level profile (any architecture) / only the --arch "
+                                       "models' profiles (default: both).")] = None,
+    update: Annotated[Path | None, typer.Option(
+        "--update", help="Re-measure --families into this existing kernel profile; with --no-kernels, the "
+                         "mixed-context core steps (family skew) into this --arch model's profile.")] = None,
+    families: Annotated[str | None, typer.Option(
+        "--families", help="Kernel-level: comma-separated families to measure (default: all).")] = None,
+    launch_gap: Annotated[Path | None, typer.Option(
+        "--launch-gap", help="With --refit: set the device's launch gap to the mean back-to-back gap over these "
+                             "saved executor runs (a directory or .tgz, as validate --out saves them).")] = None,
+) -> None:
+    """Measure this GPU with the executor, fit the latency model, and write a profile per model and a
+    kernel-level profile that predicts architectures nobody has built."""
+    from calibration.fit import attention_rows, quality_rows, refit_profile, saturation_rows, with_launch_gap
+    from calibration.run import calibrate as run_calibration
+    from cdbsim.latency.profile import load_profile_file
+
+    if launch_gap is not None and not refit:
+        raise ConfigError("--launch-gap goes with --refit (it sets the gap of the profiles refitted)")
+    if refit:  # every file checked, read and refitted before any is rewritten
+        refitted = [(path, refit_profile(load_profile_file(check_file(path, "--refit", (".json",)))))
+                    for path in refit]
+        if launch_gap is not None:
+            logs = _saved_launches(launch_gap)
+            refitted = [(path, with_launch_gap(profile, logs)) for path, profile in refitted]
+        for path, profile in refitted:
+            profile.save(path)
+            emit(quality_rows(profile), f"{profile.label()}: refitted fits", caption=f"written to {path}")
+            if profile.attention.get("points"):
+                emit(attention_rows(profile), _mixed_context_title(profile.label(), profile))
+        return
+    check_dir(out, "--out")
+    specs = [] if kernels else [load_arch(name) for name in comma_list(arch, "--arch")]
+    if kernels is False and update is not None:
+        _update_model_attention(specs, update, families, out, device)
+        return
+    if kernels is not False:
+        base = load_profile_file(update) if update is not None else None
+        from calibration.kernels import FAMILIES, calibrate_kernels, summary_rows
+
+        chosen = tuple(comma_list(families, "--families")) if families else FAMILIES
+        bad = [f for f in chosen if f not in FAMILIES]
+        if bad:
+            raise ConfigError(f"unknown kernel families {', '.join(bad)}; choose from: {', '.join(FAMILIES)}")
+    from rich.status import Status
+
+    with Status("calibrating", console=Console(stderr=True)) as status:
+        profiles = run_calibration(specs, out, quick=quick, device=device, progress=status.update)
+        if kernels is not False:
+            kernel_profile = calibrate_kernels(out, device=device, quick=quick, progress=status.update,
+                                               families=chosen, base=base)
+    if kernels is not False:
+        emit(summary_rows(kernel_profile), f"{kernel_profile.label()}: kernel tables",
+             caption=f"written to {out / (kernel_profile.name + '.json')}")
+    for spec, profile in zip(specs, profiles, strict=True):
+        emit(quality_rows(profile), f"{profile.label()}: fits")
+        if profile.attention:
+            emit(attention_rows(profile), _mixed_context_title(spec.name, profile))
+        emit(saturation_rows(profile, spec), f"{spec.name}: core stage and B*(L)",
+             caption=f"written to {out / (profile.name + '.json')} and .png")
+
+
+def _update_model_attention(specs: list, update: Path, families: str | None, out: Path, device: str) -> None:
+    """``calibrate --no-kernels --update PROFILE``: the model's mixed-context core steps measured again into
+    its profile (written to ``out``), every other fit kept."""
+    from rich.status import Status
+
+    from calibration.fit import attention_rows
+    from calibration.measure import remeasure_attention
+    from calibration.run import torch_device
+    from cdbsim.latency.profile import ProfileKind, load_profile_file
+
+    chosen = comma_list(families, "--families") if families else ["skew"]
+    if chosen != ["skew"]:
+        raise ConfigError(f"--update of a model profile re-measures the family skew only, not {', '.join(chosen)}")
+    if len(specs) != 1:
+        raise ConfigError(f"--update of a model profile takes one --arch, not {len(specs)}")
+    profile = load_profile_file(check_file(update, "--update", (".json",)))
+    if profile.kind is not ProfileKind.MEASURED:
+        raise ConfigError(f"--update {update}: {profile.name} is a {profile.kind} profile, not a measured one")
+    with Status("calibrating", console=Console(stderr=True)) as status:
+        updated = remeasure_attention(specs[0], profile, torch_device(device), progress=status.update)
+    path = out / update.name
+    updated.save(path)
+    emit(attention_rows(updated), _mixed_context_title(specs[0].name, updated), caption=f"written to {path}")

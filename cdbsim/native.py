@@ -26,8 +26,9 @@ import sys
 import warnings
 from pathlib import Path
 
-COMPILED = ("cdbsim.serving.blocks", "cdbsim.serving.requests", "cdbsim.serving.launch", "cdbsim.serving.scheduler", "cdbsim.serving.pipeline",
-            "cdbsim.latency.gpu_work", "cdbsim.latency.interp", "cdbsim.latency.model", "cdbsim.report.logs", "cdbsim.simulator.sim")
+COMPILED = ("cdbsim.serving.blocks", "cdbsim.serving.requests", "cdbsim.serving.launch", "cdbsim.serving.scheduler",
+            "cdbsim.serving.pipeline", "cdbsim.latency.gpu_work", "cdbsim.latency.interp", "cdbsim.latency.model",
+            "cdbsim.report.logs", "cdbsim.simulator.sim")
 STAMP = "native-build.json"  # beside the compiled modules: {module: sha256 of the source it was built from}
 PURE_ENV = "CDBSIM_PURE"
 PACKAGE = Path(__file__).resolve().parent
@@ -35,7 +36,7 @@ PACKAGE = Path(__file__).resolve().parent
 
 def source_file(name: str, package: Path = PACKAGE) -> Path:
     """The ``.py`` file of module ``name`` (one of :data:`COMPILED`)."""
-    return package.parent.joinpath(*name.split(".")).with_suffix(".py")
+    return package.joinpath(*name.split(".")[1:]).with_suffix(".py")
 
 
 def source_hashes(package: Path = PACKAGE) -> dict[str, str]:

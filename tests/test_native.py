@@ -23,12 +23,14 @@ def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv(native.PURE_ENV, raising=False)
     for name in native.COMPILED:
         target = native.source_file(name, tmp_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(native.source_file(name).read_bytes())
     return tmp_path
 
 
 def _add_extension(package: Path) -> None:
-    (package / f"scheduler{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    scheduler = native.source_file("cdbsim.serving.scheduler", package)
+    scheduler.with_name(f"scheduler{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"")
 
 
 def test_without_extensions_the_source_runs_silently(package: Path) -> None:

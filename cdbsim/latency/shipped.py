@@ -35,7 +35,7 @@ def profile_dir() -> Path:
         if not path.is_dir() or not any(path.glob("*.json")):
             raise ConfigError(f"{PROFILES_ENV}={chosen}: not a folder of profile JSON files")
         return path
-    return Path(__file__).resolve().parents[1] / "calibration" / "profiles"
+    return Path(__file__).resolve().parents[2] / "calibration" / "profiles"
 
 
 def shipped_profiles() -> dict[str, Profile]:

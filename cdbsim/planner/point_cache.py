@@ -23,8 +23,8 @@ from typing import Any
 from cdbsim.errors import ConfigError
 from cdbsim.planner.experiment import Experiment
 
-ROOT = Path(__file__).resolve().parents[1]
-CODE_GLOBS = ("cdbsim/*.py", "traces/*.py", "traces/data/*")
+ROOT = Path(__file__).resolve().parents[2]
+CODE_GLOBS = ("cdbsim/**/*.py", "traces/*.py", "traces/data/*")
 
 
 def default_cache_path() -> Path:

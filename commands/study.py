@@ -53,7 +53,8 @@ def schedule(
     rows: list[dict] = []
     seen = 0  # launches inside the window so far (counted from the first one of --from-stage)
     stages: set[str] = set()
-    for launch in drive(Scheduler(spec, config, reqs, blocks)):
+    scheduler = Scheduler(spec, config, reqs, blocks)
+    for launch in drive(scheduler):
         stages.add(launch.stage.value)
         if first is not None and seen == 0 and launch.stage is not first:
             continue
@@ -64,8 +65,8 @@ def schedule(
             break
         rows.append({"#": launch.index + 1, "stage": launch.stage.value, "B": launch.size,
                      "padded": launch.padded, "detail": launch.detail(),
-                     "Q_P": launch.queue_waiting, "Q_R": launch.queue_core, "Q_C": launch.queue_coda,
-                     "active": launch.active})
+                     "Q_P": scheduler.state.waiting, "Q_R": scheduler.state.core, "Q_C": scheduler.state.coda,
+                     "active": scheduler.state.active})
     if first is not None and seen == 0:
         raise ConfigError(f"--from-stage {first.value}: this run has no {first.value} launch (its stages: "
                           f"{', '.join(sorted(stages))})")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import platform
 import time
 from collections import deque
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,8 +23,8 @@ import torch
 from cdbsim.model.arch import ArchSpec
 from cdbsim.report.logs import RunLog, RunRecorder, run_meta
 from cdbsim.serving.config import Policy, ServeConfig, Timing, prefill_graph_sizes
-from cdbsim.serving.launch import Stage
-from cdbsim.serving.pipeline import HostPipeline, paused_gc
+from cdbsim.serving.launch import Launch, SchedulerState, Stage
+from cdbsim.serving.pipeline import HostPipeline, paused_gc, serve
 from cdbsim.serving.scheduler import Scheduler
 from executor.engine import Engine, Prepared
 from executor.model import LoopedLM, ModelConfig, default_ops
@@ -49,6 +50,7 @@ class _InFlight:
     has completed, its start and end in seconds of the run's clock)."""
 
     prepared: Prepared
+    state: SchedulerState
     start: object
     end: object
     host_s: float
@@ -161,78 +163,14 @@ class Executor:
             return self._serve()
 
     def _serve(self) -> ExecutorRun:
-        sched, engine = self.scheduler, self.engine
-        clock = _CudaClock() if self.cuda else _WallClock()
-        recorder = RunRecorder(self.requests)
-        logits_out: dict[tuple[int, int], torch.Tensor] = {}
-        order = sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival)
-        arrivals = deque(order)
-        pipeline: HostPipeline[_InFlight] = HostPipeline(sched, self.mode,
-                                                         seconds=lambda item: item.end_s - item.start_s)
-        width = engine.max_blocks if self.graphs is not None else None
-        captured = self.graphs is not None and self.graphs.capture
-        run_start = time.perf_counter()
-        busy_since = run_start  # the host's work since the last hand-over counts from here ...
-        waited = 0.0            # ... less its waits for the device and for arrivals
-
-        def finish() -> None:
-            nonlocal waited
-            t = time.perf_counter()
-            oldest = pipeline.oldest
-            clock.wait(oldest.end)
-            waited += time.perf_counter() - t
-            oldest.start_s, oldest.end_s = clock.seconds(oldest.start), clock.seconds(oldest.end)
-            launch, item, done = pipeline.complete_oldest()
-            engine.release(done)
-            recorder.record(launch, item.start_s, item.end_s, item.host_s)
-            if item.logits is not None and item.prepared.rows:
-                for row, key in enumerate(item.prepared.rows):
-                    logits_out[key] = item.logits[row].float().cpu()
-
-        while not sched.done:
-            while pipeline.must_wait():
-                finish()
-            if sched.done:
-                break
-            now = time.perf_counter() - run_start
-            while arrivals and self.requests[arrivals[0]].arrival <= now:
-                sched.arrive(arrivals.popleft())
-            launch = sched.plan()
-            if launch is None:
-                if len(pipeline):
-                    finish()
-                elif arrivals:
-                    t = time.perf_counter()
-                    time.sleep(max(0.0, self.requests[arrivals[0]].arrival - now))
-                    waited += time.perf_counter() - t
-                else:
-                    raise RuntimeError("the scheduler can plan nothing although requests remain")
-                continue
-            prepared = engine.prepare(launch, width)
-            staged = self.graphs.waited_s if self.graphs is not None else 0.0
-            start = clock.mark()
-            # a graph launch records its end event itself, which also guards its metadata buffer (two events
-            # a launch, not three); eager launches and the wall clock are marked once they return
-            end = clock.event() if captured else None
-            logits = self._enqueue(prepared, end)
-            if end is None:
-                end = clock.mark()
-            if self.keep_logits and logits is not None:
-                logits = logits.clone()
-            handed_over = time.perf_counter()
-            if not self.cuda:  # on CPU the launch ran inside the enqueue: device time, not the host's
-                waited += clock.seconds(end) - clock.seconds(start)
-            elif self.graphs is not None:  # a metadata buffer still being read by a queued copy
-                waited += self.graphs.waited_s - staged
-            host_s = handed_over - busy_since - waited
-            busy_since, waited = handed_over, 0.0
-            pipeline.add(launch, _InFlight(prepared, start, end, host_s, logits))
-        while len(pipeline):
-            finish()
-        wall = time.perf_counter() - run_start
-        log = recorder.finish(self._meta(wall))
+        serving = _Serving(self)
+        for _ in serve(serving.pipeline, serving):
+            pass  # the executor's steps wait on the GPU themselves: they yield nothing
+        wall = time.perf_counter() - serving.run_start
+        log = serving.recorder.finish(self._meta(wall))
+        engine = self.engine
         return ExecutorRun(log, engine.output_tokens(), [engine.episode_list(i) for i in range(len(self.requests))],
-                           sched, logits_out)
+                           self.scheduler, serving.logits_out)
 
     def _meta(self, wall: float) -> dict:
         model = self.model
@@ -246,6 +184,79 @@ class Executor:
             launch_path=("eager" if self.graphs is None else
                          "cuda-graphs" if self.graphs.capture else "static-buffers"),
             clock="cuda-events" if self.cuda else "wall", wall_s=wall)
+
+
+class _Serving:
+    """The executor's backend of the host loop: launches go to the GPU (or run on the CPU) and are logged
+    when they complete, with CUDA-event times and the host's own time since the previous hand-over."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor, self.engine, self.requests = executor, executor.engine, executor.requests
+        self.clock = _CudaClock() if executor.cuda else _WallClock()
+        self.recorder = RunRecorder(self.requests)
+        self.logits_out: dict[tuple[int, int], torch.Tensor] = {}
+        self.arrivals = deque(sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival))
+        self.pipeline: HostPipeline[_InFlight] = HostPipeline(executor.scheduler, executor.mode,
+                                                              seconds=lambda item: item.end_s - item.start_s)
+        graphs = executor.graphs
+        self.width = self.engine.max_blocks if graphs is not None else None
+        self.captured = graphs is not None and graphs.capture
+        self.run_start = time.perf_counter()
+        self.busy_since = self.run_start  # the host's work since the last hand-over counts from here ...
+        self.waited = 0.0                 # ... less its waits for the device and for arrivals
+
+    def finish_oldest(self, last: bool) -> Iterator[None]:
+        yield from ()
+        t = time.perf_counter()
+        oldest = self.pipeline.oldest
+        self.clock.wait(oldest.end)
+        self.waited += time.perf_counter() - t
+        oldest.start_s, oldest.end_s = self.clock.seconds(oldest.start), self.clock.seconds(oldest.end)
+        launch, item, done = self.pipeline.complete_oldest()
+        self.engine.release(done)
+        self.recorder.record(launch, item.state, item.start_s, item.end_s, item.host_s)
+        if item.logits is not None and item.prepared.rows:
+            for row, key in enumerate(item.prepared.rows):
+                self.logits_out[key] = item.logits[row].float().cpu()
+
+    def before_plan(self) -> Iterator[None]:
+        yield from ()
+        now = time.perf_counter() - self.run_start
+        while self.arrivals and self.requests[self.arrivals[0]].arrival <= now:
+            self.executor.scheduler.arrive(self.arrivals.popleft())
+
+    def stalled(self) -> Iterator[None]:
+        if len(self.pipeline):
+            yield from self.finish_oldest(False)
+        elif self.arrivals:
+            t = time.perf_counter()
+            time.sleep(max(0.0, self.requests[self.arrivals[0]].arrival - (t - self.run_start)))
+            self.waited += time.perf_counter() - t
+        else:
+            raise RuntimeError("the scheduler can plan nothing although requests remain")
+
+    def hand_over(self, launch: Launch, state: SchedulerState) -> Generator[None, None, _InFlight]:
+        yield from ()
+        executor, clock, graphs = self.executor, self.clock, self.executor.graphs
+        prepared = self.engine.prepare(launch, self.width)
+        staged = graphs.waited_s if graphs is not None else 0.0
+        start = clock.mark()
+        # a graph launch records its end event itself, which also guards its metadata buffer (two events a
+        # launch, not three); eager launches and the wall clock are marked once they return
+        end = clock.event() if self.captured else None
+        logits = executor._enqueue(prepared, end)
+        if end is None:
+            end = clock.mark()
+        if executor.keep_logits and logits is not None:
+            logits = logits.clone()
+        handed_over = time.perf_counter()
+        if not executor.cuda:  # on CPU the launch ran inside the enqueue: device time, not the host's
+            self.waited += clock.seconds(end) - clock.seconds(start)
+        elif graphs is not None:  # a metadata buffer still being read by a queued copy
+            self.waited += graphs.waited_s - staged
+        host_s = handed_over - self.busy_since - self.waited
+        self.busy_since, self.waited = handed_over, 0.0
+        return _InFlight(prepared, state, start, end, host_s, logits)
 
 
 def execute(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,

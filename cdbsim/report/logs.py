@@ -31,7 +31,7 @@ import pandas as pd
 
 from cdbsim.errors import ConfigError, read_json, require
 from cdbsim.serving.config import Policy
-from cdbsim.serving.launch import STAGES, Launch, Stage
+from cdbsim.serving.launch import STAGES, Launch, SchedulerState, Stage
 from traces.choice import Choice
 from traces.request import Request
 
@@ -112,7 +112,7 @@ class RunRecorder:
         self._scheduled: list[float] = [np.nan] * len(requests)
         self._first_start: float | None = None
 
-    def record(self, launch: Launch, start: float, end: float, host_s: float = 0.0) -> None:
+    def record(self, launch: Launch, state: SchedulerState, start: float, end: float, host_s: float = 0.0) -> None:
         if self._offset == len(self._buffer):
             self._next_chunk()
         stage = launch.stage
@@ -138,7 +138,7 @@ class RunRecorder:
         _PACK.pack_into(
             self._buffer, self._offset, launch.index, _STAGE_CODE[stage], launch.size, launch.padded,
             len(requests), launch.context, launch.longest, launch.kv_copies, exits.count(True) if exits else 0,
-            produced, launch.queue_waiting, launch.queue_core, launch.queue_coda, launch.active, launch.kv_used,
+            produced, state.waiting, state.core, state.coda, state.active, state.kv_used,
             len(steps), start, end, host_s)
         self._offset += _PACK.size
 

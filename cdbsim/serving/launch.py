@@ -52,9 +52,6 @@ class Launch:
     chunk plus its prefix for prefill; ``longest`` the most tokens one item of a decode-type stage
     attends (0 when unknown). ``kv_copies`` counts (token, slot) KV copies per core layer the
     depth-indexed layout's last-exited fill makes after this launch.
-
-    The scheduler's state as the launch left it: ``queue_*`` (tokens or requests in each queue), ``active``
-    (resident requests) and ``kv_used`` (KV blocks held, including this launch's new ones).
     """
 
     index: int
@@ -73,26 +70,16 @@ class Launch:
     blocks: list[list[int]] | None = None
     recomputed: Sequence[int] = ()
     dropped: Sequence[int] = ()
-    queue_waiting: int = 0
-    queue_core: int = 0
-    queue_coda: int = 0
-    queue_prelude: int = 0
-    active: int = 0
-    kv_used: int = 0
 
     def __init__(self, index: int, stage: Stage, requests: list[int], positions: list[int], steps: Sequence[int] = (),
                  exits: Sequence[bool] = (), chunk_lens: Sequence[int] = (), finishes: Sequence[bool] = (),
                  size: int = 0, padded: int = 0, context: int = 0, longest: int = 0, kv_copies: int = 0,
-                 blocks: list[list[int]] | None = None, recomputed: Sequence[int] = (), dropped: Sequence[int] = (),
-                 queue_waiting: int = 0, queue_core: int = 0, queue_coda: int = 0, queue_prelude: int = 0,
-                 active: int = 0, kv_used: int = 0) -> None:
+                 blocks: list[list[int]] | None = None, recomputed: Sequence[int] = (),
+                 dropped: Sequence[int] = ()) -> None:
         self.index, self.stage, self.requests, self.positions = index, stage, requests, positions
         self.steps, self.exits, self.chunk_lens, self.finishes = steps, exits, chunk_lens, finishes
         self.size, self.padded, self.context, self.longest, self.kv_copies = size, padded, context, longest, kv_copies
         self.blocks, self.recomputed, self.dropped = blocks, recomputed, dropped
-        self.queue_waiting, self.queue_core, self.queue_coda, self.queue_prelude = (queue_waiting, queue_core,
-                                                                                    queue_coda, queue_prelude)
-        self.active, self.kv_used = active, kv_used
 
     def detail(self) -> str:
         """``r1:30 r2:12, 5 exit`` for a core launch, ``1,024 tok, 3 chunk(s), 2 done`` for prefill."""
@@ -109,6 +96,19 @@ class Launch:
         for s in self.steps:
             mix[s] = mix.get(s, 0) + 1
         return dict(sorted(mix.items()))
+
+
+@dataclass(slots=True)
+class SchedulerState:
+    """The scheduler as a launch left it, for the launch log (not the work order): tokens or requests
+    in each queue, resident requests, and KV blocks held including the launch's new ones."""
+
+    waiting: int = 0
+    core: int = 0
+    coda: int = 0
+    prelude: int = 0
+    active: int = 0
+    kv_used: int = 0
 
 
 def causal_pairs(length: int, prefix: int = 0) -> int:

@@ -1,4 +1,5 @@
-"""How far the host may plan ahead of the device: the one rule both drivers (simulator, executor) follow.
+"""The host's loop, written once: plan, hand over, complete, under the one rule for how far the host may
+plan ahead of the device. The simulator, the executor and the clock-less replay plug in a :class:`Backend`.
 
 The scheduler moves its state when it plans, and a backend runs launches in order on one stream, so the
 host could in principle plan any number of launches ahead. What limits it is when it *learns* the exit
@@ -18,12 +19,12 @@ from __future__ import annotations
 
 import gc
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from cdbsim.serving.config import Timing
-from cdbsim.serving.launch import Launch, Stage
+from cdbsim.serving.launch import Launch, SchedulerState, Stage
 from cdbsim.serving.scheduler import Scheduler
 
 MAX_AHEAD = 4
@@ -97,25 +98,81 @@ class HostPipeline(Generic[Handle]):
         return launch, handle, self.scheduler.complete(launch)
 
 
+Steps = Generator[Any, Any, Handle]
+"""What a backend step yields to whoever runs the loop (SimPy events for the simulator, launches for replay,
+nothing for the executor) and, for :meth:`Backend.hand_over`, returns: the launch's handle."""
+
+
+class Backend(Protocol[Handle]):
+    """What a driver plugs into :func:`serve`: how it hands a launch to its device and how it waits."""
+
+    def before_plan(self) -> Steps[None]:
+        """Bring the host's clock up to date (its own busy time, arrivals) before the scheduler plans."""
+        ...
+
+    def hand_over(self, launch: Launch, state: SchedulerState) -> Steps[Handle]:
+        """Give ``launch`` to the device; ``state`` is the scheduler as the launch left it, for the log."""
+        ...
+
+    def finish_oldest(self, last: bool) -> Steps[None]:
+        """Wait for the oldest launch in flight and complete it (``last``: the run's final drain)."""
+        ...
+
+    def stalled(self) -> Steps[None]:
+        """The scheduler could plan nothing: wait for a launch to finish or a request to arrive."""
+        ...
+
+
+def serve(pipeline: HostPipeline[Handle], backend: Backend[Handle]) -> Generator[Any, Any, None]:
+    """Serve until every request is done: the one plan/complete loop of every driver. Yields whatever the
+    backend's steps yield."""
+    s = pipeline.scheduler
+    while not s.done:
+        while pipeline.must_wait():
+            yield from backend.finish_oldest(False)
+        if s.done:
+            break
+        yield from backend.before_plan()
+        launch = s.plan()
+        if launch is None:
+            yield from backend.stalled()
+            continue
+        handle = yield from backend.hand_over(launch, s.state)
+        pipeline.add(launch, handle)
+    while len(pipeline):
+        yield from backend.finish_oldest(True)
+
+
+class _Replay:
+    """The clock-less backend: every launch takes zero time, and is yielded to the caller."""
+
+    def __init__(self, pipeline: HostPipeline[None]) -> None:
+        self.pipeline = pipeline
+
+    def before_plan(self) -> Steps[None]:
+        yield from ()
+
+    def hand_over(self, launch: Launch, state: SchedulerState) -> Steps[None]:
+        yield launch
+
+    def finish_oldest(self, last: bool) -> Steps[None]:
+        self.pipeline.complete_oldest()
+        yield from ()
+
+    def stalled(self) -> Steps[None]:
+        if not len(self.pipeline):
+            raise RuntimeError("the scheduler can plan nothing although requests remain")
+        self.pipeline.complete_oldest()
+        yield from ()
+
+
 def drive(scheduler: Scheduler, timing: Timing | None = None, max_ahead: int = MAX_AHEAD) -> Iterator[Launch]:
-    """Yield every launch of an offline run (all requests present at the start); ``timing`` defaults to
-    the scheduler's configuration."""
+    """Yield every launch of an offline run (all requests present at the start) with zero-time launches;
+    ``timing`` defaults to the scheduler's configuration. ``scheduler.state`` is each launch's state."""
     for i in sorted(range(len(scheduler.requests)), key=lambda i: scheduler.requests[i].arrival):
         scheduler.arrive(i)
     pipeline: HostPipeline[None] = HostPipeline(scheduler, timing or scheduler.config.timing, max_ahead)
-    while not scheduler.done:
-        while pipeline.must_wait():
-            pipeline.complete_oldest()
-        if scheduler.done:
-            break
-        launch = scheduler.plan()
-        if launch is None:
-            if not len(pipeline):
-                raise RuntimeError("the scheduler can plan nothing although requests remain")
-            pipeline.complete_oldest()
-            continue
-        yield launch
-        pipeline.add(launch, None)
+    yield from serve(pipeline, _Replay(pipeline))
 
 
 @contextmanager

@@ -20,7 +20,7 @@ its exit depth is replayed from the trace, clamped to ``[r_min, r_max]``. Polici
 * ``norefill`` (Algorithm 1): prefill while admitted, then one lock-step wave: prelude -> core steps over
   a shrinking batch -> one coda for the whole wave.
 * ``cb``: prefill if admitted, else one fused full-depth decode step over up to W requests.
-* ``adaptive``: refill's queues, but the coda (the prelude follows it) launches only when :mod:`cdbsim.serving.adaptive`'s
+* ``adaptive``: refill's queues, but the coda (the prelude follows it) launches only when the adaptive
   rule finds it due, and arrived requests are prefilled only when it finds them due, from the step costs,
   exit rates and arrival rate observed so far in the run (:meth:`Scheduler.observe`); otherwise the core
   steps on and more tokens, or arrivals, gather (a coda batch K and a prefill batch that move with the load).
@@ -42,7 +42,7 @@ from cdbsim.model.arch import ArchSpec
 from cdbsim.serving.adaptive import OnlineCosts
 from cdbsim.serving.blocks import BlockManager, need_blocks
 from cdbsim.serving.config import CoreLaunch, Policy, ServeConfig, padding_table, prefill_graph_sizes
-from cdbsim.serving.launch import Launch, Stage, causal_pairs
+from cdbsim.serving.launch import Launch, SchedulerState, Stage, causal_pairs
 from cdbsim.serving.requests import RequestTable, Status
 from traces.request import Request
 
@@ -105,6 +105,7 @@ class Scheduler:
         self._wave: tuple[list[int], list[int], list[int]] | None = None  # norefill: survivors, their step, exited
         # counters
         self.active = 0
+        self.state = SchedulerState()  # as the latest launch left the scheduler (the launch log records it)
         self.decoding = 0
         self.finished = 0
         self.arrived = 0
@@ -455,7 +456,7 @@ class Scheduler:
     def _emit(self, stage: Stage, requests: list[int], positions: list[int], steps: Sequence[int],
               exits: Sequence[bool], chunk_lens: Sequence[int], finishes: Sequence[bool], size: int, padded: int,
               context: int, longest: int, copies: int) -> Launch:
-        """The launch, with the scheduler's state as it leaves (the queues, resident requests, KV in use)."""
+        """The launch; :attr:`state` becomes the scheduler's state as it leaves (queues, residents, KV in use)."""
         if self._refill:
             core, coda = len(self.ready), len(self.coda_queue)
         elif self._wave is not None:
@@ -465,8 +466,8 @@ class Scheduler:
         kv = self.kv
         blocks, dropped = ([kv.blocks[i] for i in requests], kv.take_dropped()) if self.share_blocks else (None, ())
         launch = Launch(self.launches, stage, requests, positions, steps, exits, chunk_lens, finishes, size, padded,
-                        context, longest, copies, blocks, (), dropped, len(self.waiting), core, coda,
-                        len(self.prelude_queue), self.active, kv.used)
+                        context, longest, copies, blocks, (), dropped)
+        self.state = SchedulerState(len(self.waiting), core, coda, len(self.prelude_queue), self.active, kv.used)
         self.launches += 1
         self.in_flight += 1
         self.done = False

@@ -26,8 +26,8 @@ from cdbsim.latency.model import LatencyModel
 from cdbsim.model.arch import ArchSpec
 from cdbsim.report.logs import RunLog, RunRecorder, run_meta
 from cdbsim.serving.config import ServeConfig
-from cdbsim.serving.launch import table_width
-from cdbsim.serving.pipeline import HostPipeline, paused_gc
+from cdbsim.serving.launch import Launch, SchedulerState, table_width
+from cdbsim.serving.pipeline import HostPipeline, paused_gc, serve
 from cdbsim.serving.scheduler import Scheduler
 from cdbsim.simulator.timeouts import Late
 from traces.request import Request
@@ -50,6 +50,16 @@ class Simulation:
         self.env = simpy.Environment()
         self._wake_host = self.env.event()
         self._next_arrival = 0.0  # when the next request not yet released arrives (inf: none left)
+        # an adaptive scheduler observes each launch's device time; launches complete oldest first, so their
+        # times queue in that order
+        durations: deque[float] | None = deque() if self.scheduler.costs is not None else None
+        self._durations = durations
+        self._pipeline: HostPipeline[float] = HostPipeline(
+            self.scheduler, config.timing, seconds=None if durations is None else lambda _end: durations.popleft())
+        self._now = 0.0            # the host's clock: it runs ahead of SimPy's while nothing else can happen
+        self._busy_until = 0.0     # the host is busy with its last hand-over until then
+        self._device_free = -math.inf  # when the device finishes the last launch handed to it
+        self._finished_before = 0
 
     def run(self) -> RunLog:
         env = self.env
@@ -78,88 +88,71 @@ class Simulation:
             self._wake_host.succeed()
 
     def _host(self) -> Generator[simpy.Event, object, None]:
-        """Wait as the pipeline rule says, plan, hand over. A launch planned at ``t`` is ready on the
-        device at ``t + host time``, and the host is busy until then.
+        """The shared host loop (:func:`~cdbsim.serving.pipeline.serve`) with this simulation as backend."""
+        yield from serve(self._pipeline, self)
 
-        The device runs launches in order, so when a launch runs is known as it is handed over: the device
-        takes it when it finishes the previous one (at once, if idle) and starts it once the launch gap
-        (:attr:`LatencyModel.launch_gap`) has passed since taking it and the idle start
-        (:attr:`LatencyModel.idle_start`) since the host handed it over, and runs it for the latency
-        model's time. The launch is logged then, and the host keeps its end; when the pipeline
-        rule makes the host wait for it, that end is a SimPy timeout.
+    # ----- the backend of the host loop ----------------------------------------------------------
+    # A launch planned at ``now`` is ready on the device at ``now + host time``. The device runs launches in
+    # order: it takes one when the previous ends (at once if idle), starts it once the launch gap has passed
+    # since taking it and the idle start since the hand-over, and runs it for the latency model's time. So a
+    # launch is logged when handed over, and its end is its handle. Nothing but an arrival changes what the
+    # host plans next, so while no request arrives first, the host moves its clock on without a SimPy event.
+    def finish_oldest(self, last: bool) -> Generator[simpy.Event, object, None]:
+        end = self._pipeline.oldest
+        if end > self._now:
+            if last or self._next_arrival <= end:  # else nothing can happen before it: no SimPy round trip
+                yield Late(self.env, end)
+            self._now = end
+        self._pipeline.complete_oldest()
 
-        ``now`` is the host's clock. Nothing but an arrival can change what the host plans next, so while
-        no request arrives before the host is done being busy, the host moves its clock on without a SimPy
-        timeout, and SimPy's clock catches up when the host next waits for an event."""
-        # methods are called on their objects, not through local aliases: compiled, those are native calls
-        env, s, latency, recorder = self.env, self.scheduler, self.latency, self.recorder
-        width, gap, wake = self.table_width, latency.launch_gap, latency.idle_start
-        # handle: the launch's end; an adaptive scheduler also observes each launch's device time (the
-        # pipeline completes launches oldest first, so their times queue in that order)
-        durations: deque[float] | None = deque() if s.costs is not None else None
-        pipeline: HostPipeline[float] = HostPipeline(
-            s, self.config.timing, seconds=None if durations is None else lambda _end: durations.popleft())
-        must_wait = pipeline.must_wait
-        now = env.now
-        busy_until = 0.0
-        device_free = -math.inf  # when the device finishes the last launch handed to it
-        finished_before = 0
-        while not s.done:
-            while must_wait():
-                end = pipeline.oldest
-                if end > now:
-                    if self._next_arrival <= end:  # else nothing can happen before it: no SimPy round trip
-                        yield Late(env, end)
-                    now = end
-                pipeline.complete_oldest()
-            if s.done:
-                break
-            if now < busy_until:
-                now = now + (busy_until - now)  # where a timeout of the remaining busy time would end
-                if self._next_arrival <= now:
-                    yield Late(env, now)
-            launch = s.plan()
-            if launch is None:
-                if len(pipeline) and self._next_arrival > max(now, pipeline.oldest) \
-                        and not self._wake_host.triggered:  # only the oldest launch's end can come next
-                    now = max(now, pipeline.oldest)
-                    pipeline.complete_oldest()
-                    continue
-                if env.now < now:
-                    yield Late(env, now)
-                if len(pipeline):
-                    end = pipeline.oldest
-                    if end > now:
-                        yield Late(env, end) | self._wake_host
-                        now = env.now
-                    if end <= now:
-                        pipeline.complete_oldest()
-                else:
-                    self._wake_host = env.event()
-                    yield self._wake_host
-                    now = env.now
-                if self._wake_host.triggered:
-                    self._wake_host = env.event()
-                continue
-            host_s = latency.host_time(launch)
-            busy_until = now + host_s
-            taken = now if device_free <= now else device_free
-            start = max(taken + gap, busy_until + wake)
-            end = taken + (start - taken + latency.launch_time(launch, width))
-            recorder.record(launch, start, end, host_s)
-            if durations is not None:
-                durations.append(end - start)
-            device_free = end
-            pipeline.add(launch, end)
-            if self.progress is not None and s.finished != finished_before:
-                self.progress(s.finished - finished_before)
-                finished_before = s.finished
-        while len(pipeline):
-            end = pipeline.oldest
-            if end > now:
-                yield Late(env, end)
-                now = end
+    def before_plan(self) -> Generator[simpy.Event, object, None]:
+        now = self._now
+        if now < self._busy_until:
+            now = now + (self._busy_until - now)  # where a timeout of the remaining busy time would end
+            self._now = now
+            if self._next_arrival <= now:
+                yield Late(self.env, now)
+
+    def stalled(self) -> Generator[simpy.Event, object, None]:
+        env, pipeline = self.env, self._pipeline
+        if len(pipeline) and self._next_arrival > max(self._now, pipeline.oldest) \
+                and not self._wake_host.triggered:  # only the oldest launch's end can come next
+            self._now = max(self._now, pipeline.oldest)
             pipeline.complete_oldest()
+            return
+        if env.now < self._now:
+            yield Late(env, self._now)
+        if len(pipeline):
+            end = pipeline.oldest
+            if end > self._now:
+                yield Late(env, end) | self._wake_host
+                self._now = env.now
+            if end <= self._now:
+                pipeline.complete_oldest()
+        else:
+            self._wake_host = env.event()
+            yield self._wake_host
+            self._now = env.now
+        if self._wake_host.triggered:
+            self._wake_host = env.event()
+
+    def hand_over(self, launch: Launch, state: SchedulerState) -> Generator[simpy.Event, object, float]:
+        yield from ()
+        latency, now = self.latency, self._now
+        host_s = latency.host_time(launch)
+        self._busy_until = now + host_s
+        taken = now if self._device_free <= now else self._device_free
+        start = max(taken + latency.launch_gap, self._busy_until + latency.idle_start)
+        end = taken + (start - taken + latency.launch_time(launch, self.table_width))
+        self.recorder.record(launch, state, start, end, host_s)
+        if self._durations is not None:
+            self._durations.append(end - start)
+        self._device_free = end
+        s = self.scheduler
+        if self.progress is not None and s.finished != self._finished_before:
+            self.progress(s.finished - self._finished_before)
+            self._finished_before = s.finished
+        return end
 
 
 def simulate(arch: ArchSpec, config: ServeConfig, requests: Sequence[Request], latency: LatencyModel,

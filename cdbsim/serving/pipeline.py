@@ -29,6 +29,7 @@ from cdbsim.serving.scheduler import Scheduler
 
 MAX_AHEAD = 4
 Handle = TypeVar("Handle")
+Handle_co = TypeVar("Handle_co", covariant=True)
 
 
 class HostPipeline(Generic[Handle]):
@@ -103,14 +104,14 @@ Steps = Generator[Any, Any, Handle]
 nothing for the executor) and, for :meth:`Backend.hand_over`, returns: the launch's handle."""
 
 
-class Backend(Protocol[Handle]):
+class Backend(Protocol[Handle_co]):
     """What a driver plugs into :func:`serve`: how it hands a launch to its device and how it waits."""
 
     def before_plan(self) -> Steps[None]:
         """Bring the host's clock up to date (its own busy time, arrivals) before the scheduler plans."""
         ...
 
-    def hand_over(self, launch: Launch, state: SchedulerState) -> Steps[Handle]:
+    def hand_over(self, launch: Launch, state: SchedulerState) -> Steps[Handle_co]:
         """Give ``launch`` to the device; ``state`` is the scheduler as the launch left it, for the log."""
         ...
 

@@ -70,7 +70,3 @@ def device_preset(name: str) -> DeviceSpec:
                    matmul_flops=H200.matmul_flops * sheet.bf16_flops / base.bf16_flops,
                    memory_bytes=sheet.memory_bytes)
 
-
-def validated(device: DeviceSpec) -> bool:
-    """Whether predictions on ``device`` have been checked against runs (the measured H200 only)."""
-    return device == H200

@@ -173,11 +173,9 @@ def first_context_reaching(positions: float, splits: int) -> int:
     return max(math.ceil(positions), splits * PAGE * pages_below + 1)
 
 
-FEW_ROWS_MAX = 16  # most rows a launch runs on the few-row matmul (measured; the kernel takes up to 64)
-FEW_ROWS_MAX_HIDDEN = CHAINED_MAX_HIDDEN  # widest model whose few-row launches take it (2,048 wins; 5,280 not)
-
-
-CHAINED_ROWS = 2  # most rows a launch runs on the chained kernels (measured: at 4 the few-row matmul wins)
+FEW_ROWS_MAX = 16  # most rows a launch runs on the few-row matmul (the kernel takes up to 64)
+FEW_ROWS_MAX_HIDDEN = CHAINED_MAX_HIDDEN  # widest model whose few-row launches take it
+CHAINED_ROWS = 2  # most rows a launch runs on the chained kernels
 
 
 def chained_rows(hidden: int) -> int:

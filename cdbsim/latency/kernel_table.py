@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 Proxy = Callable[[tuple[float, ...]], float]
@@ -88,7 +88,3 @@ class KernelTable:
 def _with(q: tuple[float, ...], level: int, x: float) -> tuple[float, ...]:
     return (*q[:level], x, *q[level + 1:])
 
-
-def grid_values(points: Sequence[Sequence[float]], dim: int) -> list[float]:
-    """The distinct values of dimension ``dim`` among ``points``."""
-    return sorted({float(p[dim]) for p in points})

@@ -118,9 +118,7 @@ TABLE_DIMS: dict[str, tuple[str, ...]] = {
     "prefill_glue": ("style", "hidden", "tokens", "chunks"),
     "adapter": ("hidden", "rows"),
 }
-EXACT_DIMS = frozenset({"op", "style"})
-"""Dimensions matched exactly (a variant, not a size). ``units`` is (rows x heads): the attention and
-RoPE kernels run one program group per (row, head), so their time follows the product."""
+EXACT_DIMS = frozenset({"op", "style"})  # matched exactly (variants); ``units`` is rows x heads
 
 
 @dataclass

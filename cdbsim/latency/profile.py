@@ -58,11 +58,7 @@ class Fit:
         return asdict(self)
 
 
-FIT_DIGITS = 10
-"""Significant digits a fitted coefficient keeps. A least-squares solve runs on the BLAS kernels the CPU
-selects, whose last bits differ between CPUs (an H200 profile's prefill curve fitted with OpenBLAS's Haswell and
-SkylakeX kernels differed from the 9th digit): rounded far below the measurements' precision, one profile
-predicts the same to the bit on every machine."""
+FIT_DIGITS = 10  # significant digits a fitted coefficient keeps, so every CPU's BLAS gives the same profile
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -28,8 +28,6 @@ class LayerStyle(Choice):
         return "layer style"
 
 
-LAYER_STYLES = tuple(LayerStyle)
-
 
 @dataclass(frozen=True)
 class LayerShape:

@@ -30,9 +30,6 @@ class BlockManager:
         """Blocks no request holds."""
         return self.total - self.used
 
-    def can_allocate(self, blocks: int) -> bool:
-        return blocks <= self.total - self.used
-
     def allocate(self, i: int, positions: int) -> bool:
         """Grow request ``i``'s blocks to hold ``positions``; False (and nothing taken) if too few are free."""
         held = self.blocks[i]

@@ -1,7 +1,4 @@
-"""Turn measured points into a profile: one fit per component, the fit quality, B*(L), and a figure.
-
-Pure Python (no torch), so profiles can be refitted and plotted on any machine from their raw points.
-"""
+"""Turn measured points into a profile: one fit per component, the fit quality, B*(L), and a figure (no torch)."""
 
 from __future__ import annotations
 
@@ -47,16 +44,10 @@ def fit_attention_slots(arch: ArchSpec, core: Fit, rows: list[list[float]]) -> d
 
 def fit_slots(heads: int, head_dim: int, stage_time: Callable[[float, float], float], rows: list[list[float]],
               sharpnesses: tuple[float, ...] = SHARPNESS_GRID) -> dict:
-    """The decode-attention width (programs the device runs at once) and the sharpness with which the
-    spread and the critical path combine that best predict core steps whose rows have different context
-    lengths (``rows`` from ``attention_skew_name``), given the core stage's measured surface at uniform
-    lengths; see :func:`cdbsim.latency.gpu_work.equivalent_length`. A grid search over both (eight points, two
-    numbers): the sharpness takes the p-norm's usual values, infinite being the larger term alone.
-
-    Returns the profile's ``attention`` record: the slots, the sharpness, the points, and each point's
-    error with the fitted pair and with the plain mean length, so the gain is on record next to the
-    numbers. Slots stay unset when the mean length predicts the points at least as well.
-    """
+    """The decode-attention width (programs run at once) and sharpness (p-norm p) that best predict core steps of
+    mixed contexts ``rows`` from the uniform-length ``stage_time``
+    (:func:`cdbsim.latency.gpu_work.equivalent_length`), by grid search. Returns the ``attention`` record with
+    each point's error both ways; slots stay unset where the mean length predicts as well."""
     surface = stage_time
     measured = np.array([r[-1] for r in rows])
     least = least_splits(head_dim)
@@ -84,9 +75,8 @@ def fit_slots(heads: int, head_dim: int, stage_time: Callable[[float, float], fl
 
 def fit_attention_width(rows: list[list[float]], uniform: list[list[float]], heads: int, group: int,
                         head_dim: int, sharpnesses: tuple[float, ...] = SHARPNESS_GRID) -> dict:
-    """:func:`fit_slots` for the kernel profile: decode-attention launches of ``heads`` heads in groups of
-    ``group`` whose rows attend different contexts (``[rows, *contexts, t]``), against the uniform-context
-    ``decode_attention`` table (``[units, group, head_dim, length, t]``) at the same layout."""
+    """:func:`fit_slots` for the kernel profile: mixed-context launches of ``heads`` heads in groups of ``group``
+    against the uniform ``decode_attention`` table."""
     points = [[p[0], p[3], p[4]] for p in uniform if p[1] == group and p[2] == head_dim]
     require(len(points) >= 4, f"decode_attention has no uniform points at group {group}, head size {head_dim}")
     table = KernelTable("decode_attention", ("units", "length"), points, proxy=lambda q: q[0] * q[1])
@@ -104,9 +94,8 @@ def attention_record(fits: dict[str, dict[str, dict]], heads: int) -> dict:
 
 
 def refit_attention_width(record: dict, sharpnesses: tuple[float, ...] = SHARPNESS_GRID) -> dict:
-    """A kernel record's attention width and sharpness fitted again from its mixed-context points, by head
-    size and group (a record whose points are one list per head size measured them on one layout, eight MHA
-    heads where it does not say); the sharpness one of ``sharpnesses``."""
+    """A kernel record's attention width and sharpness refitted from its mixed-context points, per head size and
+    group (eight MHA heads where the record does not say)."""
     layout = record.get("attention_layout", {})
     heads, group = int(layout.get("heads", 8)), str(layout.get("group", 1))
     points = {d: rows if isinstance(rows, dict) else {group: rows}
@@ -118,17 +107,9 @@ def refit_attention_width(record: dict, sharpnesses: tuple[float, ...] = SHARPNE
 
 
 def fit_mixed_sharpness(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHAPES) -> dict:
-    """The attention record (:func:`refit_attention_width`) whose sharpness and width scale, one of each for
-    every head layout, best predict whole probe layers whose rows attend a spread of contexts
-    (``record["mixed_probes"]``); each layout's width is fitted on its mixed-context attention points at
-    that sharpness, then scaled.
-
-    The attention points time a chain of attention launches. How much a long row's programs add shows in
-    a layer, where the next kernel waits for them, so the layers choose how the spread and the critical
-    path combine (the sharpness) and how wide the waves are there (the scale). Each layer's error is taken
-    relative to the uniform probe layer of its shape and padded rows, so the layer model's own error at
-    uniform contexts does not move the fit. The record keeps the best error at every sharpness
-    (``attention_mixed_probes``)."""
+    """The attention record whose sharpness and width scale best predict whole probe layers of mixed contexts
+    (``record["mixed_probes"]``), each error relative to the uniform probe layer of its shape and rows; the best
+    error per sharpness is kept in ``attention_mixed_probes``."""
     points = [(ArchSpec(name="probe", layer=probes[int(index)], vocab=4096, prelude=0, core=1, coda=0, r_max=1),
                int(index), int(padded), [int(c) for c in contexts], t)
               for index, padded, *contexts, t in record["mixed_probes"]]
@@ -162,8 +143,8 @@ WIDTH_SCALES = tuple(float(x) for x in 2.0 ** np.arange(-1.0, 1.51, 0.125))  # o
 
 
 def _uniform_probe_error(record: dict, probes: tuple[LayerShape, ...]) -> Callable[[int, int], float]:
-    """``(probe, rows) -> log(composed / measured)`` of the probe's uniform layers at the longest probe
-    length, log-interpolated in rows (nearest outside the measured ones); zero without probes."""
+    """``(probe, rows) -> log(composed / measured)`` of uniform probe layers at the longest length, log-interpolated.
+    """
     model = KernelModel(record)
     longest = max((p[2] for p in record.get("probes", [])), default=0)
     by_probe: dict[int, list[tuple[float, float]]] = {}
@@ -204,9 +185,8 @@ BACK_TO_BACK_S = 10e-6  # a longer gap is the device waiting for the host or for
 
 
 def fit_launch_gap(logs: list[pd.DataFrame]) -> float:
-    """The mean device gap between consecutive launches that were queued back to back (gaps under
-    :data:`BACK_TO_BACK_S`), over executor launch logs of lookahead runs: the profile's
-    ``device.launch_gap_s`` (:class:`cdbsim.latency.model.LatencyModel`)."""
+    """The mean gap between consecutive launches queued back to back (under :data:`BACK_TO_BACK_S`) in executor logs:
+    the profile's ``device.launch_gap_s``."""
     gaps = np.concatenate([launch_gaps(log) for log in logs] or [np.zeros(0)])
     gaps = gaps[gaps < BACK_TO_BACK_S]
     require(gaps.size > 0, "no consecutive launches to measure the gap between")
@@ -214,9 +194,7 @@ def fit_launch_gap(logs: list[pd.DataFrame]) -> float:
 
 
 def with_launch_gap(profile: Profile, logs: list[pd.DataFrame]) -> Profile:
-    """``profile`` with its device's launch gap (``device.launch_gap_s``) fitted over executor launch logs
-    (:func:`fit_launch_gap`): the gap is the board's and the build's, so it is fitted over runs on the board
-    and build the profile was measured with (the validation matrix of the same GPU call)."""
+    """``profile`` with ``device.launch_gap_s`` fitted over executor launch logs of its own board and build."""
     return replace(profile, device={**profile.device, "launch_gap_s": round(fit_launch_gap(logs), 12)})
 
 
@@ -224,9 +202,7 @@ HUBER_SCALE_S = 2e-6  # residuals beyond this count linearly: a probe layer whos
 
 
 def fit_share_and_offset(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """``(share, offset)`` of ``y ~ share * x + offset`` under a Huber loss (:func:`scipy.optimize.
-    least_squares`): a robust line, so a few points far off do not set it (the kernel profile's layer gap
-    against its GEMM time, :func:`fit_gaps`)."""
+    """``(share, offset)`` of ``y ~ share * x + offset`` under a Huber loss (a robust line)."""
     from scipy.optimize import least_squares
 
     require(len(x) >= 2, "a line needs two points at least")
@@ -237,18 +213,9 @@ def fit_share_and_offset(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def fit_gaps(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHAPES) -> dict:
-    """What whole probe layers take beyond the sum of their kernels' tables, per layer style and path.
-
-    On the single-row chained path: seconds per kernel, the median over the style's probe points (the
-    styles launch other norm and RoPE variants). On the many-row path two terms, fitted together over the
-    probe points of both styles (a Huber loss, so a few long-context points whose attention is off do not
-    set them): seconds per kernel (``many``) and a share of the layer's GEMM tables (``many_gemm``). The
-    share is there because the two kinds of kernel meet a layer differently: a cuBLAS GEMM runs a little
-    faster between the layer's small kernels than in its chain of GEMMs, and a small Triton kernel behind a
-    GEMM cannot start under its tail as it does behind its own kind in its chain (programmatic dependent
-    launch). One number per kernel spread the GEMMs' saving over every kernel, so layers of small width,
-    whose small kernels weigh more, came out 4-10% short (``benchmarks/profile_decode.py``,
-    docs/kernel-model.md)."""
+    """What whole probe layers take beyond their kernels' tables, per layer style and path: on the chained path
+    seconds per kernel (median); on the many-row path seconds per kernel (``many``) and a share of the GEMM tables
+    (``many_gemm``), fitted together by a Huber loss."""
     model = KernelModel({**record, "gaps": {}})
     chained: dict[str, list[float]] = {}
     many: list[tuple[float, float]] = []
@@ -308,8 +275,7 @@ def refit_sustained(entry: dict) -> dict:
 
 
 def _attention_head_dim(attention: dict, components: dict[str, Fit]) -> int:
-    """The head width of a profile's mixed-context points (it sets their fewest attention splits): recorded
-    with them, or in a profile measured before it was, read from its layer's name (``...-a55x96-...``)."""
+    """The head width of a profile's mixed-context points: recorded, or read from the layer's name (``-a55x96-``)."""
     if isinstance(attention.get("head_dim"), int):
         return attention["head_dim"]
     widths = {int(m.group(2)) for name in components for m in [re.search(r"-a(\d+)x(\d+)-", name)] if m}
@@ -319,11 +285,8 @@ def _attention_head_dim(attention: dict, components: dict[str, Fit]) -> int:
 
 
 def refit_profile(profile: Profile) -> Profile:
-    """The same measured profile with every component, and the attention width from its mixed-length
-    points, fitted afresh from the raw points (after a change to the fitting, no GPU needed); a kernel
-    profile's per-launch components, its attention width (from its mixed-context points), its layer gaps
-    (from its probe layers) and its power limit (from its sustained replays) likewise. Device, versions and
-    date are kept."""
+    """The profile with every component, the attention width, and (kernel profiles) the layer gaps and power limit
+    fitted afresh from its raw points; device, versions and date kept."""
     require(profile.kind in (ProfileKind.MEASURED, ProfileKind.KERNELS),
             f"profile {profile.name} is {profile.kind}: only measured and kernel profiles have raw points to refit")
     if profile.kind is ProfileKind.KERNELS:
@@ -356,8 +319,7 @@ def refit_profile(profile: Profile) -> Profile:
 
 
 def quality_rows(profile: Profile) -> list[dict]:
-    """Per component: the linear fit, its R^2 and worst relative residual, and how well interpolation
-    (what a measured profile predicts decode-type stages with) predicts each point left out of it."""
+    """Per component: the linear fit, R^2, worst residual, and interpolation's held-out errors."""
     rows = []
     for name, fit in sorted(profile.components.items()):
         predicted = held_out_predictions(fit) if interpolated(name) else np.zeros(0)
@@ -374,9 +336,8 @@ def quality_rows(profile: Profile) -> list[dict]:
 
 
 def held_out_predictions(fit: Fit) -> np.ndarray:
-    """The interpolating surface's (:class:`cdbsim.latency.interp.Surface`) time at each ``[B, B*L, t]`` point when
-    that point is left out (at the grid's edges that is extrapolation); empty for 4-column points
-    (prefill) or fewer than three points."""
+    """The interpolating surface's time at each ``[B, B*L, t]`` point with that point left out; empty for prefill
+    points or fewer than three."""
     pts = fit.points
     if len(pts) < 3 or len(pts[0]) != 3:
         return np.zeros(0)
@@ -443,8 +404,7 @@ def plot_profile(profile: Profile, arch: ArchSpec, path: str | Path) -> Path:
     model = LatencyModel(arch, profile)
     contexts = np.geomspace(64, 16384, 60)
     saturation = np.array([model.saturation_batch(c) for c in contexts])
-    # non-negative least squares on noisy (CPU) points can fit no per-token cost (B* infinite) or no
-    # weight-read floor (B* zero), which a log axis cannot show: only the finite, positive B* are drawn
+    # a fit without per-token cost or floor has B* infinite or zero: only finite, positive B* are drawn
     shown = np.isfinite(saturation) & (saturation > 0)
     ax_b.plot(contexts[shown], saturation[shown])
     if not shown.any():

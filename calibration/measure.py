@@ -1,29 +1,10 @@
-"""Measure a GPU with the executor's own stage runners and CUDA graphs, and fit a profile.
+"""Measure a GPU with the executor's own stage runners and CUDA graphs, for a measured profile.
 
-For each layer shape two *unit models* are built: the shape's core with one layer and with four
-(prelude and coda empty, r_max 2, depth-indexed KV). Their stages, timed at padded batch sizes and context
-lengths, give the components of :mod:`cdbsim.latency.model` directly:
-
-* ``core1`` = core step of the 1-layer model; ``layer`` = (4-layer core - 1-layer core) / 3;
-* ``prelude0`` = prelude stage of the unit model (embedding and glue); ``coda0`` = its coda stage
-  (final norm, head, greedy sampling, glue);
-* ``prefill_layer`` = (4-layer prefill - 1-layer prefill) / 6 (r_max 2 loops); ``prefill1`` = the 1-layer
-  prefill less one ``prefill_layer`` and one adapter, i.e. a 1-layer, 1-loop prefill; both over single
-  prompts of many lengths and several short prompts packed in one launch;
-* ``kv_copy`` = (core step with every token exiting - without exits) per (token, slot, layer) copy, on a
-  4-layer unit with r_max 8 so each exit copies into seven slots (:func:`measure_kv_fill`);
-* ``adapter`` (Huginn) = the adapter matmul alone;
-* ``<stage>/<model>`` = every stage of the whole model (prelude, core, coda, CB step, prefill), measured
-  for each model calibrated: its own stages predict it, the components predict re-splits;
-* ``host`` = planning + preparing + launching time per launch against items, from a short real run;
-* ``meta_copy`` = the host-to-device copy of a launch's metadata against its bytes (:mod:`cdbsim.serving.launch`).
-
-Every stage is replayed as the CUDA graph the executor uses (prefill padded to its token bucket), after
-warm-up, on random KV contents and loop states (:meth:`executor.engine.Engine.fill_random`); the time is
-the median of ``repeats`` replays, each bracketed by CUDA events and queued behind a spin kernel so the
-host's launch latency stays out of it (:class:`Timer`). The copy of a launch's metadata that precedes
-each replay in a run is timed on its own, per byte (``meta_copy``, :func:`measure_meta_copy`): its size
-depends on the run's longest request, not the bench's.
+Unit models of each layer shape (core of one and of four layers, r_max 2) give the components directly: ``core1``,
+``layer`` = (4-layer - 1-layer core) / 3, ``prelude0``, ``coda0``, ``prefill_layer`` = (4-layer - 1-layer prefill) /
+6, ``prefill1``, ``kv_copy`` (:func:`measure_kv_fill`) and Huginn's ``adapter``; each model's own stages, the host
+per launch and the metadata copy per byte are measured too. Every stage is its executor CUDA graph replayed on random
+KV and loop states, the median of ``repeats`` replays queued behind a spin kernel (:class:`Timer`).
 """
 
 from __future__ import annotations
@@ -59,8 +40,7 @@ Points = dict[str, list[list[float]]]
 
 
 def spread_contexts(rows: int, shortest: int, longest: int) -> list[int]:
-    """Contexts of ``rows`` rows spread evenly in log length from ``longest`` down to ``shortest``: a batch
-    of a serving run's mixture of prompt and answer lengths rather than a few long rows among short ones."""
+    """Contexts of ``rows`` rows spread evenly in log length from ``longest`` down to ``shortest``."""
     if rows == 1:
         return [longest]
     ratio = longest / shortest
@@ -69,11 +49,8 @@ def spread_contexts(rows: int, shortest: int, longest: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Plan:
-    """What to sweep. ``quick`` keeps a few points per component (for a smoke run).
-
-    ``prefill_points`` are (tokens per chunk, chunks, cached prefix) triples: single chunks of many sizes,
-    a prefix, and several short prompts packed into one launch (each chunk costs attention work of its own).
-    """
+    """What to sweep (``quick``: a few points per component); ``prefill_points`` are (tokens per chunk, chunks,
+    cached prefix) triples."""
 
     # powers of two and the sizes halfway between (a kernel can switch its work split between them)
     batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -84,20 +61,17 @@ class Plan:
         (8192, 1, 0), (64, 1, 1024), (512, 1, 1024), (16, 8, 0), (16, 32, 0), (16, 64, 0), (64, 16, 0),
         (256, 8, 0), (1024, 2, 0), (4096, 2, 0), (2048, 4, 0), (1024, 8, 0))
     model_contexts: tuple[int, ...] = (32, 128, 512, 2048, 4096)
-    # core steps with a few long rows among short ones: (rows, short context, long context, long rows),
-    # within the model grid, so the attention width can be fitted (calibration.fit.fit_attention_slots)
+    # core steps with a few long rows among short ones (rows, short, long, long rows), for the attention width
     skew_points: tuple[tuple[int, int, int, int], ...] = (
         (2, 256, 4096, 1), (4, 256, 4096, 1), (8, 128, 4096, 1), (16, 128, 4096, 1), (16, 512, 4096, 4),
         (32, 128, 2048, 1), (48, 32, 1024, 2), (64, 32, 512, 8))
-    # and rows whose contexts spread from the shortest to the longest, padded as the engine pads (rows,
-    # shortest, longest): a serving run's mixtures (calibration.kernels.KernelPlan.spread_points says why)
+    # and rows whose contexts spread from the shortest to the longest (rows, shortest, longest)
     spread_points: tuple[tuple[int, int, int], ...] = (
         (2, 600, 4096), (4, 400, 4096), (8, 300, 4096), (9, 300, 4096), (16, 300, 4096), (17, 300, 4096),
         (32, 200, 4096), (13, 2500, 2500), (17, 2500, 2500))
     decode_contexts: tuple[int, ...] = (32, 128, 1024, 4096)
     model_max_positions: int = 65536  # the whole model's KV (shared slots) for batch x context
-    # long prompts packed as serving packs them (2-8 to a launch): at thousands of tokens the attention's
-    # share is large, and these set its cost per pair where it weighs (cdbsim.latency.prefill)
+    # long prompts packed as serving packs them (2-8 to a launch), which set the attention's cost per pair
     model_prefill_points: tuple[tuple[int, int, int], ...] = (
         (16, 1, 0), (32, 1, 0), (64, 1, 0), (256, 1, 0), (512, 1, 0), (2048, 1, 0), (8192, 1, 0), (512, 1, 1024),
         (16, 8, 0), (16, 32, 0), (16, 64, 0), (64, 16, 0), (256, 8, 0), (1024, 2, 0), (4096, 2, 0),
@@ -126,13 +100,9 @@ class Plan:
 class Timer:
     """Median time of a callable on the GPU (CUDA events) or the CPU (perf counter).
 
-    On a GPU every timed call is queued behind a spin kernel of ``spin_s`` (``torch.cuda._sleep``), so
-    the start event fires only once the host has queued the call's work: the time is the device's alone,
-    as in a serving run where the next launch is queued while one runs. Without it (``spin_s=0``) a short
-    graph's time also holds the host's launch latency and its jitter.
-
-    ``busy_s``: keep calling it for this long before timing, so the device is measured under sustained
-    load (clocks and power settle) rather than in a short burst.
+    On a GPU each timed call is queued behind a spin kernel of ``spin_s``, so the time is the device's alone
+    (``spin_s=0``: the host's launch latency included); ``busy_s`` keeps calling it that long first, to time under
+    sustained load.
     """
 
     CLOCK_HZ = 2.0e9  # spin cycles per second: an H200's top SM clock (a slower clock only spins longer)
@@ -178,9 +148,8 @@ class Timer:
 
 def back_to_back(fn: Callable[[], object], seconds: float, device: torch.device, min_calls: int = 1
                  ) -> list[tuple[float, float]]:
-    """``(seconds since the first call began, seconds of the call)`` of calls of ``fn`` back to back for
-    ``seconds`` (and at least ``min_calls``). On a GPU each call is timed by CUDA events and the host keeps
-    at most four calls queued ahead of the device, so it never waits; on a CPU by the clock."""
+    """``(seconds since the first call began, seconds of the call)`` of calls of ``fn`` back to back for ``seconds``
+    (at least ``min_calls``); on a GPU at most four calls are queued ahead, timed by CUDA events."""
     cuda = device.type == "cuda"
     calls: list = []
     started = time.perf_counter()
@@ -205,13 +174,9 @@ def back_to_back(fn: Callable[[], object], seconds: float, device: torch.device,
 
 
 class UnitBench:
-    """A model's engine with synthetic requests, so any stage can be timed at any (batch, context).
-
-    The KV cache and loop states hold random values (``zeros`` keeps the fresh engine's zeros), and each
-    request's blocks are consecutive ids (``scatter`` draws them from a seeded permutation of the whole
-    cache, as a long run's free list hands them out); ``kv_blocks`` overrides the cache size. The
-    defaults are what calibration measures with; the options exist to measure what these choices change.
-    """
+    """A model's engine with synthetic requests, so any stage can be timed at any (batch, context): random KV and
+    loop states (``zeros``: the fresh zeros), consecutive block ids (``scatter``: a seeded permutation),
+    ``kv_blocks`` for another cache size."""
 
     def __init__(self, arch: ArchSpec, max_batch: int, max_context: int, max_positions: int,
                  layout: KVLayout, device: torch.device, timer: Timer, seed: int = 0, *, zeros: bool = False,
@@ -237,8 +202,7 @@ class UnitBench:
         self.pad = padding_table(config.decode_sizes(), max_batch)
 
     def blocks_for(self, lengths: list[int]) -> list[list[int]]:
-        """Block ids for requests holding ``lengths[i] + 1`` positions each, laid out as the bench's block
-        order says."""
+        """Block ids for requests holding ``lengths[i] + 1`` positions each, in the bench's block order."""
         per = [-(-(n + 1) // self.bs) for n in lengths]
         if sum(per) > self.kv_blocks:
             raise ValueError(f"calibration point needs {sum(per)} KV blocks, the bench has {self.kv_blocks}")
@@ -247,16 +211,15 @@ class UnitBench:
 
     def stage(self, stage: Stage, batch: int, context: int, exiting: bool = False,
               mixed_steps: bool = False, contexts: list[int] | None = None) -> float:
-        """Seconds of one graph replay of a decode-type ``stage`` over ``batch`` tokens attending ``context``
-        (core: every token at loop step 0, or with ``mixed_steps`` at steps 0, 1, .., r_max - 1 in turn,
-        so the rows read different slots as in a refill run); ``contexts`` gives each row its own."""
+        """Seconds of one graph replay of decode-type ``stage`` over ``batch`` tokens at ``context``
+        (``mixed_steps``: rows at loop steps 0, 1, .. in turn; ``contexts``: one per row)."""
         return self.timer(self.graph(stage, batch, context, exiting, mixed_steps, contexts))
 
     def graph(self, stage: Stage, batch: int, context: int, exiting: bool = False,
               mixed_steps: bool = False, contexts: list[int] | None = None,
               with_copy: bool = False) -> Callable[[], object]:
-        """The graph replay of :meth:`stage`'s launch, its metadata in place (the graph is captured on first
-        use); ``with_copy``: the launch as the executor makes it, the metadata copy first."""
+        """The graph replay of :meth:`stage`'s launch, captured on first use; ``with_copy``: the metadata copy first.
+        """
         return self._launcher(self.prepared(stage, batch, context, exiting, mixed_steps, contexts), with_copy)
 
     def prepared(self, stage: Stage, batch: int, context: int, exiting: bool = False,
@@ -281,9 +244,8 @@ class UnitBench:
         return launch
 
     def prefill(self, tokens: int, chunks: int = 1, prefix: int = 0) -> float:
-        """Seconds of one graph replay of a prefill launch of ``chunks`` prompts of ``tokens`` tokens each,
-        every one after ``prefix`` cached tokens (several short prompts are packed into one launch), padded
-        to the scheduler's prefill size as in a run."""
+        """Seconds of one graph replay of a prefill launch of ``chunks`` prompts of ``tokens`` after ``prefix``
+        cached tokens, padded as in a run."""
         return self.prefill_timer(self.prefill_graph(tokens, chunks, prefix))
 
     def prefill_graph(self, tokens: int, chunks: int = 1, prefix: int = 0) -> Callable[[], object]:
@@ -299,15 +261,12 @@ class UnitBench:
             torch.cuda.empty_cache()
 
 
-META_COPY_BYTES = tuple(int(4 * 2 ** k) for k in range(10, 21))  # 4 KB .. 4 MB, the fit carried below. Timed
-# alone, copies up to 1 KB took 3.4 us and from 2 KB 7-8 us; served launches with sub-KB metadata paid the
-# larger time, and those points put the fit's intercept 3 us low (docs/calibration.md#the-metadata-copy)
+META_COPY_BYTES = tuple(int(4 * 2 ** k) for k in range(10, 21))  # 4 KB .. 4 MB, the fit carried below
 META_SPIN_S = 2e-3  # the host fills the pinned buffer before it queues the copy: up to ~1 ms at 4 MB
 
 
 def probe_arch(prog: str, name: str) -> ArchSpec | None:
-    """The architecture a GPU probe script measures (a preset or a file), or None after a one-line error on
-    stderr when there is no CUDA GPU or the name does not load."""
+    """The architecture a GPU probe script measures, or None after a one-line error (no CUDA GPU, or a bad name)."""
     import sys
 
     if not torch.cuda.is_available():
@@ -321,8 +280,7 @@ def probe_arch(prog: str, name: str) -> ArchSpec | None:
 
 
 def write_probe_table(table, path: Path, digits: int = 1) -> None:
-    """A GPU probe's results: ``table`` (a DataFrame) saved as CSV at ``path`` and printed under the device
-    and torch version that measured it."""
+    """A GPU probe's ``table`` saved as CSV at ``path`` and printed under the device and torch version."""
     path.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(path, index=False)
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
@@ -331,8 +289,8 @@ def write_probe_table(table, path: Path, digits: int = 1) -> None:
 
 def measure_meta_copy(device: torch.device, timer: Timer,
                       sizes: tuple[int, ...] = META_COPY_BYTES) -> Points:
-    """``[bytes, 0, t]``: a launch's metadata copy (pinned host buffer to the graph's input buffer, as
-    :class:`executor.graphs.PinnedStaging` makes it; a plain copy on a CPU) at several sizes."""
+    """``[bytes, 0, t]``: a launch's metadata copy (:class:`executor.graphs.PinnedStaging`; a plain copy on a CPU).
+    """
     from executor.graphs import PinnedStaging
 
     rows = []
@@ -403,11 +361,8 @@ FILL_LOOPS = 8  # r_max of the KV-fill bench: a token exiting at step 0 copies i
 
 def measure_kv_fill(arch: ArchSpec, plan: Plan, device: torch.device, timer: Timer,
                     progress: Callable[[str], None] = lambda _: None) -> list[list[float]]:
-    """``[copies, 0, t]``: what the last-exited fill adds to a 4-layer core step, per (token, slot, layer)
-    copy. Every token exits at loop step 0 of ``FILL_LOOPS``, so each copies its K/V into the
-    ``FILL_LOOPS - 1`` deeper slots in each layer; the time is that step less the same step without
-    exits. The copies are tiny next to the step, so they are made many (deep fills) and the step short
-    (the shortest context)."""
+    """``[copies, 0, t]``: what the last-exited fill adds to a 4-layer core step per (token, slot, layer) copy (every
+    token exiting at step 0 of ``FILL_LOOPS``, less the same step without exits)."""
     context = min(plan.contexts)
     batches = [b for b in plan.batches if b * context <= plan.max_positions]
     unit = replace(_unit(arch, 4), r_max=FILL_LOOPS)
@@ -473,8 +428,7 @@ def prefill_pairs(tokens: int, chunks: int, prefix: int) -> int:
 
 def measure_model(arch: ArchSpec, plan: Plan, device: torch.device,
                   progress: Callable[[str], None] = lambda _: None) -> Points:
-    """Every stage of the whole model as it is served (shared-slot KV to keep memory small): the shipped
-    models are predicted from these, re-split ones from the shape's components."""
+    """Every stage of the whole model as served (shared-slot KV): the model's own stage fits."""
     timer = Timer(device, plan.repeats, plan.warmup)
     max_batch = max(plan.batches)
     max_context = max(max(plan.model_contexts), max(plan.decode_contexts), plan.longest_prompt)
@@ -498,8 +452,7 @@ def measure_model(arch: ArchSpec, plan: Plan, device: torch.device,
 
 
 def mixed_contexts(plan: Plan) -> list[list[int]]:
-    """Each real row's context in the model's mixed-context core steps: ``plan.skew_points`` (a few long
-    rows among short ones), then ``plan.spread_points``, within ``plan.model_max_positions``."""
+    """Each real row's context in the mixed-context core steps (``skew_points``, then ``spread_points``)."""
     points = [[long] * n_long + [short] * (b - n_long) for b, short, long, n_long in plan.skew_points]
     points += [spread_contexts(b, shortest, longest) for b, shortest, longest in plan.spread_points]
     return [c for c in points if sum(c) <= plan.model_max_positions]
@@ -507,8 +460,7 @@ def mixed_contexts(plan: Plan) -> list[list[int]]:
 
 def measure_model_skew(arch: ArchSpec, plan: Plan, bench: UnitBench,
                        progress: Callable[[str], None] = lambda _: None) -> list[list[float]]:
-    """``[padded rows, context of each real row..., t]``: core steps whose rows attend different contexts
-    (:func:`mixed_contexts`), for the attention width (:func:`calibration.fit.fit_attention_slots`)."""
+    """``[padded rows, context of each real row..., t]``: core steps of mixed contexts (:func:`mixed_contexts`)."""
     rows = []
     for contexts in mixed_contexts(plan):
         b = len(contexts)
@@ -519,8 +471,8 @@ def measure_model_skew(arch: ArchSpec, plan: Plan, bench: UnitBench,
 
 def remeasure_attention(arch: ArchSpec, profile: Profile, device: torch.device, plan: Plan | None = None,
                         progress: Callable[[str], None] = lambda _: None) -> Profile:
-    """``profile`` (a measured profile of ``arch``) with its mixed-context core steps measured again and its
-    attention width and sharpness fitted on them; every other fit kept."""
+    """``profile`` with its mixed-context core steps measured again and its attention width and sharpness refitted.
+    """
     from calibration.fit import fit_attention_slots
 
     plan = plan or Plan()
@@ -537,14 +489,8 @@ def remeasure_attention(arch: ArchSpec, profile: Profile, device: torch.device, 
 
 def measure_host(arch: ArchSpec, device: torch.device, requests: int = 128, seed: int = 0,
                  progress: Callable[[str], None] = lambda _: None) -> Points:
-    """Host seconds per launch against items, from a short serving run as the executor serves: lookahead
-    timing, 64 slots, refill at K = 1 (the launch-heaviest policy), Alpaca requests.
-
-    The executor's ``host_s`` is all the host's work per launch on that path (completions, planning,
-    preparing, enqueueing; waits left out: :mod:`executor.driver`), which is what the simulator charges
-    before each launch. Points are medians per distinct item count, so the fit sees the trend rather
-    than scheduler noise.
-    """
+    """Host seconds per launch against items (medians per item count) from a short executor serving run: lookahead,
+    64 slots, refill at K = 1, Alpaca requests."""
     progress(f"{arch.name}: host time from a {requests}-request serving run")
     trace = build_trace("alpaca", requests, arch.r_max, 2, ExitModel(mean=(arch.r_max + 2) / 2), seed=seed)
     config = ServeConfig(policy=Policy.REFILL, width=64, coda_batch=1, timing="lookahead",

@@ -1,18 +1,12 @@
 """cdbsim: serving throughput and latency of looped language models under Continuous Depth Batching.
 
-The simulator side of the project: architectures, the shared scheduler, latency models, the SimPy
-simulator and the report. Pure Python (numpy, scipy, pandas, simpy); it never imports torch.
-
-From Python::
+Pure Python (numpy, scipy, pandas, simpy; never torch). The public names load on first use::
 
     import cdbsim
 
     result = cdbsim.predict(cdbsim.Experiment(workload={"name": "alpaca", "requests": 100}), baseline=True)
-    result.to_frame()
     cdbsim.sweep(exp, grid={"serve.width": [16, 64, 256]})             # one row per point (a DataFrame)
     cdbsim.capacity(exp, tpot_s=0.05, policies=["cb", "refill"])       # the highest rate within the SLOs
-
-``import cdbsim`` itself loads none of the numerical libraries: the names below are imported on first use.
 """
 
 from __future__ import annotations

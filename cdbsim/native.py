@@ -1,17 +1,8 @@
-"""Which of the simulator's modules an install compiles, and the rule that keeps a stale build out.
+"""Which simulator modules an install compiles with mypyc (``setup.py``), and the rule that keeps a stale build out.
 
-A co-design sweep runs thousands of simulations, so the simulator's cost per launch is the planner's. The
-modules below run once or more per simulated launch (the scheduler, its per-request state and KV blocks,
-the launch record, the host pipeline, the event loop's host process, the launch log and the latency
-lookups); ``pip install`` compiles them to C extensions with mypyc (``setup.py``), which about halves the
-time per launch (``benchmarks/bench_sim.py``). The Python source stays the reference: it is what the GPU
-machine runs, what a machine without a C compiler installs, and what runs whenever the compiled build does
-not match it.
-
-The build records a hash of each module's source (:data:`STAMP`). At ``import cdbsim`` the package checks
-it: if a source file was edited after the build (an editable install being worked on), or the build is
-incomplete, or ``CDBSIM_PURE=1`` is set, every module of the list is imported from its source instead,
-all of them together (compiled modules call each other directly, so a mix would run old code).
+The build records each module's source hash (:data:`STAMP`). At ``import cdbsim``, if a source changed after the
+build, the build is incomplete, or ``CDBSIM_PURE=1`` is set, every module of :data:`COMPILED` is imported from
+source, all together (compiled modules call each other directly).
 """
 
 from __future__ import annotations
@@ -77,8 +68,7 @@ class _SourceFinder(importlib.abc.MetaPathFinder):
 
 
 def guard() -> None:
-    """Run the source of every compiled module if the build is stale or switched off (see the module
-    docstring); says so once when it is stale, since the run is then about half as fast."""
+    """Run every compiled module from source if the build is stale or switched off; warns once when stale."""
     reason = stale_reason()
     if reason is None or any(isinstance(f, _SourceFinder) for f in sys.meta_path):
         return

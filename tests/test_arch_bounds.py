@@ -1,4 +1,4 @@
-"""Architecture numbers and bounds against reference/models.md and the paper's formulas."""
+"""Architecture numbers and bounds against the public model configs and the CDB paper's formulas."""
 
 from __future__ import annotations
 

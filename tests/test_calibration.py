@@ -222,7 +222,8 @@ def test_sustained_family_records_its_replays_and_the_fit_they_give(tmp_path) ->
 
 def test_few_gemm_family_records_the_few_row_points_and_the_builds_rule(tmp_path) -> None:
     pytest.importorskip("torch")
-    from calibration.kernels import KernelPlan, calibrate_kernels, few_gemm_points
+    from calibration.kernel_chains import few_gemm_points
+    from calibration.kernels import KernelPlan, calibrate_kernels
     from cdbsim.latency.gpu_work import FEW_ROWS_MAX, FEW_ROWS_MAX_HIDDEN
 
     plan = KernelPlan(gemm_m=(1, 8, 32), gemm_n=(64, 4096), gemm_k=(64, 4096), repeats=2, warmup=1)
@@ -240,7 +241,8 @@ def test_few_swiglu_family_times_the_gate_up_kernel_and_the_model_reads_it(tmp_p
     pytest.importorskip("torch")
     from dataclasses import replace
 
-    from calibration.kernels import KernelPlan, calibrate_kernels, few_swiglu_points
+    from calibration.kernel_chains import few_swiglu_points
+    from calibration.kernels import KernelPlan, calibrate_kernels
     from cdbsim.latency.kernels import KernelModel
     from cdbsim.model.arch import PRESETS
 
@@ -262,7 +264,7 @@ def test_gemv_points_cover_every_chained_layer_and_only_those() -> None:
     brackets every such launch of the shipped, probe and unseen shapes in its op's grid."""
     from pathlib import Path
 
-    from calibration.kernels import KernelPlan, gemv_points
+    from calibration.kernel_chains import KernelPlan, gemv_points
     from cdbsim.latency.gpu_work import CHAINED_MAX_HIDDEN
     from cdbsim.latency.kernels import PROBE_SHAPES
     from cdbsim.model.arch import PRESETS, load_arch

@@ -16,7 +16,7 @@ from cdbsim.errors import ConfigError
 from cdbsim.latency.shipped import profile_dir
 from cdbsim.planner.experiment import Experiment, LatencySection
 from cdbsim.planner.grid import Grid
-from cdbsim.planner.point_cache import PointCache, point_key
+from cdbsim.planner.point_cache import PointCache, default_cache_path, point_key
 from cdbsim.planner.sweep import PointTask, SweepPlan, metric_columns, run_point
 from cdbsim.report.metrics import Report
 
@@ -180,3 +180,13 @@ def test_cache_key_follows_the_folder_profile_names_resolve_from(tmp_path, monke
     data["notes"] = "edited"
     edited.write_text(json.dumps(data))
     assert point_key(BASE, baseline=False) != key
+
+
+def test_the_default_cache_lives_under_the_xdg_cache_folder(tmp_path, monkeypatch) -> None:
+    """Only ``--cache`` chooses another file: the environment names the cache folder, not the file."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CDBSIM_CACHE", str(tmp_path / "elsewhere.sqlite"))
+    assert default_cache_path() == tmp_path / "cdbsim" / "points.sqlite"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_cache_path() == tmp_path / ".cache" / "cdbsim" / "points.sqlite"

@@ -1,8 +1,6 @@
 """Inputs of a serving run: requests (prompt length, output length, arrival) and per-token exit depths.
 
-No torch here: traces are read, built and written with numpy, scipy and pandas only. The names below are
-imported when first used (PEP 562), so that ``import traces`` costs numpy alone: reading files pulls in
-pandas, and only the synthetic exit model needs scipy.
+No torch; names load on first use (PEP 562), so ``import traces`` costs numpy alone.
 """
 
 from __future__ import annotations

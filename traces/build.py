@@ -17,12 +17,9 @@ from traces.workloads import length_model
 def build_trace(workload: str, n: int, r_max: int, r_min: int = 1,
                 exits: ExitModel | None = None, rate: float | None = None, seed: int = 0,
                 max_total_len: int | None = None, progress: Callable[[int], None] | None = None) -> list[Request]:
-    """``n`` requests of preset ``workload`` with exit depths for a model looping up to ``r_max``.
-
-    ``rate`` (requests/s) gives Poisson arrivals; ``None`` puts every request at t = 0.
-    ``max_total_len`` truncates outputs so that prompt + output fits a model's context window.
-    ``progress`` is advanced by the requests whose depths are drawn (the slow part, per request).
-    """
+    """``n`` requests of preset ``workload`` with exit depths for a model looping up to ``r_max``: Poisson arrivals
+    at ``rate`` (None: all at t = 0), outputs truncated to ``max_total_len``; ``progress`` follows the depth
+    draws."""
     require(n >= 1, f"the number of requests must be >= 1, got {n}")
     if rate is not None:
         require(math.isfinite(rate) and rate > 0, f"the request rate must be a number > 0 req/s, got {rate}")

@@ -1,11 +1,6 @@
-"""Closed sets of names a user picks from (a policy, a stage, a KV layout, a layer style, ...).
-
-Each is an enum whose members are also their string values: a member compares and hashes equal to its
-value, prints and formats as it, and so round-trips through JSON, CSV, TOML and f-strings unchanged.
-:meth:`Choice.parse` turns a user's string into a member, or raises the one-line error that lists the
-valid names. It lives in ``traces`` so that both packages below the CLI can use it (imports point
-``cdbsim`` -> ``traces``).
-"""
+"""Closed sets of names a user picks from (a policy, a stage, a KV layout, ...): enums equal to their string values,
+so they round-trip through JSON, CSV, TOML and f-strings; :meth:`Choice.parse` gives a member or the one-line
+error listing the valid names."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The one exception type for bad user input, shared by ``traces`` and ``cdbsim``.
+"""The one exception type for bad user input, shared by ``traces`` and ``cdbsim`` (as ``ConfigError``).
 
-Anything a user can get wrong (an unknown preset, K > W, a malformed trace file) raises
-:class:`InputError` with a single-line message. The CLI turns it into ``error: ...`` on stderr and exit
-code 2; library users can catch it like any ``ValueError``. It lives in ``traces`` because imports point
-one way (``cdbsim`` -> ``traces``); ``cdbsim.errors`` re-exports it as ``ConfigError``.
+:class:`InputError` carries a single-line message; the CLI prints it as ``error: ...`` with exit code 2.
 """
 
 from __future__ import annotations
@@ -30,8 +27,8 @@ def require(condition: bool, message: str) -> None:
 
 
 def read_text(path: str | Path, what: str) -> str:
-    """The UTF-8 text of ``path``; a missing file or bytes that are not UTF-8 (a binary file given by
-    mistake) are a one-line error naming the file and the line of the first bad byte."""
+    """The UTF-8 text of ``path``; a missing file or non-UTF-8 bytes are a one-line error naming the file and line.
+    """
     path = Path(path)
     require(path.is_file(), f"{what} {path} does not exist")
     data = path.read_bytes()

@@ -1,15 +1,9 @@
-"""Exit-depth models: how many core loops each generated token asks for.
+"""Synthetic exit-depth models (how many core loops each generated token asks for), for what-if studies.
 
-These are *synthetic* stand-ins for a real model's exit gate, for what-if studies. To replay a real
-model's decisions, record them (``executor`` can, with live gates) or bring a trace file recorded
-elsewhere (see :mod:`traces.io`).
-
-* ``none``: every token runs ``r_max`` loops (no early exit).
-* ``fixed``: every token asks for the same depth.
-* ``synthetic``: depths on ``[r_min, r_max]`` from a beta-binomial distribution with an exact mean and a
-  chosen dispersion (0 = binomial, towards 1 = mass at the two ends), correlated from token to token
-  within a request through a Gaussian AR(1) copula with lag-one correlation ``correlation`` (hard
-  prompts stay hard for a while, as real exit gates do).
+* ``none``: every token runs ``r_max`` loops; ``fixed``: every token asks for the same depth.
+* ``synthetic``: depths on ``[r_min, r_max]`` from a beta-binomial with an exact mean and a dispersion (0 = binomial,
+  towards 1 = mass at the ends), correlated along a request through a Gaussian AR(1) copula with lag-one correlation
+  ``correlation``.
 """
 
 from __future__ import annotations
@@ -80,11 +74,8 @@ class ExitModel:
 
     def depths(self, output_lens: np.ndarray, r_min: int, r_max: int, rng: np.random.Generator,
                progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
-        """Per request, the requested depths of output tokens 1 .. output_len - 1 (views of one array;
-        ``progress`` is told the number of requests once they are drawn).
-
-        The requests' sequences are drawn and filtered together, as one stream of draws in request order:
-        the same numbers a request-by-request loop would give, without a numpy call per request."""
+        """Per request, the requested depths of output tokens 1 .. output_len - 1 (views of one array), drawn as one
+        stream in request order; ``progress`` is told the number of requests."""
         cdf = np.cumsum(self.pmf(r_min, r_max))
         cdf[-1] = 1.0
         counts = np.maximum(np.asarray(output_lens, dtype=np.int64) - 1, 0)
@@ -101,8 +92,7 @@ class ExitModel:
         return [flat[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
 
     def _latent(self, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Per request (``counts[i]`` values each, laid end to end), a stationary standard-normal AR(1)
-        sequence with lag-one correlation ``correlation``."""
+        """Per request (``counts[i]`` values each, end to end), a stationary standard-normal AR(1) sequence."""
         eps = rng.standard_normal(int(counts.sum()))
         rho = self.correlation
         if rho == 0.0 or not len(eps):
@@ -148,9 +138,8 @@ def beta_binomial_pmf(n: int, a: float, b: float) -> np.ndarray:
 
 
 def ar1_filter(x: np.ndarray, gain: float, rho: float, state: np.ndarray) -> np.ndarray:
-    """Each row of ``x`` filtered by ``y[t] = state + gain x[t]``, ``state = rho y[t]`` (initial ``state`` per
-    row): ``scipy.signal.lfilter([gain], [1, -rho], x, axis=1, zi=state[:, None])[0]`` to the bit, one time
-    step over all rows at a time, without importing scipy.signal (about 0.4 s)."""
+    """Each row of ``x`` filtered by ``y[t] = state + gain x[t]``, ``state = rho y[t]``: bit for bit
+    ``scipy.signal.lfilter([gain], [1, -rho], x, axis=1, zi=state[:, None])[0]``, without importing scipy.signal."""
     xt = np.ascontiguousarray(x.T)
     y = np.empty_like(xt)
     z = np.array(state, dtype=float)

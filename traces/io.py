@@ -1,23 +1,9 @@
-"""Reading and writing request + exit-depth traces as CSV or Parquet (one schema for both).
+"""Reading and writing request + exit-depth traces as CSV or Parquet (by extension; one schema).
 
-Schema, one row per request:
-
-=============  ===========  ======================================================================
-column         type         meaning
-=============  ===========  ======================================================================
-request_id     int          unique id of the request
-prompt_len     int >= 1     prompt tokens
-output_len     int >= 1     generated tokens, including the first one (produced by prefill)
-arrival_s      float >= 0   arrival time in seconds from the start of the run (0 for offline runs)
-exit_depths    ints         requested core loops (1-indexed) for output tokens 1 .. output_len - 1,
-                            so exactly output_len - 1 values; CSV: space-separated in one field;
-                            Parquet: a list<int16> column
-=============  ===========  ======================================================================
-
-The format is the file's extension: ``.csv`` or ``.parquet``. A malformed file is refused with a
-one-line error that names the file and the line (CSV, counting the header as line 1) or the row
-(Parquet): a file without requests, a value that is not a number (``inf``, ``nan``) or out of range (an
-arrival after :data:`traces.request.MAX_ARRIVAL_S`), a duplicate id, depths that do not fit.
+One row per request: ``request_id`` (int, unique), ``prompt_len`` (int >= 1), ``output_len`` (int >= 1, the first
+token included), ``arrival_s`` (float >= 0, seconds from the run's start), ``exit_depths`` (the 1-indexed loops asked
+for by output tokens 1 .. output_len - 1: space-separated in CSV, a list<int16> in Parquet). A malformed file is a
+one-line error naming the file and the line (CSV, header = 1) or row (Parquet).
 """
 
 from __future__ import annotations

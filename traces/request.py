@@ -14,13 +14,8 @@ MAX_ARRIVAL_S = 1e6
 
 @dataclass(slots=True)
 class Request:
-    """One request of a trace.
-
-    ``depths[j - 1]`` is the exit depth (number of core loops, 1-indexed) the model asks for when it
-    generates output token ``j`` for ``j = 1 .. output_len - 1``. Output token 0 has no entry: prefill
-    produces it at full depth. A scheduler clamps each depth to ``[r_min, r_max]``; token-level
-    continuous batching ignores them and runs every token at ``r_max``.
-    """
+    """One request of a trace; ``depths[j - 1]`` is the exit depth (core loops, 1-indexed) asked for by output token
+    ``j`` (token 0 comes from prefill at full depth); schedulers clamp it to ``[r_min, r_max]``."""
 
     request_id: int
     prompt_len: int

@@ -1,9 +1,5 @@
-"""A load that shifts during a run: the requests of one workload in phases, each with its own Poisson rate
-and exit model, the next phase arriving after the previous one's last request.
-
-A fixed serving choice (a policy, a coda batch K) is tuned to one load; such a trace asks whether a policy
-that adapts as it runs does better than every fixed one when the load changes half-way.
-"""
+"""A load that shifts during a run: one workload's requests in phases, each with its own Poisson rate and exit model,
+each phase arriving after the previous one's last request."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
 """Prompt and output lengths of the Alpaca, ShareGPT and ArXiv-summarization workloads.
 
-The percentiles (0, 1, ..., 100) of prompt and output length, in Llama-2 tokens, are embedded as
-package data in ``data/workload-lengths.json`` together with where each came from:
-
-* ``sharegpt``: microsoft/sarathi-serve ``data/processed_traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv``
-  (30,731 conversations; prompts include multi-turn history; outputs capped at 1,024).
-* ``arxiv``: microsoft/vidur ``data/processed_traces/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv``
-  (28,257 papers, total <= 4,096 tokens).
-* ``alpaca``: a uniform 5,000-record sample of tatsu-lab/stanford_alpaca, tokenized with the Llama-2 tokenizer
-  (+1 for BOS), prompts without the instruction template.
-
-Sampling draws prompt and output length jointly through a Gaussian copula whose rank correlation is the
-recorded Spearman coefficient, then maps each margin through its piecewise-linear quantile function.
+Percentiles 0..100 of each length (Llama-2 tokens) are package data (``data/workload-lengths.json``), from
+microsoft/sarathi-serve's ShareGPT trace stats, microsoft/vidur's arXiv-summarization stats and a 5,000-record sample
+of tatsu-lab/stanford_alpaca. Prompt and output lengths are drawn jointly through a Gaussian copula with the recorded
+Spearman correlation, each through its piecewise-linear quantile function.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""GPU presets: datasheet figures, and what they imply for a GPU this project has not measured.
+"""GPU presets: datasheet figures, and the achievable figures they imply for a GPU this project has not measured.
 
-Every measured profile comes from one GPU (an H200). Another GPU is predicted by carrying the measured
-kernels over with that GPU's speeds (:mod:`cdbsim.latency.kernels`): a kernel that reached some share of the
-H200's bandwidth or matmul rate is assumed to reach the same share of the other GPU's. The achievable
-figures of a preset are therefore the H200's measured ones (4.3 TB/s copy bandwidth, about 790 TFLOP/s
-bf16 matmul; ``reference/h200-notes.md``) scaled by the ratio of the two datasheets. Predictions for any
-preset but the H200 are labelled "not validated": no run on that GPU has checked them.
-
-Datasheet figures (dense bf16 Tensor Core rate, HBM capacity and bandwidth of one GPU):
-
-* H200 SXM: 989 TFLOP/s, 141 GB, 4.8 TB/s (NVIDIA H200 Tensor Core GPU datasheet; 1,979 with sparsity).
-* H100 SXM: 989 TFLOP/s, 80 GB, 3.35 TB/s (NVIDIA H100 Tensor Core GPU datasheet, SXM5; 1,979 with
-  sparsity).
-* B200 (HGX): 2,250 TFLOP/s, 180 GB, 7.7 TB/s (NVIDIA HGX B200 specifications: 4.5 PFLOP/s bf16 with
-  sparsity, so 2.25 dense).
-* A100 80GB SXM: 312 TFLOP/s, 80 GB, 2.039 TB/s (NVIDIA A100 Tensor Core GPU datasheet).
+Measured profiles come from an H200; another GPU carries the measured kernels over at the same share of its bandwidth
+and matmul rate (:mod:`cdbsim.latency.kernels`), so a preset's achievable figures are the H200's scaled by the ratio
+of the datasheets, and its predictions are labelled "not validated". Datasheets (dense bf16, HBM): H200 SXM 989
+TFLOP/s, 141 GB, 4.8 TB/s; H100 SXM5 989 TFLOP/s, 80 GB, 3.35 TB/s; HGX B200 2,250 TFLOP/s, 180 GB, 7.7 TB/s; A100
+80GB SXM 312 TFLOP/s, 80 GB, 2.039 TB/s (NVIDIA datasheets).
 """
 
 from __future__ import annotations
@@ -26,8 +16,7 @@ from cdbsim.errors import unknown
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """Figures of a device for the roofline profile; defaults are measured H200 numbers
-    (reference/h200-notes.md: ~4.3 TB/s copy bandwidth, ~790 TFLOP/s bf16 matmul)."""
+    """Figures of a device for the roofline profile; defaults are the H200's achievable ones."""
 
     name: str = "NVIDIA H200"
     bandwidth: float = 4.3e12           # bytes/s
@@ -81,7 +70,3 @@ def device_preset(name: str) -> DeviceSpec:
                    matmul_flops=H200.matmul_flops * sheet.bf16_flops / base.bf16_flops,
                    memory_bytes=sheet.memory_bytes)
 
-
-def validated(device: DeviceSpec) -> bool:
-    """Whether predictions on ``device`` have been checked against runs (the measured H200 only)."""
-    return device == H200

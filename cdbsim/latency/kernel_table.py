@@ -1,25 +1,16 @@
 """One measured kernel's time over its shape: interpolation in log space, honest extrapolation.
 
-A kernel table holds points ``[d_1, ..., d_n, t]`` measured on (most of) a rectilinear grid of its
-dimensions: a GEMM's ``m, n, k``, an attention kernel's rows, heads, head size and context. A time between
-grid points is interpolated piecewise-linearly in ``log t`` against ``log(1 + d)`` one dimension at a time
-(sizes may be 0, as a prefill's cached prefix),
-which is exact for power laws (a memory-bound kernel's time grows like its bytes) and follows the measured
-kinks of a kernel that switches tiles. Dimensions that name a variant rather than a size (a layer style, a
-kernel flavour) are matched exactly.
-
-Outside the grid, or where the grid has a hole, the nearest measured value is carried over by an
-analytic *proxy* of the kernel (its roofline time: bytes over bandwidth, FLOPs over matmul rate, plus a
-launch): ``t(q) = t(edge) * proxy(q) / proxy(edge)``. Every lookup reports how far it had to go outside
-the grid (the largest ratio between a query dimension and the nearest grid value; 1.0 inside), so a
-prediction that rests on extrapolation says so.
+A table holds points ``[d_1, ..., d_n, t]`` on (most of) a rectilinear grid. Between grid points ``log t`` is
+interpolated piecewise-linearly against ``log(1 + d)`` one dimension at a time; variant dimensions match exactly.
+Outside the grid (or in a hole) the nearest value is carried by the kernel's roofline *proxy*, ``t(q) =
+t(edge) * proxy(q) / proxy(edge)``, and every lookup reports how far outside the grid it went (1.0 inside).
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 Proxy = Callable[[tuple[float, ...]], float]
@@ -97,7 +88,3 @@ class KernelTable:
 def _with(q: tuple[float, ...], level: int, x: float) -> tuple[float, ...]:
     return (*q[:level], x, *q[level + 1:])
 
-
-def grid_values(points: Sequence[Sequence[float]], dim: int) -> list[float]:
-    """The distinct values of dimension ``dim`` among ``points``."""
-    return sorted({float(p[dim]) for p in points})

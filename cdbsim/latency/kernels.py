@@ -1,32 +1,11 @@
-"""A latency model for architectures nobody has built yet: stage times composed from measured kernels.
+"""Stage times composed from measured kernels, for architectures nobody has built yet.
 
-``cdbsim calibrate --kernels`` times the kernels the executor launches (its GEMMs, the Triton norm,
-SwiGLU, RoPE/KV-write and paged-attention kernels, the chained kernels of one or two rows) over a grid that spans
-the design space, plus the glue around them (embedding and hidden-state copies, head and sampling), each
-as CUDA-graph replays of a chain of distinct inputs, so launch gaps and cache behaviour are those of a
-stage. This module turns those tables into the components of :mod:`cdbsim.latency.recipes` for any
-:class:`~cdbsim.model.arch.ArchSpec` whose kernels lie in (or near) the grid:
-
-    layer    = gemm(B, qkv, h) + rope_kv + decode_attention(L) + gemm(B, h, heads*d) + residual_norm
-               + gemm(B, 2i, h) + silu_mul + gemm(B, h, i) + residual_norm   (+ GEMM share, gap per kernel)
-               (a profile that measured the few-row matmul: up to its recorded rows and width the GEMMs read
-               few_gemm and the SwiGLU is in the gate/up one's epilogue, no silu_mul)
-    layer    (chained path, 1-2 rows) = gemv_residual(qkv) + chained_attention(L) + gemv(o)
-               + gemv_swiglu(gate/up) + gemv(down)                                    (+ gap per kernel)
-    core1    = layer + core glue (bank gather/scatter, first norm, Huginn's adapter)
-    prelude0, coda0 (embedding / head + sampling and glue) from their own measured tables
-    prefill_layer = the layer's kernels at ``m = tokens`` with packed prefill attention; prefill1 adds
-               the prefill glue (embedding, head on the sampled rows)
-
-What whole probe layers measured in the same calibration run take beyond the sum of their kernels is
-added per layer: on the many-row path a share of the GEMMs' time plus a gap per kernel (a GEMM runs a
-little faster between small kernels than in its chain, a small kernel a little slower), on the chained
-path a gap per kernel (:func:`calibration.fit.fit_gaps`). The result is a set of component fits with points
-on a dense (batch, context) grid, which :class:`cdbsim.latency.model.LatencyModel` interpolates like measured ones.
-
-A second GPU is predicted by scaling every kernel by the ratio of its roofline times on the two devices
-(bytes over bandwidth, FLOPs over matmul rate): the measured efficiency curves carry over, the speeds
-change. Such predictions are labelled "not validated".
+``cdbsim calibrate --kernels`` (:mod:`calibration.kernels`) times the executor's kernels over a grid spanning the
+design space; this module sums them into the components of :mod:`cdbsim.latency.recipes` for any
+:class:`~cdbsim.model.arch.ArchSpec`: a decode layer is its projections, RoPE/KV write, attention, norms and SwiGLU
+(or the chained kernels at one or two rows), plus the per-kernel gap and GEMM share fitted on whole probe layers
+(:func:`calibration.fit.fit_gaps`). Another GPU scales every kernel by the ratio of its roofline times on the two
+devices; such predictions are labelled "not validated".
 """
 
 from __future__ import annotations
@@ -80,8 +59,7 @@ class Speeds:
 
 
 def _proxies(s: Speeds) -> dict[str, Callable[[tuple[float, ...]], float]]:
-    """Roofline time of each kernel at a query: what carries a measured value to a shape off the grid
-    and to another device."""
+    """Roofline time of each kernel at a query: what carries a measured value off the grid and to another device."""
     bw, fl, c = s.bandwidth, s.flops, s.launch
 
     def gemm(q):
@@ -115,8 +93,8 @@ def _proxies(s: Speeds) -> dict[str, Callable[[tuple[float, ...]], float]]:
 
 
 def _current(name: str, points: list) -> list:
-    """A table's points in the current layout: a ``gemv`` table measured before it had a ``rows`` dimension
-    (``[op, n, k, t]``) was measured at one row."""
+    """A table's points in the current layout (a ``gemv`` table without a ``rows`` dimension was measured at one
+    row)."""
     if name == "gemv" and points and len(points[0]) == 4:
         return [[op, 1.0, n, k, t] for op, n, k, t in points]
     return points
@@ -140,20 +118,16 @@ TABLE_DIMS: dict[str, tuple[str, ...]] = {
     "prefill_glue": ("style", "hidden", "tokens", "chunks"),
     "adapter": ("hidden", "rows"),
 }
-EXACT_DIMS = frozenset({"op", "style"})
-"""Dimensions matched exactly (a variant, not a size). ``units`` is (rows x heads): the attention and
-RoPE kernels run one program group per (row, head), so their time follows the product."""
+EXACT_DIMS = frozenset({"op", "style"})  # matched exactly (variants); ``units`` is rows x heads
 
 
 @dataclass
 class KernelModel:
     """The kernel tables of one calibration, read for any architecture (optionally on another device).
 
-    ``record`` is a kernel profile's ``kernels`` section: ``tables`` ({name: points}), ``gaps`` (what a layer
-    takes beyond its kernels' tables, for the ``many``-row and ``chained`` paths), ``copy_bandwidth``
-    (bytes/s), ``attention_slots`` and ``attention_sharpness`` ({head_dim: number}, or {head_dim: {group:
-    number}}: programs the GPU runs at once, and the p-norm's p), ``device`` (the measured GPU's figures, for
-    the proxies) and ``glue_vocab`` (the vocabulary the prefill glue was measured at).
+    ``record`` is a kernel profile's ``kernels`` section: ``tables`` ({name: points}), ``gaps`` (per path),
+    ``copy_bandwidth`` (bytes/s), ``attention_slots`` and ``attention_sharpness`` (per head size, or per head size
+    and group), ``device`` (the measured GPU's figures) and ``glue_vocab``.
     """
 
     record: dict
@@ -183,8 +157,8 @@ class KernelModel:
         return seconds
 
     def gap(self, style: LayerStyle, path: str, rows: float = 1.0) -> float:
-        """Seconds per kernel a layer of ``style`` takes beyond its kernels' tables: a number, or ``[[rows,
-        gap], ...]`` interpolated in log rows (the edges carried flat)."""
+        """Seconds per kernel a layer of ``style`` takes beyond its kernels' tables: a number, or
+        ``[[rows, gap], ...]`` interpolated in log rows."""
         gap = self.gaps.get(str(style), {}).get(path, 0.0)
         if not isinstance(gap, list):
             return float(gap)
@@ -198,15 +172,13 @@ class KernelModel:
         return points[-1][1]
 
     def gemm_share(self, style: LayerStyle) -> float:
-        """The share of a many-row layer's GEMM tables it takes beyond them (negative: less); zero in a
-        record fitted before the share was."""
+        """The share of a many-row layer's GEMM time it takes beyond the tables (negative: less); 0 if not fitted."""
         return float(self.gaps.get(str(style), {}).get("many_gemm", 0.0))
 
     # ----- components ----------------------------------------------------------------------------
     def layer_kernels(self, arch: ArchSpec, rows: int, length: float) -> tuple[list[tuple[str, float]], str]:
-        """The kernels one decode layer of ``arch`` launches over ``rows`` padded rows attending ``length``
-        positions each, as ``(table, seconds)`` in launch order, and the path (``chained`` or ``many``)
-        whose per-kernel gap applies."""
+        """The kernels of one decode layer of ``arch`` over ``rows`` padded rows at ``length`` positions, as
+        ``(table, seconds)`` in launch order, and the path (``chained`` or ``many``) whose gap applies."""
         s = arch.layer
         h, i, d, g = s.hidden, s.intermediate, s.head_dim, s.heads / s.kv_heads
         qkv = (s.heads + 2 * s.kv_heads) * d
@@ -225,27 +197,20 @@ class KernelModel:
                 *mlp], "many"
 
     def chained_rows(self, hidden: int) -> int:
-        """Rows up to which the calibrated build ran a layer of a model ``hidden`` wide on the chained kernels
-        (:mod:`cdbsim.latency.gpu_work`), as its profile records (``chained_rows``: the rule of the build it measured, with
-        the ``gemv`` table at those rows). A profile measured before two-row launches took that path records
-        none: its build chained single rows only, and it composes two rows as that build ran them."""
+        """Rows up to which the calibrated build ran a model ``hidden`` wide on the chained kernels, as its profile
+        records (a profile without the record chained single rows only)."""
         rule = self.record.get("chained_rows", {"rows": 1, "hidden": CHAINED_MAX_HIDDEN})
         return int(rule["rows"]) if hidden <= rule["hidden"] else 0
 
     def few(self, rows: int, hidden: int) -> bool:
-        """Whether the calibrated build ran the projections of a launch of ``rows`` rows of a model ``hidden``
-        wide on the few-row matmul (:mod:`cdbsim.latency.gpu_work`): as its profile records (``few_rows``: the rule of
-        the build it measured, and the ``few_gemm`` table). A profile measured before that kernel existed
-        composes cuBLAS GEMMs and the SwiGLU kernel, as its build ran them."""
+        """Whether the calibrated build ran a ``rows``-row launch of a model ``hidden`` wide on the few-row matmul,
+        as its profile records (``few_rows``)."""
         rule = self.record.get("few_rows")
         return bool(rule) and "few_gemm" in self.tables and rows <= rule["rows"] and hidden <= rule["hidden"]
 
     def projections(self, rows: int, s: LayerShape) -> list[tuple[str, float]]:
-        """A layer's four projections and its SwiGLU: ``(qkv, o, gate/up [+ silu_mul], down)``. On the few-row
-        matmul the SwiGLU is in the gate/up projection's epilogue (the ``few_swiglu`` table where the profile
-        measured it: the kernel the executor runs, on its own launch configuration; else timed as the plain
-        projection of the same weight bytes) and its other GEMMs read the ``few_gemm`` table; they are named
-        ``gemm`` either way, for the layer's GEMM share."""
+        """A layer's projections and SwiGLU: ``(qkv, o, gate/up [+ silu_mul], down)``, on the few-row matmul (SwiGLU
+        in the gate/up epilogue) where the build ran it; all named ``gemm`` for the GEMM share."""
         h, i = s.hidden, s.intermediate
         qkv = (s.heads + 2 * s.kv_heads) * s.head_dim
         table = "few_gemm" if self.few(rows, h) else "gemm"
@@ -258,9 +223,8 @@ class KernelModel:
         return out
 
     def layer(self, arch: ArchSpec, rows: int, length: float) -> float:
-        """One decode layer of ``arch`` over ``rows`` padded rows attending ``length`` positions each: its
-        kernels' tables, the path's gap per kernel and, on the many-row path, the share of the GEMMs' time
-        they take more (or less) in a layer than in their chains (:func:`calibration.fit.fit_gaps`)."""
+        """One decode layer of ``arch``: its kernels' tables, the path's gap per kernel and, on the many-row path,
+        the GEMM share (:func:`calibration.fit.fit_gaps`)."""
         kernels, path = self.layer_kernels(arch, rows, length)
         total = sum(t for _, t in kernels)
         if path == "many":
@@ -300,21 +264,19 @@ class KernelModel:
         return self.prefill_layer(arch, tokens, chunks, prefix) + glue
 
     def kv_copy(self, arch: ArchSpec) -> float:
-        """Seconds per (token, slot) copy of the last-exited fill in one core layer: its K and V bytes,
-        written at the measured copy bandwidth."""
+        """Seconds per (token, slot) last-exited fill copy in one core layer, at the measured copy bandwidth."""
         return 2 * arch.layer.kv_bytes_per_slot / float(self.record["copy_bandwidth"])
 
     def attention_slots(self, arch: ArchSpec) -> float | None:
-        """Decode-attention programs the GPU runs at once for this head size and GQA group, log-interpolated
-        over the measured ones (a record may hold one number per head size, or one per head size and group)."""
+        """Decode-attention programs the GPU runs at once for this head size and group, log-interpolated."""
         g = arch.layer.heads / arch.layer.kv_heads
         slots = {float(k): _by_group(v, g) for k, v in self.record.get("attention_slots", {}).items()}
         slots = {k: v for k, v in slots.items() if v}
         return _log_interpolated(slots, float(arch.layer.head_dim)) if slots else None
 
     def attention_sharpness(self, arch: ArchSpec) -> float:
-        """The p of the two attention bounds' p-norm for the nearest measured head size and group (infinite
-        where none was fitted: a record from before the sharpness was)."""
+        """The p of the attention bounds' p-norm for the nearest measured head size and group (infinite if not
+        fitted)."""
         g = arch.layer.heads / arch.layer.kv_heads
         sharpness = {float(k): _by_group(v, g, nearest=True) for k, v in self.record.get("attention_sharpness",
                                                                                          {}).items()}
@@ -326,18 +288,13 @@ class KernelModel:
 
     # ----- the component fits for one architecture ----------------------------------------------
     def components(self, arch: ArchSpec, max_batch: int = 1024) -> dict[str, Fit]:
-        """Component fits of ``arch`` (:mod:`cdbsim.latency.recipes` keys) with points on the executor's padded
-        batch sizes and context lengths 16 .. 32,768, ready for interpolation."""
+        """Component fits of ``arch`` with points on the padded batch sizes and context lengths 16 .. 32,768."""
         batches = decode_graph_sizes(max_batch)
         lengths = [2 ** k for k in range(4, 16)]
         comps: dict[str, Fit] = {}
 
         def decode(fn: Callable[[int, float], float], with_context: bool) -> Fit:
-            """Points at every batch and length; a launch never gets faster for a bigger batch. Composed
-            times can dip where a kernel measured a little slower at a smaller size (cuBLAS picks another
-            kernel at one row; each table point is one measurement), so each length's times over the
-            batches are made non-decreasing by isotonic regression: a dip is averaged with its
-            neighbours rather than every larger batch taking the one slow point's time."""
+            """Points at every batch and length, each length made non-decreasing in batch by isotonic regression."""
             rows = []
             for n in lengths if with_context else [0]:
                 times = isotonic(np.asarray([fn(b, n) for b in batches]))
@@ -368,8 +325,7 @@ class KernelModel:
 
 
 def _log_interpolated(values: dict[float, float], x: float) -> float:
-    """``values`` (by a size) at ``x``: log-linear between the two measured sizes around it, the nearest
-    one outside them."""
+    """``values`` (by a size) at ``x``: log-linear between the measured sizes around it, the nearest outside them."""
     keys = sorted(values)
     if x <= keys[0] or x >= keys[-1] or x in values:
         return values[min(keys, key=lambda k: abs(k - x))]
@@ -380,8 +336,8 @@ def _log_interpolated(values: dict[float, float], x: float) -> float:
 
 
 def _by_group(value: float | dict | None, group: float, nearest: bool = False) -> float | None:
-    """A per-head-size attention entry for a GQA group: a number as it is; ``{group: number}`` interpolated in
-    log group (``nearest``: the nearest group's)."""
+    """A per-head-size attention entry for a GQA group: a number as is, ``{group: number}`` interpolated in log
+    group."""
     if not isinstance(value, dict):
         return float(value) if value else None
     by_group = {float(k): float(v) for k, v in value.items() if v}
@@ -393,15 +349,13 @@ def _by_group(value: float | dict | None, group: float, nearest: bool = False) -
 
 
 def _with_gaps(kernels: float, count: int, gap: float) -> float:
-    """The kernels' time plus ``count`` gaps; a negative gap (kernels overlapping more in a stage than in
-    their chains) never takes more than half of it away."""
+    """The kernels' time plus ``count`` gaps; a negative gap never takes more than half of it away."""
     return max(kernels + count * gap, 0.5 * kernels)
 
 
 def compose_profile(profile: Profile, arch: ArchSpec) -> tuple[Profile, list[str]]:
-    """A kernel-level profile turned into ``arch``'s component fits (host and metadata copy as measured),
-    with a remark that names how far ``arch``'s kernels lie outside the calibrated grid, and warnings
-    for a user when they do."""
+    """A kernel-level profile turned into ``arch``'s component fits, with a remark and user warnings on how far
+    ``arch``'s kernels lie outside the calibrated grid."""
     record = profile.kernels
     target = Speeds(**record["target"]) if record.get("target") else None
     model = KernelModel(record, target)

@@ -1,22 +1,10 @@
 """Stage latencies from component fits: what one launch costs on the device and on the host.
 
-Every stage is a sum of components, each linear in the launch's padded batch ``B`` (tokens for prefill)
-and the context ``C`` it attends; which components and how many of each is the one recipe table,
-:data:`cdbsim.latency.recipes.RECIPES`. A core launch adds ``kv_copy`` per last-exited fill copy and core layer,
-and prefill one more term per packed prompt (``kappa``: each chunk is attended on its own). A measured
-profile prices a prefill on the curve through its points instead (:mod:`cdbsim.latency.prefill`).
-
-Every decode-type launch also copies its metadata to the device first (:mod:`cdbsim.serving.launch`): a
-measured profile's ``meta_copy`` fit prices it per byte, given the run's block-table width; stage fits
-are timed without it, and a profile without that fit (the roofline, older profiles) leaves it out.
-
-Components are keyed by the layer shape (or hidden size and vocabulary), so a re-split model (Huginn
-2-4-2 -> 1-4-1 -> 0-4-0, Ouro with fewer layers and more loops) is predicted from the same measurements.
-Where a profile also measured a stage on the very model (:func:`cdbsim.latency.recipes.model_stage_name`:
-calibration does so for the shipped models), that measurement is used instead of the recipe. Measured
-profiles predict decode-type stages by interpolating their points (:mod:`cdbsim.latency.interp`). The analytic
-*roofline* profile (:func:`roofline_profile`) fills every component from a device's memory bandwidth,
-matmul rate and per-kernel launch cost, so a user can ask what a GPU with other figures would do.
+A stage is a sum of components (:data:`cdbsim.latency.recipes.RECIPES`), each linear in the padded batch and the
+attended context; a core launch adds its last-exited fill copies, a prefill a term per packed prompt. Measured
+profiles interpolate their points instead (:mod:`cdbsim.latency.interp`, :mod:`cdbsim.latency.prefill`) and use a
+stage measured on the very model where they have one; a decode-type launch also pays its metadata copy where
+measured. The *roofline* profile derives every component from a device's datasheet figures.
 """
 
 from __future__ import annotations
@@ -113,8 +101,8 @@ def constant_profile(stage_seconds: dict[Stage, float] | float, host_s: float = 
 # ----- per-stage costs ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StageCost:
-    """``t = delta + gamma B + alpha C + chunk k + copy_delta [copies > 0] + copy x copies + sample terms``,
-    and at least ``floor`` (the smallest launch measured, for stages whose line undershoots small launches)."""
+    """``t = delta + gamma B + alpha C + chunk k + copy terms + sample terms``, at least ``floor`` (the smallest
+    launch measured)."""
 
     delta: float = 0.0
     gamma: float = 0.0
@@ -147,29 +135,12 @@ def _sum(*terms: tuple[float, Fit]) -> tuple[float, float, float, float]:
 
 
 class LatencyModel:
-    """Device and host time of each launch of ``arch`` under ``profile``.
+    """Device and host time of each launch of ``arch`` under ``profile``; a missing component is refused, or with
+    ``force`` filled from the roofline of the profile's device.
 
-    A profile that lacks a component ``arch`` needs is refused; with ``force`` the missing ones come
-    from the roofline of the profile's device figures (or the H200's).
-
-    ``launch_gap`` is the device time from one launch's end to the next one's start when the next is
-    already queued: the stream's work between two CUDA graphs, which calibration's stage times (each
-    replay bracketed by its own events) leave out. It is what the executor's device idle time is made of
-    under the lookahead gate: in the 20 saved validation runs on the H200 all but 12 of about 140,000
-    pairs of consecutive launches are at most 2.9 us apart (mean 1.31 us; 1.29-1.31 us in the three
-    matrices of the current build; the event clock counts in 0.24 us steps), while the host's own time per
-    launch reaches 0.5-119 ms at its 99.9th percentile
-    (``python benchmarks/launch_gaps.py DIR``: ``benchmarks/results/validation/launch-gaps.txt``). The
-    host ran far enough ahead that its jitter never left the device waiting, so the gap, not the host's
-    time, is what predicts idle time; its spread is the clock's steps, so it is one constant. The
-    simulator starts a launch no earlier than this gap after the previous one ends. A profile may record
-    its device's gap (``device.launch_gap_s``); otherwise the H200's is used; constant-latency profiles
-    (hand-checkable runs) have none.
-
-    ``idle_start`` is the other case: the device is idle when the host hands a launch over, and its first
-    kernel begins this long after the graph launch returns to the host (3.2-5.3 us, median 4.5 us, over
-    18 stages of three shapes on the H200: ``python benchmarks/probe_idle_start.py``,
-    ``benchmarks/results/idle-start/``). A profile may record its own (``device.idle_start_s``).
+    ``launch_gap`` is the device time between a launch's end and a queued next one's start (the stream's work between
+    CUDA graphs); ``idle_start`` the delay from handing a launch to an idle device to its first kernel. Both come
+    from the profile's device (default: the H200's), and are 0 for constant-latency profiles.
     """
 
     def __init__(self, arch: ArchSpec, profile: Profile, force: bool = False) -> None:
@@ -221,9 +192,7 @@ class LatencyModel:
             costs[stage] = _sum((1, comps[model_stage_name(a, stage)]))
         self.costs = {s: StageCost(*costs[s]) for s in STAGES}
         self.costs[Stage.CORE] = StageCost(*costs[Stage.CORE], copy_delta=copy.delta, copy=copy.gamma * a.core)
-        # A prefill reads every weight at least once, so its time levels off for short prompts where the
-        # line fitted over 64..8,192 tokens keeps falling (Huginn, 16 tokens: 16.7 ms measured, 11.7 ms on
-        # the line): no prefill is predicted faster than the smallest one calibration measured.
+        # a prefill reads every weight at least once: none is predicted faster than the smallest one measured
         if Stage.PREFILL in self.measured_stages:
             floor = smallest_time(comps[model_stage_name(a, Stage.PREFILL)])
             self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], floor=floor)
@@ -236,10 +205,8 @@ class LatencyModel:
             self._tabulate(comps)
 
     def _prefill_curve(self, comps: dict[str, Fit]) -> PrefillCost | None:
-        """A measured prefill's curve through its points (:mod:`cdbsim.latency.prefill`): the whole model's where
-        calibration measured it, else the sum of its components' (a composed prefill samples one chunk's
-        token; each further sampled chunk adds one row of the head). None without points (the roofline,
-        fits filled from it), which keeps the line of ``costs``."""
+        """A measured prefill's curve through its points: the whole model's, else the sum of its components'; None
+        without points (the line of ``costs`` stands)."""
         a = self.arch
         if Stage.PREFILL in self.measured_stages:
             terms, sample = [(1, comps[model_stage_name(a, Stage.PREFILL)])], 0.0
@@ -284,9 +251,8 @@ class LatencyModel:
             self.tables[stage] = StageTable(fn, lengths[stage])
 
     def launch_time(self, launch: Launch, table_width: int = 0) -> float:
-        """Device seconds of ``launch``; with the run's block-table width (:func:`cdbsim.serving.launch.
-        table_width`) a decode-type launch also pays its metadata copy, where the profile measured it.
-        (Called once per simulated launch: lookups are kept to the few this needs.)"""
+        """Device seconds of ``launch``; given the run's block-table width, a decode-type launch also pays its
+        metadata copy where the profile measured it. Called once per simulated launch."""
         stage = launch.stage
         table = self.tables.get(stage)
         if table is not None:  # attended_length, written out in place
@@ -321,9 +287,8 @@ class LatencyModel:
         return t
 
     def attended_length(self, launch: Launch) -> float:
-        """The per-row context a decode-type launch is looked up at: the mean over its padded rows
-        (:func:`cdbsim.latency.gpu_work.padded_mean`), or with a calibrated attention width the uniform length its
-        mix of contexts runs like (:func:`cdbsim.latency.gpu_work.equivalent_length`)."""
+        """The per-row context a decode-type launch is looked up at: :func:`~cdbsim.latency.gpu_work.padded_mean`, or
+        with a calibrated attention width :func:`~cdbsim.latency.gpu_work.equivalent_length`."""
         mean = launch.context / launch.size
         if launch.padded == 1 and self._chained:
             return chained_walk_length(launch.context, self._heads, self._least_splits)
@@ -333,25 +298,21 @@ class LatencyModel:
                                  self.attention_slots, self.attention_sharpness)
 
     def with_host(self, host: Fit, stages: dict[Stage, Fit] | None = None) -> LatencyModel:
-        """The same device model with another host line (a run's own host speed, for instance) and, for
-        the stages in ``stages``, a line of their own."""
+        """The same device model with another host line, and a line of their own for the stages in ``stages``."""
         other = LatencyModel(self.arch, *self._given)
         other.host = host
         other.stage_hosts = dict(stages or {})
         return other
 
     def with_host_times(self, seconds: list[float]) -> LatencyModel:
-        """The same device model with the host's time of launch ``i`` given as ``seconds[i]`` (launches past
-        the end keep the host line): a logged run's own, replayed, for a run whose launches the simulation
-        plans in the same order (offline)."""
+        """The same device model with launch ``i``'s host time ``seconds[i]`` (later launches keep the host line)."""
         other = LatencyModel(self.arch, *self._given)
         other.host, other.stage_hosts = self.host, self.stage_hosts
         other.host_seconds = [float(s) for s in seconds]
         return other
 
     def host_time(self, launch: Launch) -> float:
-        """The host's seconds per launch as the executor serves: completing finished launches, planning,
-        preparing and enqueueing ``launch`` (calibration measures it on a serving run)."""
+        """The host's seconds for ``launch``: completing finished launches, planning, preparing and enqueueing it."""
         if self.host_seconds is not None and launch.index < len(self.host_seconds):
             return self.host_seconds[launch.index]
         host = self.stage_hosts.get(launch.stage, self.host) if self.stage_hosts else self.host
@@ -364,16 +325,8 @@ class LatencyModel:
 
 
 def below_shortest_context(step: Fit, parts: list[tuple[Surface, int]]) -> Fit:
-    """A CB step's fit with points added below its shortest measured context, where the stages it is made of
-    (``parts``: each surface and how many times the step runs it) were measured shorter: at each measured
-    batch, the step's time at its shortest context less what the parts save between that context and the
-    shorter one.
-
-    Why: calibration measured the whole model's CB step from 128 positions and its prelude, core and coda
-    from 32, and below 128 the step's own first segment (128 to 1,024) continued down too gently: attention
-    costs more per position at short contexts, where a row's keys fit in one split. Ouro-1.4B's served CB
-    steps at W = 64 with at most 32 positions ran at 0.91 of that prediction
-    (``benchmarks/results/validation``)."""
+    """A CB step's fit extended below its shortest measured context: at each measured batch, the step's time there
+    less what its stages (``parts``: surface and count) save down to each shorter length they were measured at."""
     points = [list(p) for p in step.points]
     per_row = [round(c / max(b, 1.0)) for b, c, *_ in points]
     shortest = min(per_row)

@@ -1,17 +1,9 @@
 """How long compute-bound work takes once the board reaches its power limit.
 
-The kernel profile times every kernel in bursts of a few milliseconds, at the clock of a rested board. A long
-prefill is hundreds of milliseconds of compute-bound GEMMs and attention back to back: within about a tenth
-of a second an H200 reaches its 700 W limit, its SM clock drops from 1,980 MHz to 1,100-1,500 MHz and the
-same kernels take 15-20% longer (``benchmarks/results/gemm-clock/``). Memory-bound decode steps draw as much
-power but their time does not move, so only prefills are stretched.
-
-:class:`SustainedLoad` is the two numbers that describe it: ``onset_s``, the rested seconds of compute-bound
-work a launch gets before the limit binds, and ``slowdown``, how much longer each further rested second
-takes. A launch the tables price at ``t`` seconds takes ``t`` up to the onset and ``onset + (t - onset) *
-slowdown`` beyond it. Calibration measures both on a real prefill replayed back to back after decode-type
-load (``calibrate --kernels``, family ``sustained``), and :func:`fit_sustained` fits them to the cumulative
-(rested work, elapsed time) of that run.
+Kernel tables are timed in short bursts on a rested board; a long prefill reaches the power limit and its clock
+drops. :class:`SustainedLoad` describes this by ``onset_s`` (rested seconds of work before the limit binds) and
+``slowdown``: a launch priced at ``t`` takes ``t`` up to the onset and ``onset + (t - onset) * slowdown`` beyond.
+Calibration measures both on a prefill replayed back to back (:func:`fit_sustained`).
 """
 
 from __future__ import annotations
@@ -47,8 +39,8 @@ class SustainedLoad:
 
     @classmethod
     def from_record(cls, record: dict | None) -> SustainedLoad | None:
-        """The ``sustained`` entry of a kernel profile's record; None where calibration did not measure it.
-        An entry that is not two numbers of the right range is a :class:`ConfigError` (a one-line message)."""
+        """The ``sustained`` entry of a kernel profile's record (None if absent; a malformed one is a ConfigError).
+        """
         if not record or "onset_s" not in record or "slowdown" not in record:
             return None
         try:
@@ -58,13 +50,8 @@ class SustainedLoad:
 
 
 def fit_sustained(rested_s: Sequence[float], elapsed_s: Sequence[float]) -> SustainedLoad:
-    """The onset and slowdown that best carry cumulative rested work to cumulative elapsed time.
-
-    ``rested_s[i]`` is the work done by the end of the i-th launch of a back-to-back run, in seconds at the
-    rested clock, and ``elapsed_s[i]`` the time that had passed by then. For each onset on a grid of
-    :data:`ONSET_STEP_S` the slowdown is the least-squares slope of the excess beyond it (at least 1);
-    the pair with the smallest squared error is kept.
-    """
+    """The onset and slowdown that best carry cumulative rested work ``rested_s`` to elapsed time ``elapsed_s``: per
+    onset on a grid of :data:`ONSET_STEP_S`, the least-squares slope (at least 1) of the excess beyond it."""
     work = np.asarray(rested_s, dtype=float)
     elapsed = np.asarray(elapsed_s, dtype=float)
     if work.size < 3 or work.shape != elapsed.shape or not np.all(np.diff(work) > 0):
@@ -81,8 +68,8 @@ def fit_sustained(rested_s: Sequence[float], elapsed_s: Sequence[float]) -> Sust
 
 
 def fit_replays(seconds: Sequence[float]) -> tuple[SustainedLoad, float]:
-    """:func:`fit_sustained` of one launch replayed back to back (each replay's seconds, in order), with the
-    median of the first :data:`RESTED_REPLAYS` as the rested pace; returns the fit and that pace."""
+    """:func:`fit_sustained` of one launch's replays (seconds each, in order), the rested pace being the median of
+    the first :data:`RESTED_REPLAYS`; returns the fit and that pace."""
     times = np.asarray(seconds, dtype=float)
     if times.size <= RESTED_REPLAYS or not np.all(times > 0):
         raise ValueError(f"a sustained run needs more than {RESTED_REPLAYS} replays of positive seconds")

@@ -1,23 +1,9 @@
 """A prefill launch's time from its measured points: a curve in its tokens, plus its attention and chunks.
 
-A prefill's time is mostly its GEMMs, a function of the launch's padded tokens that is flat while the
-weight reads dominate (a few hundred tokens), then grows about linearly, and grows a little faster again
-at thousands of tokens, where a compute-bound launch runs long enough for the board to reach its power
-limit (``benchmarks/results/gemm-clock/``). On top of that comes the attention over each chunk's causal
-triangle (and its cached prefix), about proportional to the (query, key) pairs, and a small cost per chunk.
-
-One straight line in tokens, pairs and chunks (what :func:`cdbsim.latency.profile.fit_points` fits) cannot follow
-that bend: fitted over 16 .. 8,192 tokens it put Alpaca's packed 128-350-token prefills 9-26% over their
-measured times and ShareGPT's packed 8,192-token ones 4-15% under, and it let the pairs term soak up the
-bend, so one long chunk and several shorter ones of the same tokens came out too far apart. The curve here
-is ``G(tokens) + alpha * pairs + kappa * chunks``: ``G`` is piecewise linear through one value per token
-count the points were measured at (non-decreasing; flat below the smallest, the last slope beyond the
-largest), ``alpha`` and ``kappa`` are shared by all, and all are fitted together to the points by least
-squares relative to each point's time, every term >= 0 (:func:`cdbsim.latency.profile.nonnegative_lstsq`, the same
-curve on every CPU; ``scipy.optimize.nnls`` where a bound binds, which a whole model's points seldom need, so
-predicting a shipped model does not import it). A point measured
-alone at a token count then pins ``G`` there, and ``alpha`` comes from the points that share a token
-count but differ in pairs (one chunk against several, with a prefix or without).
+The curve is ``G(tokens) + alpha * pairs + kappa * chunks``: ``G`` is piecewise linear through one value per measured
+token count (non-decreasing, flat below the smallest, the last slope beyond the largest), ``alpha`` prices the
+(query, key) pairs of each chunk's causal triangle and cached prefix, ``kappa`` each chunk. All are fitted together
+by relative least squares with every term >= 0 (:func:`cdbsim.latency.profile.nonnegative_lstsq`).
 """
 
 from __future__ import annotations
@@ -35,8 +21,8 @@ from cdbsim.latency.profile import nonnegative_lstsq
 
 @dataclass(frozen=True)
 class PrefillCurve:
-    """``G(tokens) + alpha * pairs + kappa * chunks`` with ``G`` through ``values`` at ``knots`` (see the
-    module docstring). Curves of the components of a stage add (:func:`summed`)."""
+    """``G(tokens) + alpha * pairs + kappa * chunks`` with ``G`` through ``values`` at ``knots``; component curves
+    add (:func:`summed`)."""
 
     knots: tuple[float, ...]
     values: tuple[float, ...]
@@ -62,10 +48,8 @@ class PrefillCurve:
 
 @dataclass(frozen=True)
 class PrefillCost:
-    """A prefill launch's seconds: its curve at (padded tokens, pairs, chunks), and ``sample`` per sampled
-    chunk beyond the one the curve's points sampled (a composed prefill's head rows); with ``sustained``,
-    stretched for the power limit a long launch runs into (:mod:`cdbsim.latency.power`: a curve composed from
-    kernels timed in short bursts prices the rested board)."""
+    """A prefill launch's seconds: its curve at (padded tokens, pairs, chunks), ``sample`` per extra sampled chunk,
+    and with ``sustained`` stretched for the board's power limit (:mod:`cdbsim.latency.power`)."""
 
     curve: PrefillCurve
     sample: float = 0.0

@@ -1,30 +1,11 @@
-"""Latency profiles: per-component fits ``t = delta + gamma x + alpha c`` of one device, as JSON.
+"""Latency profiles: per-component fits ``t = delta + gamma x + alpha c (+ kappa k)`` of one device, as JSON.
 
-A profile holds one fit per *component*, named by what it computes and the shape it was measured at, so
-any architecture built from measured pieces is predicted with no new GPU run (Huginn 2-4-2 -> 1-4-1 ->
-0-4-0 reuses the same ``layer`` fit). How stages are composed from them: :mod:`cdbsim.latency.model`.
-
-=====================================  =====================  ===========================================
-component                              x                      c (and k)
-=====================================  =====================  ===========================================
-``layer/<shape>``                      tokens in the batch    (query, key) pairs attended
-``core1/<shape>``                      tokens                 pairs attended (a 1-layer core step)
-``prelude0/h<hidden>``                 tokens                 -   (embedding and stage glue)
-``coda0/h<hidden>-v<vocab>``           tokens                 -   (final norm, head, sampling, glue)
-``prefill_layer/<shape>``              prompt tokens          causal pairs attended; k = packed prompts
-``prefill1/<shape>-v<vocab>``          prompt tokens          causal pairs; k = packed prompts
-``adapter/h<hidden>``                  tokens                 -   (Huginn's adapter)
-``kv_copy/<shape>``                    (token, slot) copies   -   (last-exited fill, per core layer)
-``<stage>/<model>-<split>-r<r_max>``   tokens                 pairs (a stage measured on the whole model)
-``host``                               items planned          -   (host time to plan and launch)
-``meta_copy``                          bytes                  -   (a launch's metadata copy, cdbsim.serving.launch)
-``constant/<stage>``                   -                      -   (constant-latency profiles only)
-=====================================  =====================  ===========================================
-
-File format (``format: cdbsim-profile/1``): ``name``, ``kind`` (``measured`` | ``roofline`` |
-``constant``), ``device`` (name, memory_bytes, ...), ``versions``, ``date``, ``notes``, and
-``components``: ``{name: {delta, gamma, alpha, kappa, r2, max_rel_residual, points: [[x, c, t] or
-[x, c, k, t], ...]}}`` with times in seconds.
+A component is named by what it computes and the shape it was measured at (``layer/<shape>``, ``core1/<shape>``,
+``prelude0/h<hidden>``, ``coda0/h<hidden>-v<vocab>``, ``prefill_layer``, ``prefill1``, ``adapter``, ``kv_copy``,
+``<stage>/<model>`` for a whole-model stage, ``host``, ``meta_copy``, ``constant/<stage>``), so a re-split model
+reuses the same fits. File format ``cdbsim-profile/1``: ``name``, ``kind``, ``device``, ``versions``, ``date``,
+``notes`` and ``components`` ``{name: {delta, gamma, alpha, kappa, r2, max_rel_residual, points}}``, times in
+seconds.
 """
 
 from __future__ import annotations
@@ -44,9 +25,8 @@ FORMAT = "cdbsim-profile/1"
 
 
 class ProfileKind(Choice):
-    """Where a profile's numbers come from: stages measured on a GPU for given shapes, kernels measured on
-    a GPU over the design space (composed per architecture, :mod:`cdbsim.latency.kernels`), derived from a
-    device's figures, or a constant time per stage (for hand-checkable runs)."""
+    """Where a profile's numbers come from: stages measured on a GPU, kernels measured over the design space
+    (composed per architecture), a device's datasheet figures, or a constant time per stage."""
 
     MEASURED = "measured"
     KERNELS = "kernels"
@@ -60,12 +40,8 @@ class ProfileKind(Choice):
 
 @dataclass
 class Fit:
-    """``t = delta + gamma x + alpha c (+ kappa k)`` with its fit quality and the points it came from.
-
-    Points are rows ``[x, c, t]`` (or ``[x, c, k, t]`` where a per-item count ``k`` matters, as prefill
-    chunks do). Besides the linear fit, a measured component predicts by interpolating its points
-    (:mod:`cdbsim.latency.interp`); the fit serves B*(L), the roofline and extrapolation.
-    """
+    """``t = delta + gamma x + alpha c (+ kappa k)`` with its fit quality and its points ``[x, c, t]`` (or
+    ``[x, c, k, t]``), which measured components interpolate (:mod:`cdbsim.latency.interp`)."""
 
     delta: float
     gamma: float = 0.0
@@ -82,20 +58,12 @@ class Fit:
         return asdict(self)
 
 
-FIT_DIGITS = 10
-"""Significant digits a fitted coefficient keeps. A least-squares solve runs on the BLAS kernels the CPU
-selects, whose last bits differ between CPUs (an H200 profile's prefill curve fitted with OpenBLAS's Haswell and
-SkylakeX kernels differed from the 9th digit): rounded far below the measurements' precision, one profile
-predicts the same to the bit on every machine."""
+FIT_DIGITS = 10  # significant digits a fitted coefficient keeps, so every CPU's BLAS gives the same profile
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``argmin |a x - b|`` over ``x >= 0``, to :data:`FIT_DIGITS` significant digits.
-
-    The columns are scaled to unit norm first (a pairs or context column is ~10^7 times a constant one, which
-    left a solution's last five digits to the BLAS kernels), the plain solution is kept where it is already
-    non-negative, and otherwise scipy's ``nnls`` (an active-set method: exact where it stops, where an
-    iterative bounded solver stops at a tolerance) gives it."""
+    """``argmin |a x - b|`` over ``x >= 0``, to :data:`FIT_DIGITS` significant digits (columns scaled to unit norm;
+    scipy's ``nnls`` where the plain solution has a negative term)."""
     scale = np.linalg.norm(a, axis=0)
     scale[scale == 0] = 1.0
     a = a / scale
@@ -108,15 +76,8 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit_points(points: np.ndarray | list, with_context: bool = True, relative: bool = True) -> Fit:
-    """Least-squares fit of ``t = delta + gamma x + alpha c (+ kappa k)``, all terms >= 0, to rows
-    ``[x, c, t]`` or ``[x, c, k, t]``.
-
-    Residuals are weighted by ``1/t`` so small and large launches count alike (the error that matters
-    for a simulator is relative); ``relative=False`` fits plain residuals, for a cost measured as a
-    difference that can come out at zero (a relative weight would pin the line to those points; its worst
-    residual is then relative to the largest time). R^2 is reported on the unweighted times. A term whose
-    column does not vary is left out (coefficient 0).
-    """
+    """Least-squares fit of ``t = delta + gamma x + alpha c (+ kappa k)``, all terms >= 0, to rows ``[x, c, t]`` or
+    ``[x, c, k, t]``; residuals weighted by ``1/t`` unless ``relative=False``, a constant column's term left at 0."""
     pts = np.asarray(points, dtype=float)
     require(pts.ndim == 2 and pts.shape[1] in (3, 4) and len(pts) >= 2,
             "a fit needs at least 2 points [x, c, t] or [x, c, k, t]")
@@ -170,9 +131,7 @@ class Profile:
 
     @property
     def attention_sharpness(self) -> float:
-        """How the two bounds of a mixed batch's attention combine (the p of their p-norm, see
-        :func:`cdbsim.latency.gpu_work.equivalent_length`), fitted with the slots; infinite (the larger bound
-        alone) for a profile fitted before it was."""
+        """The p of the p-norm combining a mixed batch's attention bounds; infinite when not fitted."""
         sharpness = self.attention.get("sharpness")
         return float(sharpness) if sharpness else math.inf
 
@@ -215,8 +174,7 @@ def _number(value: object) -> bool:
 
 
 def _fit_from_dict(data: object, where: str) -> Fit:
-    """One component's fit, every field checked: a time that is text, negative or not finite would
-    price launches at nonsense (or crash mid-run), so it is refused here with the key that holds it."""
+    """One component's fit, every field checked (a non-finite, negative or text time is refused with its key)."""
     require(isinstance(data, dict), f"{where}: expected an object of fit terms, got {data!r:.60}")
     valid = [f.name for f in fields(Fit)]
     unknown_keys = sorted(set(data) - set(valid))
@@ -237,8 +195,7 @@ def _fit_from_dict(data: object, where: str) -> Fit:
 
 
 def _check_attention(data: dict, where: str) -> None:
-    """The decode-attention fit's numbers (``slots``, ``sharpness``: > 0 or null; ``heads``; ``points``:
-    rows of numbers), so a hand-edited value is refused when the file is read, not when a launch is priced."""
+    """The decode-attention fit's numbers, checked when the file is read."""
     for key in ("slots", "sharpness"):
         value = data.get(key)
         require(value is None or (_number(value) and value > 0), f"{where}.{key} must be a finite number > 0 or "
@@ -254,8 +211,7 @@ def _check_attention(data: dict, where: str) -> None:
 
 
 def profile_from_dict(data: dict, source: str = "profile") -> Profile:
-    """Parse the JSON form; a wrong format or a malformed value is refused with a one-line error naming
-    ``source`` and the key."""
+    """Parse the JSON form; a wrong format or malformed value is a one-line error naming ``source`` and the key."""
     require(isinstance(data, dict), f"{source}: not a cdbsim profile (a profile file holds a JSON object, "
                                     f"got {data!r:.40})")
     if data.get("format") != FORMAT:

@@ -1,10 +1,6 @@
-"""What each stage costs, as a sum of measured components: the one table the latency model and calibration
-share.
+"""What each stage costs, as a sum of measured components: the one table the latency model and calibration share.
 
-A profile holds one fit per *component*: a piece of work the executor does, measured at one layer shape
-(or hidden size and vocabulary), so every architecture built from measured pieces is predicted with no
-new GPU run. :data:`RECIPES` says how many of each component a stage sums, for a model with ``P``
-prelude, ``C`` core and ``D`` coda layers looped up to ``r_max`` times::
+For a model with ``P`` prelude, ``C`` core and ``D`` coda layers looped up to ``r_max`` times::
 
     prelude  = prelude0 + P layer
     core     = core1 + (C - 1) layer                      (+ kv_copy per last-exited fill copy and core layer)
@@ -12,9 +8,7 @@ prelude, ``C`` core and ``D`` coda layers looped up to ``r_max`` times::
     decode   = prelude0 + (P + D) layer + r_max core1 + r_max (C - 1) layer + coda0      (the CB fused step)
     prefill  = prefill1 + (P + r_max C + D - 1) prefill_layer + (r_max - 1) adapter      (adapter: Huginn)
 
-Besides the stage sums, every launch pays the host's time (``host``) and every decode-type launch the
-copy of its metadata (``meta_copy``); those are per launch, not per stage, and the latency model adds
-them (:mod:`cdbsim.latency.model`). Adding a cost term means adding a :class:`Component` and its row here.
+``host`` and ``meta_copy`` are per launch, added by :mod:`cdbsim.latency.model`.
 """
 
 from __future__ import annotations
@@ -56,14 +50,12 @@ class Component(Choice):
 
     @property
     def interpolated(self) -> bool:
-        """A measured profile predicts this component by interpolating its points (:mod:`cdbsim.latency.interp`),
-        because its time bends with the batch; the others predict from the linear fit."""
+        """Whether a measured profile predicts this component from its points (its time bends with the batch)."""
         return self in _INTERPOLATED
 
     @property
     def fitted_on_differences(self) -> bool:
-        """Measured as the difference of two steps, so it can come out at zero: fitted on plain residuals
-        rather than relative ones (:func:`cdbsim.latency.profile.fit_points`)."""
+        """Measured as a difference of two steps (can be zero), so fitted on plain rather than relative residuals."""
         return self is Component.KV_COPY
 
 
@@ -102,21 +94,19 @@ PER_LAUNCH = (Component.KV_COPY, Component.HOST)  # needed besides the stage sum
 
 
 def recipe(stage: Stage, arch: ArchSpec) -> list[tuple[Component, int]]:
-    """``(component, count)`` of ``stage`` for ``arch``, in the table's order (terms of other layer
-    styles left out; zero counts kept, so every component a stage can use is named)."""
+    """``(component, count)`` of ``stage`` for ``arch`` in table order (other styles' terms left out, zero counts
+    kept)."""
     return [(t.component, t.count(arch)) for t in RECIPES[stage] if arch.style in t.styles]
 
 
 def components_for(arch: ArchSpec) -> list[str]:
-    """Profile keys of every component a profile needs to predict ``arch`` (stages measured on the very
-    model, :func:`model_stage_name`, are used when present but are not required)."""
+    """Profile keys of every component a profile needs to predict ``arch`` (whole-model stages are optional)."""
     needed = {c for stage in RECIPES for c, _ in recipe(stage, arch)} | set(PER_LAUNCH)
     return [c.key(arch) for c in Component if c in needed]  # in the enum's order: the layer first
 
 
 def model_stage_name(arch: ArchSpec, stage: Stage) -> str:
-    """A stage measured on this very model (calibration measures one per stage for the models it is given);
-    where present it predicts the stage instead of the recipe."""
+    """A stage measured on this very model; where present it predicts the stage instead of the recipe."""
     return f"{stage.value}/{arch.name}-{arch.split}-r{arch.r_max}"
 
 
@@ -132,8 +122,7 @@ def kind_of(name: str) -> Component | Stage | None:
 
 
 def interpolated(name: str) -> bool:
-    """A measured profile predicts the fit called ``name`` from its points: decode-type components and
-    decode-type stages measured whole (prefill and the per-launch terms predict from their line)."""
+    """Whether a measured profile predicts the fit ``name`` from its points (decode-type components and stages)."""
     kind = kind_of(name)
     if isinstance(kind, Stage):
         return kind is not Stage.PREFILL

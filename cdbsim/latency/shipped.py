@@ -1,10 +1,5 @@
-"""The measured profiles shipped with cdbsim, and how a profile name (``--profile``, ``latency.profile``)
-is resolved.
-
-The profiles are written by calibration and installed as its package data (``calibration/profiles/``,
-beside this package). They are read here as plain JSON files, so the simulator finds them without
-importing calibration (imports point from calibration to cdbsim, never back) and without torch.
-"""
+"""The measured profiles shipped with cdbsim (``calibration/profiles/``, read as plain JSON so the simulator never
+imports calibration or torch), and how a profile name resolves."""
 
 from __future__ import annotations
 
@@ -23,12 +18,7 @@ PROFILES_ENV = "CDBSIM_PROFILES"
 
 
 def profile_dir() -> Path:
-    """Where the profiles ``auto`` and profile names resolve from: the folder in ``$CDBSIM_PROFILES`` if
-    set, else the shipped ones, ``calibration/profiles/`` next to ``cdbsim/``.
-
-    A saved measurement is re-predicted with the profiles of the executor build that made it: after a
-    kernel change the shipped profiles describe the new build, and the old ones are kept in a results
-    folder that this variable points at (e.g. ``benchmarks/results/profiles-tile64``)."""
+    """Where profile names resolve from: ``$CDBSIM_PROFILES`` if set, else the shipped ``calibration/profiles/``."""
     chosen = os.environ.get(PROFILES_ENV)
     if chosen:
         path = Path(chosen)
@@ -55,11 +45,9 @@ def covers(profile: Profile, arch: ArchSpec) -> bool:
 def resolve_profile(name: str, arch: ArchSpec, device: DeviceSpec = H200) -> Profile:
     """``auto``, ``roofline``, a shipped profile's name, or a profile JSON file.
 
-    ``auto`` picks, in order: a shipped profile that measured this very model's stages, else one that
-    measured its layer shape (a re-split model), else the kernel-level profile composed for ``arch``
-    (:mod:`cdbsim.latency.kernels`), else the roofline. On another device than the measured H200, stage
-    measurements do not carry over: ``auto`` takes the kernel-level profile carried to that device's
-    figures (or the roofline without one).
+    ``auto`` picks a shipped profile that measured this model's stages, else its layer shape, else the kernel-level
+    profile composed for ``arch``, else the roofline; on a device other than the measured H200, the kernel-level
+    profile carried to that device (or the roofline).
     """
     if name == "roofline":
         return roofline_profile(arch, device)

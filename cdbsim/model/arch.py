@@ -1,14 +1,9 @@
 """Looped-model architectures: layer shape, prelude-core-coda split, loop counts, and what they cost.
 
-An :class:`ArchSpec` is everything the scheduler, the latency model and the executor need to know about a
-looped LM: the shape of one transformer layer, how many layers sit before the loop (prelude), inside it
-(core, applied up to ``r_max`` times per token) and after it (coda), the vocabulary and head. From it
-follow parameter counts per stage, the FLOP terms ``F_0`` (paid once per token) and ``F_r`` (paid per
-loop), weight bytes per stage, and KV bytes per token for each KV layout.
-
-Shapes of the presets come from the public configs summarised in ``reference/models.md``: Ouro-1.4B and
-Ouro-2.6B (ByteDance, HF ``ByteDance/Ouro-1.4B``/``Ouro-2.6B``) and Huginn-0125 (tomg-group-umd, served
-with r_max 16 as in the CDB paper, arXiv 2608.09444).
+An :class:`ArchSpec` gives parameter counts per stage, the work terms ``F_0`` (once per token) and ``F_r`` (per
+loop), weight bytes per stage and KV bytes per token per layout. Preset shapes follow the public Hugging Face configs
+of Ouro-1.4B/2.6B (ByteDance) and Huginn-0125 (tomg-group-umd, r_max 16 as the CDB paper serves it, arXiv
+2608.09444).
 """
 
 from __future__ import annotations
@@ -33,17 +28,11 @@ class LayerStyle(Choice):
         return "layer style"
 
 
-LAYER_STYLES = tuple(LayerStyle)
-
 
 @dataclass(frozen=True)
 class LayerShape:
-    """One transformer layer: attention and gated MLP sizes plus the block style.
-
-    ``style`` picks the block: ``ouro`` (sandwich norm: post-norm on the branch before the residual add,
-    separate q/k/v/o and gate/up/down, final norm after every loop) or ``huginn`` (post-norm on the
-    residual sum, fused qkv with a learned q/k bias, adapter injecting the embedding each loop).
-    """
+    """One transformer layer: attention and gated MLP sizes plus the block style, ``ouro`` (sandwich norm, separate
+    projections) or ``huginn`` (post-norm, fused qkv with q/k bias, embedding adapter each loop)."""
 
     hidden: int
     intermediate: int
@@ -249,9 +238,7 @@ def head_dim_explicit(arch: ArchSpec) -> bool:
 
 
 def _typed_fields(cls: type, data: dict, where: str, skip: tuple[str, ...] = ()) -> dict:
-    """``data`` checked against the fields of dataclass ``cls``: no unknown or missing keys, whole numbers
-    where an int is declared (``r_max: 4.5`` and ``hidden: 2048.5`` are refused), finite numbers for
-    floats, booleans and text as declared."""
+    """``data`` checked against dataclass ``cls``'s fields: no unknown or missing keys, types as declared."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in fields(cls) if f.name not in skip]
     unknown_keys = sorted(set(data) - set(names))
@@ -278,9 +265,8 @@ def _typed_fields(cls: type, data: dict, where: str, skip: tuple[str, ...] = ())
 
 
 def arch_from_dict(data: dict, source: str = "architecture") -> ArchSpec:
-    """Build an :class:`ArchSpec` from a dict (the JSON form written by :meth:`ArchSpec.to_dict`); a
-    malformed one is a one-line error naming ``source`` and the key. ``layer.head_dim_explicit: true``
-    allows heads x head_dim to differ from hidden (otherwise refused: a typo in one of them, not a design)."""
+    """An :class:`ArchSpec` from its JSON form (:meth:`ArchSpec.to_dict`); errors name ``source`` and the key. Heads
+    x head_dim may differ from hidden only with ``layer.head_dim_explicit: true``."""
     require(isinstance(data, dict), f"{source}: an architecture file holds a JSON object, got {data!r:.60}")
     layer = data.get("layer")
     require(isinstance(layer, dict), f"{source}: layer must be a JSON object of the layer shape, got {layer!r:.60}")

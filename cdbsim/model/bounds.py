@@ -1,32 +1,13 @@
-"""Theoretical limits every report shows next to its numbers (definitions: CDB paper, arXiv 2608.09444).
+"""Theoretical limits reported beside the numbers (CDB paper, Schwethelm et al., arXiv 2608.09444).
 
-* ``S_dec = (F_0 + r_max F_r) / (F_0 + d F_r)``: the decode FLOP bound of skipping loops, with ``d`` the
-  mean requested depth per generated token, each request's first token counted at ``r_max`` because
-  prefill produces it at full depth.
-* ``S_e2e = 1 / (a + (1 - a) w)`` with ``w = (1/S_dec - f1) / (1 - f1)``: the end-to-end bound once prefill
-  (a share ``a`` of GPU time in the CB run) and the prefill-produced tokens (a fraction ``f1`` of output
-  tokens) are accounted for. With ``f1 = 0`` it is Amdahl's ``1 / (a + (1 - a)/S_dec)``.
-* ``B*(L) = delta / (gamma + alpha L)``: the batch size at which a step of latency
-  ``delta + (gamma + alpha L) B`` stops being dominated by the weight-read floor.
+* ``S_dec = (F_0 + r_max F_r) / (F_0 + d F_r)``: the decode bound, ``d`` the mean requested depth per output token,
+  first tokens at ``r_max``.
+* ``S_e2e = 1 / (a + (1 - a) w)``, ``w = (1/S_dec - f1) / (1 - f1)``: with prefill share ``a`` and prefill-made token
+  fraction ``f1``.
+* ``B*(L) = delta / (gamma + alpha L)``: the batch at which a step stops being bound by its weight reads.
 
-A report's S_e2e against a CB run (:func:`e2e_bound`) is the paper's bound made a bound of the run's time,
-which is what its speed-up measures. The paper prices a skipped loop at its share of the parameters and
-takes prefill and CB's decode as CDB would meet them; on a real device (and so in a calibrated profile)
-neither holds exactly, and speed-ups of 100.2-100.9% of the parameter bound came out. The terms, in
-order of weight on the shipped H200 profile:
-
-* **F_0 in parameters**: the LM head and the stage glue take far less device time per parameter than a
-  core loop (Ouro-1.4B: 1-6% of a loop's time against 8.2% of its parameters), so skipping loops saves
-  more time than their parameter share says;
-* **CB's fused step against the split stages**: where the profile prices a fused CB step above prelude,
-  r_max core steps and coda at the same batch (up to 4% on the measured grids), CDB beats CB even with
-  no exits;
-* **prefill**: the two runs pack prompts into prefill launches differently (0.1-0.2% of prefill time).
-
-The ideal run therefore takes the more favourable of each pair: the cheaper prefill of the two runs, the
-cheaper full-depth decode (CB's, or the run's split stages at all r_max loops), and the larger loop share
-(parameters, or the run's own time per loop against per token). It reduces to ``1 / (a + (1 - a) w)``
-when neither run has the advantage, and the run it scores cannot beat it: its time is at least the ideal's.
+:func:`e2e_bound` makes S_e2e a bound on a run's time: its ideal run takes the cheaper prefill, the cheaper
+full-depth decode and the larger loop share of the run and its CB baseline, so no run can beat it.
 """
 
 from __future__ import annotations
@@ -78,12 +59,8 @@ def saturation_batch(delta: float, gamma: float, alpha: float, context: float) -
 
 @dataclass(frozen=True)
 class DeviceTimes:
-    """Where a run's device time went, from its launch log: what :func:`e2e_bound` prices the ideal run with.
-
-    ``per_token`` is the time of prelude and coda launches (F_0's part of a split decode step), ``per_loop``
-    that of core launches (F_r's), which ran ``loop_tokens`` token-loops for ``decoded_tokens`` tokens. A CB
-    run has no split stages: both are 0 and its decode-type time is all in ``decode``.
-    """
+    """Where a run's device time went: ``per_token`` (prelude and coda), ``per_loop`` (core launches, ``loop_tokens``
+    token-loops for ``decoded_tokens`` tokens; both 0 for CB, whose decode time is ``decode``)."""
 
     makespan: float
     prefill: float
@@ -122,13 +99,8 @@ def decoded_depth(dbar: float, f1: float, r_max: int) -> float:
 
 
 def e2e_bound(run: DeviceTimes, baseline: DeviceTimes, r_max: int, parameter_share: float, depth: float) -> float:
-    """S_e2e of ``run`` against the CB ``baseline`` on the same requests: CB's makespan over the ideal
-    run's device time (module docstring), so that ``speed-up / S_e2e <= 1``.
-
-    ``parameter_share`` is :func:`parameter_loop_share`; ``depth`` the mean requested depth of decoded
-    tokens (:func:`decoded_depth`). With both runs alike and no time shares measured this is
-    ``1 / (a + (1 - a) w)`` with ``w = 1 - parameter_share (1 - depth / r_max)``.
-    """
+    """S_e2e of ``run`` against the CB ``baseline``: CB's makespan over the ideal run's device time, so that
+    ``speed-up / S_e2e <= 1``; ``depth`` is the decoded tokens' mean requested depth (:func:`decoded_depth`)."""
     share = max(parameter_share, run.loop_share(r_max), baseline.loop_share(r_max))
     ran = run.depth()
     depth = min(depth, ran) if ran > 0 else depth

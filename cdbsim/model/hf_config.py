@@ -1,14 +1,8 @@
-"""Architectures read from the Hugging Face ``config.json`` of a looped checkpoint.
+"""Architectures read from the Hugging Face ``config.json`` of a looped checkpoint (the shape only, no weights).
 
-Two families are understood (field names as in their public configs, see ``reference/models.md``):
-
-* Ouro (``model_type`` "ouro", ByteDance/Ouro-1.4B and -2.6B): every layer sits in the loop (split
-  0-L-0) and ``total_ut_steps`` is r_max.
-* Huginn (``model_type`` "huginn_raven", tomg-group-umd/huginn-0125, RavenConfig): prelude, recurrent
-  block and coda layers; the config holds no serving depth, so r_max is 16, as the CDB paper serves it
-  (``--r-max`` sets another).
-
-Only the shape is read: a checkpoint's weights are not needed to predict how it serves.
+Ouro (``model_type`` "ouro"): every layer loops (split 0-L-0), ``total_ut_steps`` is r_max. Huginn (``model_type``
+"huginn_raven", RavenConfig): prelude, recurrent block and coda; r_max is 16 as the CDB paper serves it (``--r-max``
+sets another).
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """``cdbsim.capacity``: the highest Poisson request rate one GPU serves within latency SLOs.
 
-**What "the SLOs hold" means.** Each per-request limit (TTFT, TPOT, normalized latency = E2E / output
-tokens) is checked on every request, and, as vLLM's serving benchmark counts goodput, a request counts
-only if it meets *every* limit given. The SLOs hold at a rate when at least ``attainment`` of the requests
-(default 99%, so the limits read as p99 targets) count, and, if a limit on the *mean* normalized latency is
-given, the run's mean is within it. Goodput is the requests that count per second of the run. A request
-with one output token has no TPOT and meets that limit.
-
-**How the rate is found.** As Vidur's capacity search does, by bisection on the request rate with the
-same seed at every rate (a Poisson process's arrivals at rate ``r`` are the same draws scaled by 1/r, so
-rates compare like for like). An offline run (every request at t = 0) gives the throughput ``R`` the
-configuration sustains at most; if the SLOs hold even there, ``R`` is the answer (nothing but throughput
-binds). Otherwise the search checks ``R / 64`` (if the SLOs fail there they are called unreachable) and
-``R``, and while they hold doubles the rate (Poisson arrivals can be served a little faster than one burst
-of every request, which ends in a tail of small batches), up to ``4 R``, which says the run is too short to
-load the GPU. Then it halves the ratio between the highest rate that held and the lowest that did not
-(geometric midpoints) until it is within ``tolerance`` (2%): 11 simulations for the bracket [R/64, R], 10
-for [R, 2R]. The answer is the highest rate that held. Use enough requests that a run lasts well beyond
-its start-up (the workload presets' defaults do).
+A request counts if it meets every per-request limit given (TTFT, TPOT, normalized latency), as vLLM's serving
+benchmark counts goodput; the SLOs hold when at least ``attainment`` of requests count (default 99%) and the mean
+normalized latency, if limited, is within it. As Vidur's capacity search, the rate is found by bisection with the
+same seed at every rate: an offline run gives the throughput ``R``; the search brackets between ``R / 64`` and
+``4 R`` and halves the ratio (geometric midpoints) until within ``tolerance``.
 """
 
 from __future__ import annotations
@@ -195,8 +182,7 @@ def simulate_rate(exp: Experiment, rate: float | None, slo: SLO) -> Check:
 
 def search(exp: Experiment, slo: SLO, tolerance: float = TOLERANCE,
            max_simulations: int = MAX_SIMULATIONS) -> CapacityResult:
-    """The capacity of ``exp`` (its policy) under ``slo``, by bisection; see the module's docstring.
-    Unreachable SLOs raise :class:`Unreachable`."""
+    """The capacity of ``exp`` under ``slo`` by bisection; unreachable SLOs raise :class:`Unreachable`."""
     require(exp.workload.trace is None, "capacity draws Poisson arrivals for a workload preset; it cannot vary "
                                         f"the arrivals of the trace file {exp.workload.trace} (unset workload.trace)")
     require(tolerance > 0, f"the tolerance must be > 0, got {tolerance}")
@@ -253,11 +239,9 @@ def capacity(experiment: Experiment, slo: SLO | None = None, policies: Sequence[
              tolerance: float = TOLERANCE, max_simulations: int = MAX_SIMULATIONS, jobs: int = 1,
              dask: str | None = None, progress: Callable[[int, int], None] | None = None,
              **limits: float) -> list[CapacityResult]:
-    """The capacity of ``experiment`` under ``slo`` (or the limits as keywords: ``ttft_s=2, tpot_s=0.05``)
-    for each of ``policies`` (default: the experiment's own), searched in parallel on ``jobs`` processes or a
-    Dask cluster (``progress`` is told the searches done and their number as each ends). A policy that cannot
-    meet the SLOs has ``rate`` 0 and says why in ``unreachable``; if none
-    can, a one-line :class:`ConfigError`."""
+    """The capacity of ``experiment`` under ``slo`` (or limits as keywords: ``ttft_s=2, tpot_s=0.05``) per policy,
+    searched on ``jobs`` processes or Dask. A policy that cannot meet the SLOs has ``rate`` 0 and a reason in
+    ``unreachable``; if none can, a :class:`ConfigError`."""
     from cdbsim.planner.parallel import Job, in_order, runner
     from cdbsim.planner.sweep import impossible
 

@@ -1,39 +1,34 @@
-"""One experiment, declared once: the model, how it is served, what it serves, how its tokens exit and
-which latency model prices the launches.
+"""One experiment, declared once: the model, how it is served, what it serves, how its tokens exit and which latency
+model prices the launches.
 
-Every setting is a field of one section dataclass, declared once with its default, type, command-line
-flag(s) and help in the field's metadata (as microsoft/vidur declares its config dataclasses). From these
-declarations come the options of every ``cdbsim`` command, the sections of an experiment TOML file::
-
-    [arch]
-    name = "huginn-3.5b"
-    split = "1-4-1"
-
-    [serve]
-    width = 128
-
-and the keys ``--set serve.width=128`` reaches. Values are parsed to the field's type wherever they come
-from (a flag, a TOML value, ``--set`` text, a notebook), and a wrong one is a one-line
-:class:`~cdbsim.errors.ConfigError` naming where it came from, the key and what is allowed.
-:meth:`Experiment.build` resolves an experiment into the objects a simulated run needs.
+Every setting is a field of a section dataclass declared with :func:`~cdbsim.planner.options.option` (as
+microsoft/vidur declares its configs); from these come every command's options, the experiment TOML file's
+``[section]`` tables and the ``--set section.field=value`` keys. :meth:`Experiment.build` resolves an experiment into
+what a simulated run needs.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import sys
-import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from enum import Enum
-from functools import cache
 from pathlib import Path
-from types import NoneType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from cdbsim.errors import ConfigError, read_text, require, unknown
+from cdbsim.errors import ConfigError, read_text, require
 from cdbsim.model.arch import ArchSpec, KVLayout, head_dim_explicit, load_arch
+from cdbsim.planner.options import (
+    Section,
+    Setting,
+    option,
+    parse_value,
+    plain,
+    section_hints,
+    toml_value,
+    unwrap_optional,
+    where,
+)
 from cdbsim.serving.config import CoreLaunch, Policy, ServeConfig, Timing
 from cdbsim.serving.memory import KVCapacity
 from cdbsim.simulator.workload import Arrival, WorkloadSpec, default_mean_depth
@@ -44,6 +39,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the tomli backport has the same API
     import tomli as tomllib
 
+__all__ = ["MAX_PREFILL_BUDGET", "MAX_WIDTH", "SECTIONS", "ArchSection", "BuiltExperiment", "ExitsSection",
+           "Experiment", "LatencySection", "ServeSection", "Setting", "WorkloadSection", "parse_value", "plain",
+           "read_toml", "settings", "unwrap_optional"]
+
 if TYPE_CHECKING:
     from cdbsim.latency.devices import DeviceSpec
     from cdbsim.latency.model import LatencyModel
@@ -51,172 +50,12 @@ if TYPE_CHECKING:
     from traces import Request
 
 
-def option(default: Any, help: str, *flags: str, minimum: float | None = None, above: float | None = None,
-           maximum: float | None = None) -> Any:
-    """A field with its help and command-line flags (``--field-name`` unless given), and the range its
-    values must lie in (``>= minimum``, ``> above``, ``<= maximum``; ``None``, where allowed, passes)."""
-    return field(default=default, metadata={"help": help, "flags": flags, "minimum": minimum, "above": above,
-                                            "maximum": maximum})
-
-
-def check_range(value: Any, metadata: Mapping[str, Any]) -> None:
-    """Refuse a value outside its field's declared range with a one-line :class:`ConfigError`."""
-    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
-        return
-    minimum, above, maximum = metadata.get("minimum"), metadata.get("above"), metadata.get("maximum")
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"must be >= {minimum:g}, got {value:g}")
-    if above is not None and value <= above:
-        raise ConfigError(f"must be > {above:g}, got {value:g}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(f"must be <= {maximum:,}, got {value:,}")
-
-
-# ----- values ------------------------------------------------------------------------------------
-_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
-
-
-def unwrap_optional(hint: Any) -> tuple[Any, bool]:
-    """``(T, True)`` for ``T | None``, else ``(hint, False)``."""
-    args = typing.get_args(hint)
-    if NoneType in args:
-        return next(a for a in args if a is not NoneType), True
-    return hint, False
-
-
-def allowed(hint: Any) -> str:
-    """What a value of ``hint`` may be, in words (for error messages)."""
-    base, optional = unwrap_optional(hint)
-    if isinstance(base, type) and issubclass(base, Enum):
-        words = "one of " + ", ".join(m.value for m in base)
-    else:
-        words = {bool: "true or false", int: "an integer", float: "a number", Path: "a file path",
-                 str: "text"}[base]
-    return f"{words} (or none)" if optional else words
-
-
-def parse_value(value: Any, hint: Any) -> Any:
-    """``value`` as a value of ``hint`` (str, int, float, bool, Path, an enum, or one of those | None).
-
-    Text is parsed, so ``--set`` values and quoted TOML values work like typed ones; ``none`` (or an empty
-    text) clears an optional field. A value that does not fit raises a one-line :class:`ConfigError`.
-    """
-    base, optional = unwrap_optional(hint)
-    text = value.strip() if isinstance(value, str) else None
-    if optional and (value is None or (text is not None and text.lower() in ("", "none", "null"))):
-        return None
-    if isinstance(base, type) and issubclass(base, Enum):
-        if isinstance(value, base):
-            return value
-        if hasattr(base, "parse"):  # the enum's own aliases and one-line error
-            return base.parse(value)
-        try:
-            return base(value)
-        except ValueError:
-            raise unknown(base.__name__.lower(), str(value), [m.value for m in base]) from None
-    try:
-        if base is bool:
-            if isinstance(value, bool):
-                return value
-            if text is not None and text.lower() in _TRUE + _FALSE:
-                return text.lower() in _TRUE
-        elif base is int:
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-            if text is not None:
-                return int(text)
-        elif base is float:
-            number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else (
-                float(text) if text is not None else None)
-            if number is not None and math.isfinite(number):
-                return number
-            if number is not None:
-                raise ConfigError(f"expected a finite number, got {value!r}")
-        elif base is str and isinstance(value, str):
-            return value
-        elif base is Path and isinstance(value, str | Path):
-            return Path(value)
-    except ConfigError:
-        raise
-    except ValueError:
-        pass
-    raise ConfigError(f"expected {allowed(hint)}, got {value!r}")
-
-
-def plain(value: Any) -> Any:
-    """A field value as JSON/TOML holds it: enums by their value, paths as text."""
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return ("-inf" if value < 0 else "inf") if math.isinf(value) else "nan" if math.isnan(value) else repr(value)
-    # a JSON string is a TOML basic string, once DEL (raw in JSON, not in TOML) is escaped too
-    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
-
-
-def _prefix(source: str | None) -> str:
-    return f"{source}: " if source else ""
-
-
-# ----- sections ----------------------------------------------------------------------------------
-class Section:
-    """Base of the experiment's sections: each field holds a value of its declared type."""
-
-    def __post_init__(self) -> None:
-        hints = _hints(type(self))
-        for f in fields(self):  # type: ignore[arg-type]
-            value = parse_value(getattr(self, f.name), hints[f.name])
-            try:
-                check_range(value, f.metadata)
-            except ConfigError as exc:
-                raise ConfigError(f"{self.name_of(f.name)}: {exc}") from None
-            object.__setattr__(self, f.name, value)
-
-    @classmethod
-    def name_of(cls, key: str) -> str:
-        """``section.key`` as errors name a field."""
-        section = next(name for name, section_cls in SECTIONS.items() if section_cls is cls)
-        return f"{section}.{key}"
-
-    def updated(self, values: Mapping[str, Any], section: str, source: str | None = None) -> Section:
-        """A copy with ``values`` set; an unknown key or a value of the wrong type names ``source``."""
-        hints = _hints(type(self))
-        parsed = {}
-        for key, value in values.items():
-            if key not in hints:
-                raise ConfigError(f"{_prefix(source)}unknown key {section}.{key}; valid keys of [{section}]: "
-                                  f"{', '.join(sorted(hints))}")
-            try:
-                parsed[key] = parse_value(value, hints[key])
-                check_range(parsed[key], self.__dataclass_fields__[key].metadata)  # type: ignore[attr-defined]
-            except ConfigError as exc:
-                raise ConfigError(f"{_prefix(source)}{section}.{key}: {exc}") from None
-        return replace(self, **parsed)  # type: ignore[type-var]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
-
-
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    """The declared type of each field of a section (class constants left out)."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in fields(cls)}
-
-
 @dataclass(frozen=True)
 class ArchSection(Section):
     """The looped model: a preset, an architecture JSON file or a Hugging Face config.json, optionally with
     another layer shape, split or loop limits. Shape fields left unset keep the base model's values."""
+
+    NAME: ClassVar[str] = "arch"
 
     name: str = option("ouro-1.4b", "Preset (ouro-1.4b, ouro-2.6b, huginn-3.5b) or an architecture JSON file.",
                        "--arch")
@@ -266,9 +105,8 @@ class ArchSection(Section):
         return arch
 
     def _check_heads(self, arch: ArchSpec) -> None:
-        """A changed shape keeps heads x head_dim = hidden unless a head size is set on purpose (given as
-        ``head_dim``, or the base architecture file says ``head_dim_explicit``): a ``hidden`` changed
-        alone would otherwise keep the old heads and silently model attention of another width."""
+        """Refuse a changed shape whose heads x head_dim differs from hidden, unless a head size is set on purpose
+        (``head_dim`` given, or the base file's ``head_dim_explicit``)."""
         layer = arch.layer
         if layer.heads * layer.head_dim == layer.hidden or self.head_dim is not None or head_dim_explicit(arch):
             return
@@ -294,6 +132,8 @@ MAX_PREFILL_BUDGET = 1_048_576     # M: prompt tokens per launch, 64 x the longe
 @dataclass(frozen=True)
 class ServeSection(Section):
     """How the model is served: policy, widths, budgets, exit timing, KV layout and KV capacity."""
+
+    NAME: ClassVar[str] = "serve"
 
     policy: Policy = option(Policy.REFILL, "cb, norefill, refill or adaptive (chooses its coda batch as it runs).")
     width: int = option(64, "Resident requests and tokens per decode launch.", "--W", "--width",
@@ -327,6 +167,8 @@ class ServeSection(Section):
 class WorkloadSection(Section):
     """What is served: a workload preset or a trace file, how many requests, and when they arrive."""
 
+    NAME: ClassVar[str] = "workload"
+
     name: str = option("sharegpt", "alpaca, sharegpt or arxiv.", "--workload")
     trace: Path | None = option(None, "Replay a request+exit trace (.csv/.parquet) instead of a workload preset.")
     requests: int | None = option(None, "Number of requests (default per workload).", "--requests", "-n",
@@ -348,6 +190,8 @@ class WorkloadSection(Section):
 class ExitsSection(Section):
     """How deep each generated token loops: no exits, one fixed depth, a synthetic distribution, or the
     paper's operating point at a threshold q (:mod:`cdbsim.simulator.workload`)."""
+
+    NAME: ClassVar[str] = "exits"
 
     model: str = option("synthetic", "Exit model: none, fixed, synthetic, or paper (with --q).", "--exits")
     depth: int | None = option(None, "Depth for --exits fixed.")
@@ -384,6 +228,8 @@ WHAT_IF_MIN = 1e-3  # TB/s, TFLOP/s, GB below which a device would take hours pe
 @dataclass(frozen=True)
 class LatencySection(Section):
     """Which latency model prices each launch: a measured profile or the roofline of a device."""
+
+    NAME: ClassVar[str] = "latency"
 
     profile: str = option("auto", "auto (this model's measured profile, else its layer shape's, else the "
                                   "kernel-level profile composed for it, else the roofline), roofline, a "
@@ -444,40 +290,17 @@ def _default(cls: type, name: str) -> Any:
     return cls.__dataclass_fields__[name].default
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One field of an experiment as a command line sees it."""
-
-    section: str
-    name: str
-    hint: Any
-    default: Any
-    flags: tuple[str, ...]
-    help: str
-
-    @property
-    def key(self) -> str:
-        """``section.field``, as ``--set`` and :meth:`Experiment.override` name it."""
-        return f"{self.section}.{self.name}"
-
-    @property
-    def param(self) -> str:
-        """A Python identifier unique across sections (``serve__width``), for generated functions."""
-        return f"{self.section}__{self.name}"
-
-
 def settings() -> list[Setting]:
     """Every field of every section, in declaration order."""
     out = []
     for section, cls in SECTIONS.items():
-        hints = _hints(cls)
+        hints = section_hints(cls)
         for f in fields(cls):
             flags = f.metadata["flags"] or ("--" + f.name.replace("_", "-"),)
             out.append(Setting(section, f.name, hints[f.name], f.default, tuple(flags), f.metadata["help"]))
     return out
 
 
-# ----- the experiment ----------------------------------------------------------------------------
 def read_toml(path: str | Path) -> dict[str, Any]:
     """The parsed TOML of an experiment file; a missing file or bad TOML is a one-line error."""
     text = read_text(path, "experiment file")
@@ -506,7 +329,6 @@ class Experiment:
             elif not isinstance(value, cls):
                 raise ConfigError(f"{name} must be a {cls.__name__} or a dict of its fields, got {value!r}")
 
-    # ----- building up -----------------------------------------------------------------------------
     @classmethod
     def from_toml(cls, path: str | Path) -> Experiment:
         """An experiment file: a table per section (``[serve]``, ...); fields left out keep their defaults."""
@@ -517,10 +339,10 @@ class Experiment:
         updates = {}
         for name, values in data.items():
             if name not in SECTIONS:
-                raise ConfigError(f"{_prefix(source)}unknown section [{name}]; valid sections: "
+                raise ConfigError(f"{where(source)}unknown section [{name}]; valid sections: "
                                   f"{', '.join(SECTIONS)}")
             if not isinstance(values, Mapping):
-                raise ConfigError(f"{_prefix(source)}{name} must be a table of settings ([{name}]), "
+                raise ConfigError(f"{where(source)}{name} must be a table of settings ([{name}]), "
                                   f"got {values!r}")
             updates[name] = getattr(self, name).updated(values, name, source)
         return replace(self, **updates)
@@ -533,14 +355,13 @@ class Experiment:
         for key, value in items:
             section, dot, name = key.partition(".")
             if not dot or not section or not name or "." in name:
-                raise ConfigError(f"{_prefix(source)}expected section.field=value, got {key!r}")
+                raise ConfigError(f"{where(source)}expected section.field=value, got {key!r}")
             nested.setdefault(section, {})[name] = value
         return self.merge(nested, source)
 
     def refuse_unused(self, given: Iterable[str]) -> None:
-        """Refuse fields the user set (``given``: ``section.field`` keys from flags, a config file or
-        ``--set``) that this experiment would not use: with a trace, the workload preset, request count,
-        seed and exit model (the trace holds the requests and their depths)."""
+        """Refuse set fields (``given``: ``section.field`` keys) this experiment would not use: with a trace, the
+        workload preset, request count, seed and exit model."""
         if self.workload.trace is None:
             return
         given = set(given)
@@ -558,31 +379,26 @@ class Experiment:
             raise ConfigError(f"--set: expected section.field=value, got {assignment!r}")
         return key.strip(), value
 
-    # ----- writing out -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """``{section: {field: value}}`` with enums and paths as plain values (``None`` for unset)."""
         return {name: getattr(self, name).to_dict() for name in SECTIONS}
 
     def to_toml(self) -> str:
-        """The experiment as a TOML file that :meth:`from_toml` reads back to an equal experiment (unset
-        optional fields are left out: TOML has no null)."""
+        """The experiment as TOML that :meth:`from_toml` reads back equal (unset optional fields left out)."""
         lines = []
         for name, values in self.to_dict().items():
             lines.append(f"[{name}]")
-            lines += [f"{key} = {_toml_value(value)}" for key, value in values.items() if value is not None]
+            lines += [f"{key} = {toml_value(value)}" for key, value in values.items() if value is not None]
             lines.append("")
         return "\n".join(lines)
 
-    # ----- resolving -------------------------------------------------------------------------------
     def workload_spec(self, arch: ArchSpec) -> WorkloadSpec:
         """The workload with this experiment's exit model for ``arch``."""
         return self.workload.spec(self.exits.exit_model(arch))
 
     def build(self, progress: ProgressFactory | None = None) -> BuiltExperiment:
-        """Resolve the sections into what a simulated run needs: architecture, serving config, workload,
-        latency model, KV capacity and the requests themselves. Settings that cannot run (a KV cache
-        without room for one block, more requests than memory) are refused before any request is drawn;
-        ``progress`` follows the drawing."""
+        """Resolve the sections into architecture, serving config, workload, latency model, KV capacity and requests;
+        settings that cannot run are refused before any request is drawn (``progress`` follows the drawing)."""
         arch = self.arch.spec()
         config = self.serve.config()
         workload = self.workload_spec(arch)

@@ -1,13 +1,8 @@
-"""What a sweep runs: a grid of experiment fields (every combination of their values) applied to a list of
-explicit points.
+"""What a sweep runs: a grid of experiment fields (every combination) applied to a list of explicit points.
 
-A grid is ``{"serve.width": [16, 64], "serve.policy": ["cb", "refill"]}`` (from Python, repeated
-``--grid serve.width=16,64`` options, or an experiment file's ``[grid]`` table); explicit points are
-``[{"arch.name": "huginn-3.5b", "arch.split": "1-6-1"}, ...]`` (from Python or ``[[points]]`` tables),
-for fields that only make sense together. The sweep runs every grid combination at every point: points
-outermost, then the grid's fields in the order given, the last one varying fastest. Keys and values are
-checked up front against the experiment's declarations, so a misspelt field or a value of the wrong type is
-a one-line error before anything runs.
+A grid is ``{"serve.width": [16, 64], ...}`` (``--grid`` options or a ``[grid]`` table), points are
+``[{"arch.name": ..., "arch.split": ...}, ...]`` (``[[points]]`` tables). Points are outermost, then the grid's
+fields in order, the last varying fastest; every key and value is checked before anything runs.
 """
 
 from __future__ import annotations
@@ -19,14 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdbsim.errors import ConfigError, require
-from cdbsim.planner.experiment import Experiment, plain
+from cdbsim.planner.experiment import Experiment
+from cdbsim.planner.options import plain
 
 Assignment = tuple[str, Any]
 
 
 def _checked(key: str, value: Any, source: str) -> Any:
-    """``value`` parsed to the type of field ``key`` (``section.field``); an unknown key or a value of the
-    wrong type is the experiment's own one-line error, naming ``source``."""
+    """``value`` parsed to the type of field ``key``; errors name ``source``."""
     section, _, name = key.partition(".")
     exp = Experiment().override({key: value}, source=source)
     return getattr(getattr(exp, section), name)
@@ -57,8 +52,8 @@ class Grid:
     @classmethod
     def of(cls, grid: Mapping[str, Sequence[Any]] | None = None,
            points: Sequence[Mapping[str, Any]] | None = None, source: str = "grid") -> Grid:
-        """A checked grid: every key a field of the experiment, every value of that field's type, no field
-        both in the grid and in a point, and at least one point to run."""
+        """A checked grid: known fields, values of their types, no field in both grid and a point, at least one
+        point."""
         axes = []
         for key, values in (grid or {}).items():
             if isinstance(values, str | bytes) or not isinstance(values, Sequence):
@@ -84,9 +79,8 @@ class Grid:
     @classmethod
     def from_options(cls, options: Sequence[str], table: Mapping[str, Any] | None = None,
                      points: Sequence[Mapping[str, Any]] | None = None, file: str | None = None) -> Grid:
-        """A grid from ``--grid section.field=v1,v2`` options on top of the ``[grid]`` table and
-        ``[[points]]`` of the experiment file ``file`` (an option replaces the file's values of its field);
-        an error in the file names it."""
+        """A grid from ``--grid section.field=v1,v2`` options over the ``[grid]`` and ``[[points]]`` tables of
+        ``file`` (an option replaces the file's values of its field)."""
         if points is not None and not isinstance(points, Sequence):
             raise ConfigError(f"{file}: [[points]] must be an array of tables, got {points!r}")
         label = f"{file}: " if file else ""

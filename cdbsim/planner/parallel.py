@@ -1,12 +1,8 @@
-"""Where independent simulations run: in this process, in local worker processes (``--jobs N``), or on a
-Dask distributed cluster (``--dask ADDRESS`` or ``--dask local``), with results handed back in the order
-the work was given whichever ran it.
+"""Where independent simulations run: in this process, in local worker processes (``--jobs N``), or on a Dask cluster
+(``--dask ADDRESS`` or ``local``), results handed back in the order given.
 
-A task is a picklable function and argument (for a sweep: one point's :class:`~cdbsim.planner.experiment.
-Experiment`), and the worker rebuilds everything else from it: a :class:`~cdbsim.latency.model.LatencyModel`
-holds interpolation closures and does not pickle, so it is made where it is used, from the profile the
-experiment names. The same experiment gives the same run, bit for bit, in any process. At most a window
-of tasks is in flight, so a sweep of a million points holds a few dozen results, not a million.
+A task is a picklable function and argument; the worker rebuilds everything else (a latency model does not pickle).
+At most a window of tasks is in flight.
 """
 
 from __future__ import annotations
@@ -147,9 +143,8 @@ class Job(Generic[T]):
 
 def in_order(jobs: Iterable[Job[T]], fn: Callable[[Any], Any], run: Runner,
              on_result: Callable[[T, Any], None] | None = None, window: int | None = None) -> Iterator[tuple[T, Any]]:
-    """``(tag, result)`` for each job in the order given: ready ones as they are, the others run on ``run``
-    with at most ``run.slots`` in flight and ``window`` jobs held. ``on_result`` sees each computed result
-    (to cache it); if the stream stops early, it still sees those that had finished out of order."""
+    """``(tag, result)`` per job in the order given: ready ones as they are, the others run on ``run`` with at most
+    ``window`` held; ``on_result`` sees each computed result, even if the stream stops early."""
     window = window or 4 * run.slots + 64
     held: deque[tuple[Job[T], Handle | None]] = deque()
 

@@ -1,13 +1,8 @@
-"""A results cache keyed by what a simulated point is made of, so a sweep that was interrupted, or is run
-again with more values, never simulates a point twice.
+"""A results cache keyed by what a simulated point is made of, so no point is simulated twice.
 
-A point's key is a SHA-256 of its experiment (every field, resolved to its value), whether it ran a CB
-baseline, the content of every file it names (an architecture or profile JSON, a Hugging Face config, a
-trace), and a fingerprint of the code and data that turn an experiment into a result: the cdbsim version
-and the bytes of the ``cdbsim`` and ``traces`` sources and their embedded workload data, and the
-profiles that names resolve from (the shipped ones or ``$CDBSIM_PROFILES``). Changing any of them misses
-the cache instead of returning a stale row. Results are rows of plain values stored as JSON (floats
-round-trip exactly) in one SQLite file, committed as each point finishes.
+The key hashes the resolved experiment, the baseline flag, every file it names, the cdbsim version and sources with
+their workload data, and the profiles names resolve from; any change misses the cache. Rows are stored as JSON
+(floats round-trip exactly) in one SQLite file, committed as each point finishes.
 """
 
 from __future__ import annotations
@@ -28,9 +23,7 @@ CODE_GLOBS = ("cdbsim/**/*.py", "traces/*.py", "traces/data/*")
 
 
 def default_cache_path() -> Path:
-    """``$CDBSIM_CACHE``, else ``$XDG_CACHE_HOME/cdbsim/points.sqlite`` (``~/.cache`` by default)."""
-    if os.environ.get("CDBSIM_CACHE"):
-        return Path(os.environ["CDBSIM_CACHE"])
+    """``$XDG_CACHE_HOME/cdbsim/points.sqlite`` (``~/.cache`` by default); ``--cache`` sets another."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "cdbsim" / "points.sqlite"
 
@@ -68,9 +61,7 @@ def referenced_files(exp: Experiment) -> list[str]:
 
 
 def profiles_fingerprint() -> str:
-    """A hash of the profiles that ``auto`` and profile names resolve from (:func:`cdbsim.latency.shipped.profile_dir`:
-    the shipped ones, or the folder ``$CDBSIM_PROFILES`` names), so a point predicted with one folder is
-    never returned for another."""
+    """A hash of the profiles that profile names resolve from (:func:`cdbsim.latency.shipped.profile_dir`)."""
     from cdbsim.latency.shipped import profile_dir
 
     paths = sorted(profile_dir().glob("*.json"))

@@ -123,8 +123,7 @@ class Prediction:
 
 def predict(experiment: Experiment | BuiltExperiment, baseline: bool = False,
             progress: Progress | None = None) -> Prediction:
-    """Simulate ``experiment``; with ``baseline``, also CB on the same requests (unless it is CB itself),
-    which gives the report its speed-up and the share of S_e2e it realises."""
+    """Simulate ``experiment``; with ``baseline``, also CB on the same requests (speed-up and S_e2e share)."""
     setup = experiment.build() if isinstance(experiment, Experiment) else experiment
     args = (setup.arch, setup.config, setup.requests, setup.latency, setup.kv, progress)
     result, base = with_baseline(*args) if baseline else (run_one(*args), None)

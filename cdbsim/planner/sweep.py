@@ -1,14 +1,8 @@
 """``cdbsim.sweep``: simulate every point of a grid of experiments and get one row per point.
 
-Any field of an :class:`~cdbsim.planner.experiment.Experiment` can be swept (architecture fields, device presets,
-serving settings, workloads, exit models); see :mod:`cdbsim.planner.grid` for how a grid and explicit points
-combine. Each point is simulated on its own, from its experiment alone, so points run anywhere
-(:mod:`cdbsim.planner.parallel`) and are cached by content (:mod:`cdbsim.planner.point_cache`); rows come back in grid
-order whichever way they ran, and are identical bit for bit.
-
-A point that cannot run inside an otherwise valid grid (K > W at one width, a split the model cannot
-take, a KV cache smaller than one request) is a row with status ``skipped`` and the reason. A grid with
-nothing to run is a one-line :class:`~cdbsim.errors.ConfigError` before anything runs.
+Any field of an :class:`~cdbsim.planner.experiment.Experiment` can be swept (:mod:`cdbsim.planner.grid`). Points run
+anywhere (:mod:`cdbsim.planner.parallel`), are cached by content (:mod:`cdbsim.planner.point_cache`) and come back in
+grid order, bit for bit the same. A point that cannot run is a row with status ``skipped`` and the reason.
 """
 
 from __future__ import annotations
@@ -86,9 +80,7 @@ class PointTask:
 
 
 def run_point(task: PointTask) -> dict[str, Any]:
-    """Simulate one point (in whatever process runs it): its description and metrics, or why it was skipped.
-
-    The latency model is built here from the profile the experiment names (it does not pickle)."""
+    """Simulate one point: its description and metrics, or why it was skipped (the latency model is built here)."""
     from cdbsim.planner.study import predict
 
     try:
@@ -167,8 +159,7 @@ class SweepPlan:
         return self.grid.fields
 
     def columns(self) -> dict[str, Any]:
-        """Every column of a row and its type: the point's index and swept fields, its description, the
-        metrics."""
+        """Every column of a row and its type: index, swept fields, description, metrics."""
         hints = {s.key: s.hint for s in settings()}
         return {"point": int, **{key: hints[key] for key in self.fields}, **DESCRIPTION, **metric_columns()}
 
@@ -179,8 +170,7 @@ class SweepPlan:
 
     def rows(self, jobs: int = 1, dask: str | None = None, cache: PointCache | None = None,
              progress: SweepProgress | None = None) -> Iterator[dict[str, Any]]:
-        """One row per point, in grid order, as the points finish; points run on ``jobs`` local processes
-        or a Dask cluster, and come from ``cache`` where it has them (and go into it when simulated)."""
+        """One row per point in grid order, run on ``jobs`` processes or Dask, read from and written to ``cache``."""
         self.counts = counts = SweepCounts()
         total, done, ran, first_reason = len(self), 0, 0, ""
         with runner(jobs, dask) as run:
@@ -240,14 +230,12 @@ def sweep(experiment: Experiment, grid: Mapping[str, Sequence[Any]] | None = Non
           points: Sequence[Mapping[str, Any]] | None = None, *, baseline: bool = False, jobs: int = 1,
           dask: str | None = None, cache: str | Path | None = None, out: str | Path | None = None,
           progress: SweepProgress | None = None) -> pd.DataFrame:
-    """Simulate ``experiment`` at every point of ``grid`` (``{"serve.width": [16, 64], ...}``: every
-    combination) applied to each of ``points`` (``[{"arch.name": "huginn-3.5b", "arch.split": "1-6-1"},
-    ...]``), and return one row per point: its swept fields, ``status`` and ``reason``, the resolved model
-    and profile, and every metric of its report (``output_tps``, ``tpot_s_p99``, ``mean_depth``, ...).
+    """Simulate ``experiment`` at every combination of ``grid`` applied to each of ``points``; one row per point with
+    its swept fields, ``status``, ``reason``, model, profile and every report metric.
 
-    ``jobs`` > 1 runs points in local processes; ``dask`` (a scheduler address or ``"local"``) on a Dask
-    cluster; ``cache`` (a SQLite file) keeps results by content across calls; ``out`` also writes the rows
-    to a Parquet file; ``baseline`` also runs CB on each point's requests (speed-up and S_e2e columns)."""
+    ``jobs`` > 1 runs in local processes, ``dask`` on a Dask cluster; ``cache`` (SQLite) keeps results by content;
+    ``out`` writes Parquet; ``baseline`` also runs CB (speed-up and S_e2e columns).
+    """
     plan = SweepPlan.make(experiment, Grid.of(grid, points), baseline)
     rows: list[dict[str, Any]] = []
     run_sweep(plan, jobs=jobs, dask=dask, cache=cache, parquet=out, progress=progress, each=rows.append)
@@ -257,8 +245,7 @@ def sweep(experiment: Experiment, grid: Mapping[str, Sequence[Any]] | None = Non
 def run_sweep(plan: SweepPlan, *, jobs: int = 1, dask: str | None = None, cache: str | Path | None = None,
               parquet: str | Path | None = None, csv: str | Path | None = None,
               progress: SweepProgress | None = None, each: Callable[[dict[str, Any]], None] | None = None) -> None:
-    """Run ``plan``'s points and hand each row, in order, to the Parquet and CSV files (complete or absent),
-    the cache (a SQLite file) and ``each``."""
+    """Run ``plan``'s points and hand each row, in order, to the Parquet and CSV files, the cache and ``each``."""
     from cdbsim.report.outputs import RowWriter
 
     store = PointCache(cache) if cache is not None else None
@@ -279,8 +266,7 @@ META_COLUMNS: dict[str, type] = {"kv_tokens": int}  # facts of the run's log wor
 
 @cache
 def distribution_stats() -> tuple[str, ...]:
-    """The numbers of a :class:`Distribution` that become columns (mean, fixed percentiles, std); the
-    percentiles a user asked for on the command line vary from run to run, so they are not columns."""
+    """The numbers of a :class:`Distribution` that become columns (mean, fixed percentiles, std)."""
     hints = typing.get_type_hints(Distribution)
     return tuple(f.name for f in fields(Distribution) if hints[f.name] is float)
 
@@ -310,8 +296,8 @@ def metric_columns() -> dict[str, type]:
 
 
 def flatten(report: Report) -> dict[str, Any]:
-    """``report`` as ``{column: value}`` over :func:`metric_columns` (a stage the run never launched:
-    0 launches and a NaN mean batch; a metric the run lacks, such as a speed-up without a baseline: None)."""
+    """``report`` as ``{column: value}`` over :func:`metric_columns` (a stage never launched: 0 launches, NaN batch;
+    a metric the run lacks: None)."""
     row: dict[str, Any] = {}
     for f in fields(Report):
         if f.name == "meta":

@@ -1,11 +1,6 @@
-"""What a sweep found, gathered as its rows stream past: the best point for each objective, the Pareto
-fronts of throughput per GPU against p99 TPOT and against mean depth (the quality proxy: a token that
-loops deeper is assumed to be a better token), and per swept field the range of throughput its values
-reached. Nothing here keeps whole rows: the fronts, the best points, three numbers and a colour per point
-for the scatter plots.
-
-Throughput "per GPU" is the simulated run's own: one replica of the model on one device.
-"""
+"""What a sweep found, gathered as its rows stream past: the best point per objective, the Pareto fronts of
+throughput per GPU (one model replica on one device) against p99 TPOT and against mean depth, and per swept field
+the throughput range its values reached. No whole rows are kept."""
 
 from __future__ import annotations
 
@@ -18,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cdbsim.planner.experiment import settings, unwrap_optional
+from cdbsim.planner.experiment import settings
+from cdbsim.planner.options import unwrap_optional
 from cdbsim.planner.sweep import Status
 from cdbsim.report.outputs import atomic_file
 from cdbsim.report.plots import plt
@@ -147,8 +143,7 @@ class SweepSummary:
         return next((k for k in self.fields if 2 <= len(self.ranges[k]) <= MAX_COLOURS), None)
 
     def plot(self, stem: str | Path, title: str) -> list[Path]:
-        """``STEM-pareto.png`` (the two fronts over every point) and ``STEM-fields.png`` (a panel per swept
-        field), written under temporary names and renamed."""
+        """``STEM-pareto.png`` and ``STEM-fields.png``, written under temporary names and renamed."""
         pareto, fields = summary_paths(stem)
         plot_fronts(self, pareto, title)
         if not self.fields:
@@ -158,8 +153,7 @@ class SweepSummary:
 
 
 def summary_paths(stem: str | Path) -> tuple[Path, Path]:
-    """Where :meth:`SweepSummary.plot` writes for ``stem`` (a sweep's ``--out`` without its suffix is the
-    stem): ``STEM-pareto.png`` and ``STEM-fields.png``."""
+    """Where :meth:`SweepSummary.plot` writes for ``stem``: ``STEM-pareto.png`` and ``STEM-fields.png``."""
     stem = Path(stem).with_suffix("") if Path(stem).suffix == ".parquet" else Path(stem)
     return stem.with_name(f"{stem.name}-pareto.png"), stem.with_name(f"{stem.name}-fields.png")
 

@@ -1,14 +1,10 @@
 """Metrics of a run, computed from its logs alone (so simulated and measured runs are scored alike).
 
-Vocabulary follows vLLM's benchmarks: TTFT (first token - arrival), TPOT ((finish - first token) /
-(output tokens - 1)), ITL (gaps between consecutive tokens of a request), E2E (finish - arrival) and
-normalized latency (E2E / output tokens). Output-token throughput counts every generated token, the
-prefill-produced first one included, over the makespan (first arrival to last token).
-
-Against a CB run of the same requests a report adds the speed-up, S_e2e (:func:`cdbsim.model.bounds.e2e_bound`,
-a bound of this run's time) and the share of it realised, at most 100%. An *online* run (requests
-arriving over time, e.g. Poisson) finishes when its last request arrives and is served, whatever the
-policy: its makespan measures the arrivals, so S_e2e and the share realised are None there.
+As in vLLM's benchmarks: TTFT (first token - arrival), TPOT ((finish - first token) / (output tokens - 1)), ITL (gaps
+between a request's tokens), E2E (finish - arrival), normalized latency (E2E / output tokens); throughput counts
+every output token over the makespan. Against a CB baseline a report adds the speed-up, S_e2e
+(:func:`cdbsim.model.bounds.e2e_bound`) and the share realised; online runs have no S_e2e (their makespan measures
+the arrivals).
 """
 
 from __future__ import annotations
@@ -93,9 +89,8 @@ def latency_samples(log: RunLog) -> dict[str, np.ndarray]:
 
 
 def kv_in_use(launches: pd.DataFrame) -> tuple[float | None, int | None]:
-    """Mean (over time) and peak KV blocks in use, from the launch log's ``kv_used``; None without it.
-
-    Each launch's value holds from its start to the next launch's start (the last one to its end)."""
+    """Mean (over time) and peak KV blocks in use from the launch log's ``kv_used`` (each value holds until the next
+    launch starts); None without it."""
     if "kv_used" not in launches.columns or launches.empty:
         return None, None
     used = launches["kv_used"].to_numpy(float)
@@ -108,9 +103,8 @@ def kv_in_use(launches: pd.DataFrame) -> tuple[float | None, int | None]:
 
 @dataclass
 class Report:
-    """Everything a result row shows; ``speedup``, ``s_e2e`` and ``bound_realised`` need a CB baseline, and
-    the last two are None for online runs (module docstring). ``times``, ``r_max`` and ``loop_share`` (the
-    loops' share of a full-depth token in parameters) are what S_e2e is priced with."""
+    """Everything a result row shows; ``speedup``, ``s_e2e`` and ``bound_realised`` need a CB baseline (the last two
+    are None online); ``times``, ``r_max`` and ``loop_share`` price S_e2e."""
 
     requests: int
     output_tokens: int

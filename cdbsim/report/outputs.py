@@ -1,12 +1,5 @@
-"""Output paths: checked before any work starts, written under a temporary name and renamed when complete.
-
-A command checks each path it will write (:func:`check_file`, :func:`check_dir`) before it simulates
-anything, so a path it cannot write (a missing directory, a file where a directory is needed, ``/proc``, a
-wrong extension) is a one-line error up front rather than a traceback after minutes of work. Files and
-directories are then written through :func:`atomic_file` and :func:`atomic_dir`: the content goes to a
-hidden name next to its destination and is renamed into place only once complete, so a failure leaves
-neither half-written output nor the temporary name behind.
-"""
+"""Output paths: checked before any work starts (:func:`check_file`, :func:`check_dir`), written under a temporary
+name and renamed into place when complete (:func:`atomic_file`, :func:`atomic_dir`)."""
 
 from __future__ import annotations
 
@@ -32,8 +25,7 @@ def staging_name(path: Path, tag: str = "tmp") -> Path:
 
 
 def _check_writable_dir(directory: Path, option: str, target: Path) -> None:
-    """``directory`` exists, is a directory, and a file can be created in it (a real write, not a
-    permission-bit guess: ``/proc`` and read-only mounts look writable to ``os.access`` under root)."""
+    """``directory`` exists, is a directory, and a file can really be created in it."""
     require(directory.exists(), f"{option} {target}: directory {directory} does not exist")
     require(directory.is_dir(), f"{option} {target}: {directory} is a file, not a directory")
     probe = staging_name(directory / "probe", "probe")

@@ -1,19 +1,9 @@
 """A run as a timeline in the Trace Event format (JSON, gzipped), for the Perfetto UI or chrome://tracing.
 
-Built from a :class:`~cdbsim.report.logs.RunLog` alone, so a simulated and a measured run (same schema) open side
-by side. The file holds:
-
-* process "device and host": a ``device`` track with one slice per launch (named by its stage; args: launch
-  index, batch, padded batch, items, context, loop-step mix, exits, tokens produced) and a ``host`` track
-  with the planning time of each launch (the log records how long planning took, not when it began, so
-  each host slice ends when its launch starts, or earlier where the next one needs the host);
-* process "requests": one async track per request, ``request <id>`` from arrival to its last token, with
-  ``queued`` (arrival to first prefill launch), ``prefill`` (to its first token), ``decode`` (to its last
-  token) and a ``done`` mark;
-* counters at each launch start: queue lengths per stage, resident requests, and KV blocks used and free
-  where the launch log has ``kv_used``.
-
-Times are microseconds from the start of the run (the format's unit).
+Built from a :class:`~cdbsim.report.logs.RunLog` alone, so simulated and measured runs open side by side: a
+``device`` track (a slice per launch) and a ``host`` track (planning, ending when its launch starts); an async track
+per request (``queued``, ``prefill``, ``decode``, ``done``); counters of queue lengths, resident requests and KV
+blocks at each launch. Times are microseconds from the start of the run.
 """
 
 from __future__ import annotations

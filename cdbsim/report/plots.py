@@ -39,8 +39,7 @@ CDF_PANELS = (("ttft_s", "TTFT (s)", 1.0), ("tpot_s", "TPOT (ms)", 1e3), ("itl_s
 
 
 def plot_latency_cdfs(samples: dict[str, dict[str, np.ndarray]], path: str | Path, title: str) -> Path:
-    """Empirical CDFs of TTFT, TPOT, ITL and normalized latency, one line per run (``{run: samples}``,
-    samples as :func:`cdbsim.report.metrics.latency_samples` gives them)."""
+    """Empirical CDFs of TTFT, TPOT, ITL and normalized latency, one line per run (``{run: samples}``)."""
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     for ax, (key, label, scale) in zip(axes.flat, CDF_PANELS, strict=True):
         lowest = np.inf
@@ -62,8 +61,8 @@ def plot_latency_cdfs(samples: dict[str, dict[str, np.ndarray]], path: str | Pat
 
 
 def plot_coda_batch(launches: dict[str, Any], path: str | Path, title: str, window: int = 25) -> Path:
-    """The coda batch of every coda launch over the run (adaptive's effective K), one colour per run
-    (``launches``: label -> launch log frame), with a rolling mean over ``window`` coda launches."""
+    """The coda batch of every coda launch (``launches``: label -> launch log frame), with a rolling mean over
+    ``window`` coda launches."""
     fig, ax = plt.subplots(figsize=(9, 4))
     for label, frame in launches.items():
         coda = frame[frame["stage"] == "coda"]

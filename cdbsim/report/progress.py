@@ -1,10 +1,5 @@
-"""Progress of long steps (generating requests, simulating runs) on stderr, with the time left.
-
-On a terminal each step gets a rich progress bar with elapsed time and ETA, cleared when done. Anywhere
-else (a log file, CI, a pipe) a bar would print as garbage, so a step reports in plain lines instead, only
-once it has run for :data:`QUIET_S` seconds and then every :data:`EVERY_S` seconds, plus one line when it
-finishes: short runs print nothing. Both are a :data:`ProgressFactory`, the callback the studies take.
-"""
+"""Progress of long steps on stderr: a rich bar with ETA on a terminal; elsewhere plain lines, only after
+:data:`QUIET_S` seconds and then every :data:`EVERY_S` seconds, plus one when done."""
 
 from __future__ import annotations
 
@@ -68,8 +63,7 @@ class PlainStep:
 
 @contextmanager
 def progress_display(stream: TextIO | None = None) -> Iterator[ProgressFactory]:
-    """A :data:`ProgressFactory` for the duration of the block: rich bars on a terminal, plain lines
-    elsewhere (see the module docstring)."""
+    """A :data:`ProgressFactory` for the duration of the block: rich bars on a terminal, plain lines elsewhere."""
     stream = stream if stream is not None else sys.stderr
     if not stream.isatty():
         steps: list[PlainStep] = []

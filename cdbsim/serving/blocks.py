@@ -1,17 +1,8 @@
 """The KV block manager: which cache blocks each request holds, handed out from one free list.
 
-A block holds ``block_size`` token positions across every layer and slot of the model, so a request
-holding ``n`` positions needs ``ceil(n / block_size)`` blocks whatever the KV layout; the layout only
-changes how many bytes a block is (:meth:`cdbsim.model.arch.ArchSpec.kv_bytes_per_token`). The ids are real:
-the GPU executor indexes its paged cache with them, reading each launch's block lists from the launch.
-
-Blocks of a finished request go back with :meth:`free`; a request preempted under KV pressure gives its
-blocks back with :meth:`preempt`, which also records it, so the next launch can tell the backend to drop
-whatever it keeps for that request (:attr:`cdbsim.serving.launch.Launch.dropped`).
-
-The free list is a stack: blocks given back are handed out again first, most recently returned first, and
-ids never handed out follow in ascending order. Those never-used ids are a counter rather than a list, so
-a simulated cache of millions of blocks costs nothing to set up.
+A block holds ``block_size`` positions across every layer and slot, so ``n`` positions need ``ceil(n / block_size)``
+blocks whatever the layout. The ids are the GPU executor's paged-cache ids. The free list is a stack (returned blocks
+first, most recent first), then never-used ids in ascending order, kept as a counter.
 """
 
 from __future__ import annotations
@@ -20,11 +11,8 @@ from cdbsim.errors import require
 
 
 class BlockManager:
-    """Block ids ``0 .. total - 1`` shared by ``requests`` requests; low ids are handed out first.
-
-    ``capacity[i]``: token positions request ``i``'s blocks hold (``len(blocks[i]) * block_size``), kept
-    so that the scheduler's per-token check is one comparison.
-    """
+    """Block ids ``0 .. total - 1`` shared by ``requests`` requests; ``capacity[i]`` is the positions request ``i``'s
+    blocks hold."""
 
     def __init__(self, total: int, block_size: int, requests: int) -> None:
         require(total >= 1, f"the KV cache needs at least one block, got {total}")
@@ -42,12 +30,8 @@ class BlockManager:
         """Blocks no request holds."""
         return self.total - self.used
 
-    def can_allocate(self, blocks: int) -> bool:
-        return blocks <= self.total - self.used
-
     def allocate(self, i: int, positions: int) -> bool:
-        """Grow request ``i``'s blocks to hold ``positions`` token positions; False (and nothing taken) if
-        too few blocks are free."""
+        """Grow request ``i``'s blocks to hold ``positions``; False (and nothing taken) if too few are free."""
         held = self.blocks[i]
         need = -(-positions // self.block_size) - len(held)
         if need <= 0:
@@ -68,8 +52,7 @@ class BlockManager:
         return True
 
     def append(self, i: int, position: int) -> bool:
-        """Make room for a decoded token at ``position``: a new block when it starts one; False if none
-        is free."""
+        """Make room for a decoded token at ``position``; False if no block is free."""
         if position < self.capacity[i]:
             return True
         return self.allocate(i, position + 1)

@@ -10,11 +10,9 @@ from traces.choice import Choice
 
 
 class Policy(Choice):
-    """CB: token-level continuous batching (every token at full depth, fused step).
-    NOREFILL: CDB with lock-step decode waves (freed slots wait for the wave's coda).
-    REFILL: CDB that refills loop slots every launch (coda >= K > prefill > core).
-    ADAPTIVE: refill whose coda (and the prelude after it) launches when the rule of :mod:`cdbsim.serving.adaptive`
-    finds it due, from step costs and exit rates observed during the run (a coda batch K that moves)."""
+    """CB: token-level continuous batching (every token at full depth, fused step). NOREFILL: CDB with lock-step
+    decode waves. REFILL: CDB refilling loop slots every launch (coda >= K > prefill > core). ADAPTIVE: refill
+    whose coda is launched when :mod:`cdbsim.serving.adaptive` finds it due (a coda batch K that moves)."""
 
     CB = "cb"
     NOREFILL = "norefill"
@@ -33,13 +31,9 @@ class Policy(Choice):
 
 
 class Timing(Choice):
-    """When the host learns exit decisions and plans the next launch.
-
-    SYNC: the host plans only after the device finished (device idles while the host plans).
-    ASYNC: planning overlaps the running launch, except after a core launch, whose gate must be read.
-    LOOKAHEAD: the gate computed at loop step r decides step r + 2, so planning always overlaps;
-    the price is a minimum exit depth of 2.
-    """
+    """When the host learns exit decisions. SYNC: plans after the device finished; ASYNC: overlaps planning except
+    after a core launch, whose gate must be read; LOOKAHEAD: the gate at loop step r decides step r + 2, so
+    planning always overlaps, at a minimum exit depth of 2."""
 
     SYNC = "sync"
     ASYNC = "async"
@@ -55,15 +49,9 @@ class Timing(Choice):
 
 
 class CoreLaunch(Choice):
-    """Which ready tokens one core launch may carry.
-
-    MIXED: up to W tokens from the head of the ready queue, whatever loop step each is at (one launch
-    advances tokens at many depths; cdbsim's default, and what the executor measures).
-    PER_STEP: slot-homogeneous launches as in the CDB paper's engine with a depth-indexed KV cache
-    (``reference/cdb-engine-spec.md``, "Recurrent batch composition"): the head token's loop step fixes
-    the launch's, tokens at other steps stay queued in their order, so a queue spread over d steps needs
-    d launches where MIXED needs one.
-    """
+    """Which ready tokens one core launch may carry. MIXED: up to W tokens from the head of the ready queue at any
+    loop step (the default). PER_STEP: only tokens at the head token's loop step, as the CDB paper's engine
+    (Schwethelm et al., arXiv 2608.09444) composes recurrent batches with a depth-indexed KV cache."""
 
     MIXED = "mixed"
     PER_STEP = "per-step"
@@ -104,14 +92,11 @@ def padding_table(sizes: tuple[int, ...], limit: int) -> list[int]:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """How a looped model is served. Defaults follow the CDB paper's engine (reference/cdb-engine-spec.md).
-
-    ``width`` (W) bounds both resident requests and tokens per decode-type launch; ``coda_batch`` (K) is
-    the coda size refill waits for; ``prefill_budget`` (M) bounds prompt tokens per prefill launch;
-    ``kv_margin`` is the share of free KV blocks below which new prompts are not admitted while others
-    decode; ``min_free_slots`` (default max(1, W/8)) how many resident slots must be free to start
-    admitting; ``core_launch`` whether one core launch may mix loop steps (:class:`CoreLaunch`).
-    """
+    """How a looped model is served; defaults follow the CDB paper's engine (arXiv 2608.09444). ``width`` (W) bounds
+    resident requests and tokens per decode-type launch, ``coda_batch`` (K) is the coda size refill waits for,
+    ``prefill_budget`` (M) bounds prompt tokens per prefill launch, ``kv_margin`` the free-block share below which
+    no prompt is admitted while others decode, ``min_free_slots`` (default max(1, W/8)) the free slots admission
+    waits for."""
 
     policy: Policy = Policy.REFILL
     width: int = 64
@@ -151,8 +136,7 @@ class ServeConfig:
         return self.min_free_slots if self.min_free_slots is not None else max(1, self.width // 8)
 
     def r_min(self, arch: ArchSpec) -> int:
-        """Effective minimum exit depth: the model's, raised to 2 by the lookahead gate (CB ignores depths
-        and runs r_max, but its requests carry the same depths as CDB's so runs compare like for like)."""
+        """Effective minimum exit depth: the model's, raised to 2 by the lookahead gate."""
         return min(max(arch.r_min, self.timing.min_depth), arch.r_max)
 
     def decode_sizes(self) -> tuple[int, ...]:

@@ -1,5 +1,4 @@
-"""KV capacity: how many blocks of token positions a run's cache holds, sized from a token count, a block
-count or the device memory the weights leave."""
+"""KV capacity in blocks, from a token count, a block count or the device memory the weights leave."""
 
 from __future__ import annotations
 

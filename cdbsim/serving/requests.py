@@ -1,11 +1,4 @@
-"""Per-request serving state: where each request is in its life and where its next token stands.
-
-The scheduler's hot loops index this state millions of times per simulated run, so it is kept as flat
-lists (one entry per request, indexed by the request's position in the run) rather than one object per
-request, and as few of them as the loops need: how many tokens a request has generated is not kept, since
-its latest token's position says it (``position = prompt + generated - 1``). :class:`RequestTable` is the
-one place that owns them.
-"""
+"""Per-request serving state, kept as flat lists indexed by request (the scheduler's hot loops read it per token)."""
 
 from __future__ import annotations
 
@@ -29,18 +22,10 @@ class Status(IntEnum):
 
 
 class RequestTable:
-    """Flat per-request state of one run.
-
-    ``prompt``/``output``: prompt and output lengths; ``final``: the position of the request's last token
-    (it is finished once its latest token sits there); ``exit_steps``: for each decoded token, the 0-based
-    loop step after which it leaves the loop (its depth, the trace's requested depth clamped to
-    ``[r_min, r_max]``, minus one), every request's laid end to end, request ``i``'s token at position ``p``
-    at ``exit_base[i] + p``; ``prefill_target``: tokens the current prefill episode covers (the
-    prompt, or prompt + generated tokens when recomputed after preemption); ``prefilled``: of those, tokens
-    already launched; ``position``: position of the latest output token (the next input); ``last``: the
-    exit step of the request's current token. Without ``loops`` (token-level batching runs every token at
-    full depth) the exit steps are left empty.
-    """
+    """Flat per-request state of one run. ``final``: position of the last token; ``exit_steps``: each decoded token's
+    0-based exit step (requested depth clamped to ``[r_min, r_max]``, minus one), request ``i``'s token at
+    position ``p`` at ``exit_base[i] + p`` (empty without ``loops``); ``prefill_target``/``prefilled``: tokens the
+    current prefill covers and has launched; ``position``: the latest output token's; ``last``: its exit step."""
 
     def __init__(self, requests: Sequence[Request], r_min: int, r_max: int, loops: bool = True) -> None:
         n = len(requests)
@@ -85,10 +70,8 @@ class RequestTable:
 
 
 def clipped_depths(requests: Sequence[Request], r_min: int, r_max: int, offset: int = 0) -> tuple[array, list[int]]:
-    """Every request's exit depths clamped to ``[r_min, r_max]`` (plus ``offset``), laid end to end in one
-    int16 array (a list of lists of ints cost 8 bytes a token, 54 MB for 100,000 Alpaca requests), and
-    where each request's depths start in it. The depths are clamped straight into the array: one more
-    copy of them at a time, not five."""
+    """Every request's depths clamped to ``[r_min, r_max]`` (plus ``offset``), end to end in one int16 array, and
+    where each request's depths start in it."""
     starts = np.cumsum([0] + [len(r.depths) for r in requests]).tolist()
     if not requests:
         return array("h"), []

@@ -1,5 +1,5 @@
-"""The simulator's host timeout, in a module of its own: it subclasses a SimPy event, so it stays interpreted
-when the simulator's hot modules are compiled (:mod:`cdbsim.native`)."""
+"""The simulator's host timeout; it subclasses a SimPy event, so it stays interpreted when the hot modules compile.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ LATE = simpy.events.NORMAL + 1  # after SimPy's URGENT and NORMAL events of the 
 
 
 class Late(simpy.Timeout):
-    """A timeout at the absolute time ``at`` that SimPy processes after every other event due then, so that
-    the host, woken by one, has seen every request arriving at that time (SimPy orders the events of one
-    time by priority, then by when they were scheduled)."""
+    """A timeout at absolute time ``at`` processed after every other event due then, so the woken host has seen every
+    arrival at that time."""
 
     def __init__(self, env: simpy.Environment, at: float) -> None:
         now = env.now

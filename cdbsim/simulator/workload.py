@@ -71,9 +71,8 @@ class WorkloadSpec:
         return self.count * (per_request + per_token * tokens)
 
     def check_memory(self, simulated: bool = True, kv_blocks: int = 0, available: int | None = None) -> None:
-        """Refuse a run whose estimated memory (the requests, a simulated run's state and logs, and the
-        scheduler's list of ``kv_blocks`` free blocks) exceeds ``available`` bytes (default: this machine's
-        physical memory), before anything is generated."""
+        """Refuse a run whose estimated memory (requests, simulated state and logs, ``kv_blocks`` free-list entries)
+        exceeds ``available`` bytes (default: physical memory), before anything is generated."""
         available = machine_memory() if available is None else available
         if available is None:
             return
@@ -89,9 +88,8 @@ class WorkloadSpec:
 
     def build(self, arch: ArchSpec, r_min: int, progress: ProgressFactory | None = None,
               simulated: bool = True, kv_blocks: int = 0) -> list[Request]:
-        """The requests, with depths on ``[r_min, arch.r_max]`` (a trace file is checked against r_max).
-        First the memory is checked (:meth:`check_memory`: for a run of ``kv_blocks`` too if ``simulated``);
-        ``progress`` (a label and a count to a callback) follows the drawing of the requests."""
+        """The requests, depths on ``[r_min, arch.r_max]``, after :meth:`check_memory`; ``progress`` follows the
+        drawing."""
         self.check_memory(simulated, kv_blocks)
         if self.trace:
             return read_trace(self.trace, r_max=arch.r_max)

@@ -106,7 +106,6 @@ class SchedulerState:
     waiting: int = 0
     core: int = 0
     coda: int = 0
-    prelude: int = 0
     active: int = 0
     kv_used: int = 0
 

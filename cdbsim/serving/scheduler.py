@@ -467,7 +467,7 @@ class Scheduler:
         blocks, dropped = ([kv.blocks[i] for i in requests], kv.take_dropped()) if self.share_blocks else (None, ())
         launch = Launch(self.launches, stage, requests, positions, steps, exits, chunk_lens, finishes, size, padded,
                         context, longest, copies, blocks, (), dropped)
-        self.state = SchedulerState(len(self.waiting), core, coda, len(self.prelude_queue), self.active, kv.used)
+        self.state = SchedulerState(len(self.waiting), core, coda, self.active, kv.used)
         self.launches += 1
         self.in_flight += 1
         self.done = False

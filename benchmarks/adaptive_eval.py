@@ -269,52 +269,63 @@ def write_matrix() -> None:
     from cdbsim.report.metrics import summarize
     from cdbsim.simulator.sim import simulate
 
+    def entry(name: str, sets: list[str]) -> Entry:
+        return Entry(name, Experiment().override(MATRIX_SET + sets, source=None))
+
+    def policy_set(policy: str, k: int | None) -> list[str]:
+        return [f"serve.policy={policy}"] + ([] if k is None else [f"serve.coda_batch={k}"])
+
     configs = []
     for name, arch_key, width, workload, depth, n in GPU_POINTS:
         arch, split = ARCHS[arch_key]
-        base = Entry(name=name, arch=arch, split=split, width=width, workload=workload, mean_depth=depth,
-                     requests=n, seed=7, kv_tokens=GPU_KV_TOKENS[arch])
-        spec = base.spec()
-        requests, latency = base.build_requests(), LatencySection().model(spec)
+        head = [f"arch.name={arch}"] + ([f"arch.split={split}"] if split else [])
+        tail = [f"serve.width={width}", f"serve.kv_tokens={GPU_KV_TOKENS[arch]}", f"workload.name={workload}",
+                f"workload.requests={n}", f"exits.mean_depth={depth}"]
         best, best_tps = None, 0.0
         for fields in Point(arch_key, width, workload, depth).choices().values():
             if fields["policy"] == "adaptive":
                 continue
-            entry = replace(base, policy=fields["policy"], coda_batch=fields.get("coda_batch", 1))
-            log = simulate(spec, entry.config(), requests, latency, entry.kv_blocks())
-            tps = summarize(log, spec, requests, entry.config().r_min(spec)).output_tps
+            sets = head + policy_set(fields["policy"], fields.get("coda_batch", 1)) + tail
+            e = entry(name, sets)
+            spec, config = e.spec(), e.config()
+            requests = e.build_requests()
+            log = simulate(spec, config, requests, LatencySection().model(spec), e.kv_blocks())
+            tps = summarize(log, spec, requests, config.r_min(spec)).output_tps
             if tps > best_tps:
-                best, best_tps = entry, tps
-        label = best.policy + (f"-K{best.coda_batch}" if best.policy == "refill" else "")
-        configs += [{**_fields(best), "name": f"{name}-{label}"}, {**_fields(base), "name": f"{name}-adaptive",
-                                                                   "policy": "adaptive"}]
-    spec = SHIFTS["shift-gpu"]
-    arch, split = ARCHS[spec["arch"]]
-    trace = str((OUT / "shift-gpu-trace.csv").relative_to(ROOT))
-    shifted = [("norefill", "norefill", 1), *((f"refill-K{k}", "refill", k) for k in spec["coda_batches"]),
-               ("adaptive", "adaptive", 1)]
-    configs += [{"name": f"shift-{label}", "arch": arch, "split": split, "width": spec["width"], "policy": policy,
-                 "coda_batch": k, "trace": trace, "kv_tokens": GPU_KV_TOKENS[arch]} for label, policy, k in shifted]
-    MATRIX.write_text(json.dumps({
-        "name": "adaptive-h200",
-        "notes": "Adaptive CDB against the fixed choice the simulator finds best on the same requests (offline), "
-                 "and a load that shifts half-way (Poisson 5 req/s of shallow tokens, then a burst of deep ones) "
-                 "under adaptive and every fixed choice. Written by python benchmarks/adaptive_eval.py --part "
-                 "matrix; predicted from the shipped H200 profiles.",
-        "defaults": {"workload": "alpaca", "timing": "lookahead", "layout": "depth", "seed": 7},
-        "configs": configs}, indent=1) + "\n")
+                best, best_tps = (fields["policy"], fields.get("coda_batch", 1), sets), tps
+        policy, k, sets = best
+        label = policy + (f"-K{k}" if policy == "refill" else "")
+        configs += [{"name": f"{name}-{label}", "set": sets},
+                    {"name": f"{name}-adaptive", "set": head + policy_set("adaptive", None) + tail}]
+    shift = SHIFTS["shift-gpu"]
+    arch, split = ARCHS[shift["arch"]]
+    trace = (OUT / "shift-gpu-trace.csv").relative_to(ROOT)
+    head = [f"arch.name={arch}", f"arch.split={split}"]
+    tail = [f"serve.width={shift['width']}", f"serve.kv_tokens={GPU_KV_TOKENS[arch]}", f"workload.trace={trace}"]
+    shifted = [("norefill", "norefill", 1), *((f"refill-K{k}", "refill", k) for k in shift["coda_batches"]),
+               ("adaptive", "adaptive", None)]
+    configs += [{"name": f"shift-{label}", "set": head + policy_set(policy, k) + tail}
+                for label, policy, k in shifted]
+    rows = ",\n".join("  " + json.dumps(c) for c in configs)
+    MATRIX.write_text(
+        "{\n"
+        f' "name": "adaptive-h200",\n'
+        f' "notes": {json.dumps(NOTES)},\n'
+        f' "set": {json.dumps(MATRIX_SET)},\n'
+        f' "configs": [\n{rows}\n ]\n}}\n')
     served = 0.0
-    for entry in load_matrix(MATRIX):
-        spec, requests = entry.spec(), entry.build_requests()
-        log = simulate(spec, entry.config(), requests, LatencySection().model(spec), entry.kv_blocks())
+    for e in load_matrix(MATRIX):
+        spec, requests = e.spec(), e.build_requests()
+        log = simulate(spec, e.config(), requests, LatencySection().model(spec), e.kv_blocks())
         served += log.launches["end"].max()
     print(f"{MATRIX.relative_to(ROOT)}: {len(configs)} configurations, {served:.0f} s of predicted serving in all")
 
 
-def _fields(entry) -> dict:
-    """An entry's settings as a matrix row (defaults and the name left out)."""
-    keep = ("arch", "split", "policy", "coda_batch", "width", "mean_depth", "requests", "kv_tokens")
-    return {k: getattr(entry, k) for k in keep if getattr(entry, k) is not None}
+MATRIX_SET = ["serve.kv_layout=depth", "serve.timing=lookahead", "workload.seed=7"]
+NOTES = ("Adaptive CDB against the fixed choice the simulator finds best on the same requests (offline), and a "
+         "load that shifts half-way (Poisson 5 req/s of shallow tokens, then a burst of deep ones) under adaptive "
+         "and every fixed choice. Written by python benchmarks/adaptive_eval.py --part matrix; predicted from the "
+         "shipped H200 profiles.")
 
 
 MACHINE = f"{platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start"

@@ -1,16 +1,19 @@
-"""``cdbsim validate``: run configurations on the GPU executor and in the simulator, on identical requests
-and exit depths, and compare the two logs.
+"""``cdbsim validate``: run configurations on the GPU executor (an engine serving a looped model as the CDB
+paper's does: Schwethelm et al., arXiv 2608.09444) and in the simulator, on identical requests and exit
+depths, and compare the two logs.
 
-A validation matrix is a JSON file (``calibration/matrices/validation-h200.json``): ``defaults`` plus a
-list of ``configs``, each naming ``arch`` (and optionally ``split``), ``policy``, ``coda_batch``, ``width``,
-``layout``, ``timing``, ``workload``, ``requests``, ``exits`` (``synthetic`` or ``none``), ``mean_depth``,
-``seed``, ``kv_tokens``, ``core_launch`` (``mixed`` or ``per-step``) and, for an online run,
-``rate_of_capacity`` (Poisson arrivals at that fraction of the simulator's offline request rate for the same
-configuration) or ``trace``, a trace file (path from the repository root) whose requests, arrivals and exit
-depths replace the workload's.
+A validation matrix is a JSON file of named experiments in the ``--set`` syntax::
 
-The executor part needs torch and a GPU; measured logs are saved per configuration, so the comparison can
-be redone anywhere from them (``--measured DIR``).
+    {"name": "validation-h200",
+     "set": ["workload.name=alpaca", "workload.requests=256", "workload.seed=1", "serve.kv_tokens=65536"],
+     "configs": [{"name": "ouro-alpaca-cb-W64", "set": ["arch.name=ouro-1.4b", "serve.policy=cb"]},
+                 {"name": "ouro-alpaca-refill-online", "set": ["arch.name=ouro-1.4b"], "rate_of_capacity": 0.75}]}
+
+Each entry is an :class:`~cdbsim.planner.experiment.Experiment`: the defaults, then the matrix's ``set``,
+then the entry's. ``rate_of_capacity`` makes an online run with Poisson arrivals at that fraction of the
+simulator's offline request rate for the same experiment. The latency section is not set per entry:
+``--profile`` prices the whole matrix. Executor logs are saved and found by entry name, so the comparison
+can be redone from them without a GPU (``--measured``).
 """
 
 from __future__ import annotations
@@ -19,20 +22,20 @@ import contextlib
 import functools
 import gc
 import json
+import math
 import os
 import tarfile
 import tempfile
-import typing
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cdbsim.errors import ConfigError, read_json, require, unknown
+from cdbsim.errors import ConfigError, read_json, require
 from cdbsim.latency.model import LatencyModel
 from cdbsim.latency.profile import Profile
-from cdbsim.model.arch import ArchSpec, load_arch
-from cdbsim.planner.experiment import Experiment, parse_value, plain, settings
+from cdbsim.model.arch import ArchSpec
+from cdbsim.planner.experiment import Experiment, parse_value
 from cdbsim.report.logs import RunLog
 from cdbsim.report.metrics import summarize
 from cdbsim.report.outputs import atomic_file
@@ -41,162 +44,144 @@ from cdbsim.serving.config import ServeConfig
 from cdbsim.serving.launch import table_width
 from cdbsim.serving.memory import capacity_blocks
 from cdbsim.simulator.sim import simulate
-from cdbsim.simulator.workload import DEFAULT_REQUESTS, WorkloadSpec, default_mean_depth
-from traces import ExitModel, Request, length_model
+from cdbsim.simulator.workload import WorkloadSpec
+from traces import Request, length_model
 
-ENTRY_EXITS = ("synthetic", "none")  # an entry carries no fixed depth
-ENTRY_KEYS = {  # experiment field -> the Entry field that carries it to the executor and the simulator
-    "arch.name": "arch", "arch.split": "split", "serve.policy": "policy", "serve.coda_batch": "coda_batch",
-    "serve.width": "width", "serve.kv_layout": "layout", "serve.timing": "timing", "workload.name": "workload",
-    "workload.requests": "requests", "exits.model": "exits", "exits.mean_depth": "mean_depth",
-    "workload.seed": "seed", "serve.kv_tokens": "kv_tokens", "workload.trace": "trace",
-    "serve.core_launch": "core_launch",
-}
+MATRIX_KEYS = ("name", "notes", "set", "configs")
+ENTRY_KEYS = ("name", "set", "rate_of_capacity")
+SHAPE = '{"set": [...], "configs": [{"name": ..., "set": ["section.field=value", ...]}, ...]}'
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One configuration of a validation matrix."""
+    """One configuration of a validation matrix: a named experiment and, for an online run at a share of
+    the simulated capacity, that share (a matrix concern: the rate it resolves to is saved with the
+    measured log). Settings the executor cannot run are refused when the entry is made."""
 
     name: str
-    arch: str = "ouro-1.4b"
-    split: str | None = None
-    policy: str = "refill"
-    coda_batch: int = 1
-    width: int = 64
-    layout: str = "depth"
-    timing: str = "lookahead"
-    workload: str = "alpaca"
-    requests: int = 256
-    exits: str = "synthetic"
-    mean_depth: float | None = None
-    seed: int = 1
-    kv_tokens: int = 65536
+    experiment: Experiment
     rate_of_capacity: float | None = None
-    trace: str | None = None
-    core_launch: str = "mixed"
 
     def __post_init__(self) -> None:
-        """Each field of its declared type and range (a matrix file's ``"width": "abc"`` or ``"seed": -1``
-        is refused when the file is read, not with a traceback mid-run)."""
-        hints = typing.get_type_hints(type(self))
-        for f in fields(self):
-            try:
-                object.__setattr__(self, f.name, parse_value(getattr(self, f.name), hints[f.name]))
-            except ConfigError as exc:
-                raise ConfigError(f"{f.name}: {exc}") from None
-        for key, low in (("requests", 1), ("seed", 0), ("kv_tokens", 1)):
-            require(getattr(self, key) >= low, f"{key} must be >= {low}, got {getattr(self, key)}")
-        require(self.rate_of_capacity is None or self.rate_of_capacity > 0,
-                f"rate_of_capacity must be > 0, got {self.rate_of_capacity}")
-        if self.exits not in ENTRY_EXITS:
-            raise unknown("exit model", self.exits, ENTRY_EXITS)
-        require(self.mean_depth is None or self.exits == "synthetic", "mean_depth goes with exits synthetic")
-        require(self.trace is None or self.rate_of_capacity is None,
-                f"{self.name}: a trace carries its own arrivals; give trace or rate_of_capacity, not both")
-        if self.trace is None:
-            length_model(self.workload)  # an unknown workload, with the valid ones
+        exp, share = self.experiment, self.rate_of_capacity
+        require(share is None or (math.isfinite(share) and share > 0), f"rate_of_capacity must be > 0, got {share}")
+        require(exp.serve.kv_tokens is not None or exp.serve.kv_blocks is not None,
+                "validate needs the KV capacity (serve.kv_tokens or serve.kv_blocks): the executor's cache is "
+                "sized by it, not by a profile")
+        arrivals = [key for key, value in (("workload.trace", exp.workload.trace), ("workload.rate", exp.workload.rate),
+                                           ("rate_of_capacity", share)) if value is not None]
+        require(len(arrivals) <= 1, f"give one of {' and '.join(arrivals)}: each sets the arrivals")
+        if exp.workload.trace is None:
+            length_model(exp.workload.name)  # an unknown workload, with the valid ones
+        self.workload(self.spec())  # the exit model fits the architecture
+        self.kv_blocks()  # the serving settings and the KV capacity
 
     @classmethod
     def from_experiment(cls, name: str, exp: Experiment, rate_of_capacity: float | None = None) -> Entry:
-        """The configuration ``exp`` describes. Settings an entry cannot carry to the executor are refused
-        rather than ignored (the latency section is not among them: it only prices the simulated run)."""
-        carried = {}
-        for setting in settings():
-            if setting.section == "latency":
-                continue
-            value = plain(getattr(getattr(exp, setting.section), setting.name))
-            if setting.key in ENTRY_KEYS:
-                carried[ENTRY_KEYS[setting.key]] = value
-            else:
-                require(value == plain(setting.default), f"validate cannot run {setting.key} = {value!r} on the "
-                        f"executor; it takes {', '.join(ENTRY_KEYS)} and the latency section")
-        require(carried["kv_tokens"] is not None, "validate needs the KV capacity in tokens (serve.kv_tokens)")
-        exp.serve.config()  # refuses a K given with the adaptive policy
-        carried["coda_batch"] = carried["coda_batch"] or 1
-        carried["requests"] = carried["requests"] or DEFAULT_REQUESTS.get(carried["workload"], 1000)
-        if carried.get("trace") is not None:
-            carried["trace"] = str(carried["trace"])
-        entry = cls(name=name, rate_of_capacity=rate_of_capacity, **carried)
-        entry.config()  # refuse impossible settings before any work
-        return entry
+        """``exp`` as an entry named ``name`` (its latency section prices the simulated run only)."""
+        return cls(name, exp, rate_of_capacity)
 
     @property
     def online(self) -> bool:
-        """Requests arrive over time: at a share of capacity, or as a trace file says."""
-        return self.rate_of_capacity is not None or self.trace is not None
+        """Requests arrive over time: at a share of capacity, at a given rate, or as a trace file says."""
+        workload = self.experiment.workload
+        return self.rate_of_capacity is not None or workload.rate is not None or workload.trace is not None
 
     def spec(self) -> ArchSpec:
-        return load_arch(self.arch, split=self.split)
+        return self.experiment.arch.spec()
 
     def config(self) -> ServeConfig:
-        return ServeConfig(policy=self.policy, width=self.width, coda_batch=self.coda_batch, timing=self.timing,
-                           layout=self.layout, core_launch=self.core_launch)
+        return self.experiment.serve.config()
 
     def kv_blocks(self) -> int:
-        config = self.config()
-        return capacity_blocks(self.spec(), config.layout, tokens=self.kv_tokens, block_size=config.block_size)
+        serve, config = self.experiment.serve, self.config()
+        return capacity_blocks(self.spec(), config.layout, tokens=serve.kv_tokens, blocks=serve.kv_blocks,
+                               block_size=config.block_size)
+
+    def workload(self, arch: ArchSpec, rate: float | None = None) -> WorkloadSpec:
+        """The workload with its exit model for ``arch``, with Poisson arrivals at ``rate`` if given."""
+        spec = self.experiment.workload_spec(arch)
+        return spec if rate is None else replace(spec, rate=rate)
 
     def build_requests(self, rate: float | None = None) -> list[Request]:
-        arch, config = self.spec(), self.config()
-        mean = self.mean_depth if self.mean_depth is not None else default_mean_depth(arch.r_max)
-        exits = ExitModel(self.exits, mean=mean) if self.exits == "synthetic" else ExitModel(self.exits)
-        spec = WorkloadSpec(self.workload, self.requests, rate, exits, self.seed, self.trace)
-        return spec.build(arch, config.r_min(arch))
+        """The requests, with Poisson arrivals at ``rate`` req/s if given (else the experiment's own)."""
+        arch = self.spec()
+        return self.workload(arch, rate).build(arch, self.config().r_min(arch))
 
     def describe(self) -> str:
-        arch = self.spec()
-        if self.trace is not None:
-            return f"{arch.name} {arch.split} {self.config().describe()} trace {self.trace}"
-        rate = f", {self.rate_of_capacity:g} x capacity" if self.online else ", offline"
-        return (f"{arch.name} {arch.split} {self.config().describe()} {self.workload} x{self.requests} "
-                f"exits {self.exits}{rate}")
+        arch, config, workload = self.spec(), self.config(), self.experiment.workload
+        head = f"{arch.name} {arch.split} {config.describe()}"
+        if workload.trace is not None:
+            return f"{head} trace {workload.trace}"
+        rate = (f", {self.rate_of_capacity:g} x capacity" if self.rate_of_capacity is not None else
+                f", {workload.rate:g} req/s" if workload.rate is not None else ", offline")
+        return (f"{head} {workload.name} x{self.workload(arch).count} exits {self.experiment.exits.model}{rate}")
+
+
+def _override(exp: Experiment, items: object, where: str) -> Experiment:
+    """``exp`` with a matrix's list of ``section.field=value`` texts applied; a bad one names ``where``."""
+    require(isinstance(items, list), f"{where}: set must be a list of \"section.field=value\" texts, "
+                                     f"got {items!r:.40}")
+    for item in items:
+        require(isinstance(item, str) and "=" in item,
+                f"{where}: set: expected \"section.field=value\", got {item!r:.40}")
+        require(not item.startswith("latency."), f"{where}: set: {item.partition('=')[0]} is chosen for the whole "
+                                                 f"matrix (--profile, --force), not per entry")
+    try:
+        return exp.override(items, source=None)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def load_matrix(path: str | Path, only: Iterable[str] | None = None) -> list[Entry]:
-    """The entries of a matrix file (defaults applied), or those named in ``only``; unknown keys and names
-    are refused with the file's name."""
+    """The entries of a matrix file, or those named in ``only``. A bad file is refused with one line naming
+    the file and the entry."""
     data = read_json(path, "validation matrix")
-    shape = '{"defaults": {...}, "configs": [{...}, ...]} expected'
-    require(isinstance(data, dict), f"{path}: not a validation matrix ({shape})")
-    defaults, configs = data.get("defaults", {}), data.get("configs", [])
-    require(isinstance(defaults, dict) and isinstance(configs, list), f"{path}: not a validation matrix ({shape})")
-    valid = {f.name for f in fields(Entry)}
-    entries = []
+    require(isinstance(data, dict), f"{path}: not a validation matrix ({SHAPE} expected)")
+    extra = sorted(set(data) - set(MATRIX_KEYS))
+    require(not extra, f"{path}: unknown key(s) {', '.join(extra)}; a validation matrix is {SHAPE}")
+    configs = data.get("configs")
+    require(isinstance(configs, list) and configs, f"{path}: no configs ({SHAPE} expected)")
+    base = _override(Experiment(), data.get("set", []), str(path))
+    entries: dict[str, Entry] = {}
     for i, raw in enumerate(configs):
-        require(isinstance(raw, dict), f"{path}: config {i} must be an object of settings, got {raw!r:.40}")
-        merged = {**defaults, **raw}
-        extra = sorted(set(merged) - valid)
-        require(not extra, f"{path}: config {i} ({raw.get('name', '?')}) has unknown key(s) {', '.join(extra)}")
-        require("name" in merged, f"{path}: config {i} has no name")
+        where = f"{path}: config {i}"
+        require(isinstance(raw, dict), f"{where} must be an object {{\"name\": ..., \"set\": [...]}}, "
+                                       f"got {raw!r:.40}")
+        name = raw.get("name")
+        require(isinstance(name, str) and name.strip() and "/" not in name and name not in (".", ".."),
+                f"{where}: name must be a text that names a directory (its logs), got {name!r:.40}")
+        where = f"{where} ({name})"
+        extra = sorted(set(raw) - set(ENTRY_KEYS))
+        require(not extra, f"{where}: unknown key(s) {', '.join(extra)}; an entry has {', '.join(ENTRY_KEYS)} "
+                           f"(settings go in set as \"section.field=value\")")
+        require(name not in entries, f"{where}: a second config of this name (logs are kept by name)")
+        exp = _override(base, raw.get("set", []), where)
         try:
-            entry = Entry(**merged)
-            entry.kv_blocks()  # its architecture, serving settings and KV capacity, before any run
+            share = parse_value(raw.get("rate_of_capacity"), float | None)
+            entries[name] = Entry(name, exp, share)
         except ConfigError as exc:
-            raise ConfigError(f"{path}: config {i} ({merged['name']}): {exc}") from None
-        entries.append(entry)
-    require(entries, f"{path}: no configs")
+            raise ConfigError(f"{where}: {exc}") from None
     if only is None:
-        return entries
+        return list(entries.values())
     wanted = set(only)
-    missing = wanted - {e.name for e in entries}
+    missing = wanted - set(entries)
     require(not missing, f"{path}: no config named {', '.join(sorted(missing))}")
-    return [e for e in entries if e.name in wanted]
+    return [e for e in entries.values() if e.name in wanted]
 
 
 def offline_capacity(entry: Entry, latency: LatencyModel) -> float:
     """The simulator's offline request rate for ``entry`` (sets the rate of its online runs)."""
     arch, config = entry.spec(), entry.config()
-    offline = replace(entry, rate_of_capacity=None)
-    requests = offline.build_requests()
+    requests = replace(entry.workload(arch), rate=None).build(arch, config.r_min(arch))
     log = simulate(arch, config, requests, latency, entry.kv_blocks())
     return summarize(log, arch, requests, config.r_min(arch)).request_rate
 
 
 def requests_for(entry: Entry, latency: LatencyModel) -> tuple[list[Request], float | None]:
-    """The requests of ``entry``, with Poisson arrivals for online runs, and the rate used."""
+    """The requests of ``entry`` and their Poisson rate (None: offline or a trace's own arrivals)."""
     if entry.rate_of_capacity is None:
-        return entry.build_requests(), None
+        return entry.build_requests(), entry.experiment.workload.rate
     rate = entry.rate_of_capacity * offline_capacity(entry, latency)
     return entry.build_requests(rate), rate
 
@@ -222,7 +207,7 @@ def measure(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], L
             models[key] = build_model(arch, device="cuda", seed=0)
         requests, rate = requests_for(entry, latency_for(arch))
         run = execute(arch, entry.config(), requests, entry.kv_blocks(), device="cuda", model=models[key],
-                      seed=entry.seed)
+                      seed=entry.experiment.workload.seed)
         run.log.meta.update({"validation_entry": entry.name, "rate": rate})
         run.log.save(out / entry.name)
         results[entry.name] = run.log
@@ -274,10 +259,12 @@ def compare(entries: list[Entry], measured: dict[str, RunLog],
 
 
 def profile_names(latency_for: Callable[[ArchSpec], LatencyModel], entries: list[Entry]) -> dict[str, str]:
+    """Each architecture's profile label, by the name the entries give it."""
     out: dict[str, str] = {}
     for entry in entries:
         profile: Profile = latency_for(entry.spec()).profile
-        out[entry.arch] = profile.label()
+        arch = entry.experiment.arch
+        out[str(arch.hf_config or arch.name)] = profile.label()
     return out
 
 
@@ -331,8 +318,7 @@ def write_results(entries: list[Entry], comparisons: list[Comparison], out: Path
 @contextlib.contextmanager
 def unpacked_logs(path: Path, option: str = "--measured") -> Iterator[Path]:
     """A directory of saved run logs (one directory per configuration): ``path`` itself, or a tar of them
-    (as committed under ``benchmarks/results/``) unpacked into a temporary directory that is removed
-    afterwards; paths outside it and links are refused."""
+    unpacked into a temporary directory that is removed afterwards; paths outside it and links are refused."""
     if not (path.is_file() and tarfile.is_tarfile(path)):
         yield path
         return

@@ -275,10 +275,11 @@ def test_shape_and_hf_config_options_reach_the_model(tmp_path) -> None:
     assert both.exit_code == 2 and "not both" in both.stderr
 
 
-def test_validate_refuses_settings_the_executor_would_not_run(tmp_path) -> None:
-    result = runner.invoke(app, ["validate", "--out", str(tmp_path), "--set", "serve.prefill_budget=4096"])
+def test_validate_refuses_two_sources_of_arrivals(tmp_path) -> None:
+    result = runner.invoke(app, ["validate", "--out", str(tmp_path), "--set", "workload.rate=5",
+                                 "--rate-of-capacity", "0.5"])
     assert result.exit_code == 2
-    assert "validate cannot run serve.prefill_budget = 4096 on the executor" in result.stderr
+    assert "give one of workload.rate and rate_of_capacity" in result.stderr
 
 
 def test_profiles_folder_from_the_environment(tmp_path, monkeypatch) -> None:

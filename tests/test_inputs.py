@@ -56,11 +56,13 @@ def write_malformed(directory: Path, profile: dict) -> None:
     (directory / "good.csv").write_text(header + "0,8,3,0,2 2\n")
     (directory / "depth_huge.csv").write_text(header + "0,8,3,0,2 99999999999999999999\n")
     (directory / "extra_field.csv").write_text(header + "0,8,3,0,2 2,9\n")
-    entry = {"name": "a", "requests": 5}
-    for name, config in (("matrix", entry), ("matrix_width", {**entry, "width": "abc"}),
-                         ("matrix_seed", {**entry, "seed": -1}), ("matrix_rate", {**entry, "rate_of_capacity": -1}),
-                         ("matrix_name", {**entry, "name": 5}), ("matrix_arch", {**entry, "arch": "llama"}),
-                         ("matrix_item", "a")):
+    settings = ["workload.name=alpaca", "workload.requests=5", "serve.kv_tokens=65536"]
+    entry = {"name": "a", "set": settings}
+    for name, config in (("matrix", entry), ("matrix_width", {**entry, "set": [*settings, "serve.width=abc"]}),
+                         ("matrix_seed", {**entry, "set": [*settings, "workload.seed=-1"]}),
+                         ("matrix_rate", {**entry, "rate_of_capacity": -1}), ("matrix_name", {**entry, "name": 5}),
+                         ("matrix_arch", {**entry, "set": [*settings, "arch.name=llama"]}),
+                         ("matrix_old", {"name": "a", "width": 8}), ("matrix_item", "a")):
         (directory / f"{name}.json").write_text(json.dumps({"configs": [config]}))
     from cdbsim.report.logs import REQUEST_LOG_COLUMNS, SAVED_LAUNCH_COLUMNS
 
@@ -162,12 +164,14 @@ BAD = [
     ("bound --arch IN/arch_rope_theta.json", "IN/arch_rope_theta.json: rope_theta must be > 0, got -1.0"),
     ("predict --trace IN/depth_huge.csv", "IN/depth_huge.csv:2: exit_depths must be space-separated whole numbers"),
     ("predict --trace IN/extra_field.csv", "IN/extra_field.csv:2: more fields than the header's 5"),
-    ("validate --matrix IN/matrix_width.json --out v", "IN/matrix_width.json: config 0 (a): width: expected an "
+    ("validate --matrix IN/matrix_width.json --out v", "IN/matrix_width.json: config 0 (a): serve.width: expected an "
                                                       "integer, got 'abc'"),
-    ("validate --matrix IN/matrix_seed.json --out v", "IN/matrix_seed.json: config 0 (a): seed must be >= 0"),
+    ("validate --matrix IN/matrix_seed.json --out v", "IN/matrix_seed.json: config 0 (a): workload.seed: must be >= 0"),
     ("validate --matrix IN/matrix_rate.json --out v", "config 0 (a): rate_of_capacity must be > 0, got -1.0"),
-    ("validate --matrix IN/matrix_name.json --out v", "config 0 (5): name: expected text, got 5"),
+    ("validate --matrix IN/matrix_name.json --out v", "config 0: name must be a text that names a directory"),
     ("validate --matrix IN/matrix_arch.json --out v", "IN/matrix_arch.json: config 0 (a): unknown architecture"),
+    ("validate --matrix IN/matrix_old.json --out v", "IN/matrix_old.json: config 0 (a): unknown key(s) width; "
+                                                    "an entry has name, set, rate_of_capacity"),
     ("validate --matrix IN/matrix_item.json --out v", "IN/matrix_item.json: config 0 must be an object"),
     ("validate --matrix IN/matrix.json --measured IN/logs_garbage --out v",
      "IN/logs_garbage/a/launches.parquet: not a readable parquet log"),

@@ -12,95 +12,156 @@ from typer.testing import CliRunner
 
 from calibration.validation import Entry, compare, load_matrix, requests_for
 from cdbsim.latency.model import LatencyModel, roofline_profile
+from cdbsim.planner.experiment import Experiment
 from cdbsim.simulator.sim import simulate
 from cli import app
+
+BASE = ("workload.name=alpaca", "workload.seed=1", "serve.kv_tokens=65536")
 
 
 def latency_for(arch):
     return LatencyModel(arch, roofline_profile(arch))
 
 
+def entry(name: str, *settings: str, rate_of_capacity: float | None = None) -> Entry:
+    """A matrix entry: ``BASE`` and ``settings`` in the ``--set`` syntax."""
+    return Entry(name, Experiment().override([*BASE, *settings]), rate_of_capacity)
+
+
+def matrix_row(name: str, *settings: str, rate_of_capacity: float | None = None) -> dict:
+    """The same entry as a matrix file holds it."""
+    row = {"name": name, "set": [*BASE, *settings]}
+    return row if rate_of_capacity is None else {**row, "rate_of_capacity": rate_of_capacity}
+
+
+def write_matrix(path: Path, rows: list[dict], **top) -> Path:
+    path.write_text(json.dumps({**top, "configs": rows}))
+    return path
+
+
 def test_shipped_matrix_covers_what_validation_needs() -> None:
     entries = load_matrix("calibration/matrices/validation-h200.json")
+    exps = [e.experiment for e in entries]
     assert len(entries) >= 16
-    assert {e.arch for e in entries} >= {"ouro-1.4b", "huginn-3.5b"}
-    assert {e.policy for e in entries} == {"cb", "norefill", "refill"}
-    assert {e.workload for e in entries} >= {"alpaca", "sharegpt"}
+    assert {x.arch.name for x in exps} >= {"ouro-1.4b", "huginn-3.5b"}
+    assert {e.config().policy.value for e in entries} == {"cb", "norefill", "refill"}
+    assert {x.workload.name for x in exps} >= {"alpaca", "sharegpt"}
     assert sum(e.online for e in entries) >= 2
-    assert any(e.split for e in entries)
-    assert any(e.exits == "none" for e in entries) and any(e.exits == "synthetic" for e in entries)
-    assert len({e.width for e in entries if e.arch == "ouro-1.4b"}) >= 2
-    for e in entries:
-        e.config()  # every configuration is valid
+    assert any(x.arch.split for x in exps)
+    assert {x.exits.model for x in exps} == {"none", "synthetic"}
+    assert len({x.serve.width for x in exps if x.arch.name == "ouro-1.4b"}) >= 2
+
+
+def test_matrix_names_key_the_saved_logs() -> None:
+    """Saved executor logs are found by entry name: every configuration of the 20-run matrix has one."""
+    import tarfile
+
+    with tarfile.open("benchmarks/results/validation/measured-logs.tgz") as tar:
+        runs = {Path(name).parent.name for name in tar.getnames() if name.endswith("meta.json")}
+    assert {e.name for e in load_matrix("calibration/matrices/validation-h200.json")} == runs
 
 
 def test_paper_matrix_runs_huginn_w64_under_per_step_core_launches() -> None:
     entries = load_matrix("calibration/matrices/paper-huginn-h200.json")
-    launch = {(e.policy, e.coda_batch, e.config().core_launch.value) for e in entries}
+    launch = {(e.config().policy.value, e.config().coda_batch, e.config().core_launch.value) for e in entries}
     assert launch == {("norefill", 1, "per-step"), ("refill", 16, "per-step"), ("cb", 1, "per-step"),
                       ("refill", 16, "mixed")}
-    assert {(e.arch, e.width, e.workload) for e in entries} == {("huginn-3.5b", 64, "alpaca")}
+    assert {(e.spec().name, e.config().width, e.experiment.workload.name) for e in entries} == {
+        ("huginn-3.5b", 64, "alpaca")}
 
 
 def test_wide_matrix_runs_huginn_at_w256_on_the_same_requests() -> None:
     entries = load_matrix("calibration/matrices/wide-huginn-h200.json")
-    assert {(e.policy, e.coda_batch) for e in entries} == {("cb", 1), ("refill", 16)}
-    assert {(e.arch, e.width, e.workload, e.requests, e.seed) for e in entries} == {
-        ("huginn-3.5b", 256, "alpaca", 1024, 1)}
-    for e in entries:
-        e.config()  # a valid configuration
-        assert e.kv_tokens >= 256 * 128  # every resident row has room for an Alpaca request (~90 tokens)
+    assert {(e.config().policy.value, e.config().coda_batch) for e in entries} == {("cb", 1), ("refill", 16)}
+    assert {(e.spec().name, e.config().width, e.experiment.workload) for e in entries} == {
+        ("huginn-3.5b", 256, entries[0].experiment.workload)}
+    assert (entries[0].experiment.workload.requests, entries[0].experiment.workload.seed) == (1024, 1)
+    for e in entries:  # every resident row has room for an Alpaca request (~90 tokens)
+        assert e.experiment.serve.kv_tokens >= 256 * 128
 
 
-def test_entry_carries_the_core_launch_to_the_executor() -> None:
-    from cdbsim.planner.experiment import Experiment
+def test_entry_carries_every_serving_setting_to_the_executor() -> None:
+    exp = Experiment(serve={"core_launch": "per-step", "prefill_budget": 4096, "kv_tokens": 65536})
+    config = Entry.from_experiment("x", exp).config()
+    assert (config.core_launch.value, config.prefill_budget) == ("per-step", 4096)
+    with pytest.raises(ValueError, match="needs the KV capacity"):
+        Entry.from_experiment("x", Experiment())
 
-    exp = Experiment(serve={"core_launch": "per-step", "kv_tokens": 65536})
-    assert Entry.from_experiment("x", exp).config().core_launch.value == "per-step"
+
+def test_matrix_set_applies_to_every_entry_and_an_entry_overrides_it(tmp_path) -> None:
+    path = write_matrix(tmp_path / "m.json", [{"name": "a"}, {"name": "b", "set": ["serve.width=16"]}],
+                        set=[*BASE, "serve.width=32"])
+    assert [e.config().width for e in load_matrix(path)] == [32, 16]
 
 
-def test_matrix_with_unknown_key_is_refused(tmp_path) -> None:
-    path = tmp_path / "m.json"
-    path.write_text(json.dumps({"configs": [{"name": "a", "widht": 8}]}))
-    with pytest.raises(ValueError, match="unknown key"):
+@pytest.mark.parametrize(("top", "rows", "message"), [
+    ({}, [{"name": "a", "widht": 8}], "config 0 (a): unknown key(s) widht; an entry has name, set"),
+    ({"defaults": {}}, [{"name": "a"}], "m.json: unknown key(s) defaults; a validation matrix is"),
+    ({}, [{"name": "a", "set": ["serve.widht=8"]}], "config 0 (a): unknown key serve.widht"),
+    ({}, [{"name": "a", "set": ["serve.width=abc"]}], "config 0 (a): serve.width: expected an integer, got 'abc'"),
+    ({}, [{"name": "a", "set": "serve.width=8"}], "config 0 (a): set must be a list"),
+    ({}, [{"name": "a", "set": ["serve.width"]}], "config 0 (a): set: expected \"section.field=value\""),
+    ({}, [{"name": "a", "set": ["latency.profile=roofline"]}], "latency.profile is chosen for the whole matrix"),
+    ({}, [{"name": "a"}, {"name": "a"}], "config 1 (a): a second config of this name"),
+    ({}, [{"name": "a/b"}], "config 0: name must be a text that names a directory"),
+    ({}, [{"name": "a", "rate_of_capacity": "x"}], "config 0 (a): expected a number"),
+    ({}, [{"name": "a", "set": ["workload.rate=5"], "rate_of_capacity": 0.5}],
+     "config 0 (a): give one of workload.rate and rate_of_capacity"),
+    ({"set": ["serve.width=0x"]}, [{"name": "a"}], "m.json: serve.width: expected an integer"),
+    ({}, [], "m.json: no configs"),
+])
+def test_bad_matrix_is_one_line_naming_the_file_and_the_entry(tmp_path, top, rows, message) -> None:
+    rows = [{**row, "set": [*BASE, *row.get("set", [])]} if isinstance(row.get("set", []), list) else row
+            for row in rows]  # otherwise valid entries
+    path = write_matrix(tmp_path / "m.json", rows, **top)
+    with pytest.raises(ValueError) as info:
         load_matrix(path)
+    text = str(info.value)
+    assert message in text and "\n" not in text and text.startswith(str(path)), text
 
 
 def test_adaptive_matrix_pairs_runs_on_the_same_requests() -> None:
+    from cdbsim.serving.config import Policy
+
     entries = load_matrix("calibration/matrices/adaptive-h200.json")
-    by_name = {e.name: e for e in entries}
-    steady = [e for e in entries if e.trace is None]
-    assert len({(e.arch, e.split, e.width, e.workload, e.mean_depth) for e in steady}) >= 4
+
+    def fixed_part(e: Entry) -> Experiment:  # everything but the policy and its coda batch
+        return replace(e.experiment, serve=replace(e.experiment.serve, policy=Policy.REFILL, coda_batch=None))
+
+    steady = [e for e in entries if e.experiment.workload.trace is None]
+    assert len({fixed_part(e) for e in steady}) >= 4
     for e in steady:  # each configuration runs adaptive and one fixed policy, same requests otherwise
-        same = [o for o in steady if replace(o, name=e.name, policy=e.policy, coda_batch=e.coda_batch) == e]
-        assert sorted(o.policy == "adaptive" for o in same) == [False, True], e.name
-    shifted = [e for e in entries if e.trace is not None]
-    assert {e.policy for e in shifted} == {"adaptive", "norefill", "refill"} and len({e.trace for e in shifted}) == 1
+        same = [o for o in steady if fixed_part(o) == fixed_part(e)]
+        assert sorted(o.config().policy is Policy.ADAPTIVE for o in same) == [False, True], e.name
+    shifted = [e for e in entries if e.experiment.workload.trace is not None]
+    assert {e.config().policy.value for e in shifted} == {"adaptive", "norefill", "refill"}
+    assert len({e.experiment.workload.trace for e in shifted}) == 1
     requests = shifted[0].build_requests()
     assert len(requests) > 64 and requests[-1].arrival > 1.0 and shifted[0].online
-    assert by_name[shifted[0].name].config()
 
 
 def test_entry_with_trace_and_rate_is_refused() -> None:
-    with pytest.raises(ValueError, match="not both"):
-        Entry(name="x", trace="t.csv", rate_of_capacity=0.5)
+    with pytest.raises(ValueError, match="give one of workload.trace and rate_of_capacity"):
+        entry("x", "workload.trace=t.csv", rate_of_capacity=0.5)
 
 
 def test_validate_against_saved_logs(tmp_path) -> None:
     from traces import ExitModel, build_trace, write_trace
 
     trace = write_trace(build_trace("alpaca", 30, 4, 2, ExitModel(mean=2.5), rate=20.0, seed=4), tmp_path / "t.csv")
-    entries = [Entry(name="refill", requests=40), Entry(name="cb", policy="cb", requests=40),
-               Entry(name="online", requests=40, rate_of_capacity=0.5),
-               Entry(name="adaptive-trace", policy="adaptive", trace=str(trace))]
-    matrix = tmp_path / "matrix.json"
-    matrix.write_text(json.dumps({"configs": [e.__dict__ for e in entries]}))
+    rows = [matrix_row("refill", "workload.requests=40"),
+            matrix_row("cb", "serve.policy=cb", "workload.requests=40"),
+            matrix_row("online", "workload.requests=40", rate_of_capacity=0.5),
+            {"name": "adaptive-trace", "set": ["serve.policy=adaptive", f"workload.trace={trace}",
+                                               "serve.kv_tokens=65536"]}]
+    matrix = write_matrix(tmp_path / "matrix.json", rows)
+    entries = load_matrix(matrix)
     measured = tmp_path / "measured"
-    for entry in entries:  # a "measurement" that is the simulator itself: errors must be zero
-        requests, rate = requests_for(entry, latency_for(entry.spec()))
-        log = simulate(entry.spec(), entry.config(), requests, latency_for(entry.spec()), entry.kv_blocks())
+    for e in entries:  # a "measurement" that is the simulator itself: errors must be zero
+        requests, rate = requests_for(e, latency_for(e.spec()))
+        log = simulate(e.spec(), e.config(), requests, latency_for(e.spec()), e.kv_blocks())
         log.meta["rate"] = rate
-        log.save(measured / entry.name)
+        log.save(measured / e.name)
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["validate", "--matrix", str(matrix), "--measured", str(measured),
                                       "--out", str(out), "--profile", "roofline", "--json"])
@@ -134,14 +195,13 @@ def test_validate_against_saved_logs(tmp_path) -> None:
 
 def test_stage_errors_by_batch_range() -> None:
     """A latency model that is exact for small batches and twice too slow above 16 rows shows it."""
-    from calibration.validation import Entry
     from cdbsim.report.validate import batch_range, stage_errors
 
     assert [batch_range(b) for b in (1, 16, 17, 64, 256, 257)] == ["1-16", "1-16", "17-64", "17-64", "129-256",
                                                                   "257+"]
-    entry = Entry(name="refill", requests=60, width=64)
-    requests, _ = requests_for(entry, latency_for(entry.spec()))
-    log = simulate(entry.spec(), entry.config(), requests, latency_for(entry.spec()), entry.kv_blocks())
+    refill = entry("refill", "workload.requests=60", "serve.width=64")
+    requests, _ = requests_for(refill, latency_for(refill.spec()))
+    log = simulate(refill.spec(), refill.config(), requests, latency_for(refill.spec()), refill.kv_blocks())
     launches = log.launches
     duration = dict(zip(launches["index"], launches["end"] - launches["start"], strict=True))
     rows = stage_errors(log, lambda launch: duration[launch.index] * (2.0 if launch.padded > 16 else 1.0))
@@ -155,13 +215,12 @@ def test_stage_errors_by_batch_range() -> None:
 def test_stage_errors_of_queued_launches(timing: str) -> None:
     """Offline under lookahead every launch is queued behind the previous one, so the queued error is the
     error; under sync timing the device waits for the host before every launch, so none is queued."""
-    from calibration.validation import Entry
     from cdbsim.report.validate import stage_errors
 
-    entry = Entry(name="refill", requests=30, width=16)
-    arch, latency = entry.spec(), latency_for(entry.spec())
-    requests, _ = requests_for(entry, latency)
-    log = simulate(arch, replace(entry.config(), timing=timing), requests, latency, entry.kv_blocks())
+    refill = entry("refill", "workload.requests=30", "serve.width=16")
+    arch, latency = refill.spec(), latency_for(refill.spec())
+    requests, _ = requests_for(refill, latency)
+    log = simulate(arch, replace(refill.config(), timing=timing), requests, latency, refill.kv_blocks())
     duration = dict(zip(log.launches["index"], log.launches["end"] - log.launches["start"], strict=True))
     rows = stage_errors(log, lambda launch: 1.1 * duration[launch.index])
     decode = [r for r in rows if r["stage"] != "prefill"]
@@ -178,10 +237,10 @@ def test_run_host_fits_each_stage_to_its_mean() -> None:
     from cdbsim.report.validate import run_host
     from cdbsim.serving.launch import Stage
 
-    entry = Entry(name="refill", requests=40, width=16)
-    arch, latency = entry.spec(), latency_for(entry.spec())
-    requests, _ = requests_for(entry, latency)
-    log = simulate(arch, entry.config(), requests, latency, entry.kv_blocks())
+    refill = entry("refill", "workload.requests=40", "serve.width=16")
+    arch, latency = refill.spec(), latency_for(refill.spec())
+    requests, _ = requests_for(refill, latency)
+    log = simulate(arch, refill.config(), requests, latency, refill.kv_blocks())
     launches = log.launches.copy()
     host = 100e-6 + 2e-6 * launches["items"]
     host[launches["stage"] == "coda"] *= 2
@@ -214,17 +273,17 @@ def test_stage_errors_see_each_launch_as_the_simulator_did(tmp_path) -> None:
     from cdbsim.report.validate import stage_errors
     from cdbsim.serving.launch import table_width
 
-    entry = Entry(name="sharegpt", arch="ouro-1.4b", workload="sharegpt", width=16, requests=16,
-                  kv_tokens=98304)
+    sharegpt = entry("sharegpt", "arch.name=ouro-1.4b", "workload.name=sharegpt", "serve.width=16",
+                     "workload.requests=16", "serve.kv_tokens=98304")
     profile = load_profile_file(Path(__file__).parents[1] / "calibration/profiles/h200-ouro-1.4b.json")
     assert profile.attention_slots
-    model = LatencyModel(entry.spec(), profile)
-    requests, _ = requests_for(entry, model)
-    simulate(entry.spec(), entry.config(), requests, model, entry.kv_blocks()).save(tmp_path / "run", "csv")
+    model = LatencyModel(sharegpt.spec(), profile)
+    requests, _ = requests_for(sharegpt, model)
+    simulate(sharegpt.spec(), sharegpt.config(), requests, model, sharegpt.kv_blocks()).save(tmp_path / "run", "csv")
     log = RunLog.load(tmp_path / "run")
     core = log.launches[log.launches["stage"] == "core"]
     assert (core["longest"] > 1.5 * core["context"] / core["size"]).any()
-    width = table_width(requests, entry.config().block_size)  # the simulator charges each metadata copy
+    width = table_width(requests, sharegpt.config().block_size)  # the simulator charges each metadata copy
     assert all(abs(row["error"]) < 1e-9
                for row in stage_errors(log, lambda launch: model.launch_time(launch, width)))
     assert any(abs(row["error"]) > 1e-6 for row in stage_errors(log, model.launch_time))
@@ -243,9 +302,9 @@ def test_device_idle_is_predicted_from_the_launch_gap(tmp_path, name: str) -> No
 
     with unpacked_logs(Path("benchmarks/results/validation/measured-logs.tgz")) as logs:
         measured = RunLog.load(logs / name)
-    entry = next(e for e in load_matrix("calibration/matrices/validation-h200.json") if e.name == name)
-    latency = LatencyModel(entry.spec(), resolve_profile("auto", entry.spec()))
-    comparison = compare([entry], {name: measured}, lambda arch: latency)[0]
+    run = next(e for e in load_matrix("calibration/matrices/validation-h200.json") if e.name == name)
+    latency = LatencyModel(run.spec(), resolve_profile("auto", run.spec()))
+    comparison = compare([run], {name: measured}, lambda arch: latency)[0]
     assert comparison.predicted.device_idle == pytest.approx(comparison.measured.device_idle, rel=0.1)
     # the profile's gap is the mean over the matrix's runs; one run's is within 3% of it (1.26-1.30 us per run)
     assert fit_launch_gap([measured.launches]) == pytest.approx(latency.launch_gap, rel=0.03)
@@ -257,13 +316,12 @@ def test_device_idle_is_predicted_from_the_launch_gap(tmp_path, name: str) -> No
 def test_validate_reads_an_archive_of_saved_logs(tmp_path) -> None:
     import tarfile
 
-    entry = Entry(name="refill", requests=30)
-    matrix = tmp_path / "matrix.json"
-    matrix.write_text(json.dumps({"configs": [entry.__dict__]}))
-    requests, rate = requests_for(entry, latency_for(entry.spec()))
-    log = simulate(entry.spec(), entry.config(), requests, latency_for(entry.spec()), entry.kv_blocks())
+    matrix = write_matrix(tmp_path / "matrix.json", [matrix_row("refill", "workload.requests=30")])
+    refill = load_matrix(matrix)[0]
+    requests, rate = requests_for(refill, latency_for(refill.spec()))
+    log = simulate(refill.spec(), refill.config(), requests, latency_for(refill.spec()), refill.kv_blocks())
     log.meta["rate"] = rate
-    log.save(tmp_path / "logs" / entry.name)
+    log.save(tmp_path / "logs" / refill.name)
     archive = tmp_path / "measured-logs.tgz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(tmp_path / "logs", arcname=".")

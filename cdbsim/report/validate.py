@@ -1,8 +1,8 @@
 """Simulated against measured: the same requests and exit depths, two logs, one table of signed errors.
 
-Pure Python: it reads two :class:`~cdbsim.report.logs.RunLog` objects (whichever clock produced them) and their
-reports. Running the executor is the caller's job (``calibration.validation``), so a comparison can also
-be redone later from saved logs on a machine without a GPU.
+Pure Python on two :class:`~cdbsim.report.logs.RunLog` objects, whichever clock produced them: running the
+executor is the caller's job (``calibration.validation``), so a comparison can be redone from saved logs
+without a GPU.
 """
 
 from __future__ import annotations
@@ -57,19 +57,18 @@ def batch_range(padded: int) -> str:
     return f"{low}+"
 
 
-QUEUED_GAP_S = 3e-6  # a launch that starts this close to the previous end was queued behind it (gaps: 1.25-1.31 us
-# on average in 0.24 us clock steps, at most 2.9 us in all but 12 of 140,000 pairs: LatencyModel.launch_gap)
+QUEUED_GAP_S = 3e-6  # a launch that starts this close to the previous end was queued behind it (back-to-back
+# launches are about LatencyModel.launch_gap apart, well under this)
 
 
 def stage_errors(log: RunLog, launch_time: Callable[[Launch], float]) -> list[dict]:
     """Per stage: measured device time of the logged launches against the latency model's time for the
-    very same launches. This isolates the latency model from the schedule (which the two runs share).
+    very same launches, which isolates the latency model from the schedule the two runs share.
 
     Each decode-type stage has a row over all its launches (``batch`` "all") and one per padded-batch
-    range, since a model can be right on average and wrong at one end of the batch sizes. ``queued
-    error`` is the same over the launches that were queued behind their predecessor: a launch that found
-    the device idle is logged from the moment the host began queueing it, so its duration also holds the
-    host's own queueing (20-200 us: ``benchmarks/probe_idle_start.py``), which no device model predicts.
+    range. ``queued error`` is the same over the launches queued behind their predecessor: a launch that
+    found the device idle is logged from when the host began queueing it, so its duration also holds host
+    time that no device model predicts.
     """
     rows = []
     launches = log.launches.assign(predicted=[launch_time(launch_from_row(r))
@@ -104,18 +103,16 @@ def signed_error(predicted: float, measured: float) -> float:
 
 def host_points(launches: object) -> list[list[float]]:
     """Rows ``[items, 0, median host seconds]`` of a launch log's decode-type launches, one per item count
-    seen at least three times: what the host component of a profile is fitted to, from a calibration's
-    serving run or from any executor run (the host's speed on the day of a run)."""
+    seen at least three times: the points a profile's host component is fitted to."""
     return [[float(items), 0.0, float(group["host_s"].median())]
             for items, group in _decode_type(launches).groupby("items") if len(group) >= 3]
 
 
 @dataclass(frozen=True)
 class RunHost:
-    """The host's speed in one executor run: a line per stage, seconds per launch against items, fitted to
-    every launch of that stage so it holds the stage's mean (a host-bound run's throughput is the host's
-    total time, so its slow tail counts), a line over the decode-type launches' medians for a stage the
-    run did not launch, and the median per decode-type launch (what ``run host us`` prints)."""
+    """The host's speed in one executor run: per stage, seconds per launch against items fitted through the
+    stage's mean (its slow tail counts); a pooled line over the decode-type medians for other stages; and
+    the median per decode-type launch (``run host us``)."""
 
     pooled: Fit
     stages: dict[Stage, Fit]

@@ -2,7 +2,7 @@
 # The GPU measurements the README and docs/results.md quote, one phase per call of at most ten minutes (H200):
 #   bash benchmarks/gpu_session.sh calibrate  GPU tests, the three shipped models' profiles (about 8 min)
 #                                             -> calibration/profiles/ (the kernel-level profile: MODELS=kernels)
-#   bash benchmarks/gpu_session.sh validate   the 20-configuration validation matrix (about 7 min)
+#   bash benchmarks/gpu_session.sh validate   the 20-configuration validation matrix of this GPU (H200: about 7 min)
 #                                             -> benchmarks/results/validation/
 #   bash benchmarks/gpu_session.sh bench      the executor table and refill at K = 1 without exits (about 7 min)
 #                                             -> benchmarks/results/executor/
@@ -23,8 +23,9 @@ esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
 mkdir -p "$work"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,uuid,memory.total,clocks.sm,power.limit,driver_version --format=csv > "$work/nvidia-smi.csv"
+case $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1) in *H100*) gpu=h100 ;; *) gpu=h200 ;; esac
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" > "$work/versions.txt"
 run() {  # run LIMIT_S NAME CMD...: a time-limited step with its log kept; the archive is rewritten after each
   local limit=$1 name=$2; shift 2
@@ -49,7 +50,7 @@ case $phase in
       done
     fi
     ;;
-  validate) matrix 560 validation validation-h200.json ;;
+  validate) matrix 560 validation "validation-$gpu.json" ;;
   bench)
     run 300 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick \
       --sizes 1 2 4 8 16 32 64 128 256 --parts stages attention --contexts 512 4096 --prefill-tokens 512 2048 4096 \

@@ -177,10 +177,11 @@ class Ops:
         if backend == "triton":  # Triton is optional: imported only for its backend
             from executor import chain as skinny
             from executor import few_rows as few
-            from executor import triton_kernels as impl
-
+            from executor import triton_decode as decode
+            from executor import triton_pointwise as pointwise
+            from executor import triton_prefill as prefill
         else:
-            impl = skinny = few = _TorchOps
+            skinny = few = pointwise = decode = prefill = _TorchOps
         self.fuse_rows = fuse_rows or 0
         self.few_rows = few_rows or 0
         self._fused_attention_rows: int | None = None
@@ -194,13 +195,13 @@ class Ops:
         self.gemv = skinny.gemv
         self.gemv_rmsnorm = skinny.gemv_rmsnorm
         self.gemv_residual = skinny.gemv_residual
-        self.rms_norm = impl.rms_norm
-        self.residual_norm = impl.residual_norm
-        self.silu_mul = impl.silu_mul
-        self.rope_write_kv = impl.rope_write_kv
-        self.decode_attention = impl.decode_attention
-        self.rope_decode_attention = impl.rope_decode_attention
-        self.prefill_attention = impl.prefill_attention
+        self.rms_norm = pointwise.rms_norm
+        self.residual_norm = pointwise.residual_norm
+        self.silu_mul = pointwise.silu_mul
+        self.rope_write_kv = pointwise.rope_write_kv
+        self.decode_attention = decode.decode_attention
+        self.rope_decode_attention = decode.rope_decode_attention
+        self.prefill_attention = prefill.prefill_attention
 
     @property
     def fused_attention_rows(self) -> int:

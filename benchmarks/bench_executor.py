@@ -199,7 +199,7 @@ def attention_bandwidth(name: str, heads: int, kv_heads: int, head_dim: int, bat
     """The shipped decode-attention kernel (``triton``; on a CPU run only the torch path) at ``batch`` rows of
     ``length`` positions: KV bytes read per second against ``bandwidth``."""
     from executor import ops as torch_ops
-    from executor import triton_kernels as tk
+    from executor import triton_decode as tk
 
     blocks = batch * (length // 16)
     geo = CacheGeometry(0, 1, 0, 1, KVLayout.SHARED, num_blocks=blocks)

@@ -1,10 +1,10 @@
 """The real engine: runs the shared scheduler's launches on a GPU (or, for tests, a CPU) and logs them.
 
 Entry points: :func:`run_executor` / :func:`execute` (:mod:`executor.driver`), :func:`build_model`. A launch goes
-driver -> engine (metadata, stage runners) -> graphs (CUDA graphs) -> model (the looped transformer) -> ops (torch
-primitives, or their Triton kernels: ``triton_kernels``, ``chain`` for one or two rows, ``few_rows`` for a few) over
-the paged, depth-aware ``kv_cache``. ``reference`` is the per-request decoder the tests compare to, ``loader`` reads
-real checkpoints, ``gates`` records exit traces. Needs torch; :mod:`cdbsim` and :mod:`traces` never import it.
+driver -> engine -> graphs (CUDA graphs) -> model -> ops (torch primitives, or Triton kernels: ``triton_pointwise``,
+``triton_decode``, ``triton_prefill``; ``chain`` for one or two rows, ``few_rows`` for a few) over the paged
+``kv_cache``. ``reference`` is the decoder the tests compare to, ``loader`` reads real checkpoints, ``gates`` records
+exit traces. Needs torch; :mod:`cdbsim` and :mod:`traces` never import it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Skinny matmuls for launches of one or two rows, chained with programmatic dependent launch (PDL), and the PDL
 helpers every Triton kernel of the executor uses.
 
-Each program owns ``TILES`` tiles of ``BLOCK_N`` output columns over the whole of ``K`` (weights in registers as
-two power-of-two pieces: no K loop, no split-K sum), loads the next tile before reducing the current one, and loads
-its first tile before it waits for its predecessor, so one kernel's weight stream starts under the last one's tail.
-After the wait it builds each activation row from the predecessor's outputs (the prologue: none, a norm, or a
-residual add and a norm); with ``swiglu`` it writes ``silu(gate) * up`` of a fused gate/up weight. fp32
-accumulation, intermediates rounded where the torch backend rounds. CPU tensors run under ``TRITON_INTERPRET=1``.
+A program holds ``TILES`` tiles of ``BLOCK_N`` output columns over all of ``K`` in registers and loads its first tile
+before it waits for its predecessor; after the wait it builds each activation row from the predecessor's outputs (no
+prologue, a norm, or a residual add and a norm). fp32 accumulation, intermediates rounded where the torch backend
+rounds. CPU tensors run under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations

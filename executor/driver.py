@@ -1,12 +1,10 @@
 """Drive the shared scheduler with the real engine and log every launch with device timestamps.
 
-Timing modes as in :func:`cdbsim.serving.pipeline.drive`: ``sync`` (plan, enqueue, wait, complete), ``async``
-(plan launch k+1 while k runs, except after a core launch) and ``lookahead``
-(:class:`cdbsim.serving.pipeline.HostPipeline`'s rule).
-Launch start and end come from CUDA events (on CPU the wall clock) relative to the run's start. ``host_s`` is the
-host's work since it handed over the previous launch (completions, arrivals, planning, preparing, enqueueing),
-less its waits for the device or for arrivals: the per-launch host cost the simulator charges. Logs use the
-simulator's schema (:class:`cdbsim.report.logs.RunRecorder`).
+Timing modes: :class:`cdbsim.serving.config.Timing`, through :class:`cdbsim.serving.pipeline.HostPipeline`. Launch
+start and end come from CUDA events (on CPU the wall clock) relative to the run's start. ``host_s`` is the host's
+work since it handed over the previous launch (completions, arrivals, planning, preparing, enqueueing), less its
+waits for the device or for arrivals: the per-launch host cost the simulator charges. Logs use the simulator's
+schema (:class:`cdbsim.report.logs.RunRecorder`).
 """
 
 from __future__ import annotations
@@ -150,12 +148,6 @@ class Executor:
                 self.engine.warmup_prefill()
                 torch.cuda.synchronize()
 
-    def _enqueue(self, prepared: Prepared, done: object = None) -> torch.Tensor | None:
-        """Queue a prepared launch; ``done`` (a CUDA event, with graphs) is recorded once it is queued."""
-        if self.graphs is not None:
-            return self.graphs.launch(prepared, done)
-        return self.engine.run_eager(prepared)
-
     def run(self) -> ExecutorRun:
         """Serve every request; the clock starts after ``paused_gc``'s collector pass, so the log holds serving
         time only."""
@@ -244,7 +236,7 @@ class _Serving:
         # a graph launch records its end event itself, which also guards its metadata buffer (two events a
         # launch, not three); eager launches and the wall clock are marked once they return
         end = clock.event() if self.captured else None
-        logits = executor._enqueue(prepared, end)
+        logits = graphs.launch(prepared, end) if graphs is not None else self.engine.run_eager(prepared)
         if end is None:
             end = clock.mark()
         if executor.keep_logits and logits is not None:

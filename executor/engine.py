@@ -314,13 +314,16 @@ class Engine:
         return self._sample(h, m.out)
 
     def _decode(self, m: StageMeta, max_fill: int = 0) -> torch.Tensor:
+        return self._sample(self._full_depth(m.tok, self._attention(m, 0)), m.out)
+
+    def _full_depth(self, tok: torch.Tensor, attn) -> torch.Tensor:
+        """Prelude, every loop and the coda of the tokens at ``tok``: the hidden states the head reads."""
         model, geo = self.model, self.geo
-        attn = self._attention(m, 0)
-        e = model.prelude(self.tokens[m.tok.long()], attn)
+        e = model.prelude(self.tokens[tok.long()], attn)
         s = model.initial_state(e)
         for step in range(geo.r_max):
             s = model.core_step(s, e, attn, geo.core_layer(geo.slot_of_step(step)))
-        return self._sample(model.coda(s, attn, geo.coda_layer(0)), m.out)
+        return model.coda(s, attn, geo.coda_layer(0))
 
     def _sample(self, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         logits = self.model.logits(h)
@@ -330,11 +333,5 @@ class Engine:
     def _prefill(self, m: PrefillMeta, max_fill: int = 0) -> torch.Tensor:
         """Packed chunks at full depth; samples the last token of every finishing chunk (padded rows write
         the scratch token). Coda layers run for every token: they write the chunk's coda KV."""
-        model, geo = self.model, self.geo
-        attn = PagedPrefillAttention(model.ops, self.cache, self.rope, m, self.scale)
-        e = model.prelude(self.tokens[m.tok.long()], attn)
-        s = model.initial_state(e)
-        for step in range(geo.r_max):
-            s = model.core_step(s, e, attn, geo.core_layer(geo.slot_of_step(step)))
-        h = model.coda(s, attn, geo.coda_layer(0))
+        h = self._full_depth(m.tok, PagedPrefillAttention(self.model.ops, self.cache, self.rope, m, self.scale))
         return self._sample(h[m.last.long()], m.out)

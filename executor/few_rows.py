@@ -1,10 +1,9 @@
 """The few-row matmul: ``x @ w.T`` for up to :data:`MAX_ROWS` rows on the tensor cores, PDL-chained, optionally with
 the SwiGLU of a fused gate/up projection in its epilogue (``silu(gate) * up``, each rounded as the torch backend).
 
-"Swap AB": a program computes its ``BLOCK_N`` output columns as ``w_tile @ x.T``, the rows padded to ``BLOCK_M`` (16,
-32 or 64) by masking, never loading, and walks ``K`` in software-pipelined ``BLOCK_K`` chunks. Its first weight chunk
-is loaded before it waits for its predecessor; its successor may launch only after the K loop. Which launches take
-it: :func:`cdbsim.latency.gpu_work.few_rows`. CPU tensors run under ``TRITON_INTERPRET=1`` (float32, IEEE products).
+"Swap AB": a program computes its ``BLOCK_N`` output columns as ``w_tile @ x.T``, the rows padded to ``BLOCK_M`` by
+masking, over software-pipelined ``BLOCK_K`` chunks of ``K``. Which launches take it:
+:func:`cdbsim.latency.gpu_work.few_rows`. CPU tensors run under ``TRITON_INTERPRET=1`` (float32, IEEE products).
 """
 
 from __future__ import annotations
@@ -50,8 +49,7 @@ CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
 
 
 def default_config(n: int, k: int, swiglu: bool = False) -> FewRowsConfig:
-    """16 columns (32 for a wide output: at least ~3 programs per SM of an H200 either way) over 256-column
-    chunks, four warps, four stages."""
+    """16 columns (32 for a wide output) over 256-column chunks, four warps, four stages."""
     block_n = 32 if n >= 8192 and not swiglu else 16
     return FewRowsConfig(block_n, min(256, max(16, triton.next_power_of_2(k))), 4, 4)
 

@@ -119,7 +119,3 @@ class PagedKVCache:
         page, offset = rows // self.geometry.block_size, rows % self.geometry.block_size
         self.k_pages[page, offset] = k.to(self.k.dtype)
         self.v_pages[page, offset] = v.to(self.v.dtype)
-
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()

@@ -68,26 +68,23 @@ def _layer_slots(config: ModelConfig) -> dict[str, Slot]:
 def public_names(config: ModelConfig) -> dict[str, Slot]:
     """Every public parameter name of a checkpoint of this shape, and where it goes in the model."""
     names: dict[str, Slot] = {}
-    groups = (("prelude_layers", config.prelude), ("core_layers", config.core), ("coda_layers", config.coda))
+    ouro = config.style is LayerStyle.OURO
+    huginn_group = {"prelude_layers": "prelude", "core_layers": "core_block", "coda_layers": "coda"}
     per_layer = _layer_slots(config)
-    if config.style is LayerStyle.OURO:
-        index = 0
-        for group, count in groups:
-            for j in range(count):
-                for suffix, slot in per_layer.items():
-                    names[f"model.layers.{index}.{suffix}"] = Slot(f"{group}.{j}", slot.attr, slot.rows)
-                index += 1
+    index = 0  # Ouro numbers prelude, core and coda layers in one sequence
+    groups = (("prelude_layers", config.prelude), ("core_layers", config.core), ("coda_layers", config.coda))
+    for group, count in groups:
+        for j in range(count):
+            prefix = f"model.layers.{index}" if ouro else f"transformer.{huginn_group[group]}.{j}"
+            for suffix, slot in per_layer.items():
+                names[f"{prefix}.{suffix}"] = Slot(f"{group}.{j}", slot.attr, slot.rows, slot.qk_bias)
+            index += 1
+    if ouro:
         names["model.embed_tokens.weight"] = Slot("", "embed")
         names["model.norm.weight"] = Slot("", "final_norm")
         names["model.early_exit_gate.weight"] = Slot("", "gate_w")
         names["model.early_exit_gate.bias"] = Slot("", "gate_b")
     else:
-        public_group = {"prelude_layers": "prelude", "core_layers": "core_block", "coda_layers": "coda"}
-        for group, count in groups:
-            for j in range(count):
-                for suffix, slot in per_layer.items():
-                    names[f"transformer.{public_group[group]}.{j}.{suffix}"] = Slot(
-                        f"{group}.{j}", slot.attr, slot.rows, slot.qk_bias)
         names["transformer.wte.weight"] = Slot("", "embed")
         names["transformer.ln_f.weight"] = Slot("", "final_norm")
         names["transformer.adapter.weight"] = Slot("", "adapter")

@@ -35,15 +35,11 @@ def chained_rows(config: ModelConfig, backend: str) -> int:
     return gpu_work.chained_rows(config.hidden) if backend == "triton" else 0
 
 
-def few_rows(config: ModelConfig, backend: str) -> int:
-    """The batch size up to which the triton backend runs the projections of launches not chained on the
-    few-row matmul (:mod:`executor.few_rows`) by default (:func:`cdbsim.latency.gpu_work.few_rows`)."""
-    return gpu_work.few_rows(config.hidden) if backend == "triton" else 0
-
-
 def default_ops(config: ModelConfig, backend: str) -> Ops:
-    """``backend``'s primitives with the model's default chained and few-row paths."""
-    return Ops(backend, fuse_rows=chained_rows(config, backend), few_rows=few_rows(config, backend))
+    """``backend``'s primitives with the model's default chained path and, on triton, the few-row matmul
+    (:mod:`executor.few_rows`) up to :func:`cdbsim.latency.gpu_work.few_rows` rows."""
+    few = gpu_work.few_rows(config.hidden) if backend == "triton" else 0
+    return Ops(backend, fuse_rows=chained_rows(config, backend), few_rows=few)
 
 
 @dataclass(frozen=True)
@@ -210,29 +206,25 @@ class LoopedLM(nn.Module):
     def run_layers(self, layers: nn.ModuleList, x: torch.Tensor, attn, first_layer: int,
                    tail_norm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Apply ``layers`` (cache layers ``first_layer ..``); also returns ``tail_norm(x)`` if given."""
-        with self.ops.pdl_scope(x.shape[0]):
-            return self._run_layers(layers, x, attn, first_layer, tail_norm)
-
-    def _run_layers(self, layers: nn.ModuleList, x: torch.Tensor, attn, first_layer: int,
-                    tail_norm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         cfg, ops = self.config, self.ops
-        if not len(layers):
-            return x, (ops.rms_norm(x, tail_norm, cfg.norm_eps) if tail_norm is not None else None)
-        if self.fused(x):
-            pending = None
+        with ops.pdl_scope(x.shape[0]):
+            if not len(layers):
+                return x, (ops.rms_norm(x, tail_norm, cfg.norm_eps) if tail_norm is not None else None)
+            if self.fused(x):
+                pending = None
+                for i, layer in enumerate(layers):
+                    x, pending = layer.forward_fused(x, pending, attn, first_layer + i, ops, cfg.norm_eps,
+                                                     cfg.sandwich)
+                return ops.residual_norm(pending[0], x, pending[1], tail_norm, cfg.norm_eps, cfg.sandwich)
+            h = ops.rms_norm(x, layers[0].norm1, cfg.norm_eps)
             for i, layer in enumerate(layers):
-                x, pending = layer.forward_fused(x, pending, attn, first_layer + i, ops, cfg.norm_eps, cfg.sandwich)
-            return ops.residual_norm(pending[0], x, pending[1], tail_norm, cfg.norm_eps, cfg.sandwich)
-        h = ops.rms_norm(x, layers[0].norm1, cfg.norm_eps)
-        for i, layer in enumerate(layers):
-            nxt = layers[i + 1].norm1 if i + 1 < len(layers) else tail_norm
-            x, h = layer(x, h, attn, first_layer + i, nxt, ops, cfg.norm_eps, cfg.sandwich)
-        return x, h
+                nxt = layers[i + 1].norm1 if i + 1 < len(layers) else tail_norm
+                x, h = layer(x, h, attn, first_layer + i, nxt, ops, cfg.norm_eps, cfg.sandwich)
+            return x, h
 
     def prelude(self, ids: torch.Tensor, attn) -> torch.Tensor:
         """Embedding and prelude layers (cache layers 0 .. P-1): the prelude output ``e``."""
-        x, _ = self.run_layers(self.prelude_layers, self.embed_tokens(ids), attn, 0, None)
-        return x
+        return self.run_layers(self.prelude_layers, self.embed_tokens(ids), attn, 0, None)[0]
 
     def initial_state(self, e: torch.Tensor) -> torch.Tensor:
         """Loop state before step 0: the prelude output (Ouro), a fixed state (Huginn)."""
@@ -242,24 +234,19 @@ class LoopedLM(nn.Module):
 
     def core_step(self, s: torch.Tensor, e: torch.Tensor | None, attn, first_layer: int) -> torch.Tensor:
         """One loop of the core: Huginn mixes ``e`` in through the adapter; Ouro ends with the final norm."""
-        if self.adapter is not None:
-            s = self.linear(torch.cat((s, e), dim=-1), self.adapter)
-            s, _ = self.run_layers(self.core_layers, s, attn, first_layer, None)
-            return s
-        _, normed = self.run_layers(self.core_layers, s, attn, first_layer, self.final_norm)
-        return normed
+        if self.adapter is None:
+            return self.run_layers(self.core_layers, s, attn, first_layer, self.final_norm)[1]
+        s = self.linear(torch.cat((s, e), dim=-1), self.adapter)
+        return self.run_layers(self.core_layers, s, attn, first_layer, None)[0]
 
     def coda(self, s: torch.Tensor, attn, first_layer: int) -> torch.Tensor:
         """From the final loop state to the normed hidden state the head reads."""
         cfg, ops = self.config, self.ops
         if cfg.style is LayerStyle.HUGINN:
             s = ops.rms_norm(s, self.final_norm, cfg.norm_eps)
-            _, h = self.run_layers(self.coda_layers, s, attn, first_layer, self.final_norm)
-            return h
-        if not len(self.coda_layers):
+        elif not len(self.coda_layers):
             return s  # Ouro's loop already ended with the final norm
-        _, h = self.run_layers(self.coda_layers, s, attn, first_layer, self.final_norm)
-        return h
+        return self.run_layers(self.coda_layers, s, attn, first_layer, self.final_norm)[1]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """The head's float32 logits: chained for single rows only (at two rows the few-row matmul is faster)."""

@@ -9,6 +9,7 @@ KV addressing (:mod:`executor.kv_cache`): a token's row in cache layer ``layer_b
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from types import SimpleNamespace
 
 import torch
 
@@ -63,20 +64,14 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
     return out.to(x.dtype)
 
 
-def split_qkv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    q, k, v = qkv.split((heads * head_dim, kv_heads * head_dim, kv_heads * head_dim), dim=-1)
-    n = qkv.shape[0]
-    return q.reshape(n, heads, head_dim), k.reshape(n, kv_heads, head_dim), v.reshape(n, kv_heads, head_dim)
-
-
 def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.Tensor | None,
                   pos: torch.Tensor, rope: RopeTable, cache: PagedKVCache, row0: torch.Tensor,
                   layer_base: torch.Tensor, layer: int, fill: torch.Tensor, max_fill: int) -> torch.Tensor:
     """Add the q/k bias, rotate q and k, write k and v into the cache; returns q ``[N, heads, D]``."""
     kvh, d = cache.kv_heads, cache.head_dim
-    heads = qkv.shape[1] // d - 2 * kvh
-    q, k, v = split_qkv(qkv, heads, kvh, d)
+    n, heads = qkv.shape[0], qkv.shape[1] // d - 2 * kvh
+    q, k, v = qkv.split((heads * d, kvh * d, kvh * d), dim=-1)
+    q, k, v = q.reshape(n, heads, d), k.reshape(n, kvh, d), v.reshape(n, kvh, d)
     if q_bias is not None:
         q = q + q_bias.view(heads, d)
         k = k + k_bias.view(kvh, d)
@@ -177,10 +172,11 @@ class Ops:
         if backend == "triton":  # Triton is optional: imported only for its backend
             from executor import chain as skinny
             from executor import few_rows as few
-            from executor import triton_kernels as impl
-
+            from executor import triton_decode as decode
+            from executor import triton_pointwise as pointwise
+            from executor import triton_prefill as prefill
         else:
-            impl = skinny = few = _TorchOps
+            skinny = few = pointwise = decode = prefill = _TorchOps
         self.fuse_rows = fuse_rows or 0
         self.few_rows = few_rows or 0
         self._fused_attention_rows: int | None = None
@@ -194,13 +190,13 @@ class Ops:
         self.gemv = skinny.gemv
         self.gemv_rmsnorm = skinny.gemv_rmsnorm
         self.gemv_residual = skinny.gemv_residual
-        self.rms_norm = impl.rms_norm
-        self.residual_norm = impl.residual_norm
-        self.silu_mul = impl.silu_mul
-        self.rope_write_kv = impl.rope_write_kv
-        self.decode_attention = impl.decode_attention
-        self.rope_decode_attention = impl.rope_decode_attention
-        self.prefill_attention = impl.prefill_attention
+        self.rms_norm = pointwise.rms_norm
+        self.residual_norm = pointwise.residual_norm
+        self.silu_mul = pointwise.silu_mul
+        self.rope_write_kv = pointwise.rope_write_kv
+        self.decode_attention = decode.decode_attention
+        self.rope_decode_attention = decode.rope_decode_attention
+        self.prefill_attention = prefill.prefill_attention
 
     @property
     def fused_attention_rows(self) -> int:
@@ -238,18 +234,9 @@ def _few_linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False) -> torch
     return silu_mul(out) if swiglu else out
 
 
-class _TorchOps:
-    linear = staticmethod(_few_linear)
-    rms_norm = staticmethod(rms_norm)
-    residual_norm = staticmethod(residual_norm)
-    silu_mul = staticmethod(silu_mul)
-    rope_write_kv = staticmethod(rope_write_kv)
-    decode_attention = staticmethod(decode_attention)
-    rope_decode_attention = staticmethod(rope_decode_attention)
-    prefill_attention = staticmethod(prefill_attention)
-    gemv = staticmethod(gemv)
-    gemv_rmsnorm = staticmethod(gemv_rmsnorm)
-    gemv_residual = staticmethod(gemv_residual)
+_TorchOps = SimpleNamespace(linear=_few_linear, **{f.__name__: f for f in (
+    rms_norm, residual_norm, silu_mul, rope_write_kv, decode_attention, rope_decode_attention, prefill_attention, gemv,
+    gemv_rmsnorm, gemv_residual)})
 
 
 def default_backend(device: torch.device | str) -> str:

@@ -22,7 +22,3 @@ class RopeTable:
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
         angles = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv_freq)
         return cls(angles.cos().float().to(device), angles.sin().float().to(device), interleaved)
-
-    @property
-    def max_pos(self) -> int:
-        return self.cos.shape[0]

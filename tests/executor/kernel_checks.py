@@ -71,7 +71,8 @@ def _close(got: torch.Tensor, want: torch.Tensor, atol: float, what: str) -> Non
 
 
 def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: float = 1e-5) -> None:
-    from executor import triton_kernels as tk
+    from executor import triton_decode as dec
+    from executor import triton_pointwise as pw
 
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -80,16 +81,16 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
 
     for hidden in (64, 96):
         x, a, w1, w2 = randn(5, hidden), randn(5, hidden), randn(hidden), randn(hidden)
-        _close(tk.rms_norm(x, w1, 1e-6), torch_ops.rms_norm(x, w1, 1e-6), atol, "rms_norm")
+        _close(pw.rms_norm(x, w1, 1e-6), torch_ops.rms_norm(x, w1, 1e-6), atol, "rms_norm")
         for sandwich in (True, False):
             for w_next in (w2, None):
-                got = tk.residual_norm(a, x, w1, w_next, 1e-6, sandwich)
+                got = pw.residual_norm(a, x, w1, w_next, 1e-6, sandwich)
                 want = torch_ops.residual_norm(a, x, w1, w_next, 1e-6, sandwich)
                 _close(got[0], want[0], atol, f"residual_norm x sandwich={sandwich}")
                 if w_next is not None:
                     _close(got[1], want[1], atol, f"residual_norm h sandwich={sandwich}")
     gu = randn(3, 2 * 1100)
-    _close(tk.silu_mul(gu), torch_ops.silu_mul(gu), atol, "silu_mul")
+    _close(pw.silu_mul(gu), torch_ops.silu_mul(gu), atol, "silu_mul")
 
     heads, kv_heads, d = 4, 2, 24  # head_dim 24: not a power of two, as Huginn's 96
     geo = CacheGeometry(1, 2, 1, 3, KVLayout.DEPTH, num_blocks=12)
@@ -121,7 +122,7 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
             qkv = randn(rows, (heads + 2 * kv_heads) * d)
             qb, kb = (randn(heads * d), randn(kv_heads * d)) if bias else (None, None)
             # two rows per program on the interleaved pass: three programs, the last one half past the rows
-            q1 = tk.rope_write_kv(qkv, qb, kb, pos, rope, caches[0], row0, layer_base, 1, fill, 2,
+            q1 = pw.rope_write_kv(qkv, qb, kb, pos, rope, caches[0], row0, layer_base, 1, fill, 2,
                                   block_rows=2 if interleaved else None)
             q2 = torch_ops.rope_write_kv(qkv, qb, kb, pos, rope, caches[1], row0, layer_base, 1, fill, 2)
             _close(q1, q2, atol, f"rope q interleaved={interleaved}")
@@ -137,11 +138,11 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
     for splits, min_split, parts, block in ((1, 16, None, 32), (2, 16, None, 16), (4, 16, None, 32),
                                             (4, 128, None, 32), (None, 16, None, 32), (2, 16, (32, 0), 64),
                                             (1, 16, (32, 0), 32)):
-        got = tk.decode_attention(q, caches[0], table, layer_base, 1, seq_len, 1 / math.sqrt(d), splits=splits,
+        got = dec.decode_attention(q, caches[0], table, layer_base, 1, seq_len, 1 / math.sqrt(d), splits=splits,
                                   min_split=min_split, parts=parts, block=block)
         _close(got, want, atol * 10, f"decode_attention splits={splits} min_split={min_split} parts={parts}")
-        _counters_back_to_zero(tk, device)
-    _check_wide_head_parts(tk, device, dtype, atol)
+        _counters_back_to_zero(dec, device)
+    _check_wide_head_parts(dec, device, dtype, atol)
     # RoPE + KV write + attention in one kernel: the new k/v come from registers at each row's position
     # (the cache there holds noise until the launch writes it), so heads 1 and 3 (no writer of their
     # group) and splits past the first must still see them
@@ -154,7 +155,7 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
         for cache in caches:
             cache.k.copy_(start_k)
             cache.v.copy_(start_v)
-        got = tk.rope_decode_attention(qkv, qb, kb, pos, rope, caches[0], row0, layer_base, 1, fill, 2, table,
+        got = dec.rope_decode_attention(qkv, qb, kb, pos, rope, caches[0], row0, layer_base, 1, fill, 2, table,
                                        seq_len, 1 / math.sqrt(d), splits=splits, min_split=min_split)
         want = torch_ops.rope_decode_attention(qkv, qb, kb, pos, rope, caches[1], row0, layer_base, 1, fill, 2,
                                                table, seq_len, 1 / math.sqrt(d))
@@ -169,15 +170,15 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
         trash = torch.full_like(row0, geo.trash_row)
         caches[0].k.copy_(start_k)
         caches[0].v.copy_(start_v)
-        alone = tk.rope_decode_attention(qkv, qb, kb, pos, rope, caches[0], trash, layer_base, 1, fill * 0, 0,
+        alone = dec.rope_decode_attention(qkv, qb, kb, pos, rope, caches[0], trash, layer_base, 1, fill * 0, 0,
                                          table, seq_len, 1 / math.sqrt(d), splits=splits, min_split=min_split)
         _close(alone, want, atol * 10, what + " (own k/v from registers)")
-        _counters_back_to_zero(tk, device)
+        _counters_back_to_zero(dec, device)
 
 
-def _check_wide_head_parts(tk, device: str, dtype: torch.dtype, atol: float) -> None:
+def _check_wide_head_parts(dec, device: str, dtype: torch.dtype, atol: float) -> None:
     """Huginn's head width, 96 = 64 + 32, against the torch backend and against one padded 128-lane part."""
-    assert tk.head_parts(96) == (64, 32) and tk.head_parts(128) == (128, 0) and tk.head_parts(64) == (64, 0)
+    assert dec.head_parts(96) == (64, 32) and dec.head_parts(128) == (128, 0) and dec.head_parts(64) == (64, 0)
     gen = torch.Generator(device=device).manual_seed(3)
     geo = CacheGeometry(0, 1, 0, 1, KVLayout.SHARED, num_blocks=6)
     cache = PagedKVCache(geo, 1, 96, device=device, dtype=dtype)
@@ -189,13 +190,13 @@ def _check_wide_head_parts(tk, device: str, dtype: torch.dtype, atol: float) -> 
     q = torch.randn(2, 2, 96, generator=gen, device=device).to(dtype)
     want = torch_ops.decode_attention(q, cache, table, base, 0, seq, 96 ** -0.5)
     for parts in (None, (128, 0)):
-        got = tk.decode_attention(q, cache, table, base, 0, seq, 96 ** -0.5, splits=2, min_split=16, parts=parts)
+        got = dec.decode_attention(q, cache, table, base, 0, seq, 96 ** -0.5, splits=2, min_split=16, parts=parts)
         _close(got, want, atol * 10, f"decode_attention head_dim 96 parts={parts}")
 
 
-def _counters_back_to_zero(tk, device: str) -> None:
+def _counters_back_to_zero(dec, device: str) -> None:
     """The in-kernel merge leaves its split counters zero for the next launch (a CUDA graph relies on it)."""
-    counters = tk.split_counters(torch.device(device), 1)
+    counters = dec.split_counters(torch.device(device), 1)
     if int(counters.abs().sum()):
         raise AssertionError(f"split counters left non-zero: {int(counters.abs().sum())}")
 
@@ -206,17 +207,17 @@ def check_prefill_attention(device: str = "cpu", dtype: torch.dtype = torch.floa
     small enough that items have several unmasked tiles below the diagonal and several on it."""
     import numpy as np
 
-    from executor import triton_kernels as tk
+    from executor import triton_prefill as pre
     from executor.prefill import BLOCK_M, Chunk, PrefillLayout, pack, prefill_views, work_items
 
-    assert tk.prefill_head_parts(24)[1] == 0 and tk.prefill_head_parts(48) == (32, 16)
+    assert pre.prefill_head_parts(24)[1] == 0 and pre.prefill_head_parts(48) == (32, 16)
     geo = CacheGeometry(1, 2, 1, 3, KVLayout.DEPTH, num_blocks=16)
     blocks = np.random.default_rng(3).permutation(geo.num_blocks)
     chunks = [Chunk(20, 70, blocks[:6], 0, True), Chunk(0, 9, blocks[6:7], 100, False),
               Chunk(5, 1, blocks[7:8], 200, True)]
     layout = PrefillLayout(96, 4, 6)
     packed = torch.from_numpy(pack(layout, chunks, 999, geo.trash_block, geo.block_size)).to(device)
-    for d, (block_m, tiles) in itertools.product((24, 48), ((BLOCK_M, None), (16, tk.PrefillTiles(16, 1, 1)))):
+    for d, (block_m, tiles) in itertools.product((24, 48), ((BLOCK_M, None), (16, pre.PrefillTiles(16, 1, 1)))):
         heads, kv_heads = 4, 2
         gen = torch.Generator(device=device).manual_seed(d)
         cache = PagedKVCache(geo, kv_heads, d, device=device, dtype=dtype)
@@ -230,7 +231,7 @@ def check_prefill_attention(device: str = "cpu", dtype: torch.dtype = torch.floa
             meta = replace(meta, item_chunk=items[0].to(device), item_q0=items[1].to(device))
         q = torch.randn(layout.tokens, heads, d, generator=gen, device=device).to(dtype)
         want = torch_ops.prefill_attention(q, cache, meta, 2, 1 / math.sqrt(d))
-        got = tk.prefill_attention(q, cache, meta, 2, 1 / math.sqrt(d), tiles=tiles, block_m=block_m)
+        got = pre.prefill_attention(q, cache, meta, 2, 1 / math.sqrt(d), tiles=tiles, block_m=block_m)
         _close(got, want, atol * 10, f"prefill_attention d={d} block_m={block_m}")
 
 

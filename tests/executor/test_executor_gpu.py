@@ -58,7 +58,7 @@ def test_bf16_lookahead_run_with_captured_graphs(style: str, fuse_rows: int, few
 def test_decode_attention_cuda_long_contexts() -> None:
     from cdbsim.model.arch import KVLayout
     from executor import ops as torch_ops
-    from executor import triton_kernels as tk
+    from executor import triton_decode as tk
     from executor.kv_cache import CacheGeometry, PagedKVCache
 
     rows, heads, d = 16, 16, 128

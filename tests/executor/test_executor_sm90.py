@@ -9,7 +9,9 @@ pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
 from executor import sm90  # noqa: E402
-from executor import triton_kernels as tk  # noqa: E402
+from executor import triton_decode as dec  # noqa: E402
+from executor import triton_pointwise as pw  # noqa: E402
+from executor import triton_prefill as pre  # noqa: E402
 from executor.prefill import BLOCK_M  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sm90.available(), reason="this Triton has no NVIDIA compiler")
@@ -17,9 +19,9 @@ pytestmark = pytest.mark.skipif(not sm90.available(), reason="this Triton has no
 
 @pytest.mark.parametrize("heads,kv_heads,d", [(16, 16, 128), (55, 55, 96), (32, 8, 64)])
 def test_prefill_attention_compiles_at_its_shipped_tiles(heads: int, kv_heads: int, d: int) -> None:
-    da, db = tk.prefill_head_parts(d)
-    tiles = tk.prefill_tiles(d)
-    kernel = sm90.compile_sm90(tk._prefill_attn_kernel, sm90.SIGNATURES["prefill"],
+    da, db = pre.prefill_head_parts(d)
+    tiles = pre.prefill_tiles(d)
+    kernel = sm90.compile_sm90(pre._prefill_attn_kernel, sm90.SIGNATURES["prefill"],
                                dict(H=heads, KVH=kv_heads, D=d, DA=da, DB=db, PAGE=16, BLOCK_M=BLOCK_M,
                                     BLOCK_N=tiles.block_n, PRECISION="tf32"), tiles.warps, tiles.stages)
     assert "wgmma" in kernel.asm["ptx"]  # Hopper's tensor-core instruction, not the older mma
@@ -30,18 +32,18 @@ def test_prefill_attention_compiles_at_its_shipped_tiles(heads: int, kv_heads: i
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_rope_write_kv_compiles(interleaved: bool) -> None:
     d = 96
-    kernel = sm90.compile_sm90(tk._rope_kv_kernel, sm90.SIGNATURES["rope_kv"],
+    kernel = sm90.compile_sm90(pw._rope_kv_kernel, sm90.SIGNATURES["rope_kv"],
                                dict(H=55, KVH=55, D=d, HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2),
-                                    BLOCK_T=tk.ROPE_ROWS, HAS_BIAS=True, INTERLEAVED=interleaved, PAGE=16, PDL=True))
+                                    BLOCK_T=pw.ROPE_ROWS, HAS_BIAS=True, INTERLEAVED=interleaved, PAGE=16, PDL=True))
     assert sm90.resources(kernel).stack == 0
 
 
 @pytest.mark.parametrize("heads,d", [(16, 128), (55, 96)])
 def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int) -> None:
-    da, db = tk.head_parts(d)
-    kernel = sm90.compile_sm90(tk._decode_attn_kernel, sm90.SIGNATURES["decode"],
-                               dict(H=heads, KVH=heads, D=d, DA=da, DB=db, PAGE=16, BLOCK=tk.decode_tile(d)[0],
-                                    SPLITS=8, MIN_PER=64, PDL=True, EVICT=tk.DECODE_EVICT), tk.decode_tile(d)[1])
+    da, db = dec.head_parts(d)
+    kernel = sm90.compile_sm90(dec._decode_attn_kernel, sm90.SIGNATURES["decode"],
+                               dict(H=heads, KVH=heads, D=d, DA=da, DB=db, PAGE=16, BLOCK=dec.decode_tile(d)[0],
+                                    SPLITS=8, MIN_PER=64, PDL=True, EVICT=dec.DECODE_EVICT), dec.decode_tile(d)[1])
     r = sm90.resources(kernel)
     assert r.stack == 0 and r.fits, r
 
@@ -50,7 +52,7 @@ def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int) -> N
 @pytest.mark.parametrize("d", [96, 128])
 def test_split_merge_compiles_without_spills(splits: int, d: int) -> None:
     """The merge kernel of decode attention's splits, one warp a (row, head), at split counts the rule gives."""
-    kernel = sm90.compile_sm90(tk._decode_attn_merge, sm90.SIGNATURES["merge"],
+    kernel = sm90.compile_sm90(dec._decode_attn_merge, sm90.SIGNATURES["merge"],
                                dict(H=16, D=d, BLOCK_D=triton.next_power_of_2(d), SPLITS=splits, MIN_PER=64, PAGE=16,
                                     PDL=1), 1)
     r = sm90.resources(kernel)
@@ -60,7 +62,7 @@ def test_split_merge_compiles_without_spills(splits: int, d: int) -> None:
 @pytest.mark.parametrize("splits", [16, 32])
 def test_fused_decode_attention_compiles_with_its_merge(splits: int) -> None:
     """The chained path's one-kernel RoPE + attention, whose last split merges up to 32 partials."""
-    kernel = sm90.compile_sm90(tk._rope_decode_attn_kernel, sm90.SIGNATURES["rope_decode"],
+    kernel = sm90.compile_sm90(dec._rope_decode_attn_kernel, sm90.SIGNATURES["rope_decode"],
                                dict(H=16, KVH=16, D=128, BLOCK_D=128, HALF=64, HAS_BIAS=False, INTERLEAVED=False,
                                     PAGE=16, BLOCK=64, SPLITS=splits, MIN_PER=64, PDL=1), 4)
     r = sm90.resources(kernel)

@@ -3,8 +3,8 @@
 A stage is a sum of components (:data:`cdbsim.latency.recipes.RECIPES`), each linear in the padded batch and the
 attended context; a core launch adds its last-exited fill copies, a prefill a term per packed prompt. Measured
 profiles interpolate their points instead (:mod:`cdbsim.latency.interp`, :mod:`cdbsim.latency.prefill`) and use a
-stage measured on the very model where they have one; a decode-type launch also pays its metadata copy where
-measured. The *roofline* profile derives every component from a device's datasheet figures.
+stage measured on the very model where they have one. The *roofline* profile derives every component from a
+device's datasheet figures.
 """
 
 from __future__ import annotations

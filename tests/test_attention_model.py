@@ -17,7 +17,6 @@ from cdbsim.latency.gpu_work import (
     MIN_PROGRAMS,
     TARGET_PROGRAMS,
     TARGET_SPLITS,
-    active_splits,
     chained_walk_length,
     critical_positions,
     decode_splits,
@@ -71,12 +70,10 @@ def test_heads_loaded_in_two_parts_keep_two_splits_at_many_rows() -> None:
 
 
 @given(st.integers(1, 20000), st.integers(1, MAX_SPLITS))
-def test_active_splits_cover_the_context_exactly(context: int, splits: int) -> None:
+def test_splits_cover_the_context(context: int, splits: int) -> None:
     per = split_positions(context, splits)
-    active = active_splits(context, splits)
     assert per % 16 == 0 and per >= 64
-    assert 1 <= active <= splits
-    assert (active - 1) * per < context <= active * per
+    assert context <= splits * per
     assert critical_positions(context, splits) == min(context, per)
 
 
@@ -109,8 +106,8 @@ def test_equivalent_length_is_bounded_by_mean_and_longest(contexts: list[int], s
 def test_equivalent_length_equals_its_definition_by_the_named_helpers(mean: float, longest: int, rows: int,
                                                                       padded: int, heads: int, head_dim: int,
                                                                       slots: float) -> None:
-    """equivalent_length writes decode_splits, critical_positions and first_context_reaching out in place
-    for speed; it must return exactly what composing them returns (padded rows folded in first)."""
+    """equivalent_length writes decode_splits and critical_positions out in place for speed; it must return
+    exactly what composing the helpers returns (padded rows folded in first)."""
     if padded > rows:
         mean, rows = padded_mean(mean * rows, rows, padded), padded
     if rows <= 0 or longest <= mean * 1.0001:
@@ -324,11 +321,14 @@ def test_latency_model_looks_up_mixed_batches_at_their_equivalent_length() -> No
     launch = Launch(0, Stage.CORE, requests=[0, 1], positions=[570, 6399], size=2, padded=2, context=6971,
                     longest=6400)
     launch.steps, launch.exits = [0, 0], [False, False]
-    assert plain.attended_length(launch) == pytest.approx(6971 / 2)
-    assert fitted.attended_length(launch) > 6000
+    core = plain.tables[Stage.CORE]
+    assert plain.launch_time(launch) == pytest.approx(core(2, 6971 / 2))
+    equivalent = equivalent_length(6971 / 2, 6400, 2, 2, arch.layer.heads, least_splits(arch.layer.head_dim), 2048.0)
+    assert equivalent > 6000
+    assert fitted.launch_time(launch) == pytest.approx(core(2, equivalent))
     assert fitted.launch_time(launch) > plain.launch_time(launch)
     uniform = Launch(0, Stage.CORE, requests=[0, 1], positions=[3484, 3484], size=2, padded=2, context=6970,
                      longest=3485)
     assert fitted.launch_time(uniform) == pytest.approx(plain.launch_time(uniform))
     launch.longest = 0  # a log written before the column existed: the mean is all there is
-    assert fitted.attended_length(launch) == pytest.approx(6971 / 2)
+    assert fitted.launch_time(launch) == pytest.approx(plain.launch_time(launch))

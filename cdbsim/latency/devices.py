@@ -2,14 +2,12 @@
 
 Measured profiles come from an H200; another GPU carries the measured kernels over at the same share of its bandwidth
 and matmul rate (:mod:`cdbsim.latency.kernels`), so a preset's achievable figures are the H200's scaled by the ratio
-of the datasheets, and its predictions are labelled "not validated". Datasheets (dense bf16, HBM): H200 SXM 989
-TFLOP/s, 141 GB, 4.8 TB/s; H100 SXM5 989 TFLOP/s, 80 GB, 3.35 TB/s; HGX B200 2,250 TFLOP/s, 180 GB, 7.7 TB/s; A100
-80GB SXM 312 TFLOP/s, 80 GB, 2.039 TB/s (NVIDIA datasheets).
+of the datasheets (:data:`DATASHEETS`), and its predictions are labelled "not validated".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from cdbsim.errors import unknown
 
@@ -19,10 +17,10 @@ class DeviceSpec:
     """Figures of a device for the roofline profile; defaults are the H200's achievable ones."""
 
     name: str = "NVIDIA H200"
+    memory_bytes: float = 141e9
     bandwidth: float = 4.3e12           # bytes/s
     matmul_flops: float = 7.9e14        # FLOP/s
     launch_s: float = 2.5e-6            # per kernel inside a CUDA graph
-    memory_bytes: float = 141e9
     attention_efficiency: float = 0.5   # share of matmul rate prefill attention reaches
     host_launch_s: float = 30e-6        # host: plan + prepare + replay one launch
     host_item_s: float = 0.3e-6         # host: per item planned
@@ -30,11 +28,7 @@ class DeviceSpec:
     idle_start_s: float = 4.5e-6        # device: an idle device's start after the host hands a launch over
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "memory_bytes": self.memory_bytes, "bandwidth": self.bandwidth,
-                "matmul_flops": self.matmul_flops, "launch_s": self.launch_s,
-                "attention_efficiency": self.attention_efficiency, "host_launch_s": self.host_launch_s,
-                "host_item_s": self.host_item_s, "launch_gap_s": self.launch_gap_s,
-                "idle_start_s": self.idle_start_s}
+        return asdict(self)
 
 
 H200 = DeviceSpec()

@@ -52,22 +52,23 @@ def splits_at_least(rows: int, heads: int, least: int) -> int:
     return min(MAX_SPLITS, max(least, min(TARGET_SPLITS, TARGET_PROGRAMS // pairs), -(-MIN_PROGRAMS // pairs)))
 
 
-def split_positions(context: int, splits: int, min_positions: int = MIN_SPLIT_POSITIONS) -> int:
+def split_positions(context: int, splits: int) -> int:
     """Positions each split of a row with ``context`` positions covers (the last split may cover fewer)."""
-    per = max(-(-context // splits), min_positions)
+    per = max(-(-context // splits), MIN_SPLIT_POSITIONS)
     return -(-per // PAGE) * PAGE
-
-
-def active_splits(context: int, splits: int, min_positions: int = MIN_SPLIT_POSITIONS) -> int:
-    """How many of a row's ``splits`` hold at least one position."""
-    if context <= 0:
-        return 1  # split 0 always runs (and writes the row's output)
-    return -(-context // split_positions(context, splits, min_positions))
 
 
 def critical_positions(context: int, splits: int) -> int:
     """Positions the longest program of a row with ``context`` positions walks (its first split's share)."""
     return min(context, split_positions(context, splits))
+
+
+def first_context_reaching(positions: float, splits: int) -> int:
+    """The shortest context whose critical path (:func:`critical_positions`) walks at least ``positions``."""
+    if positions <= MIN_SPLIT_POSITIONS:
+        return max(1, math.ceil(positions))
+    pages_below = math.ceil(positions / PAGE) - 1
+    return max(math.ceil(positions), splits * PAGE * pages_below + 1)
 
 
 def chained_walk_length(context: float, heads: int, least: int) -> float:
@@ -103,7 +104,7 @@ def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: 
         return float(mean)
     if sharpness != math.inf:
         return _blended_length(mean, longest, rows, padded, heads, least, slots, sharpness)
-    # decode_splits, critical_positions and first_context_reaching written out in place (a hot path)
+    # decode_splits and critical_positions written out in place (a hot path)
     pairs = max(padded * heads, 1)
     splits = TARGET_PROGRAMS // pairs
     splits = TARGET_SPLITS if splits > TARGET_SPLITS else splits
@@ -124,11 +125,7 @@ def equivalent_length(mean: float, longest: int, rows: int, padded: int, heads: 
     if (per if per < uniform else uniform) >= target:
         return float(mean)
     # the uniform length's time, max(critical path, per_position x L), first reaches the target where either does
-    if target <= MIN_SPLIT_POSITIONS:
-        reaching = max(1, math.ceil(target))
-    else:
-        reaching = max(math.ceil(target), splits * PAGE * (math.ceil(target / PAGE) - 1) + 1)
-    length = min(target / per_position, float(reaching))
+    length = min(target / per_position, float(first_context_reaching(target, splits)))
     return min(max(length, float(mean)), float(longest))
 
 
@@ -163,14 +160,6 @@ def _blended_length(mean: float, longest: int, rows: int, padded: int, heads: in
             rest = spread_p + (critical_p - _power(float(PAGE * pages), p))
             length = max(_root(rest, p) / per_position if rest > 0 else 0.0, float(splits * PAGE * (pages - 1)))
     return min(max(length, float(mean)), float(longest))
-
-
-def first_context_reaching(positions: float, splits: int) -> int:
-    """The shortest context whose critical path (:func:`critical_positions`) walks at least ``positions``."""
-    if positions <= MIN_SPLIT_POSITIONS:
-        return max(1, math.ceil(positions))
-    pages_below = math.ceil(positions / PAGE) - 1
-    return max(math.ceil(positions), splits * PAGE * pages_below + 1)
 
 
 FEW_ROWS_MAX = 16  # most rows a launch runs on the few-row matmul (the kernel takes up to 64)

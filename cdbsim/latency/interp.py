@@ -1,11 +1,8 @@
 """Piecewise-linear latency surfaces through measured points, never negative and never decreasing.
 
 A measured profile predicts by interpolating its points: piecewise-linearly in the batch B at each measured context
-length L, linearly in L between lengths. Every surface lies on one batch grid (the union of the measured batches);
-past a length's largest batch it grows as the next shorter length does, plus its own extra slope; the grid is then
-made non-decreasing in B and L by bivariate isotonic regression; below the shortest length it heads for a
-zero-context time, above the longest it keeps at least ``alpha`` per (row, token). Beyond :data:`FAR_BATCH` rows time
-grows in proportion to B.
+length L, linearly in L between lengths. Every surface lies on one batch grid (the union of the measured batches),
+made non-decreasing in B and L by bivariate isotonic regression.
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ class Surface:
     def __init__(self, fit: Fit) -> None:
         pts = np.asarray(fit.points, dtype=float)
         self.alpha = max(fit.alpha, 0.0)
-        batch, context, t = pts[:, 0], pts[:, 1], pts[:, -1]
-        batch = np.maximum(batch, 1.0)
+        batch, context, t = np.maximum(pts[:, 0], 1.0), pts[:, 1], pts[:, -1]
         lengths = np.rint(context / batch)
         measured = sorted(set(lengths.tolist()))
         curves = []
@@ -62,7 +58,7 @@ class Surface:
         return np.maximum.accumulate(np.maximum(last, self.alpha * knots))
 
     def row(self, batch: float) -> tuple[np.ndarray, float]:
-        """Times at :attr:`lengths` and the slope above the longest, at ``batch`` rows."""
+        """Times at :attr:`lengths` and the slope above the longest, at ``batch`` rows (proportional past the grid)."""
         knots = self.knots
         if batch >= knots[-1]:
             scale = batch / knots[-1]
@@ -142,8 +138,7 @@ def _extend_along_batch(curves: list[tuple[np.ndarray, np.ndarray]], knots: np.n
 
 def along_length(lengths: Sequence[float], values: Sequence[float] | np.ndarray, length: float,
                  slope_above: float) -> float:
-    """Linear in L between ``lengths`` (ascending); ``slope_above`` past the last, the first value below the first.
-    """
+    """Linear in L between ``lengths`` (ascending); ``slope_above`` past the last, the first value below the first."""
     j = bisect_right(lengths, length)
     if j == len(lengths):
         return float(values[-1] + slope_above * (length - lengths[-1]))

@@ -71,18 +71,15 @@ class KernelTable:
             return self._at(node[x], level + 1, q)
         if j == 0 or j == len(keys):  # outside the grid along this dimension: carry the edge by the proxy
             edge = keys[0] if j == 0 else keys[-1]
-            return self._carried(node, edge, level, q, reach=max((x + 1) / (edge + 1), (edge + 1) / (x + 1)))
+            at_edge = _with(q, level, edge)
+            inner = self._at(node[edge], level + 1, at_edge)
+            reach = max((x + 1) / (edge + 1), (edge + 1) / (x + 1))
+            return Lookup(inner.seconds * (self.proxy(q) / self.proxy(at_edge)), max(reach, inner.reach))
         lo, hi = keys[j - 1], keys[j]
         a, b = self._at(node[lo], level + 1, _with(q, level, lo)), self._at(node[hi], level + 1, _with(q, level, hi))
         w = (math.log1p(x) - math.log1p(lo)) / (math.log1p(hi) - math.log1p(lo))
         seconds = math.exp((1 - w) * math.log(a.seconds) + w * math.log(b.seconds))
         return Lookup(seconds, max(a.reach, b.reach))
-
-    def _carried(self, node: dict, edge: float, level: int, q: tuple[float, ...], reach: float) -> Lookup:
-        at_edge = _with(q, level, edge)
-        inner = self._at(node[edge], level + 1, at_edge)
-        scale = self.proxy(q) / self.proxy(at_edge)
-        return Lookup(inner.seconds * scale, max(reach, inner.reach))
 
 
 def _with(q: tuple[float, ...], level: int, x: float) -> tuple[float, ...]:

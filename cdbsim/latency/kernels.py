@@ -1,11 +1,9 @@
 """Stage times composed from measured kernels, for architectures nobody has built yet.
 
-``cdbsim calibrate --kernels`` (:mod:`calibration.kernels`) times the executor's kernels over a grid spanning the
-design space; this module sums them into the components of :mod:`cdbsim.latency.recipes` for any
-:class:`~cdbsim.model.arch.ArchSpec`: a decode layer is its projections, RoPE/KV write, attention, norms and SwiGLU
-(or the chained kernels at one or two rows), plus the per-kernel gap and GEMM share fitted on whole probe layers
-(:func:`calibration.fit.fit_gaps`). Another GPU scales every kernel by the ratio of its roofline times on the two
-devices; such predictions are labelled "not validated".
+The executor's kernels, timed over a grid spanning the design space (:mod:`calibration.kernels`), are summed into the
+components of :mod:`cdbsim.latency.recipes` for any :class:`~cdbsim.model.arch.ArchSpec`, plus the per-kernel gap
+and GEMM share fitted on whole probe layers (:func:`calibration.fit.fit_gaps`). Another GPU scales every kernel by
+the ratio of its roofline times on the two devices; such predictions are labelled "not validated".
 """
 
 from __future__ import annotations
@@ -93,8 +91,7 @@ def _proxies(s: Speeds) -> dict[str, Callable[[tuple[float, ...]], float]]:
 
 
 def _current(name: str, points: list) -> list:
-    """A table's points in the current layout (a ``gemv`` table without a ``rows`` dimension was measured at one
-    row)."""
+    """A table's points in the current layout (a ``gemv`` table without ``rows`` was measured at one row)."""
     if name == "gemv" and points and len(points[0]) == 4:
         return [[op, 1.0, n, k, t] for op, n, k, t in points]
     return points
@@ -152,8 +149,8 @@ class KernelModel:
             self.reached = f"{table}({', '.join(f'{x:g}' for x in query)})"
         seconds = found.seconds
         if self.scale is not None:  # another device: the same efficiency, that device's roofline
-            proxy = self.tables[table].proxy
-            seconds *= self.scale[table](tuple(map(float, query))) / proxy(tuple(map(float, query)))
+            q = tuple(map(float, query))
+            seconds *= self.scale[table](q) / self.tables[table].proxy(q)
         return seconds
 
     def gap(self, style: LayerStyle, path: str, rows: float = 1.0) -> float:
@@ -197,14 +194,12 @@ class KernelModel:
                 *mlp], "many"
 
     def chained_rows(self, hidden: int) -> int:
-        """Rows up to which the calibrated build ran a model ``hidden`` wide on the chained kernels, as its profile
-        records (a profile without the record chained single rows only)."""
+        """Rows up to which the calibrated build ran a model ``hidden`` wide on the chained kernels (default: one)."""
         rule = self.record.get("chained_rows", {"rows": 1, "hidden": CHAINED_MAX_HIDDEN})
         return int(rule["rows"]) if hidden <= rule["hidden"] else 0
 
     def few(self, rows: int, hidden: int) -> bool:
-        """Whether the calibrated build ran a ``rows``-row launch of a model ``hidden`` wide on the few-row matmul,
-        as its profile records (``few_rows``)."""
+        """Whether the calibrated build ran ``rows`` rows of a model ``hidden`` wide on the few-row matmul."""
         rule = self.record.get("few_rows")
         return bool(rule) and "few_gemm" in self.tables and rows <= rule["rows"] and hidden <= rule["hidden"]
 
@@ -267,20 +262,19 @@ class KernelModel:
         """Seconds per (token, slot) last-exited fill copy in one core layer, at the measured copy bandwidth."""
         return 2 * arch.layer.kv_bytes_per_slot / float(self.record["copy_bandwidth"])
 
+    def _by_head_dim(self, key: str, arch: ArchSpec, nearest: bool) -> dict[float, float]:
+        g = arch.layer.heads / arch.layer.kv_heads
+        values = {float(k): _by_group(v, g, nearest) for k, v in self.record.get(key, {}).items()}
+        return {k: v for k, v in values.items() if v}
+
     def attention_slots(self, arch: ArchSpec) -> float | None:
         """Decode-attention programs the GPU runs at once for this head size and group, log-interpolated."""
-        g = arch.layer.heads / arch.layer.kv_heads
-        slots = {float(k): _by_group(v, g) for k, v in self.record.get("attention_slots", {}).items()}
-        slots = {k: v for k, v in slots.items() if v}
+        slots = self._by_head_dim("attention_slots", arch, nearest=False)
         return _log_interpolated(slots, float(arch.layer.head_dim)) if slots else None
 
     def attention_sharpness(self, arch: ArchSpec) -> float:
-        """The p of the attention bounds' p-norm for the nearest measured head size and group (infinite if not
-        fitted)."""
-        g = arch.layer.heads / arch.layer.kv_heads
-        sharpness = {float(k): _by_group(v, g, nearest=True) for k, v in self.record.get("attention_sharpness",
-                                                                                         {}).items()}
-        sharpness = {k: v for k, v in sharpness.items() if v}
+        """The p of the attention bounds' p-norm at the nearest measured head size and group (inf if not fitted)."""
+        sharpness = self._by_head_dim("attention_sharpness", arch, nearest=True)
         if not sharpness:
             return math.inf
         d = float(arch.layer.head_dim)
@@ -336,8 +330,7 @@ def _log_interpolated(values: dict[float, float], x: float) -> float:
 
 
 def _by_group(value: float | dict | None, group: float, nearest: bool = False) -> float | None:
-    """A per-head-size attention entry for a GQA group: a number as is, ``{group: number}`` interpolated in log
-    group."""
+    """A per-head-size attention entry at a GQA group: a number as is, ``{group: number}`` interpolated in log group."""
     if not isinstance(value, dict):
         return float(value) if value else None
     by_group = {float(k): float(v) for k, v in value.items() if v}
@@ -379,9 +372,7 @@ def compose_profile(profile: Profile, arch: ArchSpec) -> tuple[Profile, list[str
         remark += ", scaled to another GPU: not validated"
     sharpness = model.attention_sharpness(arch)
     attention = {"slots": slots, "sharpness": None if sharpness == math.inf else sharpness} if slots else {}
-    composed = replace(profile, components=components, attention=attention,
-                       remark=remark)
-    return composed, warnings
+    return replace(profile, components=components, attention=attention, remark=remark), warnings
 
 
 def retarget(profile: Profile, device: DeviceSpec) -> Profile:

@@ -3,8 +3,8 @@
 A stage is a sum of components (:data:`cdbsim.latency.recipes.RECIPES`), each linear in the padded batch and the
 attended context; a core launch adds its last-exited fill copies, a prefill a term per packed prompt. Measured
 profiles interpolate their points instead (:mod:`cdbsim.latency.interp`, :mod:`cdbsim.latency.prefill`) and use a
-stage measured on the very model where they have one; a decode-type launch also pays its metadata copy where
-measured. The *roofline* profile derives every component from a device's datasheet figures.
+stage measured on the very model where they have one. The *roofline* profile derives every component from a
+device's datasheet figures.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from cdbsim.latency.gpu_work import (
     padded_mean,
 )
 from cdbsim.latency.interp import StageTable, Surface
-from cdbsim.latency.kernels import compose_profile
+from cdbsim.latency.kernels import MANY_KERNELS, compose_profile
 from cdbsim.latency.power import SustainedLoad
 from cdbsim.latency.prefill import PrefillCost, fit_curve
 from cdbsim.latency.prefill import summed as summed_curve
@@ -40,21 +40,18 @@ __all__ = ["HOST", "META_COPY", "DeviceSpec", "LatencyModel", "components_for", 
 
 
 # ----- the analytic roofline ---------------------------------------------------------------------
-KERNELS_PER_LAYER = 9
 STAGE_KERNELS = 3  # gather/scatter of the hidden-state bank and the graph launch itself
 
 
 def roofline_components(arch: ArchSpec, device: DeviceSpec) -> dict[str, Fit]:
     """Analytic fits: a weight-read floor, matmul work per token, and KV bytes per attended token."""
-    shape, bw, flops, launch, b = arch.layer, device.bandwidth, device.matmul_flops, device.launch_s, \
-        arch.dtype_bytes
-    h, v = shape.hidden, arch.vocab
+    shape, h, v, b = arch.layer, arch.layer.hidden, arch.vocab, arch.dtype_bytes
+    bw, flops, launch = device.bandwidth, device.matmul_flops, device.launch_s
     act_bytes = (10 * h + 3 * shape.intermediate) * b
-    attn_flops_per_pair = 4 * shape.heads * shape.head_dim
-    layer = Fit(delta=shape.params * b / bw + KERNELS_PER_LAYER * launch,
+    layer = Fit(delta=shape.params * b / bw + MANY_KERNELS * launch,
                 gamma=2 * shape.params / flops + act_bytes / bw, alpha=shape.kv_bytes_per_slot / bw)
-    prefill_layer = Fit(delta=layer.delta, gamma=layer.gamma,
-                        alpha=attn_flops_per_pair / (flops * device.attention_efficiency))
+    # attention: 4 FLOPs per head dimension and (query, key) pair, at the device's attention share of its matmul rate
+    prefill_layer = replace(layer, alpha=4 * shape.heads * shape.head_dim / (flops * device.attention_efficiency))
     adapter = Fit(delta=2 * h * h * b / bw + launch, gamma=4 * h * h / flops) if arch.has_adapter else Fit(0.0)
     glue = Fit(delta=STAGE_KERNELS * launch)
     embed = Fit(delta=launch, gamma=2 * h * b / bw)
@@ -101,7 +98,7 @@ def constant_profile(stage_seconds: dict[Stage, float] | float, host_s: float = 
 # ----- per-stage costs ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StageCost:
-    """``t = delta + gamma B + alpha C + chunk k + copy terms + sample terms``, at least ``floor`` (the smallest
+    """``t = delta + gamma B + alpha C + chunk k + copy terms + sample * samples``, at least ``floor`` (the smallest
     launch measured)."""
 
     delta: float = 0.0
@@ -110,7 +107,6 @@ class StageCost:
     chunk: float = 0.0
     copy_delta: float = 0.0
     copy: float = 0.0
-    sample_delta: float = 0.0
     sample: float = 0.0
     floor: float = 0.0
 
@@ -120,7 +116,7 @@ class StageCost:
         if copies:
             t += self.copy_delta + self.copy * copies
         if samples:
-            t += self.sample_delta + self.sample * samples
+            t += self.sample * samples
         return max(t, self.floor)
 
 
@@ -148,7 +144,6 @@ class LatencyModel:
         self._given = (profile, force)  # what this model was built from (with_host builds another)
         self.warnings: list[str] = []
         if profile.kind is ProfileKind.KERNELS:  # composed for this architecture from measured kernels
-
             profile, self.warnings = compose_profile(profile, arch)
         self.profile = profile
         comps = dict(profile.components)
@@ -156,10 +151,9 @@ class LatencyModel:
         self.host = comps.get(HOST, zero)
         self.stage_hosts: dict[Stage, Fit] = {}  # a host line per stage, where one is given (with_host)
         self.host_seconds: list[float] | None = None  # each launch's host time, by index (with_host_times)
-        self.launch_gap = (0.0 if profile.kind is ProfileKind.CONSTANT
-                           else float(profile.device.get("launch_gap_s", H200.launch_gap_s)))
-        self.idle_start = (0.0 if profile.kind is ProfileKind.CONSTANT
-                           else float(profile.device.get("idle_start_s", H200.idle_start_s)))
+        constant = profile.kind is ProfileKind.CONSTANT
+        self.launch_gap = 0.0 if constant else float(profile.device.get("launch_gap_s", H200.launch_gap_s))
+        self.idle_start = 0.0 if constant else float(profile.device.get("idle_start_s", H200.idle_start_s))
         self.meta_copy = comps.get(META_COPY)
         self._copy_times: dict[tuple[int, int], float] = {}
         self.attention_slots = profile.attention_slots
@@ -168,7 +162,7 @@ class LatencyModel:
         self._chained = arch.layer.hidden <= CHAINED_MAX_HIDDEN  # its single rows run the chained kernels
         self.tables: dict[Stage, StageTable] = {}
         self.prefill: PrefillCost | None = None  # the curve a measured profile prices prefills on
-        if profile.kind is ProfileKind.CONSTANT:
+        if constant:
             self.costs = {s: StageCost(comps.get(f"constant/{s.value}", zero).delta) for s in STAGES}
             return
         missing = [n for n in components_for(arch) if n not in comps]
@@ -194,12 +188,11 @@ class LatencyModel:
         self.costs[Stage.CORE] = StageCost(*costs[Stage.CORE], copy_delta=copy.delta, copy=copy.gamma * a.core)
         # a prefill reads every weight at least once: none is predicted faster than the smallest one measured
         if Stage.PREFILL in self.measured_stages:
-            floor = smallest_time(comps[model_stage_name(a, Stage.PREFILL)])
-            self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], floor=floor)
+            floor, sample = smallest_time(comps[model_stage_name(a, Stage.PREFILL)]), 0.0
         else:  # the composed prefill samples one prompt; its floor is made of its components' floors
             floor = sum(count * smallest_time(comps[c.key(a)]) for c, count in recipe(Stage.PREFILL, a))
-            self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], sample=comps[Component.CODA0.key(a)].gamma,
-                                                  floor=floor)
+            sample = comps[Component.CODA0.key(a)].gamma
+        self.costs[Stage.PREFILL] = StageCost(*costs[Stage.PREFILL], sample=sample, floor=floor)
         if profile.kind in (ProfileKind.MEASURED, ProfileKind.KERNELS):
             self.prefill = self._prefill_curve(comps)  # priced on the curve through the points, not the line
             self._tabulate(comps)
@@ -208,18 +201,15 @@ class LatencyModel:
         """A measured prefill's curve through its points: the whole model's, else the sum of its components'; None
         without points (the line of ``costs`` stands)."""
         a = self.arch
-        if Stage.PREFILL in self.measured_stages:
-            terms, sample = [(1, comps[model_stage_name(a, Stage.PREFILL)])], 0.0
-        else:
-            terms = [(count, comps[c.key(a)]) for c, count in recipe(Stage.PREFILL, a) if count]
-            sample = comps[Component.CODA0.key(a)].gamma
+        terms = ([(1, comps[model_stage_name(a, Stage.PREFILL)])] if Stage.PREFILL in self.measured_stages
+                 else [(count, comps[c.key(a)]) for c, count in recipe(Stage.PREFILL, a) if count])
         if not all(len(fit.points) >= 2 for _, fit in terms):
             return None
         # kernels timed in short bursts price a rested board; a long prefill runs into its power limit
         sustained = (SustainedLoad.from_record(self.profile.kernels.get("sustained"))
                      if self.profile.kind is ProfileKind.KERNELS else None)
-        return PrefillCost(summed_curve((count, fit_curve(fit.points)) for count, fit in terms), sample=sample,
-                           sustained=sustained)
+        return PrefillCost(summed_curve((count, fit_curve(fit.points)) for count, fit in terms),
+                           sample=self.costs[Stage.PREFILL].sample, sustained=sustained)
 
     def _tabulate(self, comps: dict[str, Fit]) -> None:
         """Decode-type stages of a measured profile: interpolate the measured points (see cdbsim.latency.interp)."""
@@ -231,12 +221,9 @@ class LatencyModel:
         surfaces = {c: Surface(comps[c.key(a)]) for c in used}
         # tabulated at the context lengths the decode layers were measured at
         measured_lengths = sorted(set(surfaces[Component.LAYER].lengths) | set(surfaces[Component.CORE1].lengths))
-        stage_time: dict[Stage, Callable[[float, float], float]] = {}
-        lengths: dict[Stage, list[float]] = {}
         for stage in decode_types:
             terms = [(surfaces[c], count) for c, count in recipe(stage, a) if count]
-            stage_time[stage] = summed(terms)
-            lengths[stage] = measured_lengths
+            self.tables[stage] = StageTable(summed(terms), measured_lengths)
         measured = {stage: Surface(comps[model_stage_name(a, stage)])
                     for stage in self.measured_stages - {Stage.PREFILL, Stage.DECODE}}
         if Stage.DECODE in self.measured_stages:
@@ -246,16 +233,14 @@ class LatencyModel:
                 step = below_shortest_context(step, [(measured[stage], count) for stage, count in loops])
             measured[Stage.DECODE] = Surface(step)
         for stage, surface in measured.items():
-            stage_time[stage], lengths[stage] = surface, surface.lengths
-        for stage, fn in stage_time.items():
-            self.tables[stage] = StageTable(fn, lengths[stage])
+            self.tables[stage] = StageTable(surface, surface.lengths)
 
     def launch_time(self, launch: Launch, table_width: int = 0) -> float:
         """Device seconds of ``launch``; given the run's block-table width, a decode-type launch also pays its
         metadata copy where the profile measured it. Called once per simulated launch."""
         stage = launch.stage
         table = self.tables.get(stage)
-        if table is not None:  # attended_length, written out in place
+        if table is not None:  # looked up at the per-row context of gpu_work's attention model
             padded, size, longest, slots = launch.padded, launch.size, launch.longest, self.attention_slots
             if padded == 1 and self._chained:
                 t = table(1, chained_walk_length(launch.context, self._heads, self._least_splits))
@@ -274,34 +259,18 @@ class LatencyModel:
             return self.costs[stage](launch.padded, launch.context, samples=samples, chunks=chunks)
         else:
             t = self.costs[stage](launch.padded, launch.context, launch.kv_copies)
-        if table_width and self.meta_copy is not None:
-            copy = self._copy_times.get((launch.padded, table_width))
-            t += copy if copy is not None else self._copy_time(launch.padded, table_width)
+        if table_width and self.meta_copy is not None:  # memoised: a run has a few padded sizes and one width
+            key = (launch.padded, table_width)
+            copy = self._copy_times.get(key)
+            if copy is None:
+                copy = self._copy_times[key] = self.meta_copy(metadata_bytes(*key))
+            t += copy
         return t
-
-    def _copy_time(self, padded: int, width: int) -> float:
-        """The metadata copy of a launch, memoised: a run has a handful of padded sizes and one width."""
-        fit = self.meta_copy
-        assert fit is not None  # launch_time asks only where the profile measured the copy
-        t = self._copy_times[(padded, width)] = fit(metadata_bytes(padded, width))
-        return t
-
-    def attended_length(self, launch: Launch) -> float:
-        """The per-row context a decode-type launch is looked up at: :func:`~cdbsim.latency.gpu_work.padded_mean`, or
-        with a calibrated attention width :func:`~cdbsim.latency.gpu_work.equivalent_length`."""
-        mean = launch.context / launch.size
-        if launch.padded == 1 and self._chained:
-            return chained_walk_length(launch.context, self._heads, self._least_splits)
-        if self.attention_slots is None or launch.longest <= 0:
-            return padded_mean(launch.context, launch.size, launch.padded)
-        return equivalent_length(mean, launch.longest, launch.size, launch.padded, self._heads, self._least_splits,
-                                 self.attention_slots, self.attention_sharpness)
 
     def with_host(self, host: Fit, stages: dict[Stage, Fit] | None = None) -> LatencyModel:
         """The same device model with another host line, and a line of their own for the stages in ``stages``."""
         other = LatencyModel(self.arch, *self._given)
-        other.host = host
-        other.stage_hosts = dict(stages or {})
+        other.host, other.stage_hosts = host, dict(stages or {})
         return other
 
     def with_host_times(self, seconds: list[float]) -> LatencyModel:

@@ -39,8 +39,7 @@ class SustainedLoad:
 
     @classmethod
     def from_record(cls, record: dict | None) -> SustainedLoad | None:
-        """The ``sustained`` entry of a kernel profile's record (None if absent; a malformed one is a ConfigError).
-        """
+        """The ``sustained`` entry of a kernel profile's record (None if absent; a malformed one is a ConfigError)."""
         if not record or "onset_s" not in record or "slowdown" not in record:
             return None
         try:

@@ -40,11 +40,6 @@ class PrefillCurve:
     def __call__(self, tokens: float, pairs: float = 0.0, chunks: float = 0.0) -> float:
         return self.tokens_time(tokens) + self.alpha * pairs + self.kappa * chunks
 
-    @property
-    def smallest(self) -> float:
-        """The time of the smallest launch (``G``'s flat start)."""
-        return self.values[0]
-
 
 @dataclass(frozen=True)
 class PrefillCost:

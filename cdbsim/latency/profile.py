@@ -135,9 +135,6 @@ class Profile:
         sharpness = self.attention.get("sharpness")
         return float(sharpness) if sharpness else math.inf
 
-    def component(self, name: str) -> Fit | None:
-        return self.components.get(name)
-
     @property
     def memory_bytes(self) -> float:
         return float(self.device.get("memory_bytes", 0.0))

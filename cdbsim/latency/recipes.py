@@ -48,18 +48,9 @@ class Component(Choice):
             return f"{self.value}/h{h}-v{v}"
         return f"{self.value}/h{h}"  # prelude0, adapter
 
-    @property
-    def interpolated(self) -> bool:
-        """Whether a measured profile predicts this component from its points (its time bends with the batch)."""
-        return self in _INTERPOLATED
-
-    @property
-    def fitted_on_differences(self) -> bool:
-        """Measured as a difference of two steps (can be zero), so fitted on plain rather than relative residuals."""
-        return self is Component.KV_COPY
-
 
 _BY_SHAPE = frozenset({Component.LAYER, Component.CORE1, Component.PREFILL_LAYER, Component.KV_COPY})
+# what a measured profile predicts from its points (its time bends with the batch)
 _INTERPOLATED = frozenset({Component.LAYER, Component.CORE1, Component.PRELUDE0, Component.CODA0})
 
 
@@ -76,10 +67,6 @@ def _one(_: ArchSpec) -> int:
     return 1
 
 
-def _full_depth(a: ArchSpec) -> int:
-    return a.prelude + a.r_max * a.core + a.coda
-
-
 RECIPES: dict[Stage, tuple[Term, ...]] = {
     Stage.PRELUDE: (Term(Component.PRELUDE0, _one), Term(Component.LAYER, lambda a: a.prelude)),
     Stage.CORE: (Term(Component.CORE1, _one), Term(Component.LAYER, lambda a: a.core - 1)),
@@ -87,15 +74,15 @@ RECIPES: dict[Stage, tuple[Term, ...]] = {
     Stage.DECODE: (Term(Component.PRELUDE0, _one), Term(Component.LAYER, lambda a: a.prelude + a.coda),
                    Term(Component.CORE1, lambda a: a.r_max),
                    Term(Component.LAYER, lambda a: a.r_max * (a.core - 1)), Term(Component.CODA0, _one)),
-    Stage.PREFILL: (Term(Component.PREFILL1, _one), Term(Component.PREFILL_LAYER, lambda a: _full_depth(a) - 1),
+    Stage.PREFILL: (Term(Component.PREFILL1, _one),
+                    Term(Component.PREFILL_LAYER, lambda a: a.prelude + a.r_max * a.core + a.coda - 1),
                     Term(Component.ADAPTER, lambda a: a.r_max - 1, frozenset({LayerStyle.HUGINN}))),
 }
 PER_LAUNCH = (Component.KV_COPY, Component.HOST)  # needed besides the stage sums; META_COPY is optional
 
 
 def recipe(stage: Stage, arch: ArchSpec) -> list[tuple[Component, int]]:
-    """``(component, count)`` of ``stage`` for ``arch`` in table order (other styles' terms left out, zero counts
-    kept)."""
+    """``(component, count)`` of ``stage`` for ``arch`` in table order (other styles' left out, zero counts kept)."""
     return [(t.component, t.count(arch)) for t in RECIPES[stage] if arch.style in t.styles]
 
 
@@ -126,9 +113,9 @@ def interpolated(name: str) -> bool:
     kind = kind_of(name)
     if isinstance(kind, Stage):
         return kind is not Stage.PREFILL
-    return kind is not None and kind.interpolated
+    return kind in _INTERPOLATED
 
 
 def fitted_on_differences(name: str) -> bool:
-    kind = kind_of(name)
-    return isinstance(kind, Component) and kind.fitted_on_differences
+    """Measured as a difference of two steps (can be zero), so fitted on plain rather than relative residuals."""
+    return kind_of(name) is Component.KV_COPY

@@ -1,9 +1,7 @@
 """Looped-model architectures: layer shape, prelude-core-coda split, loop counts, and what they cost.
 
-An :class:`ArchSpec` gives parameter counts per stage, the work terms ``F_0`` (once per token) and ``F_r`` (per
-loop), weight bytes per stage and KV bytes per token per layout. Preset shapes follow the public Hugging Face configs
-of Ouro-1.4B/2.6B (ByteDance) and Huginn-0125 (tomg-group-umd, r_max 16 as the CDB paper serves it, arXiv
-2608.09444).
+Preset shapes follow the public Hugging Face configs of Ouro-1.4B/2.6B (ByteDance) and Huginn-0125
+(tomg-group-umd, r_max 16 as the CDB paper serves it, arXiv 2608.09444).
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ class LayerStyle(Choice):
         return "layer style"
 
 
-
 @dataclass(frozen=True)
 class LayerShape:
     """One transformer layer: attention and gated MLP sizes plus the block style, ``ouro`` (sandwich norm, separate
@@ -51,8 +48,7 @@ class LayerShape:
     @property
     def key(self) -> str:
         """A name for this shape, so latency fits of one layer serve every split that uses it."""
-        return (f"{self.style}-h{self.hidden}-i{self.intermediate}-"
-                f"a{self.heads}x{self.head_dim}-kv{self.kv_heads}")
+        return f"{self.style}-h{self.hidden}-i{self.intermediate}-a{self.heads}x{self.head_dim}-kv{self.kv_heads}"
 
     @property
     def params(self) -> int:
@@ -165,11 +161,8 @@ class ArchSpec:
     def weight_bytes(self) -> dict[str, int]:
         """Weight bytes one pass of each stage reads (the embedding is a gather, so it reads rows only)."""
         b = self.dtype_bytes
-        return {
-            "prelude": self.prelude_params * b,
-            "core": (self.core_params + self.final_norm_params) * b,
-            "coda": (self.coda_params + self.final_norm_params + self.head_params) * b,
-        }
+        return {"prelude": self.prelude_params * b, "core": (self.core_params + self.final_norm_params) * b,
+                "coda": (self.coda_params + self.final_norm_params + self.head_params) * b}
 
     def cache_layers(self, layout: KVLayout | str) -> int:
         """Layer slots holding KV for one token: prelude + slots x core + coda."""
@@ -188,8 +181,7 @@ class ArchSpec:
             prelude, core, coda = (int(p) for p in parts)
         except ValueError:
             raise ConfigError(f"split must look like 2-4-2 (prelude-core-coda), got {split!r}") from None
-        return replace(self, name=f"{self.name}@{prelude}-{core}-{coda}", prelude=prelude, core=core,
-                       coda=coda)
+        return replace(self, name=f"{self.name}@{prelude}-{core}-{coda}", prelude=prelude, core=core, coda=coda)
 
     def with_loops(self, r_max: int | None = None, r_min: int | None = None) -> ArchSpec:
         """The same model with other loop limits."""
@@ -206,25 +198,18 @@ class ArchSpec:
 
 
 def _ouro(name: str, layers: int) -> ArchSpec:
-    return ArchSpec(
-        name=name,
-        layer=LayerShape(hidden=2048, intermediate=5632, heads=16, kv_heads=16, head_dim=128,
-                         style=LayerStyle.OURO),
-        vocab=49152, prelude=0, core=layers, coda=0, r_max=4, tied_head=False, rope_theta=1e6,
-        norm_eps=1e-6,
-    )
+    layer = LayerShape(hidden=2048, intermediate=5632, heads=16, kv_heads=16, head_dim=128, style=LayerStyle.OURO)
+    return ArchSpec(name=name, layer=layer, vocab=49152, prelude=0, core=layers, coda=0, r_max=4, tied_head=False,
+                    rope_theta=1e6, norm_eps=1e-6)
 
 
 PRESETS: dict[str, ArchSpec] = {
     "ouro-1.4b": _ouro("ouro-1.4b", 24),
     "ouro-2.6b": _ouro("ouro-2.6b", 48),
     "huginn-3.5b": ArchSpec(
-        name="huginn-3.5b",
-        layer=LayerShape(hidden=5280, intermediate=17920, heads=55, kv_heads=55, head_dim=96,
-                         style=LayerStyle.HUGINN),
-        vocab=65536, prelude=2, core=4, coda=2, r_max=16, tied_head=True, rope_theta=50000.0,
-        norm_eps=1e-6,
-    ),
+        name="huginn-3.5b", vocab=65536, prelude=2, core=4, coda=2, r_max=16, tied_head=True, rope_theta=50000.0,
+        layer=LayerShape(hidden=5280, intermediate=17920, heads=55, kv_heads=55, head_dim=96, style=LayerStyle.HUGINN),
+        norm_eps=1e-6),
 }
 
 
@@ -243,9 +228,8 @@ def _typed_fields(cls: type, data: dict, where: str, skip: tuple[str, ...] = ())
     names = [f.name for f in fields(cls) if f.name not in skip]
     unknown_keys = sorted(set(data) - set(names))
     require(not unknown_keys, f"{where}: unknown key(s) {', '.join(unknown_keys)}; valid keys: {', '.join(names)}")
-    required = [f.name for f in fields(cls) if f.name in names and f.default is MISSING
-                and f.default_factory is MISSING]
-    missing = [name for name in required if name not in data]
+    missing = [f.name for f in fields(cls) if f.name in names and f.name not in data and f.default is MISSING
+               and f.default_factory is MISSING]
     require(not missing, f"{where}: missing key(s) {', '.join(missing)}")
     out = {}
     for name, value in data.items():

@@ -25,11 +25,6 @@ class BlockManager:
         self._fresh = 0                  # ids from here up were never handed out
         self._dropped: list[int] = []
 
-    @property
-    def num_free(self) -> int:
-        """Blocks no request holds."""
-        return self.total - self.used
-
     def allocate(self, i: int, positions: int) -> bool:
         """Grow request ``i``'s blocks to hold ``positions``; False (and nothing taken) if too few are free."""
         held = self.blocks[i]

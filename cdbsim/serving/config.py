@@ -112,10 +112,8 @@ class ServeConfig:
     core_launch: CoreLaunch = CoreLaunch.MIXED
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "policy", Policy.parse(self.policy))
-        object.__setattr__(self, "timing", Timing.parse(self.timing))
-        object.__setattr__(self, "layout", KVLayout.parse(self.layout))
-        object.__setattr__(self, "core_launch", CoreLaunch.parse(self.core_launch))
+        for name, choice in (("policy", Policy), ("timing", Timing), ("layout", KVLayout), ("core_launch", CoreLaunch)):
+            object.__setattr__(self, name, choice.parse(getattr(self, name)))
         require(self.width >= 1, f"W must be >= 1, got {self.width}")
         require(self.coda_batch >= 1, f"K must be >= 1, got {self.coda_batch}")
         require(self.coda_batch <= self.width, f"K ({self.coda_batch}) must not exceed W ({self.width})")

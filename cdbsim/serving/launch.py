@@ -1,8 +1,4 @@
-"""The record the scheduler hands to a backend: one stage over one batch.
-
-A :class:`Launch` is everything a latency model or a GPU runner needs to execute one step, and nothing
-else. Items are kept as parallel lists of plain ints rather than one object per item, because the
-simulator creates millions of them and the lists are what both backends index anyway.
+"""The record the scheduler hands to a backend: one stage over one batch, as parallel lists of plain ints.
 
 Stages:
 
@@ -15,6 +11,7 @@ Stages:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,22 +33,15 @@ STAGES: tuple[Stage, ...] = tuple(Stage)
 class Launch:
     """One stage over one batch, as planned by the scheduler.
 
-    Per item (decode-type stages: prelude, core, coda, decode):
-      ``requests[i]``  request id
-      ``positions[i]`` position of the item's input token (prompt_len + index of the previous output
-                       token); it attends ``positions[i] + 1`` tokens
-      ``steps[i]``     core only: the 0-based loop step this launch applies
-      ``exits[i]``     core only: True if the token leaves the loop after this step
-    Per chunk (prefill): ``requests[i]``, ``positions[i]`` = first prompt position of the chunk,
-    ``chunk_lens[i]`` tokens; ``finishes[i]`` True if the chunk completes the prompt. Lists a stage does
-    not use are empty tuples (one shared object: the simulator creates millions of launches).
+    Per item of a decode-type stage: ``requests[i]``, ``positions[i]`` (the input token's position; it attends
+    ``positions[i] + 1`` tokens) and, for core only, ``steps[i]`` (the 0-based loop step applied) and ``exits[i]``
+    (the token leaves the loop after it). Per prefill chunk: ``requests[i]``, ``positions[i]`` (its first prompt
+    position), ``chunk_lens[i]`` and ``finishes[i]`` (it completes the prompt). Unused lists are empty tuples.
 
-    ``size`` is the real batch size (items, or prompt tokens for prefill); ``padded`` the size the
-    executor's CUDA graph for this stage runs at. ``context`` is the number of (query, key) pairs
-    attended per layer: sum of ``positions + 1`` for decode-type stages, the causal triangle of each
-    chunk plus its prefix for prefill; ``longest`` the most tokens one item of a decode-type stage
-    attends (0 when unknown). ``kv_copies`` counts (token, slot) KV copies per core layer the
-    depth-indexed layout's last-exited fill makes after this launch.
+    ``size`` is the real batch (items, or prompt tokens for prefill), ``padded`` the CUDA-graph size it runs at;
+    ``context`` the (query, key) pairs attended per layer (sum of ``positions + 1``, or each chunk's causal
+    triangle plus its prefix); ``longest`` the most tokens one decode-type item attends (0 when unknown);
+    ``kv_copies`` the (token, slot) KV copies per core layer the depth-indexed layout's fill makes after it.
     """
 
     index: int
@@ -92,10 +82,7 @@ class Launch:
 
     def step_mix(self) -> dict[int, int]:
         """How many items sit at each 0-based loop step (core launches)."""
-        mix: dict[int, int] = {}
-        for s in self.steps:
-            mix[s] = mix.get(s, 0) + 1
-        return dict(sorted(mix.items()))
+        return dict(sorted(Counter(self.steps).items()))
 
 
 @dataclass(slots=True)
@@ -111,18 +98,16 @@ class SchedulerState:
 
 
 def causal_pairs(length: int, prefix: int = 0) -> int:
-    """(query, key) pairs a causal chunk of ``length`` tokens attends after ``prefix`` cached positions:
-    each of its queries sees the prefix, the chunk's earlier tokens and itself. A prefill launch's
-    ``context`` is the sum over its chunks; attention's flops are 4 x heads x head_dim per pair."""
+    """(query, key) pairs a causal chunk of ``length`` tokens attends after ``prefix`` cached positions;
+    attention's flops are 4 x heads x head_dim per pair."""
     return length * prefix + length * (length + 1) // 2
 
 
 def decode_launch(stage: Stage, requests: list[int], positions: list[int], blocks: list[list[int]],
                   padded: int, steps: list[int] | None = None, exits: list[bool] | None = None,
                   index: int = 0) -> Launch:
-    """A decode-type launch (prelude, core, coda or CB decode) built outside a scheduler, e.g. to time one
-    stage at a chosen batch and context on a backend: ``positions[i]`` is item i's input position,
-    ``blocks[i]`` its request's block ids; core launches take each item's loop step and exit flag."""
+    """A decode-type launch built outside a scheduler (to time one stage at a chosen batch and context):
+    ``blocks[i]`` are item i's block ids; core launches take each item's loop step and exit flag."""
     n = len(requests)
     launch = Launch(index=index, stage=stage, requests=list(requests), positions=list(positions), size=n,
                     padded=padded, context=sum(positions) + n, longest=max(positions) + 1 if n else 0,

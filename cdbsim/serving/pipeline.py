@@ -1,18 +1,13 @@
 """The host's loop, written once: plan, hand over, complete, under the one rule for how far the host may
 plan ahead of the device. The simulator, the executor and the clock-less replay plug in a :class:`Backend`.
 
-The scheduler moves its state when it plans, and a backend runs launches in order on one stream, so the
-host could in principle plan any number of launches ahead. What limits it is when it *learns* the exit
-decisions a core launch needs:
+What limits planning ahead is when the host learns the exit decisions a core launch needs:
 
-* ``sync``: the host reads everything back after each launch, so it plans only when nothing is in flight
-  (the device idles while the host plans).
-* ``async``: the host plans the next launch while one runs, but after a core launch it must read that
-  launch's exit gate before planning anything else.
-* ``lookahead``: the gate computed at loop step r decides step r + 2, so a core launch may be planned once
-  every launch *before* the newest core launch in flight has completed; prelude and coda launches need no
-  gate and can be queued behind it. The host thus prepares coda, prelude and the next core step while a
-  core step runs. ``max_ahead`` bounds the launches in flight.
+* ``sync``: the host plans only when nothing is in flight (the device idles while the host plans).
+* ``async``: the host plans while a launch runs, but after a core launch it must read its exit gate first.
+* ``lookahead``: the gate at loop step r decides step r + 2, so a core launch may be planned once every launch
+  before the newest core launch in flight has completed; prelude and coda need no gate and queue behind it.
+  ``max_ahead`` bounds the launches in flight.
 """
 
 from __future__ import annotations
@@ -33,15 +28,10 @@ Handle_co = TypeVar("Handle_co", covariant=True)
 
 
 class HostPipeline(Generic[Handle]):
-    """The launches a host has handed to the device and not yet completed, oldest first, each with the
-    backend's handle to wait on (a SimPy event, a CUDA event, nothing); the rule for when the host must
-    wait (:meth:`must_wait`); and completion, which hands the oldest launch back to the scheduler.
-
-    The SimPy simulator, the GPU executor's driver and the clock-less replay all drive the scheduler
-    through this one class, so they follow one rule. ``seconds(handle)``, where a driver knows it, is how
-    long a completed launch ran on the device (simulated or measured); the scheduler observes it before
-    it learns the completion, so a policy that learns its step costs online sees the same durations in
-    every driver.
+    """The launches handed to the device and not yet completed, oldest first, each with the backend's handle
+    to wait on; the rule for when the host must wait (:meth:`must_wait`); and completion, which hands the oldest
+    launch back to the scheduler. ``seconds(handle)``, where a driver knows it, is how long a completed launch
+    ran on the device; the scheduler observes it before it learns the completion.
     """
 
     def __init__(self, scheduler, timing: Timing, max_ahead: int = MAX_AHEAD,
@@ -55,8 +45,7 @@ class HostPipeline(Generic[Handle]):
         self._added = 0          # launches added so far; the oldest in flight is number ``_completed``
         self._completed = 0
         self._newest_core = -1   # number of the newest core launch added
-        # True if the host has to wait for the oldest launch in flight before planning the next one: the
-        # rule of the timing, chosen once (drivers ask before every launch)
+        # True if the host has to wait for the oldest launch in flight before planning the next one
         self.must_wait: Callable[[], bool] = {Timing.SYNC: self._sync_waits, Timing.ASYNC: self._async_waits,
                                               Timing.LOOKAHEAD: self._lookahead_waits}[timing]
 
@@ -89,8 +78,7 @@ class HostPipeline(Generic[Handle]):
         return n != 0 and (n >= self.max_ahead or self._newest_core > self._completed)
 
     def complete_oldest(self) -> tuple[Launch, Handle, list[int]]:
-        """The oldest launch finished: the scheduler learns it; returns it, its handle and the requests it
-        finished."""
+        """The oldest launch finished: the scheduler learns it; returns it, its handle and the requests it finished."""
         launch = self._launches.popleft()
         handle = self._handles.popleft()
         self._completed += 1
@@ -125,8 +113,7 @@ class Backend(Protocol[Handle_co]):
 
 
 def serve(pipeline: HostPipeline[Handle], backend: Backend[Handle]) -> Generator[Any, Any, None]:
-    """Serve until every request is done: the one plan/complete loop of every driver. Yields whatever the
-    backend's steps yield."""
+    """Serve until every request is done, yielding whatever the backend's steps yield."""
     s = pipeline.scheduler
     while not s.done:
         while pipeline.must_wait():
@@ -179,8 +166,7 @@ def drive(scheduler: Scheduler, timing: Timing | None = None, max_ahead: int = M
 @contextmanager
 def paused_gc(collect: bool = True) -> Iterator[None]:
     """Collect once (unless ``collect`` is False), then run the block with the collector off (restored
-    afterwards). A full pass over a large heap takes tens of milliseconds, as long as a short simulated
-    run; the simulator skips it, since what it leaves is collected after the run."""
+    afterwards)."""
     was_enabled = gc.isenabled()
     if collect:
         gc.collect()

@@ -41,18 +41,6 @@ class RequestTable:
         self.position = [p - 1 for p in self.prompt]
         self.last = [0] * n
 
-    def __len__(self) -> int:
-        return len(self.prompt)
-
-    def generated(self, i: int) -> int:
-        """Output tokens request ``i`` has produced."""
-        return self.position[i] - self.prompt[i] + 1
-
-    def positions(self, batch: list[int]) -> list[int]:
-        """Position of each request's current input token (its latest output token)."""
-        pos = self.position
-        return [pos[i] for i in batch]
-
     def start_token(self, i: int, loops: bool) -> None:
         """Request ``i``'s next token enters the loop (with its exit step when ``loops``)."""
         if loops:

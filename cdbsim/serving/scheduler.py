@@ -1,35 +1,28 @@
 """The one scheduler that both the simulator and the GPU executor drive.
 
-It is a deterministic state machine: ``arrive(i)`` puts a request in the waiting queue, ``plan()`` returns
-the next :class:`~cdbsim.serving.launch.Launch` (or ``None`` when nothing can run yet), ``complete(launch)``
-tells it a launch finished. It has no clock: the driver decides when to call what. State moves forward
-when a launch is *planned*, because a backend runs launches in order on one stream, so the next launch
-may already use what the previous one will produce (a token's next loop step, the coda's output token);
-only giving KV blocks and resident slots back waits for ``complete``, so that a backend can still read a
-finished request's block table while its last launch runs.
+A deterministic state machine without a clock: ``arrive(i)`` queues a request, ``plan()`` returns the next
+:class:`~cdbsim.serving.launch.Launch` (or ``None`` when nothing can run yet), ``complete(launch)`` reports that
+a launch finished. State moves when a launch is *planned* (a backend runs launches in order on one stream, so the
+next launch may use what the previous one produces); only KV blocks and resident slots wait for ``complete``, so
+a backend can still read a finished request's block table while its last launch runs.
 
-Per request, the life of a generated token under CDB is: prelude (embedding, prelude layers) -> core
-steps (one per launch, mixed with other tokens at other steps) -> coda (coda layers, head, sampling);
+Under CDB a generated token runs prelude -> core steps (one per launch, mixed with tokens at other steps) -> coda;
 its exit depth is replayed from the trace, clamped to ``[r_min, r_max]``. Policies:
 
-* ``refill`` (Algorithm 2 of the CDB paper): prelude as soon as tokens exist, then coda if >= K wait (and
-  fewer than ``max_coda_in_flight`` codas are in flight), else an admitted prefill, else one core step over
-  up to W ready tokens from the head of the queue (survivors go back to the head), else an undersized coda
-  flush. With ``core_launch = per-step`` that core step takes only the tokens at the head token's loop
-  step, as the paper's engine does with a depth-indexed cache; the others keep their place in the queue.
-* ``norefill`` (Algorithm 1): prefill while admitted, then one lock-step wave: prelude -> core steps over
-  a shrinking batch -> one coda for the whole wave.
+* ``refill`` (Algorithm 2 of the CDB paper): prelude as soon as tokens exist, then coda if >= K wait (and fewer
+  than ``max_coda_in_flight`` are in flight), else an admitted prefill, else one core step over up to W ready
+  tokens from the head of the queue (survivors go back to the head), else an undersized coda flush. With
+  ``core_launch = per-step`` a core step takes only the tokens at the head token's loop step.
+* ``norefill`` (Algorithm 1): prefill while admitted, then one lock-step wave: prelude -> core steps over a
+  shrinking batch -> one coda for the whole wave.
 * ``cb``: prefill if admitted, else one fused full-depth decode step over up to W requests.
-* ``adaptive``: refill's queues, but the coda (the prelude follows it) launches only when the adaptive
-  rule finds it due, and arrived requests are prefilled only when it finds them due, from the step costs,
-  exit rates and arrival rate observed so far in the run (:meth:`Scheduler.observe`); otherwise the core
-  steps on and more tokens, or arrivals, gather (a coda batch K and a prefill batch that move with the load).
+* ``adaptive``: refill's queues, but the coda (the prelude follows it) and the prefill of arrivals launch only
+  when :mod:`cdbsim.serving.adaptive` finds them due from what :meth:`Scheduler.observe` saw so far.
 
-Admission, chunking, queue order and KV pressure follow ``reference/cdb-engine-spec.md``: a prompt is
-admitted when no request decodes or more than ``kv_margin`` of the KV blocks are free, and at least
-``min_free_slots`` resident slots are free; prompts are chunked to the budget M; a token that cannot get
-a KV block stalls, and only when nothing at all can run is the youngest stalled (or prefilling) request
-preempted and recomputed later (its re-prefill produces its next token at full depth).
+Admission and KV pressure: a prompt is admitted when no request decodes or more than ``kv_margin`` of the KV
+blocks are free, and at least ``min_free_slots`` resident slots are free; prompts are chunked to the budget M; a
+token that cannot get a KV block stalls, and only when nothing at all can run is the youngest stalled (or
+prefilling) request preempted and recomputed later (its re-prefill produces its next token at full depth).
 """
 
 from __future__ import annotations
@@ -51,17 +44,12 @@ PREFILL, PRELUDE, CORE, CODA, DECODE = Stage.PREFILL, Stage.PRELUDE, Stage.CORE,
 
 
 class Scheduler:
-    """Plans launches for ``requests`` (indexed by their position in the list) on ``kv_blocks`` blocks.
+    """Plans launches for ``requests`` (indexed by their position in the list) on ``kv_blocks`` blocks;
+    ``share_blocks`` attaches each item's KV block ids to its launch, for a backend that addresses a real cache.
 
-    ``share_blocks``: attach each item's KV block ids to its launch (:attr:`Launch.blocks`), for a backend
-    that addresses a real cache; the simulator leaves it off.
-
-    A resident request has at most one token in flight and at most W requests are resident, so every
-    queue of tokens (prelude, core, coda, the pool of CB and no-refill) holds at most W tokens, and a
-    launch of a decode-type stage takes its whole queue. The queues are plain lists, handed to the launch
-    they feed and replaced, never changed once a launch holds them. A token waiting for a core step keeps
-    its loop step beside it (``_ready_steps``, a wave's steps), so the lists a core launch hands over are
-    the queue itself.
+    At most W requests are resident, each with at most one token in flight, so every token queue holds at most
+    W tokens and a decode-type launch takes its whole queue. The queues are plain lists handed to the launch
+    they feed and replaced, never changed once a launch holds them.
     """
 
     def __init__(self, arch: ArchSpec, config: ServeConfig, requests: Sequence[Request],
@@ -78,9 +66,8 @@ class Scheduler:
                     f"{r.request_id}'s need of {need} blocks ({r.kv_positions} tokens)")
         self.kv = BlockManager(kv_blocks, bs, len(requests))
         self.r_min = config.r_min(arch)
-        self.r_max = arch.r_max
         self._loops = config.policy is not Policy.CB        # CDB: tokens carry an exit depth
-        self.table = RequestTable(requests, self.r_min, self.r_max, loops=self._loops)
+        self.table = RequestTable(requests, self.r_min, arch.r_max, loops=self._loops)
         self.share_blocks = share_blocks
         self._width = config.width
         self._coda_batch = config.coda_batch
@@ -140,11 +127,6 @@ class Scheduler:
         if self.costs is not None:
             self.costs.arrival_rate.arrive(busy=self.in_flight > 0)
 
-    @property
-    def has_work(self) -> bool:
-        """Some arrived request is not finished yet."""
-        return self.finished < self.arrived
-
     def plan(self) -> Launch | None:
         """The next launch, or None if nothing can run until a launch completes or a request arrives."""
         if self.stalled:
@@ -192,9 +174,8 @@ class Scheduler:
         return self._plan_core_first(can_coda)
 
     def _plan_adaptive(self) -> Launch | None:
-        """Refill's order, with the coda launched only when the rule finds it due (or nothing else can run);
-        the prelude follows each coda at once, so the rule prices the two launches together. Arrivals wait for
-        their prefill while the rule finds it not due and a core step can run instead."""
+        """Refill's order, but the coda (and the prelude right after it) only when the rule finds it due or
+        nothing else can run; arrivals wait for their prefill while it is not due and a core step can run."""
         if self.prelude_queue:
             return self._launch_prelude()
         can_coda = self.coda_in_flight < self._max_coda
@@ -207,8 +188,7 @@ class Scheduler:
         return self._plan_core_first(can_coda)
 
     def _plan_core_first(self, can_coda: bool) -> Launch | None:
-        """What refill and adaptive run when no boundary stage is due: a prefill, else a core step, else
-        whatever boundary tokens wait (refill's prelude queue is always empty here)."""
+        """No boundary stage is due: a prefill, else a core step, else whatever boundary tokens wait."""
         launch = self._try_prefill()
         if launch is not None:
             return launch
@@ -254,14 +234,10 @@ class Scheduler:
     def _launch_prelude(self) -> Launch:
         batch, self.prelude_queue = self.prelude_queue, []
         heads, tails = self._prelude_heads, self._prelude_tails
-        if heads:
-            self.ready[:0] = heads
-            self._ready_steps[:0] = [0] * len(heads)
-            self._prelude_heads = []
-        if tails:
-            self.ready += tails
-            self._ready_steps += [0] * len(tails)
-            self._prelude_tails = []
+        if heads or tails:  # they join the core queue at step 0
+            self.ready = heads + self.ready + tails
+            self._ready_steps = [0] * len(heads) + self._ready_steps + [0] * len(tails)
+            self._prelude_heads, self._prelude_tails = [], []
         position = self.table.position
         return self._decode_launch(PRELUDE, batch, [position[i] for i in batch])
 
@@ -269,8 +245,12 @@ class Scheduler:
         batch, steps = self.ready, self._ready_steps
         deferred: list[int] = []
         deferred_steps: list[int] = []
-        if self._per_step and min(steps) != max(steps):
-            batch, steps, deferred, deferred_steps = split_at_head_step(batch, steps)
+        if self._per_step and min(steps) != max(steps):  # only the tokens at the head token's loop step
+            head = steps[0]
+            deferred = [i for i, s in zip(batch, steps, strict=True) if s != head]
+            deferred_steps = [s for s in steps if s != head]
+            batch = [i for i, s in zip(batch, steps, strict=True) if s == head]
+            steps = [head] * len(batch)
         exits, copies, self.ready, self._ready_steps = self._loop_step(batch, steps, self.coda_queue)
         if deferred:  # survivors first, then the tokens at other steps, each in queue order
             self.ready += deferred
@@ -283,11 +263,7 @@ class Scheduler:
 
     def _producing_launch(self, stage: Stage, batch: list[int], head: bool) -> Launch:
         """A launch after which each request of ``batch`` has produced a token (coda, CB decode)."""
-        retire: list[int] = []
-        positions = self._produce(batch, retire, head)
-        if retire:
-            self._retire[self.launches] = retire
-        return self._decode_launch(stage, batch, positions)
+        return self._decode_launch(stage, batch, self._produce(batch, head))
 
     def _loop_step(self, batch: list[int], steps: list[int], exited: list[int]) -> tuple[list[bool], int, list[int],
                                                                                            list[int]]:
@@ -299,8 +275,7 @@ class Scheduler:
         survivors: list[int] = []
         survivor_steps: list[int] = []
         copies = 0
-        # indexed lists and direct appends, not zip and bound methods: compiled (cdbsim.native), these are
-        # native list operations
+        # indexed lists and direct appends, not zip and bound methods: compiled, these are native list operations
         for k in range(len(batch)):
             i, s = batch[k], steps[k]
             if s >= last[i]:
@@ -333,7 +308,7 @@ class Scheduler:
         taken_fresh = [self.waiting.popleft() for _ in range(fresh)]
         skipped: list[int] = []
         for i in candidates + taken_fresh:
-            if budget == 0 or (requests and kv.num_free < self._margin_blocks) or not kv.allocate(
+            if budget == 0 or (requests and kv.total - kv.used < self._margin_blocks) or not kv.allocate(
                     i, prefilled[i] + min(target[i] - prefilled[i], budget)):
                 if status[i] is WAITING:
                     skipped.append(i)
@@ -359,10 +334,7 @@ class Scheduler:
             self.prefilling.remove(i)
             status[i] = DECODING
         self.decoding += len(prefilled_all)
-        retire: list[int] = []
-        self._produce(prefilled_all, retire, head=False)
-        if retire:
-            self._retire[self.launches] = retire
+        self._produce(prefilled_all, head=False)
         tokens = sum(lens)
         context = sum(causal_pairs(c, s) for s, c in zip(starts, lens, strict=True))
         launch = self._emit(PREFILL, requests, starts, (), (), lens, finishes, tokens, self._pad_prefill[tokens],
@@ -371,15 +343,16 @@ class Scheduler:
         return launch
 
     # ----- token bookkeeping ---------------------------------------------------------------------
-    def _produce(self, batch: list[int], retire: list[int], head: bool) -> list[int]:
-        """Each request in ``batch`` produced a token: finish it (into ``retire``), or stage its next token.
-        Returns the positions of the tokens that were the inputs (the launch's positions)."""
+    def _produce(self, batch: list[int], head: bool) -> list[int]:
+        """Each request in ``batch`` produced a token in the launch being planned: finish it (its KV is freed when
+        that launch completes), or stage its next token. Returns the input tokens' positions."""
         table = self.table
         position, final, status = table.position, table.final, table.status
         kv = self.kv
         capacity = kv.capacity
         positions = [position[i] for i in batch]
         staged: list[int] = []
+        retire: list[int] = []
         loops, last, exit_steps, base = self._loops, table.last, table.exit_steps, table.exit_base
         for k in range(len(batch)):
             i = batch[k]
@@ -394,7 +367,9 @@ class Scheduler:
                     last[i] = exit_steps[base[i] + p]
             else:
                 self.stalled.append((i, head))
-        self.decoding -= len(retire)
+        if retire:
+            self._retire[self.launches] = retire
+            self.decoding -= len(retire)
         self._enqueue(staged, head)
         return positions
 
@@ -441,17 +416,15 @@ class Scheduler:
         return True
 
     # ----- launches ------------------------------------------------------------------------------
-    def _decode_launch(self, stage: Stage, batch: list[int], positions: list[int]) -> Launch:
+    def _decode_launch(self, stage: Stage, batch: list[int], positions: list[int], steps: Sequence[int] = (),
+                       exits: Sequence[bool] = (), copies: int = 0) -> Launch:
         n = len(batch)
-        return self._emit(stage, batch, positions, (), (), (), (), n, self._pad[n], sum(positions) + n,
-                          max(positions) + 1, 0)
+        return self._emit(stage, batch, positions, steps, exits, (), (), n, self._pad[n], sum(positions) + n,
+                          max(positions) + 1, copies)
 
     def _core_launch(self, batch: list[int], steps: list[int], exits: list[bool], copies: int) -> Launch:
         position = self.table.position
-        positions = [position[i] for i in batch]
-        n = len(batch)
-        return self._emit(CORE, batch, positions, steps, exits, (), (), n, self._pad[n], sum(positions) + n,
-                          max(positions) + 1, copies)
+        return self._decode_launch(CORE, batch, [position[i] for i in batch], steps, exits, copies)
 
     def _emit(self, stage: Stage, requests: list[int], positions: list[int], steps: Sequence[int],
               exits: Sequence[bool], chunk_lens: Sequence[int], finishes: Sequence[bool], size: int, padded: int,
@@ -472,12 +445,3 @@ class Scheduler:
         self.in_flight += 1
         self.done = False
         return launch
-
-
-def split_at_head_step(tokens: list[int], steps: list[int]) -> tuple[list[int], list[int], list[int], list[int]]:
-    """Per-step core launches: the tokens at the head token's loop step (and their steps), then the others
-    in their queue order (and theirs). No width limit is needed: a queue never holds more than W tokens."""
-    head = steps[0]
-    taken = [i for i, s in zip(tokens, steps, strict=True) if s == head]
-    others = [(i, s) for i, s in zip(tokens, steps, strict=True) if s != head]
-    return taken, [head] * len(taken), [i for i, _ in others], [s for _, s in others]

@@ -1,17 +1,10 @@
 """The discrete-event simulator: the shared scheduler driven by SimPy with latencies from a profile.
 
-Two processes and the device's events share one SimPy environment:
-
-* ``arrivals`` releases each request into the scheduler at its arrival time;
-* ``host`` plans a launch (``Scheduler.plan``), spends the profile's host time on it, and hands it to
-  the device; how far it may run ahead of the device is :class:`cdbsim.serving.pipeline.HostPipeline`'s rule
-  (``sync``: never, so the device idles while the host works; ``lookahead``: coda, prelude and the next
-  core step are prepared while a core step runs);
-* the device runs launches in order, each for the time the latency model gives: in order means a
-  launch's start and end are known when it is handed over; when the host has to wait for a launch (the
-  pipeline rule), the launch's end is a SimPy timeout it waits on.
-
-Every launch is logged through :class:`~cdbsim.report.logs.RunRecorder`, the same recorder the GPU executor uses.
+An ``arrivals`` process releases each request at its arrival time; the ``host`` process plans launches, spends
+the profile's host time on each and hands it to the device, as far ahead as
+:class:`cdbsim.serving.pipeline.HostPipeline`'s rule allows. The device runs launches in order, each for the
+latency model's time, so a launch's start and end are known when it is handed over. Every launch is logged
+through :class:`~cdbsim.report.logs.RunRecorder`, the same recorder the GPU executor uses.
 """
 
 from __future__ import annotations
@@ -50,8 +43,7 @@ class Simulation:
         self.env = simpy.Environment()
         self._wake_host = self.env.event()
         self._next_arrival = 0.0  # when the next request not yet released arrives (inf: none left)
-        # an adaptive scheduler observes each launch's device time; launches complete oldest first, so their
-        # times queue in that order
+        # an adaptive scheduler observes each launch's device time, queued in completion order (oldest first)
         durations: deque[float] | None = deque() if self.scheduler.costs is not None else None
         self._durations = durations
         self._pipeline: HostPipeline[float] = HostPipeline(
@@ -64,7 +56,7 @@ class Simulation:
     def run(self) -> RunLog:
         env = self.env
         env.process(self._arrivals())
-        host = env.process(self._host())
+        host = env.process(serve(self._pipeline, self))  # the shared host loop, with this simulation as backend
         with paused_gc(collect=False):  # millions of short-lived objects: collector passes cost several percent
             env.run(until=host)
         return self.recorder.finish(run_meta(self.scheduler, profile=self.latency.profile.label(),
@@ -87,16 +79,10 @@ class Simulation:
         if not self._wake_host.triggered:
             self._wake_host.succeed()
 
-    def _host(self) -> Generator[simpy.Event, object, None]:
-        """The shared host loop (:func:`~cdbsim.serving.pipeline.serve`) with this simulation as backend."""
-        yield from serve(self._pipeline, self)
-
     # ----- the backend of the host loop ----------------------------------------------------------
-    # A launch planned at ``now`` is ready on the device at ``now + host time``. The device runs launches in
-    # order: it takes one when the previous ends (at once if idle), starts it once the launch gap has passed
-    # since taking it and the idle start since the hand-over, and runs it for the latency model's time. So a
-    # launch is logged when handed over, and its end is its handle. Nothing but an arrival changes what the
-    # host plans next, so while no request arrives first, the host moves its clock on without a SimPy event.
+    # The device takes a launch when the previous ends (at once if idle) and starts it once the launch gap has
+    # passed since then and the idle start since the hand-over; its end is its handle. Only an arrival changes
+    # what the host plans next, so until one comes the host moves its clock on without a SimPy event.
     def finish_oldest(self, last: bool) -> Generator[simpy.Event, object, None]:
         end = self._pipeline.oldest
         if end > self._now:

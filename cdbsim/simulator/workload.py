@@ -15,9 +15,8 @@ from traces import ExitModel, Request, build_trace, length_model, read_trace
 DEFAULT_REQUESTS = {"alpaca": 2000, "sharegpt": 1000, "arxiv": 200}
 MAX_MODEL_LEN = 16384
 
-# Memory a run holds per request and per output token: the requests themselves, the scheduler's state and
-# the logs (token times, launch rows). Fitted to the peak resident memory of `cdbsim predict` runs of 500 to
-# 8,000 requests of each preset (2-4 KB and 150-360 B), rounded up; requests alone (``trace``) hold far less.
+# Memory a run holds per request and per output token (requests, scheduler state, logs), an upper fit of
+# `cdbsim predict` runs; requests alone (``trace``) hold far less.
 RUN_BYTES_PER_REQUEST, RUN_BYTES_PER_TOKEN = 4096, 256
 TRACE_BYTES_PER_REQUEST, TRACE_BYTES_PER_TOKEN = 1024, 16
 KV_BYTES_PER_BLOCK = 40  # the scheduler's free list holds one Python int per KV block

@@ -19,7 +19,8 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from cdbsim.errors import ConfigError
-from cdbsim.planner.experiment import Experiment, Setting, plain, read_toml, settings, unwrap_optional
+from cdbsim.planner.experiment import Experiment, read_toml, settings
+from cdbsim.planner.options import Setting, plain, unwrap_optional
 
 try:
     from typer import TyperException as UsageFailure  # typer >= 0.2x parses with its own copy of click

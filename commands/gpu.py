@@ -19,7 +19,6 @@ from cdbsim.report.outputs import check_dir, check_file
 from commands.common import CommandGroup, CsvOut, JsonOut, comma_list, emit, emit_data
 
 group = CommandGroup()
-register = group.register
 
 
 @group.command("validate", "arch.name", "arch.split", "serve.policy", "serve.width", "serve.coda_batch",

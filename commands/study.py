@@ -20,7 +20,6 @@ from cdbsim.serving.config import ServeConfig
 from commands.common import RATE_SEARCHED, STUDY, CommandGroup, CsvOut, JsonOut, console, emit, emit_data
 
 group = CommandGroup()
-register = group.register
 DEFAULT_KV_TOKENS = 327_680  # the CDB paper's KV cache size
 
 

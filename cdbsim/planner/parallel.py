@@ -11,7 +11,7 @@ import logging
 import multiprocessing
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 
 class Handle(Protocol):
-    """A submitted task: a :class:`concurrent.futures.Future`, a Dask future, or a deferred call."""
+    """A submitted task: a :class:`concurrent.futures.Future` or a Dask future."""
 
     def result(self) -> Any: ...
 
@@ -41,29 +41,18 @@ class Runner(Protocol):
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> Handle: ...
 
 
-class _Deferred:
-    """A task run in this process when its result is asked for."""
-
-    def __init__(self, fn: Callable[[Any], Any], arg: Any) -> None:
-        self.fn, self.arg = fn, arg
-
-    def result(self) -> Any:
-        return self.fn(self.arg)
-
-    def done(self) -> bool:
-        return False
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        return None
-
-
 class InProcess:
-    """No parallelism: each task runs when its result is needed."""
+    """No parallelism: each task runs as it is submitted."""
 
     slots = 1
 
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> Handle:
-        return _Deferred(fn, arg)
+        future: Future = Future()
+        try:
+            future.set_result(fn(arg))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
 
 
 class Processes:

@@ -17,7 +17,7 @@ from cdbsim.planner.experiment import settings
 from cdbsim.planner.options import unwrap_optional
 from cdbsim.planner.sweep import Status
 from cdbsim.report.outputs import atomic_file
-from cdbsim.report.plots import plt
+from cdbsim.report.plots import plt, save_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -165,15 +165,10 @@ def is_numeric(key: str) -> bool:
     return base in (int, float)
 
 
-
 def _save(fig: Figure, path: Path, title: str) -> None:
     fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    try:
-        with atomic_file(path) as staging:
-            fig.savefig(staging, dpi=110, format="png")
-    finally:
-        plt.close(fig)
+    with atomic_file(path) as staging:
+        save_figure(fig, staging, dpi=110)
 
 
 def plot_fronts(summary: SweepSummary, path: Path, title: str) -> None:

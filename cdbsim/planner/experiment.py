@@ -1,10 +1,7 @@
 """One experiment, declared once: the model, how it is served, what it serves, how its tokens exit and which latency
-model prices the launches.
-
-Every setting is a field of a section dataclass declared with :func:`~cdbsim.planner.options.option` (as
+model prices the launches. Every setting is a section dataclass field declared with :func:`~.options.option` (as
 microsoft/vidur declares its configs); from these come every command's options, the experiment TOML file's
-``[section]`` tables and the ``--set section.field=value`` keys. :meth:`Experiment.build` resolves an experiment into
-what a simulated run needs.
+``[section]`` tables and the ``--set section.field=value`` keys.
 """
 
 from __future__ import annotations
@@ -252,7 +249,7 @@ class LatencySection(Section):
         from cdbsim.latency.devices import device_preset
 
         device = device_preset(self.device)
-        overrides = {}
+        overrides, given = {}, []
         for key, (device_field, scale) in self.DEVICE.items():
             value = getattr(self, key)
             if value is not None:
@@ -261,12 +258,10 @@ class LatencySection(Section):
                         f"latency.{key} must be {'>= 0' if zero_ok else f'>= {WHAT_IF_MIN:g}'} and finite, "
                         f"got {value:g}")
                 overrides[device_field] = value * scale
+                given.append(f"{key} {value:g}")
         if not overrides:
             return device
-        return replace(device, name=f"{device.name}, what-if {', '.join(self._given())}", **overrides)
-
-    def _given(self) -> list[str]:
-        return [f"{key} {getattr(self, key):g}" for key in self.DEVICE if getattr(self, key) is not None]
+        return replace(device, name=f"{device.name}, what-if {', '.join(given)}", **overrides)
 
 
 SECTIONS: dict[str, type[Section]] = {"arch": ArchSection, "serve": ServeSection, "workload": WorkloadSection,
@@ -361,8 +356,7 @@ class Experiment:
     @staticmethod
     def _split(assignment: str) -> tuple[str, str]:
         key, eq, value = assignment.partition("=")
-        if not eq:
-            raise ConfigError(f"--set: expected section.field=value, got {assignment!r}")
+        require(bool(eq), f"--set: expected section.field=value, got {assignment!r}")
         return key.strip(), value
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

@@ -16,7 +16,7 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdbsim.errors import ConfigError
+from cdbsim.errors import ConfigError, require
 from cdbsim.planner.experiment import ArchSection, BuiltExperiment, Experiment, LatencySection, settings
 from cdbsim.planner.grid import Grid
 from cdbsim.planner.options import plain, unwrap_optional
@@ -154,22 +154,20 @@ class SweepPlan:
              progress: SweepProgress | None = None) -> Iterator[dict[str, Any]]:
         """One row per point in grid order, run on ``jobs`` processes or Dask, read from and written to ``cache``."""
         self.counts = counts = SweepCounts()
-        total, done, ran, first_reason = len(self), 0, 0, ""
+        ran, first_reason = 0, ""
+        store = None if cache is None else lambda tag, row: cache.put(point_key(tag[1], self.baseline), row)
         with runner(jobs, dask) as run:
-            results = in_order(self._jobs(cache), run_point, run, self._store(cache))
-            for (index, exp), result in results:
+            for (index, exp), result in in_order(self._jobs(cache), run_point, run, store):
                 row = {"point": index, **{key: plain(exp.get(key)) for key in self.fields}, **result}
                 if row["status"] == Status.OK.value:
                     ran += 1
                 else:
                     counts.skipped += 1
                     first_reason = first_reason or row["reason"]
-                done += 1
                 if progress is not None:
-                    progress(done, total)
+                    progress(ran + counts.skipped, len(self))
                 yield row
-        if not ran:
-            raise ConfigError(f"no point of the grid could run; the first: {first_reason}")
+        require(ran > 0, f"no point of the grid could run; the first: {first_reason}")
 
     def _jobs(self, cache: PointCache | None) -> Iterator[Job]:
         for index, exp in enumerate(self.grid.experiments(self.base)):
@@ -185,11 +183,6 @@ class SweepPlan:
                 self.counts.simulated += 1
                 yield Job(tag, arg=PointTask(exp, self.baseline), ready=False)
 
-    def _store(self, cache: PointCache | None) -> Callable[[tuple[int, Experiment], dict], None] | None:
-        if cache is None:
-            return None
-        return lambda tag, row: cache.put(point_key(tag[1], self.baseline), row)
-
 
 def to_frame(rows: Sequence[Mapping[str, Any]], plan: SweepPlan) -> pd.DataFrame:
     """Rows as a DataFrame with the sweep's column types (as the Parquet file reads back)."""
@@ -202,12 +195,10 @@ def sweep(experiment: Experiment, grid: Mapping[str, Sequence[Any]] | None = Non
           points: Sequence[Mapping[str, Any]] | None = None, *, baseline: bool = False, jobs: int = 1,
           dask: str | None = None, cache: str | Path | None = None, out: str | Path | None = None,
           progress: SweepProgress | None = None) -> pd.DataFrame:
-    """Simulate ``experiment`` at every combination of ``grid`` applied to each of ``points``; one row per point with
-    its swept fields, ``status``, ``reason``, model, profile and every report metric.
-
-    ``jobs`` > 1 runs in local processes, ``dask`` on a Dask cluster; ``cache`` (SQLite) keeps results by content;
-    ``out`` writes Parquet; ``baseline`` also runs CB (speed-up and S_e2e columns).
-    """
+    """Simulate ``experiment`` at every combination of ``grid`` applied to each of ``points``: one row per point with
+    its swept fields, ``status``, ``reason``, model, profile and every report metric. ``jobs`` > 1 runs in local
+    processes, ``dask`` on a Dask cluster; ``cache`` (SQLite) keeps results by content; ``out`` writes Parquet;
+    ``baseline`` also runs CB (speed-up and S_e2e columns)."""
     plan = SweepPlan.make(experiment, Grid.of(grid, points), baseline)
     rows: list[dict[str, Any]] = []
     run_sweep(plan, jobs=jobs, dask=dask, cache=cache, parquet=out, progress=progress, each=rows.append)

@@ -175,16 +175,9 @@ class RunRecorder:
         producers = [*self._done_producers, np.array(self._producers, dtype=np.int32)]
         self._done_producers, self._producers, self._done_mixes, self._steps = [], [], [], []
         times_of, first, last = _token_times(producers, ends, tokens, len(self.requests), self.chunk_rows)
-        reqs = self.requests
-        requests = pd.DataFrame({
-            "request_id": [r.request_id for r in reqs],
-            "prompt_len": [r.prompt_len for r in reqs],
-            "output_len": [r.output_len for r in reqs],
-            "arrival": [r.arrival for r in reqs],
-            "scheduled": self._scheduled,
-            "first_token": first,
-            "finish": last,
-        })
+        requests = pd.DataFrame({**{key: [getattr(r, key) for r in self.requests]
+                                    for key in ("request_id", "prompt_len", "output_len", "arrival")},
+                                 "scheduled": self._scheduled, "first_token": first, "finish": last})
         return RunLog(launches=launches, requests=requests, token_times=times_of, meta=dict(meta or {}))
 
 
@@ -253,9 +246,8 @@ def _stable_order(keys: np.ndarray) -> np.ndarray:
 
 
 def _step_mixes(steps: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Per launch, ``"0:12 1:30"`` (how many items sat at each 0-based loop step), from the launches' loop
-    steps laid end to end (``counts`` per launch); "" for launches without steps. Each distinct mix is
-    written once."""
+    """Per launch, ``"0:12 1:30"`` (how many items sat at each 0-based loop step), from the launches' loop steps
+    laid end to end (``counts`` per launch); "" for launches without steps. Each distinct mix is written once."""
     out = np.full(len(counts), "", dtype=object)
     listed = np.flatnonzero(counts)
     if not len(listed):

@@ -152,11 +152,9 @@ def experiment_options(*selected: str, exclude: tuple[str, ...] = (),
                 value, source = kwargs.pop(s.param), context.get_parameter_source(s.param)
                 if source is not None and source.name in EXPLICIT:
                     flags[s.key] = value
-            exp = Experiment().override(defaults)
             data = read_toml(config) if config is not None else {}
             own_tables = {name: data.pop(name) for name in tables if name in data}
-            if config is not None:
-                exp = exp.merge(data, source=str(config))
+            exp = Experiment().override(defaults).merge(data, source=str(config))
             exp = exp.override(flags, source=None).override(assignments or [])
             given = {*flags, *(f"{section}.{name}" for section, values in data.items()
                                if isinstance(values, Mapping) for name in values),

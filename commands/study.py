@@ -122,10 +122,8 @@ def bound(
     row = {"arch": spec.name, "split": spec.split, "r_max": spec.r_max, "F0/Fr": spec.f0 / spec.fr,
            "decoded depth": depth_decoded, "f1": frac, "d-bar": dbar, "S_dec": sdec,
            "a": prefill_share, "S_e2e": s_e2e(sdec, prefill_share, frac)}
-    for layout in KVLayout:
-        row[f"KV B/token {layout.value}"] = spec.kv_bytes_per_token(layout)
-    for length in (128, 512, 2048, 8192):  # context lengths
-        row[f"B*({length})"] = latency.saturation_batch(length)
+    row.update({f"KV B/token {layout.value}": spec.kv_bytes_per_token(layout) for layout in KVLayout})
+    row.update({f"B*({length})": latency.saturation_batch(length) for length in (128, 512, 2048, 8192)})
     row["profile"] = latency.profile.label()
     if emit_data(as_json, as_csv, [row], [row]):
         return

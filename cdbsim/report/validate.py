@@ -23,9 +23,7 @@ ONLINE_METRICS = (("ttft_s", "p50"), ("ttft_s", "p99"), ("tpot_s", "p50"), ("tpo
 
 
 def _value(report: Report, key: str | tuple[str, str]) -> float:
-    if isinstance(key, tuple):
-        return float(getattr(getattr(report, key[0]), key[1]))
-    return float(getattr(report, key))
+    return float(getattr(getattr(report, key[0]), key[1]) if isinstance(key, tuple) else getattr(report, key))
 
 
 def _name(key: str | tuple[str, str]) -> str:
@@ -90,9 +88,7 @@ def _summed_times(launches: object) -> tuple[float, float]:
 
 def signed_error(predicted: float, measured: float) -> float:
     """(predicted - measured) / measured; NaN when measured is 0 or missing."""
-    if not np.isfinite(measured) or measured == 0:
-        return float("nan")
-    return (predicted - measured) / measured
+    return (predicted - measured) / measured if np.isfinite(measured) and measured != 0 else float("nan")
 
 
 def host_points(launches: object) -> list[list[float]]:

@@ -19,7 +19,6 @@ from typing import Any, Generic, Protocol, TypeVar
 from cdbsim.errors import ConfigError, require
 
 DASK_CONNECT_TIMEOUT_S = 3
-DASK_INSTALL = "pip install 'cdbsim[dask]'"
 T = TypeVar("T")
 
 
@@ -78,11 +77,10 @@ class Dask:
             import dask
             from distributed import Client, LocalCluster
         except ImportError:
-            raise ConfigError(f"--dask needs the dask extra: {DASK_INSTALL}") from None
+            raise ConfigError("--dask needs the dask extra: pip install 'cdbsim[dask]'") from None
         self.cluster = None
         if address == "local":
-            # the workers' statistical profiler samples every task's stack 100 times a second: not wanted for
-            # pure-Python simulations on a small machine
+            # no statistical profiler: it samples every task's stack 100 times a second
             with dask.config.set({"distributed.worker.profile.enabled": False}):
                 self.cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
                                             dashboard_address=None, silence_logs=logging.ERROR)

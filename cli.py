@@ -20,8 +20,8 @@ def _no_command(context: typer.Context) -> None:
         raise typer.Exit(0)
 
 
-for group in (study, planner, gpu):
-    group.register(app)
+for module in (study, planner, gpu):
+    module.group.register(app)
 
 if __name__ == "__main__":  # pragma: no cover - python -m cli
     app()

@@ -1,1 +1,1 @@
-"""The commands of ``cdbsim`` by group (study, planner, gpu); each module's ``register(app)`` adds its own."""
+"""The commands of ``cdbsim`` by group (study, planner, gpu); each module's ``group.register(app)`` adds its own."""

@@ -18,8 +18,9 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
-from cdbsim.errors import ConfigError
-from cdbsim.planner.experiment import Experiment, Setting, plain, read_toml, settings, unwrap_optional
+from cdbsim.errors import ConfigError, require
+from cdbsim.planner.experiment import Experiment, read_toml, settings
+from cdbsim.planner.options import Setting, plain, unwrap_optional
 
 try:
     from typer import TyperException as UsageFailure  # typer >= 0.2x parses with its own copy of click
@@ -69,8 +70,7 @@ def friendly(command: Callable) -> Callable:
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            if kwargs.get("as_json") and kwargs.get("as_csv"):
-                raise ConfigError("give --json or --csv, not both")
+            require(not (kwargs.get("as_json") and kwargs.get("as_csv")), "give --json or --csv, not both")
             return command(*args, **kwargs)
         except ConfigError as exc:
             message = str(exc)
@@ -89,8 +89,7 @@ def friendly(command: Callable) -> Callable:
 def comma_list(text: str, option: str) -> list[str]:
     """The names of a comma-separated option, blanks dropped; none at all (``--policies ,``) is an error."""
     names = [name.strip() for name in text.split(",") if name.strip()]
-    if not names:
-        raise ConfigError(f"{option}: no names in {text!r}; give one or more, separated by commas")
+    require(bool(names), f"{option}: no names in {text!r}; give one or more, separated by commas")
     return names
 
 
@@ -128,12 +127,10 @@ class FileTables:
 def experiment_options(*selected: str, exclude: tuple[str, ...] = (),
                        defaults: Mapping[str, Any] | None = None,
                        tables: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
-    """Give a command the options of the experiment fields ``selected`` (a section, ``"serve"``, or one
-    field, ``"serve.width"``, minus ``exclude``) plus ``--config`` and ``--set``, and call it with the
-    assembled :class:`Experiment` as ``exp``. ``defaults`` are this command's own (``{"workload.requests":
-    256}``). Precedence: defaults < config file < flags given on the command line < --set. ``tables`` are
-    tables of the config file the command reads itself (``[grid]``): they are passed as ``tables``. A command
-    with a ``given`` parameter gets the ``section.field`` keys the user set (flags, config file, ``--set``)."""
+    """Give a command the options of the experiment fields ``selected`` (a section, ``"serve"``, or a field,
+    ``"serve.width"``, minus ``exclude``) plus ``--config`` and ``--set``, and call it with the :class:`Experiment`
+    as ``exp``. Precedence: ``defaults`` (the command's own) < config file < flags < --set. ``tables`` of the config
+    file (``[grid]``) are passed as ``tables``; a ``given`` parameter gets the ``section.field`` keys the user set."""
     chosen = [s for s in settings() if (s.section in selected or s.key in selected) and s.key not in exclude]
     defaults = dict(defaults or {})
     passed = ("exp", "tables", "given")
@@ -155,11 +152,9 @@ def experiment_options(*selected: str, exclude: tuple[str, ...] = (),
                 value, source = kwargs.pop(s.param), context.get_parameter_source(s.param)
                 if source is not None and source.name in EXPLICIT:
                     flags[s.key] = value
-            exp = Experiment().override(defaults)
             data = read_toml(config) if config is not None else {}
             own_tables = {name: data.pop(name) for name in tables if name in data}
-            if config is not None:
-                exp = exp.merge(data, source=str(config))
+            exp = Experiment().override(defaults).merge(data, source=str(config))
             exp = exp.override(flags, source=None).override(assignments or [])
             given = {*flags, *(f"{section}.{name}" for section, values in data.items()
                                if isinstance(values, Mapping) for name in values),

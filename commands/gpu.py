@@ -11,15 +11,15 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.status import Status
 
-from cdbsim.errors import ConfigError
+from cdbsim.errors import ConfigError, require
 from cdbsim.model.arch import load_arch
 from cdbsim.planner.experiment import Experiment, settings
 from cdbsim.report.outputs import check_dir, check_file
 from commands.common import CommandGroup, CsvOut, JsonOut, comma_list, emit, emit_data
 
 group = CommandGroup()
-register = group.register
 
 
 @group.command("validate", "arch.name", "arch.split", "serve.policy", "serve.width", "serve.coda_batch",
@@ -44,15 +44,12 @@ def validate(
     """Run configurations on the GPU executor and in the simulator on identical requests; show the errors."""
     from calibration import validation as val
 
-    if matrix is None and only is not None:
-        raise ConfigError("--only picks configurations of a --matrix file; give --matrix too")
-    if matrix is not None and rate_of_capacity is not None:
-        raise ConfigError("--rate-of-capacity sets the configuration given by options; a --matrix entry sets its "
-                          "own (rate_of_capacity)")
+    require(matrix is not None or only is None, "--only picks configurations of a --matrix file; give --matrix too")
+    require(matrix is None or rate_of_capacity is None, "--rate-of-capacity sets the configuration given by options; "
+            "a --matrix entry sets its own (rate_of_capacity)")
     unused = [s.flags[0] for s in settings() if s.key in given and s.section != "latency"]
-    if matrix is not None and unused:
-        raise ConfigError(f"{', '.join(unused)}: a --matrix entry sets its own configuration; of the options only "
-                          "--profile and --force apply to it")
+    require(matrix is None or not unused, f"{', '.join(unused)}: a --matrix entry sets its own configuration; of the "
+            "options only --profile and --force apply to it")
     check_dir(out, "--out", ("measured",))
     unpacked = contextlib.ExitStack()
     if measured is not None:  # a committed archive of logs re-predicts as it is
@@ -91,14 +88,11 @@ def _saved_launches(path: Path) -> list:
     from calibration import validation as val
     from cdbsim.report.logs import RunLog
 
-    if not path.exists():
-        raise ConfigError(f"--launch-gap {path}: no such directory or archive")
+    require(path.exists(), f"--launch-gap {path}: no such directory or archive")
     with val.unpacked_logs(path, "--launch-gap") as root:
-        if not root.is_dir():
-            raise ConfigError(f"--launch-gap {path}: not a directory of saved executor runs (or a .tgz of one)")
+        require(root.is_dir(), f"--launch-gap {path}: not a directory of saved executor runs (or a .tgz of one)")
         runs = [root] if RunLog.saved_in(root) else sorted(d for d in root.iterdir() if RunLog.saved_in(d))
-        if not runs:
-            raise ConfigError(f"--launch-gap {path}: no saved executor runs in it")
+        require(bool(runs), f"--launch-gap {path}: no saved executor runs in it")
         return [RunLog.load(run).launches for run in runs]
 
 
@@ -162,10 +156,7 @@ def calibrate(
 
         chosen = tuple(comma_list(families, "--families")) if families else FAMILIES
         bad = [f for f in chosen if f not in FAMILIES]
-        if bad:
-            raise ConfigError(f"unknown kernel families {', '.join(bad)}; choose from: {', '.join(FAMILIES)}")
-    from rich.status import Status
-
+        require(not bad, f"unknown kernel families {', '.join(bad)}; choose from: {', '.join(FAMILIES)}")
     with Status("calibrating", console=Console(stderr=True)) as status:
         profiles = run_calibration(specs, out, quick=quick, device=device, progress=status.update)
         if kernels is not False:
@@ -185,8 +176,6 @@ def calibrate(
 def _update_model_attention(specs: list, update: Path, families: str | None, out: Path, device: str) -> None:
     """``calibrate --no-kernels --update PROFILE``: the model's mixed-context core steps measured again into
     its profile (written to ``out``), every other fit kept."""
-    from rich.status import Status
-
     from calibration.fit import attention_rows
     from calibration.measure import remeasure_attention
     from calibration.run import torch_device
@@ -195,8 +184,7 @@ def _update_model_attention(specs: list, update: Path, families: str | None, out
     chosen = comma_list(families, "--families") if families else ["skew"]
     if chosen != ["skew"]:
         raise ConfigError(f"--update of a model profile re-measures the family skew only, not {', '.join(chosen)}")
-    if len(specs) != 1:
-        raise ConfigError(f"--update of a model profile takes one --arch, not {len(specs)}")
+    require(len(specs) == 1, f"--update of a model profile takes one --arch, not {len(specs)}")
     profile = load_profile_file(check_file(update, "--update", (".json",)))
     if profile.kind is not ProfileKind.MEASURED:
         raise ConfigError(f"--update {update}: {profile.name} is a {profile.kind} profile, not a measured one")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,26 +18,10 @@ from cdbsim.report.progress import progress_display
 from commands.common import RATE_SEARCHED, STUDY, CommandGroup, CsvOut, FileTables, JsonOut, comma_list, emit, emit_data
 
 group = CommandGroup()
-register = group.register
 JobsOpt = Annotated[int, typer.Option("--jobs", "-j", help="Run simulations in this many local processes.")]
 DaskOpt = Annotated[str | None, typer.Option(
     "--dask", metavar="ADDRESS", help="Run simulations on a Dask cluster: a scheduler address (tcp://host:8786) or "
                                       "'local' for a LocalCluster of --jobs workers (pip install 'cdbsim[dask]').")]
-
-
-@contextmanager
-def steps_progress(label: str, total: int) -> Iterator[Callable[[int, int], None]]:
-    """A progress callback told ``(done, total)`` (a sweep's points, capacity's searches), shown as one step."""
-    with progress_display() as factory:
-        advance = factory(label, total)
-        done_before = 0
-
-        def update(done: int, _total: int) -> None:
-            nonlocal done_before
-            advance(done - done_before)
-            done_before = done
-
-        yield update
 
 
 @contextmanager
@@ -94,9 +78,10 @@ def sweep(
                           baseline)
     summary = SweepSummary(plan.fields)
     start = time.monotonic()
-    with stopped_cleanly(), steps_progress("points", len(plan)) as bar:
+    with stopped_cleanly(), progress_display() as factory:
+        advance = factory("points", len(plan))  # progress is told (done, total) once per point
         run_sweep(plan, jobs=jobs, dask=dask, cache=None if no_cache else cache or default_cache_path(), parquet=out,
-                  csv=csv_out, progress=bar, each=summary.add)
+                  csv=csv_out, progress=lambda _done, _total: advance(1), each=summary.add)
     seconds = time.monotonic() - start
     title = f"sweep of {len(plan):,} points over {', '.join(plan.fields)}"
     files = [out, *([csv_out] if csv_out is not None else [])]
@@ -141,8 +126,9 @@ def capacity(
     if target_rate is not None:
         check_target_rate(target_rate)
     chosen = comma_list(policies, "--policies")
-    with steps_progress("capacity searches (one per policy)", len(chosen)) as searched:
-        results = search(exp, slo, chosen, jobs=jobs, dask=dask, progress=searched)
+    with progress_display() as factory:
+        advance = factory("capacity searches (one per policy)", len(chosen))
+        results = search(exp, slo, chosen, jobs=jobs, dask=dask, progress=lambda _done, _total: advance(1))
     rows = [r.row(target_rate) for r in results]
     if emit_data(as_json, as_csv, rows, [{"slo": slo.describe(), "results": rows}]):
         return

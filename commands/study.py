@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cdbsim.errors import ConfigError
+from cdbsim.errors import ConfigError, require
 from cdbsim.planner.experiment import Experiment
 from cdbsim.report.outputs import atomic_file, check_dir, check_file
 from cdbsim.report.progress import progress_display
@@ -20,7 +20,6 @@ from cdbsim.serving.config import ServeConfig
 from commands.common import RATE_SEARCHED, STUDY, CommandGroup, CsvOut, JsonOut, console, emit, emit_data
 
 group = CommandGroup()
-register = group.register
 DEFAULT_KV_TOKENS = 327_680  # the CDB paper's KV cache size
 
 
@@ -70,8 +69,7 @@ def schedule(
     if first is not None and seen == 0:
         raise ConfigError(f"--from-stage {first.value}: this run has no {first.value} launch (its stages: "
                           f"{', '.join(sorted(stages))})")
-    if not rows:
-        raise ConfigError(f"--skip {skip}: this run has only {seen:,} launches to show")
+    require(bool(rows), f"--skip {skip}: this run has only {seen:,} launches to show")
     emit(rows, f"{spec.name} ({spec.split}, r_max {spec.r_max}) | {config.describe()} | {exp.workload.name}",
          as_json, as_csv, caption="Q_P waiting prompts, Q_R tokens queued for the core (norefill: the wave), "
                                   "Q_C tokens queued for the coda; loop steps r1.. are 1-indexed")
@@ -115,21 +113,17 @@ def bound(
     depth_decoded = exp.exits.mean_depth if exp.exits.mean_depth is not None else default_mean_depth(spec.r_max)
     if not 1 <= depth_decoded <= spec.r_max:
         raise ConfigError(f"mean depth must be in [1, r_max = {spec.r_max}], got {depth_decoded:g}")
-    if prefill_share >= 1.0:
-        raise ConfigError("--prefill-share must be below 1 (CB would spend all its time in prefill)")
+    require(prefill_share < 1.0, "--prefill-share must be below 1 (CB would spend all its time in prefill)")
     frac = f1 if f1 is not None else 1.0 / length_model(exp.workload.name).mean_output
-    if frac >= 1.0:
-        raise ConfigError("--f1 must be below 1 (at least one token must be decoded)")
+    require(frac < 1.0, "--f1 must be below 1 (at least one token must be decoded)")
     latency = exp.latency.model(spec)
     dbar = frac * spec.r_max + (1 - frac) * depth_decoded
     sdec = s_dec(spec, dbar)
     row = {"arch": spec.name, "split": spec.split, "r_max": spec.r_max, "F0/Fr": spec.f0 / spec.fr,
            "decoded depth": depth_decoded, "f1": frac, "d-bar": dbar, "S_dec": sdec,
            "a": prefill_share, "S_e2e": s_e2e(sdec, prefill_share, frac)}
-    for layout in KVLayout:
-        row[f"KV B/token {layout.value}"] = spec.kv_bytes_per_token(layout)
-    for length in (128, 512, 2048, 8192):  # context lengths
-        row[f"B*({length})"] = latency.saturation_batch(length)
+    row.update({f"KV B/token {layout.value}": spec.kv_bytes_per_token(layout) for layout in KVLayout})
+    row.update({f"B*({length})": latency.saturation_batch(length) for length in (128, 512, 2048, 8192)})
     row["profile"] = latency.profile.label()
     if emit_data(as_json, as_csv, [row], [row]):
         return
@@ -218,32 +212,27 @@ def run_label(config: ServeConfig) -> str:
 
 METRICS = [("output tok/s", "output_tps", 1.0), ("requests/s", "request_rate", 1.0),
            ("makespan s", "makespan_s", 1.0), ("input tokens", "input_tokens", 1.0),
-           ("TTFT p50 s", ("ttft_s", "p50"), 1.0), ("TTFT p99 s", ("ttft_s", "p99"), 1.0),
-           ("TPOT p50 ms", ("tpot_s", "p50"), 1e3), ("ITL p99 ms", ("itl_s", "p99"), 1e3),
-           ("E2E p50 s", ("e2e_s", "p50"), 1.0), ("norm. latency p50 ms", ("normalized_s", "p50"), 1e3),
-           ("norm. latency p99 ms", ("normalized_s", "p99"), 1e3), ("sched. delay p50 s", ("scheduling_s", "p50"), 1.0),
            ("device idle %", "device_idle", 100.0), ("prefill share %", "prefill_share", 100.0),
            ("preemptions", "preemptions", 1.0), ("KV blocks in use, mean", "kv_blocks_mean", 1.0),
            ("KV blocks in use, peak", "kv_blocks_peak", 1.0), ("mean depth d-bar", "mean_depth", 1.0),
            ("S_dec", "s_dec", 1.0), ("S_e2e", "s_e2e", 1.0), ("speed-up vs CB", "speedup", 1.0),
-           ("% of S_e2e realised", "bound_realised", 100.0)]
+           ("% of S_e2e realised", "bound_realised", 100.0)]  # the latency rows go after the first four
 NOT_LOGGED_IN_EVERY_RUN = ("kv_blocks_mean", "kv_blocks_peak", "preemptions")
-LATENCY_ROWS = [("TTFT", "ttft_s", "s", 1.0), ("TPOT", "tpot_s", "ms", 1e3), ("ITL", "itl_s", "ms", 1e3),
-                ("E2E", "e2e_s", "s", 1.0), ("norm. latency", "normalized_s", "ms", 1e3),
-                ("sched. delay", "scheduling_s", "s", 1.0)]
+LATENCY_ROWS = [("TTFT", "ttft_s", "s", 1.0, ("p50", "p99")), ("TPOT", "tpot_s", "ms", 1e3, ("p50",)),
+                ("ITL", "itl_s", "ms", 1e3, ("p99",)), ("E2E", "e2e_s", "s", 1.0, ("p50",)),
+                ("norm. latency", "normalized_s", "ms", 1e3, ("p50", "p99")),
+                ("sched. delay", "scheduling_s", "s", 1.0, ("p50",))]  # with the percentiles shown by default
 
 
 def _metrics(percentiles: tuple[float, ...] | None) -> list[tuple[str, Any, float]]:
-    """The table's metrics: the summary above, or with ``--percentiles`` each latency's mean, std and
-    the chosen percentiles in place of the fixed ones."""
-    if percentiles is None:
-        return METRICS
+    """The table's metrics; with ``--percentiles`` each latency's mean, std and the chosen percentiles in place of
+    the default ones."""
     from cdbsim.report.metrics import percentile_name
 
-    latency = [(f"{label} {stat} {unit}", (key, stat), scale) for label, key, unit, scale in LATENCY_ROWS
-               for stat in ("mean", "std", *map(percentile_name, percentiles))]
-    fixed = [m for m in METRICS if not isinstance(m[1], tuple)]
-    return fixed[:4] + latency + fixed[4:]
+    chosen = ("mean", "std", *map(percentile_name, percentiles)) if percentiles is not None else None
+    latency = [(f"{label} {stat} {unit}", (key, stat), scale) for label, key, unit, scale, default in LATENCY_ROWS
+               for stat in chosen or default]
+    return METRICS[:4] + latency + METRICS[4:]
 
 
 def _metric(report: Any, key: Any) -> Any:
@@ -254,9 +243,8 @@ def _metric(report: Any, key: Any) -> Any:
 
 
 def metric_rows(reports: dict[str, Any], percentiles: tuple[float, ...] | None = None) -> list[dict]:
-    """One row per metric, one column per run (a vertical table reads best for a few runs); a figure a run's
-    log does not hold (KV blocks in use without a ``kv_used`` column, preemptions of an old log) is "n/a",
-    one that does not apply (a speed-up without a baseline) "-"."""
+    """One row per metric, one column per run; a figure a run's log does not hold (KV blocks in use, preemptions
+    of an old log) is "n/a", one that does not apply (a speed-up without a baseline) "-"."""
     rows = []
     for label, key, scale in _metrics(percentiles):
         values = {name: _metric(report, key) for name, report in reports.items()}
@@ -273,7 +261,7 @@ def metric_rows(reports: dict[str, Any], percentiles: tuple[float, ...] | None =
 def csv_row(name: str, report: Any, percentiles: tuple[float, ...] | None) -> dict:
     """A run's CSV row: the report's flat row, the chosen latency percentiles, and the profile used."""
     row = {"run": name, **report.row()}
-    for label, key, unit, scale in LATENCY_ROWS if percentiles else ():
+    for label, key, unit, scale, _ in LATENCY_ROWS if percentiles else ():
         dist = getattr(report, key)
         row[f"{label} mean {unit}"], row[f"{label} std {unit}"] = dist.mean * scale, dist.std * scale
         row.update({f"{label} {q} {unit}": v * scale for q, v in dist.percentiles.items()})
@@ -337,9 +325,8 @@ def rate_sweep(
     from cdbsim.planner.study import rate_sweep as sweep
     from cdbsim.report.plots import plot_rate_sweep
 
-    if exp.workload.trace is not None:
-        raise ConfigError("rate-sweep draws Poisson arrivals for a workload preset; it cannot sweep the trace "
-                          f"file {exp.workload.trace} (unset workload.trace)")
+    require(exp.workload.trace is None, "rate-sweep draws Poisson arrivals for a workload preset; it cannot sweep "
+            f"the trace file {exp.workload.trace} (unset workload.trace)")
     plot = check_file(plot / "rate-sweep.png" if plot.is_dir() else plot, "--plot", (".png",))
     rate_list = None
     if rates is not None:

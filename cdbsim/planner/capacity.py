@@ -18,7 +18,7 @@ import numpy as np
 from cdbsim.errors import ConfigError, require
 from cdbsim.planner.experiment import Experiment
 from cdbsim.report.logs import RunLog
-from cdbsim.report.metrics import Report
+from cdbsim.report.metrics import Report, latency_samples
 from cdbsim.serving.config import Policy
 
 BRACKET = 64.0           # the search starts between R / BRACKET and R (R: offline throughput)
@@ -80,15 +80,11 @@ class Check:
 
     @classmethod
     def of(cls, rate: float | None, log: RunLog, report: Report, slo: SLO) -> Check:
-        reqs = log.requests
-        arrival = reqs["arrival"].to_numpy(float)
-        first = reqs["first_token"].to_numpy(float)
-        finish = reqs["finish"].to_numpy(float)
-        out = reqs["output_len"].to_numpy(float)
-        measured = {"TTFT": first - arrival,
-                    "TPOT": np.where(out > 1, (finish - first) / np.maximum(out - 1, 1), 0.0),
-                    "normalized latency": (finish - arrival) / out}
-        good = np.ones(len(reqs), dtype=bool)
+        samples = latency_samples(log)
+        one_token = log.requests["output_len"].to_numpy(float) <= 1  # no TPOT: meets any limit
+        measured = {"TTFT": samples["ttft_s"], "TPOT": np.where(one_token, 0.0, samples["tpot_s"]),
+                    "normalized latency": samples["normalized_s"]}
+        good = np.ones(len(log.requests), dtype=bool)
         shares = {}
         for name, limit in slo.limits().items():
             meets = measured[name] <= limit

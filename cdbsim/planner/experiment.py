@@ -1,10 +1,7 @@
 """One experiment, declared once: the model, how it is served, what it serves, how its tokens exit and which latency
-model prices the launches.
-
-Every setting is a field of a section dataclass declared with :func:`~cdbsim.planner.options.option` (as
+model prices the launches. Every setting is a section dataclass field declared with :func:`~.options.option` (as
 microsoft/vidur declares its configs); from these come every command's options, the experiment TOML file's
-``[section]`` tables and the ``--set section.field=value`` keys. :meth:`Experiment.build` resolves an experiment into
-what a simulated run needs.
+``[section]`` tables and the ``--set section.field=value`` keys.
 """
 
 from __future__ import annotations
@@ -18,17 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from cdbsim.errors import ConfigError, read_text, require
 from cdbsim.model.arch import ArchSpec, KVLayout, head_dim_explicit, load_arch
-from cdbsim.planner.options import (
-    Section,
-    Setting,
-    option,
-    parse_value,
-    plain,
-    section_hints,
-    toml_value,
-    unwrap_optional,
-    where,
-)
+from cdbsim.planner.options import Section, Setting, option, parse_value, section_hints, toml_value, where
 from cdbsim.serving.config import CoreLaunch, Policy, ServeConfig, Timing
 from cdbsim.serving.memory import KVCapacity
 from cdbsim.simulator.workload import Arrival, WorkloadSpec, default_mean_depth
@@ -40,8 +27,8 @@ else:  # pragma: no cover - the tomli backport has the same API
     import tomli as tomllib
 
 __all__ = ["MAX_PREFILL_BUDGET", "MAX_WIDTH", "SECTIONS", "ArchSection", "BuiltExperiment", "ExitsSection",
-           "Experiment", "LatencySection", "ServeSection", "Setting", "WorkloadSection", "parse_value", "plain",
-           "read_toml", "settings", "unwrap_optional"]
+           "Experiment", "LatencySection", "ServeSection", "Setting", "WorkloadSection", "parse_value", "read_toml",
+           "settings"]
 
 if TYPE_CHECKING:
     from cdbsim.latency.devices import DeviceSpec
@@ -61,8 +48,7 @@ class ArchSection(Section):
                        "--arch")
     split: str | None = option(None, "Re-split the layers as prelude-core-coda, e.g. 1-4-1.")
     r_max: int | None = option(None, "Maximum loops per token (default: the model's; 16 for a Huginn config).")
-    r_min: int | None = option(None, "Minimum exit depth of the model (default 1; the lookahead gate raises it "
-                                     "to 2).")
+    r_min: int | None = option(None, "Minimum exit depth of the model (default 1; the lookahead gate raises it to 2).")
     hf_config: Path | None = option(None, "A Hugging Face config.json of an Ouro (model_type ouro) or Huginn "
                                           "(huginn_raven) checkpoint, instead of --arch.")
     hidden: int | None = option(None, "Hidden size (overrides the model's).")
@@ -119,7 +105,7 @@ class ArchSection(Section):
             return load_arch(self.name)
         from cdbsim.model.hf_config import arch_from_hf_config
 
-        require(self.name == _default(ArchSection, "name"),
+        require(self.name == ArchSection.name,
                 f"give a preset or architecture file (arch.name = {self.name!r}) or a Hugging Face config "
                 f"(arch.hf_config), not both")
         return arch_from_hf_config(self.hf_config)
@@ -159,7 +145,6 @@ class ServeSection(Section):
 
     def kv_capacity(self) -> KVCapacity:
         """The KV cache size given (tokens or blocks), else what the device memory leaves after weights."""
-
         return KVCapacity(tokens=self.kv_tokens, blocks=self.kv_blocks)
 
 
@@ -195,8 +180,7 @@ class ExitsSection(Section):
 
     model: str = option("synthetic", "Exit model: none, fixed, synthetic, or paper (with --q).", "--exits")
     depth: int | None = option(None, "Depth for --exits fixed.")
-    mean_depth: float | None = option(None, "Mean requested depth of the synthetic model (default: "
-                                            "(r_max + 1) / 2).")
+    mean_depth: float | None = option(None, "Mean requested depth of the synthetic model (default: (r_max + 1) / 2).")
     dispersion: float = option(0.3, "Synthetic depth dispersion in [0, 1).")
     correlation: float = option(0.5, "Token-to-token depth correlation.")
     q: float | None = option(None, "Exit threshold of --exits paper: Ouro 0.2, 0.4, 0.5, 0.7, 1.0; Huginn 0.28, "
@@ -265,7 +249,7 @@ class LatencySection(Section):
         from cdbsim.latency.devices import device_preset
 
         device = device_preset(self.device)
-        overrides = {}
+        overrides, given = {}, []
         for key, (device_field, scale) in self.DEVICE.items():
             value = getattr(self, key)
             if value is not None:
@@ -274,20 +258,14 @@ class LatencySection(Section):
                         f"latency.{key} must be {'>= 0' if zero_ok else f'>= {WHAT_IF_MIN:g}'} and finite, "
                         f"got {value:g}")
                 overrides[device_field] = value * scale
+                given.append(f"{key} {value:g}")
         if not overrides:
             return device
-        return replace(device, name=f"{device.name}, what-if {', '.join(self._given())}", **overrides)
-
-    def _given(self) -> list[str]:
-        return [f"{key} {getattr(self, key):g}" for key in self.DEVICE if getattr(self, key) is not None]
+        return replace(device, name=f"{device.name}, what-if {', '.join(given)}", **overrides)
 
 
 SECTIONS: dict[str, type[Section]] = {"arch": ArchSection, "serve": ServeSection, "workload": WorkloadSection,
                                       "exits": ExitsSection, "latency": LatencySection}
-
-
-def _default(cls: type, name: str) -> Any:
-    return cls.__dataclass_fields__[name].default
 
 
 def settings() -> list[Setting]:
@@ -339,11 +317,9 @@ class Experiment:
         updates = {}
         for name, values in data.items():
             if name not in SECTIONS:
-                raise ConfigError(f"{where(source)}unknown section [{name}]; valid sections: "
-                                  f"{', '.join(SECTIONS)}")
+                raise ConfigError(f"{where(source)}unknown section [{name}]; valid sections: {', '.join(SECTIONS)}")
             if not isinstance(values, Mapping):
-                raise ConfigError(f"{where(source)}{name} must be a table of settings ([{name}]), "
-                                  f"got {values!r}")
+                raise ConfigError(f"{where(source)}{name} must be a table of settings ([{name}]), got {values!r}")
             updates[name] = getattr(self, name).updated(values, name, source)
         return replace(self, **updates)
 
@@ -358,6 +334,11 @@ class Experiment:
                 raise ConfigError(f"{where(source)}expected section.field=value, got {key!r}")
             nested.setdefault(section, {})[name] = value
         return self.merge(nested, source)
+
+    def get(self, key: str) -> Any:
+        """The value of the field ``section.field``."""
+        section, _, name = key.partition(".")
+        return getattr(getattr(self, section), name)
 
     def refuse_unused(self, given: Iterable[str]) -> None:
         """Refuse set fields (``given``: ``section.field`` keys) this experiment would not use: with a trace, the
@@ -375,8 +356,7 @@ class Experiment:
     @staticmethod
     def _split(assignment: str) -> tuple[str, str]:
         key, eq, value = assignment.partition("=")
-        if not eq:
-            raise ConfigError(f"--set: expected section.field=value, got {assignment!r}")
+        require(bool(eq), f"--set: expected section.field=value, got {assignment!r}")
         return key.strip(), value
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

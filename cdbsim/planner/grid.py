@@ -22,9 +22,7 @@ Assignment = tuple[str, Any]
 
 def _checked(key: str, value: Any, source: str) -> Any:
     """``value`` parsed to the type of field ``key``; errors name ``source``."""
-    section, _, name = key.partition(".")
-    exp = Experiment().override({key: value}, source=source)
-    return getattr(getattr(exp, section), name)
+    return Experiment().override({key: value}, source=source).get(key)
 
 
 def flat_table(table: Mapping[str, Any], source: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import logging
 import multiprocessing
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -19,12 +19,11 @@ from typing import Any, Generic, Protocol, TypeVar
 from cdbsim.errors import ConfigError, require
 
 DASK_CONNECT_TIMEOUT_S = 3
-DASK_INSTALL = "pip install 'cdbsim[dask]'"
 T = TypeVar("T")
 
 
 class Handle(Protocol):
-    """A submitted task: a :class:`concurrent.futures.Future`, a Dask future, or a deferred call."""
+    """A submitted task: a :class:`concurrent.futures.Future` or a Dask future."""
 
     def result(self) -> Any: ...
 
@@ -41,29 +40,18 @@ class Runner(Protocol):
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> Handle: ...
 
 
-class _Deferred:
-    """A task run in this process when its result is asked for."""
-
-    def __init__(self, fn: Callable[[Any], Any], arg: Any) -> None:
-        self.fn, self.arg = fn, arg
-
-    def result(self) -> Any:
-        return self.fn(self.arg)
-
-    def done(self) -> bool:
-        return False
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        return None
-
-
 class InProcess:
-    """No parallelism: each task runs when its result is needed."""
+    """No parallelism: each task runs as it is submitted."""
 
     slots = 1
 
     def submit(self, fn: Callable[[Any], Any], arg: Any) -> Handle:
-        return _Deferred(fn, arg)
+        future: Future = Future()
+        try:
+            future.set_result(fn(arg))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
 
 
 class Processes:
@@ -89,11 +77,10 @@ class Dask:
             import dask
             from distributed import Client, LocalCluster
         except ImportError:
-            raise ConfigError(f"--dask needs the dask extra: {DASK_INSTALL}") from None
+            raise ConfigError("--dask needs the dask extra: pip install 'cdbsim[dask]'") from None
         self.cluster = None
         if address == "local":
-            # the workers' statistical profiler samples every task's stack 100 times a second: not wanted for
-            # pure-Python simulations on a small machine
+            # no statistical profiler: it samples every task's stack 100 times a second
             with dask.config.set({"distributed.worker.profile.enabled": False}):
                 self.cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
                                             dashboard_address=None, silence_logs=logging.ERROR)

@@ -64,9 +64,8 @@ def profiles_fingerprint() -> str:
     """A hash of the profiles that profile names resolve from (:func:`cdbsim.latency.shipped.profile_dir`)."""
     from cdbsim.latency.shipped import profile_dir
 
-    paths = sorted(profile_dir().glob("*.json"))
     digest = hashlib.sha256()
-    for path in paths:
+    for path in sorted(profile_dir().glob("*.json")):
         digest.update(path.name.encode() + b"\0" + _file_digest(path).encode())
     return digest.hexdigest()
 

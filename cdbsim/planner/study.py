@@ -24,10 +24,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-Progress = ProgressFactory
-"""A factory: given a run's label and its number of requests, a callback advanced per finished request."""
-
-
 @dataclass
 class RunResult:
     log: RunLog
@@ -35,7 +31,7 @@ class RunResult:
 
 
 def run_one(arch: ArchSpec, config: ServeConfig, requests: Sequence[Request], latency: LatencyModel,
-            kv: KVCapacity, progress: Progress | None = None, label: str = "") -> RunResult:
+            kv: KVCapacity, progress: ProgressFactory | None = None, label: str = "") -> RunResult:
     """Simulate one configuration and summarise it."""
     blocks = kv.blocks_for(arch, config, latency)
     callback = progress(label or config.describe(), len(requests)) if progress else None
@@ -45,7 +41,7 @@ def run_one(arch: ArchSpec, config: ServeConfig, requests: Sequence[Request], la
 
 
 def with_baseline(arch: ArchSpec, config: ServeConfig, requests: Sequence[Request], latency: LatencyModel,
-                  kv: KVCapacity, progress: Progress | None = None) -> tuple[RunResult, RunResult | None]:
+                  kv: KVCapacity, progress: ProgressFactory | None = None) -> tuple[RunResult, RunResult | None]:
     """The configuration and, unless it is CB itself, a CB run of the same requests to compare with."""
     result = run_one(arch, config, requests, latency, kv, progress)
     if config.policy is Policy.CB:
@@ -56,7 +52,7 @@ def with_baseline(arch: ArchSpec, config: ServeConfig, requests: Sequence[Reques
 
 
 def compare_policies(arch: ArchSpec, config: ServeConfig, requests: Sequence[Request], latency: LatencyModel,
-                     kv: KVCapacity, progress: Progress | None = None) -> list[RunResult]:
+                     kv: KVCapacity, progress: ProgressFactory | None = None) -> list[RunResult]:
     """CB, no-refill, refill and adaptive on the same requests; the CDB rows carry speed-up and % of S_e2e."""
     results = [run_one(arch, replace(config, policy=p), requests, latency, kv, progress)
                for p in (Policy.CB, Policy.NOREFILL, Policy.REFILL, Policy.ADAPTIVE)]
@@ -76,7 +72,7 @@ class SweepPoint:
 def rate_sweep(arch: ArchSpec, config: ServeConfig, make_requests: Callable[[float], list[Request]],
                rates: Sequence[float], latency: LatencyModel, kv: KVCapacity,
                policies: Sequence[Policy] = (Policy.CB, Policy.NOREFILL, Policy.REFILL),
-               progress: Progress | None = None) -> list[SweepPoint]:
+               progress: ProgressFactory | None = None) -> list[SweepPoint]:
     """Each policy at each Poisson rate (the same arrivals for every policy at a rate)."""
     points = []
     for rate in rates:
@@ -122,7 +118,7 @@ class Prediction:
 
 
 def predict(experiment: Experiment | BuiltExperiment, baseline: bool = False,
-            progress: Progress | None = None) -> Prediction:
+            progress: ProgressFactory | None = None) -> Prediction:
     """Simulate ``experiment``; with ``baseline``, also CB on the same requests (speed-up and S_e2e share)."""
     setup = experiment.build() if isinstance(experiment, Experiment) else experiment
     args = (setup.arch, setup.config, setup.requests, setup.latency, setup.kv, progress)

@@ -7,25 +7,23 @@ grid order, bit for bit the same. A point that cannot run is a row with status `
 
 from __future__ import annotations
 
+import math
+import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import lru_cache
+from contextlib import closing, nullcontext
+from dataclasses import dataclass, field, fields, is_dataclass
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdbsim.errors import ConfigError
-from cdbsim.planner.experiment import (
-    ArchSection,
-    BuiltExperiment,
-    Experiment,
-    LatencySection,
-    plain,
-    settings,
-    unwrap_optional,
-)
+from cdbsim.errors import ConfigError, require
+from cdbsim.planner.experiment import ArchSection, BuiltExperiment, Experiment, LatencySection, settings
 from cdbsim.planner.grid import Grid
+from cdbsim.planner.options import plain, unwrap_optional
 from cdbsim.planner.parallel import Job, in_order, runner
 from cdbsim.planner.point_cache import PointCache, point_key
+from cdbsim.report.metrics import Distribution, Report
+from cdbsim.serving.launch import STAGES
 from traces.choice import Choice
 
 if TYPE_CHECKING:
@@ -33,17 +31,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from cdbsim.latency.model import LatencyModel
-    from cdbsim.report.metrics import Report
-import math
-import typing
-from dataclasses import fields, is_dataclass
-from functools import cache
 
-from cdbsim.report.metrics import Distribution, Report
-from cdbsim.serving.launch import STAGES
-
-SweepProgress = Callable[[int, int], None]
-"""Called with (points done, points in all) as each row is ready."""
+SweepProgress = Callable[[int, int], None]  # called with (points done, points in all) as each row is ready
 
 
 class Status(Choice):
@@ -53,10 +42,9 @@ class Status(Choice):
     SKIPPED = "skipped"
 
 
+# columns every row has before its metrics; layers_per_token = prelude + d-bar x core + coda (comparable across models)
 DESCRIPTION: dict[str, type] = {"status": str, "reason": str, "arch": str, "split": str, "r_max": int,
                                 "params": int, "layers_per_token": float, "profile": str}
-"""Columns every row has before its metrics: whether it ran, the model and profile it resolved to, and the
-layers a token passes through on average (prelude + d-bar x core + coda: depth comparable across models)."""
 
 
 def describe(setup: BuiltExperiment, report: Report) -> dict[str, Any]:
@@ -112,14 +100,8 @@ def arrow_type(hint: Any) -> pa.DataType:
     """The Arrow type of a column holding values of ``hint`` (a field's or a metric's)."""
     import pyarrow as pa
 
-    base, _ = unwrap_optional(hint)
-    if base is bool:
-        return pa.bool_()
-    if base is int:
-        return pa.int64()
-    if base is float:
-        return pa.float64()
-    return pa.string()  # text, paths and enums are written as text
+    types = {bool: pa.bool_(), int: pa.int64(), float: pa.float64()}
+    return types.get(unwrap_optional(hint)[0], pa.string())  # text, paths and enums are written as text
 
 
 @dataclass
@@ -172,25 +154,21 @@ class SweepPlan:
              progress: SweepProgress | None = None) -> Iterator[dict[str, Any]]:
         """One row per point in grid order, run on ``jobs`` processes or Dask, read from and written to ``cache``."""
         self.counts = counts = SweepCounts()
-        total, done, ran, first_reason = len(self), 0, 0, ""
+        ran, first_reason = 0, ""
+        store = None if cache is None else lambda tag, row: cache.put(point_key(tag[1], self.baseline), row)
         with runner(jobs, dask) as run:
-            results = in_order(self._jobs(cache), run_point, run, self._store(cache))
-            for (index, exp), result in results:
-                row = {"point": index, **{key: plain(value) for key, value in self._values(exp).items()},
-                       **result}
+            for (index, exp), result in in_order(self._jobs(cache), run_point, run, store):
+                row = {"point": index, **{key: plain(exp.get(key)) for key in self.fields}, **result}
                 if row["status"] == Status.OK.value:
                     ran += 1
                 else:
                     counts.skipped += 1
                     first_reason = first_reason or row["reason"]
-                done += 1
                 if progress is not None:
-                    progress(done, total)
+                    progress(ran + counts.skipped, len(self))
                 yield row
-        if not ran:
-            raise ConfigError(f"no point of the grid could run; the first: {first_reason}")
+        require(ran > 0, f"no point of the grid could run; the first: {first_reason}")
 
-    # ----- helpers of rows() -------------------------------------------------------------------------
     def _jobs(self, cache: PointCache | None) -> Iterator[Job]:
         for index, exp in enumerate(self.grid.experiments(self.base)):
             tag = (index, exp)
@@ -205,19 +183,6 @@ class SweepPlan:
                 self.counts.simulated += 1
                 yield Job(tag, arg=PointTask(exp, self.baseline), ready=False)
 
-    def _store(self, cache: PointCache | None) -> Callable[[tuple[int, Experiment], dict], None] | None:
-        if cache is None:
-            return None
-        return lambda tag, row: cache.put(point_key(tag[1], self.baseline), row)
-
-    def _values(self, exp: Experiment) -> dict[str, Any]:
-        """The point's value of each swept field (a field a point leaves out keeps the base's value)."""
-        out = {}
-        for key in self.fields:
-            section, _, name = key.partition(".")
-            out[key] = getattr(getattr(exp, section), name)
-        return out
-
 
 def to_frame(rows: Sequence[Mapping[str, Any]], plan: SweepPlan) -> pd.DataFrame:
     """Rows as a DataFrame with the sweep's column types (as the Parquet file reads back)."""
@@ -230,12 +195,10 @@ def sweep(experiment: Experiment, grid: Mapping[str, Sequence[Any]] | None = Non
           points: Sequence[Mapping[str, Any]] | None = None, *, baseline: bool = False, jobs: int = 1,
           dask: str | None = None, cache: str | Path | None = None, out: str | Path | None = None,
           progress: SweepProgress | None = None) -> pd.DataFrame:
-    """Simulate ``experiment`` at every combination of ``grid`` applied to each of ``points``; one row per point with
-    its swept fields, ``status``, ``reason``, model, profile and every report metric.
-
-    ``jobs`` > 1 runs in local processes, ``dask`` on a Dask cluster; ``cache`` (SQLite) keeps results by content;
-    ``out`` writes Parquet; ``baseline`` also runs CB (speed-up and S_e2e columns).
-    """
+    """Simulate ``experiment`` at every combination of ``grid`` applied to each of ``points``: one row per point with
+    its swept fields, ``status``, ``reason``, model, profile and every report metric. ``jobs`` > 1 runs in local
+    processes, ``dask`` on a Dask cluster; ``cache`` (SQLite) keeps results by content; ``out`` writes Parquet;
+    ``baseline`` also runs CB (speed-up and S_e2e columns)."""
     plan = SweepPlan.make(experiment, Grid.of(grid, points), baseline)
     rows: list[dict[str, Any]] = []
     run_sweep(plan, jobs=jobs, dask=dask, cache=cache, parquet=out, progress=progress, each=rows.append)
@@ -246,22 +209,17 @@ def run_sweep(plan: SweepPlan, *, jobs: int = 1, dask: str | None = None, cache:
               parquet: str | Path | None = None, csv: str | Path | None = None,
               progress: SweepProgress | None = None, each: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Run ``plan``'s points and hand each row, in order, to the Parquet and CSV files, the cache and ``each``."""
-    from cdbsim.report.outputs import RowWriter
+    from cdbsim.report.outputs import row_writer
 
-    store = PointCache(cache) if cache is not None else None
-    try:
-        with RowWriter(plan.schema(), parquet=parquet, csv=csv) as writer:
-            for row in plan.rows(jobs, dask, store, progress):
-                writer.add(row)
-                if each is not None:
-                    each(row)
-    finally:
-        if store is not None:
-            store.close()
+    with (closing(PointCache(cache)) if cache is not None else nullcontext() as store,
+          row_writer(plan.schema(), parquet=parquet, csv=csv) as add):
+        for row in plan.rows(jobs, dask, store, progress):
+            add(row)
+            if each is not None:
+                each(row)
 
 
-META_COLUMNS: dict[str, type] = {"kv_tokens": int}  # facts of the run's log worth a column
-"""Columns taken from the report's ``meta`` (the run's log), with their types."""
+META_COLUMNS: dict[str, type] = {"kv_tokens": int}  # columns taken from the report's meta (the run's log)
 
 
 @cache

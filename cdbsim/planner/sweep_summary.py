@@ -17,7 +17,7 @@ from cdbsim.planner.experiment import settings
 from cdbsim.planner.options import unwrap_optional
 from cdbsim.planner.sweep import Status
 from cdbsim.report.outputs import atomic_file
-from cdbsim.report.plots import plt
+from cdbsim.report.plots import plt, save_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -101,13 +101,10 @@ class SweepSummary:
         self.ranges: dict[str, dict[Any, FieldRange]] = {key: {} for key in self.fields}
         self.scatter = {o.column: array("d") for o in (THROUGHPUT, TPOT, DEPTH)}
         self.codes = {key: array("b") for key in self.fields}  # a colour per point and field (-1: too many)
-        self.ok = self.skipped = 0
 
     def add(self, row: Mapping[str, Any]) -> None:
         if row["status"] != Status.OK.value:
-            self.skipped += 1
             return
-        self.ok += 1
         label = point_label(row, self.fields)
         for objective in OBJECTIVES:
             value = objective.value(row)
@@ -160,20 +157,14 @@ def summary_paths(stem: str | Path) -> tuple[Path, Path]:
 
 def is_numeric(key: str) -> bool:
     """True if a swept field holds numbers (an axis of values), not names (an axis of categories)."""
-    hints = {s.key: s.hint for s in settings()}
-    base, _ = unwrap_optional(hints[key])
-    return base in (int, float)
-
+    hint = next(s.hint for s in settings() if s.key == key)
+    return unwrap_optional(hint)[0] in (int, float)
 
 
 def _save(fig: Figure, path: Path, title: str) -> None:
     fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    try:
-        with atomic_file(path) as staging:
-            fig.savefig(staging, dpi=110, format="png")
-    finally:
-        plt.close(fig)
+    with atomic_file(path) as staging:
+        save_figure(fig, staging, dpi=110)
 
 
 def plot_fronts(summary: SweepSummary, path: Path, title: str) -> None:

@@ -1,19 +1,15 @@
 """The launch log and the per-request log: one schema, whichever clock (simulated or GPU) filled them.
 
-Both drivers call :meth:`RunRecorder.record` once per launch with its device start and end time (seconds
-from the start of the run) and the host time spent planning it; the recorder derives which tokens each
-launch produced and when. :class:`RunLog` is what the report, the plots and ``cdbsim validate`` read.
+Both drivers call :meth:`RunRecorder.record` once per launch with its device start and end (seconds from the start
+of the run) and the host time spent planning it. :class:`RunLog` is what the report, the plots and ``cdbsim
+validate`` read; :meth:`RunLog.save` writes it as Parquet or CSV, with ``meta.json`` and a Trace Event timeline.
 
 Launch log columns: ``index, stage, size, padded, items, context, longest, kv_copies, start, end, host_s,
 step_mix`` (``"0:12 1:30"``, core launches), ``exits``, ``tokens`` (tokens produced),
-``queue_waiting, queue_core, queue_coda, active``, ``kv_used`` (KV blocks held when the launch was planned;
-0 in logs written before the column existed).
+``queue_waiting, queue_core, queue_coda, active``, ``kv_used`` (KV blocks held when the launch was planned).
 
 Request log columns: ``request_id, prompt_len, output_len, arrival, scheduled`` (first prefill launch
 start), ``first_token, finish``, and ``token_times`` (the time each output token was produced).
-
-:meth:`RunLog.save` writes both as Parquet (or CSV), with ``meta.json`` and a Trace Event timeline
-(:mod:`cdbsim.report.perfetto`); :meth:`RunLog.load` reads either format.
 """
 
 from __future__ import annotations
@@ -59,9 +55,8 @@ class LogFormat(Choice):
 LAUNCH_COLUMNS = ("index", "stage", "size", "padded", "items", "context", "longest", "kv_copies", "start", "end",
                   "host_s", "step_mix", "exits", "tokens", "queue_waiting", "queue_core", "queue_coda",
                   "active", "kv_used")
-# what RunRecorder keeps of each launch: one packed row of whole numbers (the stage as its index in STAGES,
-# and how many loop steps the launch lists) and times
-# (int32 but for the context, a sum over a launch's items; the columns are int64)
+# RunRecorder's packed row per launch: int32 counts (int64 context: a sum over items; the stage as its index in
+# STAGES; steps: how many loop steps the launch lists) and float64 times
 _ROW = np.dtype([(name, "<i8" if name == "context" else "<i4")
                  for name in ("index", "stage", "size", "padded", "items", "context", "longest", "kv_copies", "exits",
                               "tokens", "queue_waiting", "queue_core", "queue_coda", "active", "kv_used", "steps")]
@@ -89,14 +84,9 @@ def run_meta(scheduler: Scheduler, **extra: object) -> dict:
 
 
 class RunRecorder:
-    """Collects launch rows and token times during a run (a hot path: each launch packs one row of fixed
-    width into a preallocated buffer, the way a column store would; the tables are built once, in
-    :meth:`finish`).
-
-    Which requests produced a token is kept in launch order; a request's tokens come out of its launches
-    in that order, so its token times are the ends of those launches, read back by a stable sort by
-    request a few launches at a time (:func:`_token_times`). Loop steps are kept laid end to end and become
-    the step-mix strings buffer by buffer."""
+    """Collects launch rows and token times during a run (a hot path: each launch packs one fixed-width row into a
+    preallocated buffer; the tables are built once, in :meth:`finish`). The request of each token produced is kept
+    in launch order, and loop steps laid end to end (step-mix strings are made buffer by buffer)."""
 
     def __init__(self, requests: list[Request], keep_step_mix: bool = True, chunk_rows: int = _CHUNK_ROWS) -> None:
         self.requests = requests
@@ -143,8 +133,7 @@ class RunRecorder:
         self._offset += _PACK.size
 
     def _next_chunk(self) -> None:
-        """The buffer is full: keep it, start another, turn the pending tokens into an array and the pending
-        loop steps into the step mixes of the buffer's launches."""
+        """Keep the full buffer, start another, and pack its pending tokens and step mixes."""
         full = self._buffer
         self._chunks.append(full)
         self._buffer = _row_buffer(self.chunk_rows)
@@ -160,8 +149,7 @@ class RunRecorder:
         return _step_mixes(np.array(self._steps, dtype=np.int16), counts)
 
     def finish(self, meta: dict | None = None) -> RunLog:
-        # column by column straight from the packed buffers, each let go once copied: a run of a million
-        # launches holds its rows once as columns and one buffer more
+        # column by column from the packed buffers, each let go once copied: the rows are held once, plus a buffer
         chunks: list = [*self._chunks, self._buffer[:self._offset]]
         self._chunks, self._buffer, self._offset = [], _row_buffer(0), 0
         rows = sum(len(chunk) for chunk in chunks) // _PACK.size
@@ -187,16 +175,9 @@ class RunRecorder:
         producers = [*self._done_producers, np.array(self._producers, dtype=np.int32)]
         self._done_producers, self._producers, self._done_mixes, self._steps = [], [], [], []
         times_of, first, last = _token_times(producers, ends, tokens, len(self.requests), self.chunk_rows)
-        reqs = self.requests
-        requests = pd.DataFrame({
-            "request_id": [r.request_id for r in reqs],
-            "prompt_len": [r.prompt_len for r in reqs],
-            "output_len": [r.output_len for r in reqs],
-            "arrival": [r.arrival for r in reqs],
-            "scheduled": self._scheduled,
-            "first_token": first,
-            "finish": last,
-        })
+        requests = pd.DataFrame({**{key: [getattr(r, key) for r in self.requests]
+                                    for key in ("request_id", "prompt_len", "output_len", "arrival")},
+                                 "scheduled": self._scheduled, "first_token": first, "finish": last})
         return RunLog(launches=launches, requests=requests, token_times=times_of, meta=dict(meta or {}))
 
 
@@ -210,11 +191,8 @@ def _token_times(parts: list[np.ndarray], launch_ends: np.ndarray, tokens: np.nd
                  part_rows: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """Each request's token times (views of one array), its first and its last (NaN without tokens), from
     the request of every token produced, in launch order, in ``parts`` of ``part_rows`` launches each
-    (emptied here), and each launch's end and tokens produced.
-
-    A few launches at a time (about :data:`_PIECE_TOKENS` tokens), each token goes to the next free place of its
-    request's run (:func:`_place`): the only array as long as the run's tokens is the token times themselves
-    (sorting all the tokens at once held five more of that length), and what is made per token stays small."""
+    (emptied here), and each launch's end and tokens produced. Tokens are placed a few launches at a time
+    (:func:`_place`), so the token times are the only array as long as the run's tokens."""
     counts = np.zeros(n, dtype=np.int64)
     for part in parts:
         counts += np.bincount(part, minlength=n)
@@ -268,9 +246,8 @@ def _stable_order(keys: np.ndarray) -> np.ndarray:
 
 
 def _step_mixes(steps: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Per launch, ``"0:12 1:30"`` (how many items sat at each 0-based loop step), from the launches' loop
-    steps laid end to end (``counts`` per launch); "" for launches without steps. Each distinct mix is
-    written once."""
+    """Per launch, ``"0:12 1:30"`` (how many items sat at each 0-based loop step), from the launches' loop steps
+    laid end to end (``counts`` per launch); "" for launches without steps. Each distinct mix is written once."""
     out = np.full(len(counts), "", dtype=object)
     listed = np.flatnonzero(counts)
     if not len(listed):
@@ -307,11 +284,8 @@ class RunLog:
     meta: dict = field(default_factory=dict)
 
     def save(self, directory: str | Path, fmt: LogFormat | str = LogFormat.PARQUET) -> Path:
-        """Write ``launches`` and ``requests`` (Parquet, or CSV with token times space-separated),
-        ``meta.json`` and ``trace.json.gz`` (the run as a Trace Event timeline, :mod:`cdbsim.report.perfetto`).
-
-        The directory is filled under a temporary name and renamed into place when complete, so a
-        failure leaves no half-written logs (:func:`cdbsim.report.outputs.atomic_dir`)."""
+        """Write ``launches`` and ``requests`` (Parquet, or CSV with token times space-separated), ``meta.json``
+        and ``trace.json.gz`` (:mod:`cdbsim.report.perfetto`), all or nothing (:func:`.outputs.atomic_dir`)."""
         from cdbsim.report.outputs import atomic_dir
         from cdbsim.report.perfetto import write_timeline
 
@@ -338,9 +312,8 @@ class RunLog:
 
     @classmethod
     def load(cls, directory: str | Path) -> RunLog:
-        """Read a run saved by :meth:`save`, as Parquet or CSV (older CSV logs included). A file that is
-        missing, unreadable or short of a column is a one-line error naming it (a log copied by hand or cut
-        short is refused here, not met as a traceback inside the comparison)."""
+        """Read a run saved by :meth:`save`, as Parquet or CSV (older CSV logs included); a file missing,
+        unreadable or short of a column is a one-line error naming it."""
         src = Path(directory)
         fmt = LogFormat.PARQUET if (src / "launches.parquet").is_file() else LogFormat.CSV
         launches = _read_log_table(src / f"launches{fmt.suffix}", SAVED_LAUNCH_COLUMNS, {"step_mix": str})

@@ -167,11 +167,10 @@ class Report:
             "TTFT p50 s": self.ttft_s.p50, "TPOT p50 ms": self.tpot_s.p50 * 1e3,
             "norm lat p50 ms": self.normalized_s.p50 * 1e3, "norm lat p99 ms": self.normalized_s.p99 * 1e3,
             "idle %": 100 * self.device_idle, "prefill %": 100 * self.prefill_share,
-            "d-bar": self.mean_depth, "S_dec": self.s_dec,
+            "d-bar": self.mean_depth, "S_dec": self.s_dec, "input tokens": self.input_tokens,
+            "sched delay p50 s": self.scheduling_s.p50, "preemptions": self.preemptions,
+            "KV blocks mean": self.kv_blocks_mean, "KV blocks peak": self.kv_blocks_peak,
         }
-        row.update({"input tokens": self.input_tokens, "sched delay p50 s": self.scheduling_s.p50,
-                    "preemptions": self.preemptions, "KV blocks mean": self.kv_blocks_mean,
-                    "KV blocks peak": self.kv_blocks_peak})
         for stage in ("core", "coda", "decode"):
             if stage in self.mean_batch:
                 row[f"B {stage}"] = self.mean_batch[stage]

@@ -7,10 +7,9 @@ import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from cdbsim.errors import ConfigError, require
@@ -101,65 +100,46 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
 BATCH_ROWS = 128
 
 
-class RowWriter:
-    """Writes rows of ``schema`` to a Parquet file and/or a CSV file (either may be None)."""
+@contextmanager
+def row_writer(schema: pa.Schema, parquet: str | Path | None = None,
+               csv: str | Path | None = None) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """Yield ``add(row)`` for rows of ``schema``, written to a Parquet and/or a CSV file (either may be None):
+    moved into place when the block ends, removed if it fails."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
 
-    def __init__(self, schema: pa.Schema, parquet: str | Path | None = None, csv: str | Path | None = None) -> None:
-        import pyarrow.csv as pcsv
-        import pyarrow.parquet as pq
+    kinds = [(parquet, "--out", ".parquet", pq.ParquetWriter), (csv, "--csv", ".csv", pcsv.CSVWriter)]
+    chosen = [(check_file(path, what, (suffix,)), make) for path, what, suffix, make in kinds if path is not None]
+    staged = [(target, staging_name(target)) for target, _ in chosen]
+    writers: list[Any] = []
+    batch: list[dict[str, Any]] = []
 
-        self.schema = schema
-        kinds = [(parquet, "--out", ".parquet", pq.ParquetWriter), (csv, "--csv", ".csv", pcsv.CSVWriter)]
-        chosen = [(check_file(path, what, (suffix,)), make) for path, what, suffix, make in kinds if path is not None]
-        self.targets = [target for target, _ in chosen]
-        self.temporaries = [staging_name(target) for target in self.targets]
-        self.writers: list[Any] = []
-        self.batch: list[dict[str, Any]] = []
-        try:
-            for (_, make), temporary in zip(chosen, self.temporaries, strict=True):
-                self.writers.append(make(temporary, schema))
-        except BaseException:
-            self.abort()
-            raise
-
-    def add(self, row: dict[str, Any]) -> None:
-        self.batch.append(row)
-        if len(self.batch) >= BATCH_ROWS:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.batch and self.writers:
-            import pyarrow as pa
-
-            table = pa.Table.from_pylist(self.batch, schema=self.schema)
-            for writer in self.writers:
+    def flush() -> None:
+        if batch and writers:
+            table = pa.Table.from_pylist(batch, schema=schema)
+            for writer in writers:
                 writer.write_table(table)
-        self.batch = []
+        batch.clear()
 
-    def close(self) -> None:
-        """Write what is left and move every file into place."""
-        self.flush()
-        for writer in self.writers:
-            writer.close()
-        self.writers = []
-        for temporary, target in zip(self.temporaries, self.targets, strict=True):
+    def add(row: dict[str, Any]) -> None:
+        batch.append(row)
+        if len(batch) >= BATCH_ROWS:
+            flush()
+
+    try:
+        for (_, make), (_, temporary) in zip(chosen, staged, strict=True):
+            writers.append(make(temporary, schema))
+        yield add
+        flush()
+        while writers:
+            writers.pop(0).close()
+        for target, temporary in staged:
             os.replace(temporary, target)
-
-    def abort(self) -> None:
-        """Drop everything written so far."""
-        for writer in self.writers:
+    except BaseException:
+        for writer in writers:
             with contextlib.suppress(Exception):  # the file is removed next either way
                 writer.close()
-        self.writers = []
-        for temporary in self.temporaries:
+        for _, temporary in staged:
             temporary.unlink(missing_ok=True)
-
-    def __enter__(self) -> RowWriter:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        if kind is None:
-            self.close()
-        else:
-            self.abort()
+        raise

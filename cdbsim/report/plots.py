@@ -31,7 +31,7 @@ def plot_rate_sweep(points: list[Any], knees: dict[str, float | None], path: str
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title, fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 CDF_PANELS = (("ttft_s", "TTFT (s)", 1.0), ("tpot_s", "TPOT (ms)", 1e3), ("itl_s", "ITL (ms)", 1e3),
@@ -57,7 +57,7 @@ def plot_latency_cdfs(samples: dict[str, dict[str, np.ndarray]], path: str | Pat
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(textwrap.fill(title, 140), fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_coda_batch(launches: dict[str, Any], path: str | Path, title: str, window: int = 25) -> Path:
@@ -75,13 +75,14 @@ def plot_coda_batch(launches: dict[str, Any], path: str | Path, title: str, wind
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(textwrap.fill(title, 150), fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _save(fig: Any, path: str | Path) -> Path:
-    """Lay out, write as PNG and close ``fig``."""
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    """Lay out ``fig``, write it as PNG and close it (written or not)."""
+    try:
+        fig.tight_layout()
+        fig.savefig(path, dpi=dpi)
+    finally:
+        plt.close(fig)
+    return Path(path)

@@ -1,8 +1,7 @@
 """Simulated against measured: the same requests and exit depths, two logs, one table of signed errors.
 
-Pure Python on two :class:`~cdbsim.report.logs.RunLog` objects, whichever clock produced them: running the
-executor is the caller's job (``calibration.validation``), so a comparison can be redone from saved logs
-without a GPU.
+Reads two :class:`~cdbsim.report.logs.RunLog` objects only (the executor runs in ``calibration.validation``), so a
+comparison can be redone from saved logs without a GPU.
 """
 
 from __future__ import annotations
@@ -24,9 +23,7 @@ ONLINE_METRICS = (("ttft_s", "p50"), ("ttft_s", "p99"), ("tpot_s", "p50"), ("tpo
 
 
 def _value(report: Report, key: str | tuple[str, str]) -> float:
-    if isinstance(key, tuple):
-        return float(getattr(getattr(report, key[0]), key[1]))
-    return float(getattr(report, key))
+    return float(getattr(getattr(report, key[0]), key[1]) if isinstance(key, tuple) else getattr(report, key))
 
 
 def _name(key: str | tuple[str, str]) -> str:
@@ -57,19 +54,14 @@ def batch_range(padded: int) -> str:
     return f"{low}+"
 
 
-QUEUED_GAP_S = 3e-6  # a launch that starts this close to the previous end was queued behind it (back-to-back
-# launches are about LatencyModel.launch_gap apart, well under this)
+QUEUED_GAP_S = 3e-6  # a launch that starts this close to the previous end was queued behind it
 
 
 def stage_errors(log: RunLog, launch_time: Callable[[Launch], float]) -> list[dict]:
-    """Per stage: measured device time of the logged launches against the latency model's time for the
-    very same launches, which isolates the latency model from the schedule the two runs share.
-
-    Each decode-type stage has a row over all its launches (``batch`` "all") and one per padded-batch
-    range. ``queued error`` is the same over the launches queued behind their predecessor: a launch that
-    found the device idle is logged from when the host began queueing it, so its duration also holds host
-    time that no device model predicts.
-    """
+    """Per stage, and per padded-batch range of each decode-type stage: measured device time of the logged
+    launches against the latency model's time for the same launches (the latency model apart from the schedule).
+    ``queued error`` counts only launches queued behind their predecessor: one that found the device idle also
+    holds host time that no device model predicts."""
     rows = []
     launches = log.launches.assign(predicted=[launch_time(launch_from_row(r))
                                               for r in log.launches.itertuples(index=False)])
@@ -96,9 +88,7 @@ def _summed_times(launches: object) -> tuple[float, float]:
 
 def signed_error(predicted: float, measured: float) -> float:
     """(predicted - measured) / measured; NaN when measured is 0 or missing."""
-    if not np.isfinite(measured) or measured == 0:
-        return float("nan")
-    return (predicted - measured) / measured
+    return (predicted - measured) / measured if np.isfinite(measured) and measured != 0 else float("nan")
 
 
 def host_points(launches: object) -> list[list[float]]:
@@ -110,9 +100,8 @@ def host_points(launches: object) -> list[list[float]]:
 
 @dataclass(frozen=True)
 class RunHost:
-    """The host's speed in one executor run: per stage, seconds per launch against items fitted through the
-    stage's mean (its slow tail counts); a pooled line over the decode-type medians for other stages; and
-    the median per decode-type launch (``run host us``)."""
+    """The host's speed in one executor run: per stage, seconds per launch against items (fitted through the
+    mean: the slow tail counts); a pooled line over decode-type medians for other stages; the median per launch."""
 
     pooled: Fit
     stages: dict[Stage, Fit]
@@ -179,9 +168,12 @@ class Comparison:
                                   "error": signed_error(p, m), "error kind": "rel"})
         return comp
 
+    def _tps_error(self, report: Report | None) -> float:
+        return float("nan") if report is None else signed_error(report.output_tps, self.measured.output_tps)
+
     @property
     def throughput_error(self) -> float:
-        return signed_error(self.predicted.output_tps, self.measured.output_tps)
+        return self._tps_error(self.predicted)
 
     @property
     def normalized_p50_error(self) -> float:
@@ -189,19 +181,14 @@ class Comparison:
 
     @property
     def own_host_error(self) -> float:
-        """Throughput error when the simulator is given the run's own host speed: the error that the
-        device model and the scheduler leave, without the host's day-to-day speed."""
-        if self.own_host is None:
-            return float("nan")
-        return signed_error(self.own_host.output_tps, self.measured.output_tps)
+        """Throughput error with the run's own host speed: what the device model and the scheduler leave."""
+        return self._tps_error(self.own_host)
 
     @property
     def own_host_times_error(self) -> float:
-        """Throughput error when the simulator replays the run's own host time of every launch: what the
-        device model and the pipeline rule leave (offline runs, whose launches come in the same order)."""
-        if self.own_host_times is None:
-            return float("nan")
-        return signed_error(self.own_host_times.output_tps, self.measured.output_tps)
+        """Throughput error replaying the run's own host time of every launch: what the device model and the
+        pipeline rule leave (offline runs, whose launches come in the same order)."""
+        return self._tps_error(self.own_host_times)
 
     @property
     def own_host_p50_error(self) -> float:
@@ -246,10 +233,7 @@ def error_summary(comparisons: list[Comparison]) -> dict:
 
 def plot_scatter(comparisons: list[Comparison], path: str | Path, title: str = "") -> Path:
     """Predicted against measured output throughput over the matrix, with the +-7% band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from cdbsim.report.plots import plt, save_figure
 
     fig, ax = plt.subplots(figsize=(6, 5.5))
     measured = np.array([c.measured.output_tps for c in comparisons])
@@ -265,20 +249,13 @@ def plot_scatter(comparisons: list[Comparison], path: str | Path, title: str = "
            ylabel="predicted output tok/s", title=title or "simulated vs measured")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=130)
 
 
 def plot_timelines(measured: RunLog, predicted: RunLog, path: str | Path, launches: int = 120,
                    title: str = "") -> Path:
     """The first launches of both runs on one time axis, one lane per stage."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from cdbsim.report.plots import plt, save_figure
 
     stages = ["prefill", "prelude", "core", "coda", "decode"]
     fig, ax = plt.subplots(figsize=(11, 3.8))
@@ -293,8 +270,4 @@ def plot_timelines(measured: RunLog, predicted: RunLog, path: str | Path, launch
     ax.set(xlabel="time (ms)", title=title or f"first {launches} launches")
     ax.legend(fontsize=8, loc="upper right")
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=130)

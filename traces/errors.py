@@ -27,8 +27,7 @@ def require(condition: bool, message: str) -> None:
 
 
 def read_text(path: str | Path, what: str) -> str:
-    """The UTF-8 text of ``path``; a missing file or non-UTF-8 bytes are a one-line error naming the file and line.
-    """
+    """The UTF-8 text of ``path``; a missing file or non-UTF-8 bytes are a one-line error naming file and line."""
     path = Path(path)
     require(path.is_file(), f"{what} {path} does not exist")
     data = path.read_bytes()

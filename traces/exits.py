@@ -116,9 +116,8 @@ class ExitModel:
         return z
 
 
-# scipy.stats' binomial and beta-binomial pmf over k = 0 .. n, computed as scipy.stats computes them (the same
-# special functions on the same broadcast arrays, so the same bits) from scipy.special alone: importing
-# scipy.stats costs about 0.7 s, most of a short simulation's start-up.
+# scipy.stats' binomial and beta-binomial pmf over k = 0 .. n, bit for bit (the same special functions on the same
+# broadcast arrays) from scipy.special alone: importing scipy.stats would dominate a short simulation's start-up.
 def binomial_pmf(n: int, p: float) -> np.ndarray:
     """``scipy.stats.binom.pmf(np.arange(n + 1), n, p)``."""
     from scipy.special import _ufuncs

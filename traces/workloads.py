@@ -45,10 +45,6 @@ class LengthModel:
                 np.maximum(1, np.rint(output)).astype(np.int64))
 
     @property
-    def mean_prompt(self) -> float:
-        return float(np.mean(self.prompt_quantiles))
-
-    @property
     def mean_output(self) -> float:
         return float(np.mean(self.output_quantiles))
 

@@ -103,9 +103,8 @@ def refit_attention_width(record: dict, sharpnesses: tuple[float, ...] = SHARPNE
 
 
 def fit_mixed_sharpness(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHAPES) -> dict:
-    """The attention record whose sharpness and width scale best predict whole probe layers of mixed contexts
-    (``record["mixed_probes"]``), each error relative to the uniform probe layer of its shape and rows; the best
-    error per sharpness is kept in ``attention_mixed_probes``."""
+    """The attention record whose sharpness and width scale best predict the mixed-context probe layers (relative to
+    uniform ones of their shape and rows); ``attention_mixed_probes`` keeps the best error per sharpness."""
     points = [(ArchSpec(name="probe", layer=probes[int(index)], vocab=4096, prelude=0, core=1, coda=0, r_max=1),
                int(index), int(padded), [int(c) for c in contexts], t)
               for index, padded, *contexts, t in record["mixed_probes"]]
@@ -207,9 +206,8 @@ def fit_share_and_offset(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def fit_gaps(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHAPES) -> dict:
-    """What whole probe layers take beyond their kernels' tables, per layer style and path: on the chained path
-    seconds per kernel (median); on the many-row path seconds per kernel (``many``) and a share of the GEMM tables
-    (``many_gemm``), fitted together by a Huber loss."""
+    """What whole probe layers take beyond their kernels' tables, per layer style and path: seconds per kernel (median)
+    on the chained path; per kernel (``many``) and a GEMM share (``many_gemm``) by a Huber loss on the many-row path."""
     model = KernelModel({**record, "gaps": {}})
     chained: dict[str, list[float]] = {}
     many: list[tuple[float, float]] = []
@@ -312,8 +310,8 @@ def quality_rows(profile: Profile) -> list[dict]:
     rows = []
     for name, fit in sorted(profile.components.items()):
         predicted = held_out_predictions(fit) if interpolated(name) else np.zeros(0)
-        t = _times(fit) if predicted.size else predicted
-        held_out = _relative_errors(predicted, t)
+        t = np.array([p[-1] for p in fit.points]) if predicted.size else predicted
+        held_out = np.abs(predicted - t) / np.where(t > 0, t, 1.0)
         rows.append({"component": name, "points": len(fit.points), "delta us": fit.delta * 1e6,
                      "gamma us": fit.gamma * 1e6, "alpha ns": fit.alpha * 1e9,
                      "R2": fit.r2 if fit.r2 is not None else float("nan"),
@@ -325,8 +323,7 @@ def quality_rows(profile: Profile) -> list[dict]:
 
 
 def held_out_predictions(fit: Fit) -> np.ndarray:
-    """The interpolating surface's time at each ``[B, B*L, t]`` point with that point left out; empty for prefill
-    points or fewer than three."""
+    """The surface's time at each ``[B, B*L, t]`` point with that point left out; empty for prefill or < 3 points."""
     pts = fit.points
     if len(pts) < 3 or len(pts[0]) != 3:
         return np.zeros(0)
@@ -335,14 +332,6 @@ def held_out_predictions(fit: Fit) -> np.ndarray:
         rest = Fit(delta=fit.delta, gamma=fit.gamma, alpha=fit.alpha, points=pts[:i] + pts[i + 1:])
         predicted.append(Surface(rest)(batch, context / batch if batch > 0 else 0.0))
     return np.asarray(predicted)
-
-
-def _times(fit: Fit) -> np.ndarray:
-    return np.array([p[-1] for p in fit.points])
-
-
-def _relative_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
-    return np.abs(predicted - measured) / np.where(measured > 0, measured, 1.0)
 
 
 def r2(measured: np.ndarray, predicted: np.ndarray) -> float:

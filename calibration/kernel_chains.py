@@ -1,8 +1,6 @@
-"""Kernels timed as chains on distinct inputs: the calibration grid and the single-kernel families.
-
-Each kernel runs through the executor's own code (``F.linear``, :class:`executor.ops.Ops`) as a CUDA graph of a chain
-of calls on distinct weights or KV layers, so launch gaps and L2 misses are a stage's (:class:`ChainTimer`).
-"""
+"""Kernels timed as chains on distinct inputs: the calibration grid and the single-kernel families. Each kernel runs
+through the executor's own code (``F.linear``, :class:`executor.ops.Ops`) as a CUDA graph of a chain of calls on
+distinct weights or KV layers, so launch gaps and L2 misses are a stage's (:class:`ChainTimer`)."""
 
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ from calibration.measure import Timer, UnitBench, spread_contexts
 from cdbsim.latency.gpu_work import CHAINED_MAX_HIDDEN, CHAINED_ROWS, FEW_ROWS_MAX, FEW_ROWS_MAX_HIDDEN
 from cdbsim.latency.kernels import GEMV_OPS, PROBE_SHAPES
 from cdbsim.model.arch import ArchSpec, KVLayout, LayerShape, LayerStyle
-from cdbsim.serving.launch import Stage, decode_launch, prefill_launch
+from cdbsim.serving.launch import Launch, Stage, decode_launch, prefill_launch
 from executor.ops import Ops, default_backend
 
 L2_BYTES = 50 * 2 ** 20  # an H200's L2 is 50 MB: a chain reads at least twice that before it repeats
@@ -119,8 +117,7 @@ class ChainTimer:
     """Seconds per call of a CUDA graph that runs ``calls`` one after another (eagerly on a CPU)."""
 
     def __init__(self, device: torch.device, plan: KernelPlan) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
+        self.device, self.cuda = device, device.type == "cuda"
         self.timer = Timer(device, plan.repeats, plan.warmup)
 
     def __call__(self, calls: list[Callable[[], object]]) -> float:
@@ -254,16 +251,16 @@ class AttentionBench:
         s = self.arch.layer
         self.qkv_width = (s.heads + 2 * s.kv_heads) * s.head_dim
 
-    def _views(self, rows: int, contexts: list[int]):
-        """Metadata of a ``rows``-row graph launch whose first ``len(contexts)`` rows are real (the rest padding)."""
-        launch = decode_launch(Stage.CORE, list(range(len(contexts))), [c - 1 for c in contexts],
-                               self.bench.blocks_for(contexts), rows)
+    def _views(self, launch: Launch, rows: int):
+        """The engine's metadata of ``launch`` as a graph launch of ``rows`` rows (or tokens), on the device."""
         prepared = self.engine.prepare(launch, self.bench.graphs.width)
-        meta = torch.from_numpy(prepared.meta).to(self.device)
-        return self.engine.views(Stage.CORE, meta, rows, prepared.width)
+        return self.engine.views(launch.stage, torch.from_numpy(prepared.meta).to(self.device), rows, prepared.width)
 
     def calls(self, kind: str, rows: int, contexts: list[int]) -> list[Callable[[], object]]:
-        m, e = self._views(rows, contexts), self.engine
+        """``kind``'s calls on a ``rows``-row launch whose first ``len(contexts)`` rows are real (the rest padding)."""
+        launch = decode_launch(Stage.CORE, list(range(len(contexts))), [c - 1 for c in contexts],
+                               self.bench.blocks_for(contexts), rows)
+        m, e = self._views(launch, rows), self.engine
         qkv = torch.randn(rows, self.qkv_width, device=self.device, dtype=self.dtype)
         s = self.arch.layer
         q = torch.randn(rows, s.heads, s.head_dim, device=self.device, dtype=self.dtype)
@@ -283,11 +280,8 @@ class AttentionBench:
 
     def _prefill_views(self, tokens: int, chunks: int, prefix: int):
         per = tokens // chunks
-        launch = prefill_launch(list(range(chunks)), [prefix] * chunks, [per] * chunks,
-                                self.bench.blocks_for([prefix + per] * chunks), tokens)
-        prepared = self.engine.prepare(launch, self.bench.graphs.width)
-        return self.engine.views(Stage.PREFILL, torch.from_numpy(prepared.meta).to(self.device), tokens,
-                                 prepared.width)
+        return self._views(prefill_launch(list(range(chunks)), [prefix] * chunks, [per] * chunks,
+                                          self.bench.blocks_for([prefix + per] * chunks), tokens), tokens)
 
     def prefill_calls(self, tokens: int, chunks: int, prefix: int) -> list[Callable[[], object]]:
         e, s = self.engine, self.arch.layer
@@ -335,9 +329,7 @@ def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[s
                 progress(f"chained_attention heads={h8} L={length} d={d} g={g}")
                 tables["chained_attention"].append([h8, g, d, length, chain(bench.calls("chained", 1, [length]))])
         bench.close()
-    for heads in plan.chained_heads:
-        if heads == h8:
-            continue
+    for heads in (h for h in plan.chained_heads if h != h8):
         for d, g in itertools.product(plan.head_dims, plan.groups):
             progress(f"chained attention heads={heads} d={d} g={g}")
             bench = AttentionBench(heads, g, d, 1, max(plan.attention_lengths), max(plan.attention_lengths) + 64,
@@ -379,8 +371,7 @@ def merge_prefill_rope(table: list[list[float]], rope: list[list[float]], decode
 
 def measure_skew(plan: KernelPlan, chain: ChainTimer, uniform: list[list[float]], progress: Callable[[str], None]
                  ) -> dict[str, dict[str, dict]]:
-    """Per head size and GQA group, decode attention over rows of different contexts and the width and sharpness
-    fitted on them against the uniform table ``uniform`` (:func:`calibration.fit.fit_attention_width`)."""
+    """Per head size and GQA group: decode attention on rows of mixed contexts, fit by :func:`fit_attention_width`."""
     heads = plan.skew_heads
     points = plan.mixed_points()
     positions = max(sum(c) + 64 * len(c) for _, c in points)

@@ -1,10 +1,7 @@
-"""Kernel-level calibration: every family of kernel tables measured in turn, fitted and written as a profile.
-
-Families (:data:`FAMILIES`; ``TABLE_DIMS`` in :mod:`cdbsim.latency.kernels` gives each table's dimensions): the
-single-kernel tables (:mod:`calibration.kernel_chains`); the engine's glue stages on unit models (glue = 2 x
-one-layer - two-layer) and Huginn's adapter; whole probe layers (for the per-kernel gap and attention sharpness), the
-copy bandwidth, the host and metadata copy, and ``sustained`` (the power limit, :mod:`cdbsim.latency.power`). Each
-family is written as it finishes, so a run cut short keeps what it measured.
+"""Kernel-level calibration: every family of kernel tables (:data:`FAMILIES`) measured in turn, fitted and written as
+a profile: the single-kernel tables (:mod:`calibration.kernel_chains`), the engine's glue stages on unit models (glue =
+2 x one-layer - two-layer), whole probe layers (per-kernel gap, attention sharpness), the host, and ``sustained`` (the
+power limit, :mod:`cdbsim.latency.power`). Each family is saved as it finishes: a run cut short keeps what it measured.
 """
 
 from __future__ import annotations

@@ -81,11 +81,8 @@ class Plan:
                    prefill_points=((64, 1, 0), (1024, 1, 0), (4096, 1, 0), (16, 16, 0)),
                    model_prefill_points=((512, 1, 0), (16, 16, 0)), decode_contexts=(256,), repeats=8)
 
-    def grid(self) -> list[tuple[int, int]]:
-        return [(b, c) for c in self.contexts for b in self.batches if b * c <= self.max_positions]
-
-    def model_grid(self, contexts: tuple[int, ...]) -> list[tuple[int, int]]:
-        return [(b, c) for c in contexts for b in self.batches if b * c <= self.model_max_positions]
+    def grid(self, contexts: tuple[int, ...], max_positions: int) -> list[tuple[int, int]]:
+        return [(b, c) for c in contexts for b in self.batches if b * c <= max_positions]
 
     @property
     def longest_prompt(self) -> int:
@@ -93,9 +90,8 @@ class Plan:
 
 
 class Timer:
-    """Median time of a callable on the GPU (CUDA events; each call queued behind a spin kernel of ``spin_s``, so
-    the time is the device's alone, 0: launch latency included) or the CPU (perf counter); ``busy_s`` keeps calling
-    it that long first, to time under sustained load."""
+    """Median time of a callable: CUDA events on a GPU, each call behind a spin kernel of ``spin_s`` (the device's time
+    alone; 0: with launch latency), or perf counter on a CPU; ``busy_s`` of calls first times under sustained load."""
 
     CLOCK_HZ = 2.0e9  # spin cycles per second: an H200's top SM clock (a slower clock only spins longer)
 
@@ -279,7 +275,6 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
     timer = Timer(device, plan.repeats, plan.warmup)
     max_batch = max(plan.batches)
     max_context = max(max(plan.contexts), plan.longest_prompt)
-    shape = arch.layer
     layer, core1, prelude0, coda0, prefill_layer, prefill1 = (
         c.key(arch) for c in (Component.LAYER, Component.CORE1, Component.PRELUDE0, Component.CODA0,
                               Component.PREFILL_LAYER, Component.PREFILL1))
@@ -289,18 +284,18 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
         bench = UnitBench(_unit(arch, core), max_batch, max_context, plan.max_positions, KVLayout.DEPTH, device,
                           timer)
         got: dict = {"core": {}, "prefill": {}}
-        for b, c in plan.grid():
-            progress(f"{shape.key}: {core}-layer core B={b} L={c}")
+        for b, c in plan.grid(plan.contexts, plan.max_positions):
+            progress(f"{arch.layer.key}: {core}-layer core B={b} L={c}")
             got["core"][b, c] = bench.stage(Stage.CORE, b, c)
         for n, k, p in plan.prefill_points:
-            progress(f"{shape.key}: {core}-layer prefill {k} x {n} tokens, prefix {p}")
+            progress(f"{arch.layer.key}: {core}-layer prefill {k} x {n} tokens, prefix {p}")
             got["prefill"][n, k, p] = bench.prefill(n, k, p)
+        raw[core] = got
         if core == 1:
             for b in plan.batches:
-                progress(f"{shape.key}: prelude and coda B={b}")
+                progress(f"{arch.layer.key}: prelude and coda B={b}")
                 points[prelude0].append([b, 0, bench.stage(Stage.PRELUDE, b, plan.contexts[0])])
                 points[coda0].append([b, 0, bench.stage(Stage.CODA, b, plan.contexts[0])])
-        raw[core] = got
         bench.close()
     for (b, c), t1 in raw[1]["core"].items():
         points[core1].append([b, b * c, t1])
@@ -397,11 +392,11 @@ def measure_model(arch: ArchSpec, plan: Plan, device: torch.device,
     bench = UnitBench(arch, max_batch, max_context, plan.model_max_positions, KVLayout.SHARED, device, timer)
     points: Points = {model_stage_name(arch, s): [] for s in Stage}
     for stage in (Stage.PRELUDE, Stage.CORE, Stage.CODA):
-        for b, c in plan.model_grid(plan.model_contexts):
+        for b, c in plan.grid(plan.model_contexts, plan.model_max_positions):
             progress(f"{arch.name}: {stage.value} B={b} L={c}")
             points[model_stage_name(arch, stage)].append([b, b * c, bench.stage(stage, b, c)])
     points[attention_skew_name(arch)] = measure_model_skew(arch, plan, bench, progress)
-    for b, c in plan.model_grid(plan.decode_contexts):
+    for b, c in plan.grid(plan.decode_contexts, plan.model_max_positions):
         if b <= 256:
             progress(f"{arch.name}: CB decode B={b} L={c}")
             points[model_stage_name(arch, Stage.DECODE)].append([b, b * c, bench.stage(Stage.DECODE, b, c)])

@@ -1,6 +1,5 @@
-"""``cdbsim validate``: run configurations on the GPU executor (an engine serving a looped model as the CDB
-paper's does: Schwethelm et al., arXiv 2608.09444) and in the simulator, on identical requests and exit
-depths, and compare the two logs.
+"""``cdbsim validate``: run configurations on the GPU executor (serving a looped model as the CDB paper's engine
+does: Schwethelm et al., arXiv 2608.09444) and in the simulator, on identical requests and exit depths; compare logs.
 
 A validation matrix (``docs/validating.md``) is a JSON file of named experiments in the ``--set`` syntax
 (:data:`SHAPE`), each an :class:`~cdbsim.planner.experiment.Experiment`: the defaults, then the matrix's ``set``, then
@@ -46,9 +45,8 @@ SHAPE = '{"set": [...], "configs": [{"name": ..., "set": ["section.field=value",
 
 @dataclass(frozen=True)
 class Entry:
-    """One configuration of a validation matrix: a named experiment and, for an online run at a share of
-    the simulated capacity, that share (a matrix concern: the rate it resolves to is saved with the
-    measured log). Settings the executor cannot run are refused when the entry is made."""
+    """One configuration of a validation matrix: a named experiment and, for an online run at a share of the simulated
+    capacity, that share (its rate is saved with the measured log); what the executor cannot run is refused here."""
 
     name: str
     experiment: Experiment

@@ -1,7 +1,5 @@
-"""Inputs of a serving run: requests (prompt length, output length, arrival) and per-token exit depths.
-
-No torch; names load on first use (PEP 562), so ``import traces`` costs numpy alone.
-"""
+"""Inputs of a serving run: requests (prompt length, output length, arrival) and per-token exit depths. No torch;
+names load on first use (PEP 562), so ``import traces`` costs numpy alone."""
 
 from __future__ import annotations
 

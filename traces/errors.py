@@ -1,7 +1,5 @@
-"""The one exception type for bad user input, shared by ``traces`` and ``cdbsim`` (as ``ConfigError``).
-
-:class:`InputError` carries a single-line message; the CLI prints it as ``error: ...`` with exit code 2.
-"""
+"""The one exception type for bad user input, shared by ``traces`` and ``cdbsim`` (as ``ConfigError``): a one-line
+message that the CLI prints as ``error: ...`` with exit code 2."""
 
 from __future__ import annotations
 

@@ -36,8 +36,7 @@ class ExitModel:
             require(self.depth is not None and self.depth >= 1, "the fixed exit model needs a depth >= 1")
         if self.kind == "synthetic":
             require(0.0 <= self.dispersion < 1.0, f"dispersion must be in [0, 1), got {self.dispersion}")
-            require(-1.0 < self.correlation < 1.0,
-                    f"correlation must be in (-1, 1), got {self.correlation}")
+            require(-1.0 < self.correlation < 1.0, f"correlation must be in (-1, 1), got {self.correlation}")
 
     def describe(self) -> str:
         if self.kind == "none":

@@ -62,10 +62,6 @@ def length_model(name: str) -> LengthModel:
     if name not in _DATA_KEYS:
         raise unknown("workload", name, WORKLOADS)
     entry = _raw()[_DATA_KEYS[name]]
-    return LengthModel(
-        name=name,
-        prompt_quantiles=np.asarray(entry["prompt"]["quantiles"], dtype=float),
-        output_quantiles=np.asarray(entry["output"]["quantiles"], dtype=float),
-        spearman=float(entry["spearman"]),
-        source=entry["source"],
-    )
+    return LengthModel(name=name, prompt_quantiles=np.asarray(entry["prompt"]["quantiles"], dtype=float),
+                       output_quantiles=np.asarray(entry["output"]["quantiles"], dtype=float),
+                       spearman=float(entry["spearman"]), source=entry["source"])

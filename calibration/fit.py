@@ -45,10 +45,8 @@ def fit_attention_slots(arch: ArchSpec, core: Fit, rows: list[list[float]]) -> d
 def fit_slots(heads: int, head_dim: int, stage_time: Callable[[float, float], float], rows: list[list[float]],
               sharpnesses: tuple[float, ...] = SHARPNESS_GRID) -> dict:
     """The decode-attention width (programs run at once) and sharpness (p-norm p) that best predict core steps of
-    mixed contexts ``rows`` from the uniform-length ``stage_time``
-    (:func:`cdbsim.latency.gpu_work.equivalent_length`), by grid search. Returns the ``attention`` record with
-    each point's error both ways; slots stay unset where the mean length predicts as well."""
-    surface = stage_time
+    mixed contexts ``rows`` from the uniform ``stage_time`` (:func:`~cdbsim.latency.gpu_work.equivalent_length`), by
+    grid search: the ``attention`` record, each point's error both ways; no slots if the mean length does as well."""
     measured = np.array([r[-1] for r in rows])
     least = least_splits(head_dim)
 
@@ -59,7 +57,7 @@ def fit_slots(heads: int, head_dim: int, stage_time: Callable[[float, float], fl
             mean = sum(contexts) / len(contexts)
             length = (padded_mean(sum(contexts), len(contexts), padded) if slots is None else equivalent_length(
                 mean, max(contexts), len(contexts), padded, heads, least, slots, sharpness))
-            predicted.append(surface(padded, length))
+            predicted.append(stage_time(padded, length))
         return np.asarray(predicted) / measured - 1
 
     def loss(pair: tuple[float | None, float]) -> float:
@@ -75,8 +73,7 @@ def fit_slots(heads: int, head_dim: int, stage_time: Callable[[float, float], fl
 
 def fit_attention_width(rows: list[list[float]], uniform: list[list[float]], heads: int, group: int,
                         head_dim: int, sharpnesses: tuple[float, ...] = SHARPNESS_GRID) -> dict:
-    """:func:`fit_slots` for the kernel profile: mixed-context launches of ``heads`` heads in groups of ``group``
-    against the uniform ``decode_attention`` table."""
+    """:func:`fit_slots` for the kernel profile: ``heads`` heads in groups of ``group`` against ``decode_attention``."""
     points = [[p[0], p[3], p[4]] for p in uniform if p[1] == group and p[2] == head_dim]
     require(len(points) >= 4, f"decode_attention has no uniform points at group {group}, head size {head_dim}")
     table = KernelTable("decode_attention", ("units", "length"), points, proxy=lambda q: q[0] * q[1])
@@ -94,8 +91,7 @@ def attention_record(fits: dict[str, dict[str, dict]], heads: int) -> dict:
 
 
 def refit_attention_width(record: dict, sharpnesses: tuple[float, ...] = SHARPNESS_GRID) -> dict:
-    """A kernel record's attention width and sharpness refitted from its mixed-context points, per head size and
-    group (eight MHA heads where the record does not say)."""
+    """A kernel record's attention width and sharpness refitted per head size and group (8 MHA heads if unsaid)."""
     layout = record.get("attention_layout", {})
     heads, group = int(layout.get("heads", 8)), str(layout.get("group", 1))
     points = {d: rows if isinstance(rows, dict) else {group: rows}
@@ -107,9 +103,8 @@ def refit_attention_width(record: dict, sharpnesses: tuple[float, ...] = SHARPNE
 
 
 def fit_mixed_sharpness(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHAPES) -> dict:
-    """The attention record whose sharpness and width scale best predict whole probe layers of mixed contexts
-    (``record["mixed_probes"]``), each error relative to the uniform probe layer of its shape and rows; the best
-    error per sharpness is kept in ``attention_mixed_probes``."""
+    """The attention record whose sharpness and width scale best predict the mixed-context probe layers (relative to
+    uniform ones of their shape and rows); ``attention_mixed_probes`` keeps the best error per sharpness."""
     points = [(ArchSpec(name="probe", layer=probes[int(index)], vocab=4096, prelude=0, core=1, coda=0, r_max=1),
                int(index), int(padded), [int(c) for c in contexts], t)
               for index, padded, *contexts, t in record["mixed_probes"]]
@@ -143,8 +138,7 @@ WIDTH_SCALES = tuple(float(x) for x in 2.0 ** np.arange(-1.0, 1.51, 0.125))  # o
 
 
 def _uniform_probe_error(record: dict, probes: tuple[LayerShape, ...]) -> Callable[[int, int], float]:
-    """``(probe, rows) -> log(composed / measured)`` of uniform probe layers at the longest length, log-interpolated.
-    """
+    """``(probe, rows) -> log(composed / measured)`` of the longest uniform probe layers, log-interpolated."""
     model = KernelModel(record)
     longest = max((p[2] for p in record.get("probes", [])), default=0)
     by_probe: dict[int, list[tuple[float, float]]] = {}
@@ -185,8 +179,7 @@ BACK_TO_BACK_S = 10e-6  # a longer gap is the device waiting for the host or for
 
 
 def fit_launch_gap(logs: list[pd.DataFrame]) -> float:
-    """The mean gap between consecutive launches queued back to back (under :data:`BACK_TO_BACK_S`) in executor logs:
-    the profile's ``device.launch_gap_s``."""
+    """``device.launch_gap_s``: the mean gap of launches back to back (< :data:`BACK_TO_BACK_S`) in executor logs."""
     gaps = np.concatenate([launch_gaps(log) for log in logs] or [np.zeros(0)])
     gaps = gaps[gaps < BACK_TO_BACK_S]
     require(gaps.size > 0, "no consecutive launches to measure the gap between")
@@ -213,9 +206,8 @@ def fit_share_and_offset(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def fit_gaps(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHAPES) -> dict:
-    """What whole probe layers take beyond their kernels' tables, per layer style and path: on the chained path
-    seconds per kernel (median); on the many-row path seconds per kernel (``many``) and a share of the GEMM tables
-    (``many_gemm``), fitted together by a Huber loss."""
+    """What whole probe layers take beyond their kernels' tables, per layer style and path: seconds per kernel (median)
+    on the chained path; per kernel (``many``) and a GEMM share (``many_gemm``) by a Huber loss on the many-row path."""
     model = KernelModel({**record, "gaps": {}})
     chained: dict[str, list[float]] = {}
     many: list[tuple[float, float]] = []
@@ -289,23 +281,18 @@ def refit_profile(profile: Profile) -> Profile:
     fitted afresh from its raw points; device, versions and date kept."""
     require(profile.kind in (ProfileKind.MEASURED, ProfileKind.KERNELS),
             f"profile {profile.name} is {profile.kind}: only measured and kernel profiles have raw points to refit")
-    if profile.kind is ProfileKind.KERNELS:
-        try:
-            require(bool(profile.kernels.get("probes")), "kernels.probes (the probe layers) is needed to refit "
-                                                         "the layer gaps")
-            components = {**profile.components, **fit_components(
-                {name: fit.points for name, fit in profile.components.items() if fit.points})}
+    try:  # a malformed point names the file it came from
+        require(profile.kind is not ProfileKind.KERNELS or bool(profile.kernels.get("probes")),
+                "kernels.probes (the probe layers) is needed to refit the layer gaps")
+        # a fit made elsewhere (no raw points of its own) is kept as it is
+        components = {**profile.components,
+                      **fit_components({name: fit.points for name, fit in profile.components.items() if fit.points})}
+        if profile.kind is ProfileKind.KERNELS:
             kernels = {**profile.kernels, **(fit_mixed_sharpness(profile.kernels) if profile.kernels.get("mixed_probes")
                                              else refit_attention_width(profile.kernels))}
             if kernels.get("sustained"):
                 kernels["sustained"] = refit_sustained(kernels["sustained"])
             return replace(profile, components=components, kernels={**kernels, "gaps": fit_gaps(kernels)})
-        except ConfigError as exc:
-            raise ConfigError(f"{profile.source or profile.name}: {exc}") from None
-    try:  # a malformed point names the file it came from
-        # a fit made elsewhere (no raw points of its own) is kept as it is
-        components = {**profile.components,
-                      **fit_components({name: fit.points for name, fit in profile.components.items() if fit.points})}
         attention = profile.attention
         core = [fit for name, fit in components.items() if name.startswith(f"{Stage.CORE.value}/")]
         if attention.get("points") and len(core) == 1 and core[0].points:
@@ -323,8 +310,8 @@ def quality_rows(profile: Profile) -> list[dict]:
     rows = []
     for name, fit in sorted(profile.components.items()):
         predicted = held_out_predictions(fit) if interpolated(name) else np.zeros(0)
-        t = _times(fit) if predicted.size else predicted
-        held_out = _relative_errors(predicted, t)
+        t = np.array([p[-1] for p in fit.points]) if predicted.size else predicted
+        held_out = np.abs(predicted - t) / np.where(t > 0, t, 1.0)
         rows.append({"component": name, "points": len(fit.points), "delta us": fit.delta * 1e6,
                      "gamma us": fit.gamma * 1e6, "alpha ns": fit.alpha * 1e9,
                      "R2": fit.r2 if fit.r2 is not None else float("nan"),
@@ -336,8 +323,7 @@ def quality_rows(profile: Profile) -> list[dict]:
 
 
 def held_out_predictions(fit: Fit) -> np.ndarray:
-    """The interpolating surface's time at each ``[B, B*L, t]`` point with that point left out; empty for prefill
-    points or fewer than three."""
+    """The surface's time at each ``[B, B*L, t]`` point with that point left out; empty for prefill or < 3 points."""
     pts = fit.points
     if len(pts) < 3 or len(pts[0]) != 3:
         return np.zeros(0)
@@ -346,20 +332,6 @@ def held_out_predictions(fit: Fit) -> np.ndarray:
         rest = Fit(delta=fit.delta, gamma=fit.gamma, alpha=fit.alpha, points=pts[:i] + pts[i + 1:])
         predicted.append(Surface(rest)(batch, context / batch if batch > 0 else 0.0))
     return np.asarray(predicted)
-
-
-def held_out_errors(fit: Fit) -> np.ndarray:
-    """|relative error| of :func:`held_out_predictions` at each point."""
-    predicted = held_out_predictions(fit)
-    return _relative_errors(predicted, _times(fit) if predicted.size else predicted)
-
-
-def _times(fit: Fit) -> np.ndarray:
-    return np.array([p[-1] for p in fit.points])
-
-
-def _relative_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
-    return np.abs(predicted - measured) / np.where(measured > 0, measured, 1.0)
 
 
 def r2(measured: np.ndarray, predicted: np.ndarray) -> float:
@@ -372,11 +344,8 @@ def saturation_rows(profile: Profile, arch: ArchSpec, contexts: tuple[int, ...] 
     """delta, gamma, alpha of the core stage and B*(L) at each context length."""
     model = LatencyModel(arch, profile)
     core = model.costs[Stage.CORE]
-    row = {"arch": arch.name, "core delta ms": core.delta * 1e3, "core gamma us": core.gamma * 1e6,
-           "core alpha ns": core.alpha * 1e9}
-    for length in contexts:
-        row[f"B*({length})"] = model.saturation_batch(length)
-    return [row]
+    return [{"arch": arch.name, "core delta ms": core.delta * 1e3, "core gamma us": core.gamma * 1e6,
+             "core alpha ns": core.alpha * 1e9, **{f"B*({n})": model.saturation_batch(n) for n in contexts}}]
 
 
 def plot_profile(profile: Profile, arch: ArchSpec, path: str | Path) -> Path:

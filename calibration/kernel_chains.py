@@ -1,10 +1,6 @@
-"""Kernels timed as chains on distinct inputs: the calibration grid and the single-kernel families.
-
-Each kernel runs through the executor's own code (``F.linear`` for cuBLAS GEMMs, :class:`executor.ops.Ops` for
-the few-row matmul, the Triton norms, SwiGLU, RoPE/KV write, attention and chained kernels) as a CUDA graph of a
-chain of calls on distinct weights or KV layers, so launch gaps and L2 misses are a stage's; a kernel's time is
-the chain's over its length (:class:`ChainTimer`).
-"""
+"""Kernels timed as chains on distinct inputs: the calibration grid and the single-kernel families. Each kernel runs
+through the executor's own code (``F.linear``, :class:`executor.ops.Ops`) as a CUDA graph of a chain of calls on
+distinct weights or KV layers, so launch gaps and L2 misses are a stage's (:class:`ChainTimer`)."""
 
 from __future__ import annotations
 
@@ -20,8 +16,8 @@ from calibration.measure import Timer, UnitBench, spread_contexts
 from cdbsim.latency.gpu_work import CHAINED_MAX_HIDDEN, CHAINED_ROWS, FEW_ROWS_MAX, FEW_ROWS_MAX_HIDDEN
 from cdbsim.latency.kernels import GEMV_OPS, PROBE_SHAPES
 from cdbsim.model.arch import ArchSpec, KVLayout, LayerShape, LayerStyle
-from cdbsim.serving.launch import Stage, decode_launch, prefill_launch
-from executor.ops import Ops
+from cdbsim.serving.launch import Launch, Stage, decode_launch, prefill_launch
+from executor.ops import Ops, default_backend
 
 L2_BYTES = 50 * 2 ** 20  # an H200's L2 is 50 MB: a chain reads at least twice that before it repeats
 MAX_CHAIN = 32
@@ -106,8 +102,7 @@ class KernelPlan:
                    sustained_rest_s=0.0, sustained_lead_s=0.05, sustained_s=0.3, repeats=4)
 
     def mixed_points(self) -> list[tuple[int, list[int]]]:
-        """``(padded rows, context of each real row)`` of the mixed-context attention points within
-        ``max_positions``."""
+        """``(padded rows, context of each real row)`` of the mixed-context points within ``max_positions``."""
         points = [(b, [long] * n_long + [short] * (b - n_long)) for b, short, long, n_long in self.skew_points]
         points += [(padded, spread_contexts(rows, shortest, longest))
                    for padded, rows, shortest, longest in self.spread_points]
@@ -122,8 +117,7 @@ class ChainTimer:
     """Seconds per call of a CUDA graph that runs ``calls`` one after another (eagerly on a CPU)."""
 
     def __init__(self, device: torch.device, plan: KernelPlan) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
+        self.device, self.cuda = device, device.type == "cuda"
         self.timer = Timer(device, plan.repeats, plan.warmup)
 
     def __call__(self, calls: list[Callable[[], object]]) -> float:
@@ -165,8 +159,7 @@ def measure_gemm(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], 
 def _time_matmuls(points: list[tuple[int, int, int]], matmul: Callable[[torch.Tensor, torch.Tensor], object],
                   label: str, chain: ChainTimer, progress: Callable[[str], None],
                   weight_rows: int = 1) -> list[list[float]]:
-    """``[m, n, k, t]`` of ``matmul(x [m, k], w [weight_rows * n, k])`` at ``points``, chained over distinct weights.
-    """
+    """``[m, n, k, t]`` of ``matmul(x [m, k], w [weight_rows * n, k])`` at ``points``, over distinct weights."""
     device, dtype = chain.device, tensor_dtype(chain.device)
     rows = []
     for n, k in sorted({(n, k) for _, n, k in points}):
@@ -181,46 +174,38 @@ def _time_matmuls(points: list[tuple[int, int, int]], matmul: Callable[[torch.Te
 
 
 def few_gemm_points(plan: KernelPlan) -> list[tuple[int, int, int]]:
-    """The GEMM grid's points a few-row launch reaches: at most ``FEW_ROWS_MAX`` rows, models up to
-    ``FEW_ROWS_MAX_HIDDEN`` wide."""
+    """The GEMM grid's points a few-row launch reaches (``FEW_ROWS_MAX`` rows, models ``FEW_ROWS_MAX_HIDDEN`` wide)."""
     return [(m, n, k) for m, n, k in plan.gemm_points() if m <= FEW_ROWS_MAX and min(n, k) <= FEW_ROWS_MAX_HIDDEN]
 
 
 def measure_few_gemm(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
-    """``[m, n, k, t]``: the few-row matmul (:mod:`executor.few_rows`; ``F.linear`` on a CPU), chained as a layer
-    runs it."""
-    ops = Ops(_backend(chain.device), few_rows=FEW_ROWS_MAX)
+    """``[m, n, k, t]``: the few-row matmul (:mod:`executor.few_rows`; ``F.linear`` on a CPU), chained as in a layer."""
+    ops = Ops(default_backend(chain.device), few_rows=FEW_ROWS_MAX)
     return _time_matmuls(few_gemm_points(plan), ops.linear, "few_gemm", chain, progress)
 
 
 def few_swiglu_points(plan: KernelPlan) -> list[tuple[int, int, int]]:
-    """``(m, I, h)`` of the few-row gate/up projections: few-row points whose output is at least twice their input.
-    """
+    """``(m, I, h)`` of few-row gate/up projections: the few-row points whose output is at least twice their input."""
     return [(m, n // 2, k) for m, n, k in few_gemm_points(plan) if n >= 2 * k and n % 2 == 0]
 
 
 def measure_few_swiglu(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
     """``[m, I, k, t]``: the few-row matmul of the fused gate/up weight ``[2I, k]`` with SwiGLU in its epilogue."""
-    ops = Ops(_backend(chain.device), few_rows=FEW_ROWS_MAX)
+    ops = Ops(default_backend(chain.device), few_rows=FEW_ROWS_MAX)
     return _time_matmuls(few_swiglu_points(plan), ops.linear_swiglu, "few_swiglu", chain, progress, weight_rows=2)
 
 
 def gemv_points(plan: KernelPlan) -> list[tuple[str, int, int]]:
     """``(op, n, k)`` of the chained kernels a layer can launch (models up to
     :data:`~cdbsim.latency.gpu_work.CHAINED_MAX_HIDDEN` wide: ``k`` for hidden-state inputs, ``n`` for outputs)."""
-    out = []
-    for op in GEMV_OPS:
-        for n, k in itertools.product(plan.gemv_n, plan.gemv_k):
-            if (k if op != "gemv" else n) <= CHAINED_MAX_HIDDEN:
-                out.append((op, n, k))
-    return out
+    return [(op, n, k) for op in GEMV_OPS for n, k in itertools.product(plan.gemv_n, plan.gemv_k)
+            if (k if op != "gemv" else n) <= CHAINED_MAX_HIDDEN]
 
 
 def measure_gemv(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]) -> list[list[float]]:
-    """``[op, rows, n, k, t]``: the chained kernels (:mod:`executor.chain`) at every chained row count, at
-    :func:`gemv_points`."""
+    """``[op, rows, n, k, t]``: the chained kernels (:mod:`executor.chain`) at :func:`gemv_points`, every row count."""
     device, dtype = chain.device, tensor_dtype(chain.device)
-    ops = Ops(_backend(device), fuse_rows=CHAINED_ROWS)
+    ops = Ops(default_backend(device), fuse_rows=CHAINED_ROWS)
     out = []
     for (op, n, k), rows in itertools.product(gemv_points(plan), range(1, CHAINED_ROWS + 1)):
         code = GEMV_OPS[op]
@@ -261,21 +246,21 @@ class AttentionBench:
         self.bench = UnitBench(self.arch, max_rows, max_context + 1, max_positions, KVLayout.SHARED, device, timer)
         self.engine = self.bench.engine
         self.device, self.dtype = device, self.engine.model.dtype
-        self.ops = Ops(_backend(device))
-        self.chained = Ops(_backend(device), fuse_rows=1)
+        self.ops = Ops(default_backend(device))
+        self.chained = Ops(default_backend(device), fuse_rows=1)
         s = self.arch.layer
         self.qkv_width = (s.heads + 2 * s.kv_heads) * s.head_dim
 
-    def _views(self, rows: int, contexts: list[int]):
-        """Metadata of a ``rows``-row graph launch whose first ``len(contexts)`` rows are real (the rest padding)."""
-        launch = decode_launch(Stage.CORE, list(range(len(contexts))), [c - 1 for c in contexts],
-                               self.bench.blocks_for(contexts), rows)
+    def _views(self, launch: Launch, rows: int):
+        """The engine's metadata of ``launch`` as a graph launch of ``rows`` rows (or tokens), on the device."""
         prepared = self.engine.prepare(launch, self.bench.graphs.width)
-        meta = torch.from_numpy(prepared.meta).to(self.device)
-        return self.engine.views(Stage.CORE, meta, rows, prepared.width)
+        return self.engine.views(launch.stage, torch.from_numpy(prepared.meta).to(self.device), rows, prepared.width)
 
     def calls(self, kind: str, rows: int, contexts: list[int]) -> list[Callable[[], object]]:
-        m, e = self._views(rows, contexts), self.engine
+        """``kind``'s calls on a ``rows``-row launch whose first ``len(contexts)`` rows are real (the rest padding)."""
+        launch = decode_launch(Stage.CORE, list(range(len(contexts))), [c - 1 for c in contexts],
+                               self.bench.blocks_for(contexts), rows)
+        m, e = self._views(launch, rows), self.engine
         qkv = torch.randn(rows, self.qkv_width, device=self.device, dtype=self.dtype)
         s = self.arch.layer
         q = torch.randn(rows, s.heads, s.head_dim, device=self.device, dtype=self.dtype)
@@ -295,11 +280,8 @@ class AttentionBench:
 
     def _prefill_views(self, tokens: int, chunks: int, prefix: int):
         per = tokens // chunks
-        launch = prefill_launch(list(range(chunks)), [prefix] * chunks, [per] * chunks,
-                                self.bench.blocks_for([prefix + per] * chunks), tokens)
-        prepared = self.engine.prepare(launch, self.bench.graphs.width)
-        return self.engine.views(Stage.PREFILL, torch.from_numpy(prepared.meta).to(self.device), tokens,
-                                 prepared.width)
+        return self._views(prefill_launch(list(range(chunks)), [prefix] * chunks, [per] * chunks,
+                                          self.bench.blocks_for([prefix + per] * chunks), tokens), tokens)
 
     def prefill_calls(self, tokens: int, chunks: int, prefix: int) -> list[Callable[[], object]]:
         e, s = self.engine, self.arch.layer
@@ -347,9 +329,7 @@ def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[s
                 progress(f"chained_attention heads={h8} L={length} d={d} g={g}")
                 tables["chained_attention"].append([h8, g, d, length, chain(bench.calls("chained", 1, [length]))])
         bench.close()
-    for heads in plan.chained_heads:
-        if heads == h8:
-            continue
+    for heads in (h for h in plan.chained_heads if h != h8):
         for d, g in itertools.product(plan.head_dims, plan.groups):
             progress(f"chained attention heads={heads} d={d} g={g}")
             bench = AttentionBench(heads, g, d, 1, max(plan.attention_lengths), max(plan.attention_lengths) + 64,
@@ -391,8 +371,7 @@ def merge_prefill_rope(table: list[list[float]], rope: list[list[float]], decode
 
 def measure_skew(plan: KernelPlan, chain: ChainTimer, uniform: list[list[float]], progress: Callable[[str], None]
                  ) -> dict[str, dict[str, dict]]:
-    """Per head size and GQA group, decode attention over rows of different contexts and the width and sharpness
-    fitted on them against the uniform table ``uniform`` (:func:`calibration.fit.fit_attention_width`)."""
+    """Per head size and GQA group: decode attention on rows of mixed contexts, fit by :func:`fit_attention_width`."""
     heads = plan.skew_heads
     points = plan.mixed_points()
     positions = max(sum(c) + 64 * len(c) for _, c in points)
@@ -415,7 +394,7 @@ def measure_elementwise(plan: KernelPlan, chain: ChainTimer, progress: Callable[
                         ) -> dict[str, list[list[float]]]:
     """``[rows, width, t]`` of the Triton RMSNorm, residual+norm and SwiGLU kernels."""
     device, dtype = chain.device, tensor_dtype(chain.device)
-    ops = Ops(_backend(device))
+    ops = Ops(default_backend(device))
     out: dict[str, list[list[float]]] = {"rms_norm": [], "residual_norm": [], "silu_mul": []}
     for rows, width in itertools.product(plan.rows, plan.widths):
         progress(f"elementwise rows={rows} width={width}")
@@ -430,10 +409,4 @@ def measure_elementwise(plan: KernelPlan, chain: ChainTimer, progress: Callable[
         out["silu_mul"].append([rows, width, chain([lambda g=g: ops.silu_mul(g) for g in gu])])
         del xs, bs, gu
     return out
-
-
-def _backend(device: torch.device) -> str:
-    from executor.ops import default_backend
-
-    return default_backend(device)
 

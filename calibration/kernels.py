@@ -1,12 +1,7 @@
-"""Kernel-level calibration: every family of kernel tables measured in turn, fitted and written as a profile.
-
-Families (``TABLE_DIMS`` in :mod:`cdbsim.latency.kernels` gives each table's dimensions): ``gemm``, ``few_gemm``,
-``few_swiglu``, ``gemv`` (chained kernels), ``rope_kv``, ``decode_attention``, ``chained_attention``,
-``prefill_attention``, ``rms_norm``, ``residual_norm``, ``silu_mul`` (:mod:`calibration.kernel_chains`); the
-engine's glue stages ``prelude0``, ``coda0``, ``core_glue``, ``prefill_glue`` and ``adapter`` on unit models
-(glue = 2 x one-layer - two-layer); whole probe layers (for the per-kernel gap and attention sharpness), the copy
-bandwidth, the host and metadata copy, and ``sustained`` (the power limit, :mod:`cdbsim.latency.power`). Each
-family is written as it finishes, so a run cut short keeps what it measured.
+"""Kernel-level calibration: every family of kernel tables (:data:`FAMILIES`) measured in turn, fitted and written as
+a profile: the single-kernel tables (:mod:`calibration.kernel_chains`), the engine's glue stages on unit models (glue =
+2 x one-layer - two-layer), whole probe layers (per-kernel gap, attention sharpness), the host, and ``sustained`` (the
+power limit, :mod:`cdbsim.latency.power`). Each family is saved as it finishes: a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -43,7 +38,6 @@ from calibration.measure import (
     back_to_back,
     environment,
     measure_host,
-    measure_meta_copy,
     spread_contexts,
 )
 from cdbsim.latency.devices import H200
@@ -144,8 +138,7 @@ def measure_probes(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str]
 
 def measure_mixed_probes(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], None]
                          ) -> list[list[float]]:
-    """``[probe, padded rows, context of each real row..., t]``: probe layers whose rows attend a spread of contexts.
-    """
+    """``[probe, padded rows, context of each real row..., t]``: probe layers over a spread of contexts."""
     points = [(b, spread_contexts(b, shortest, longest)) for b, shortest, longest in plan.mixed_probe_points]
     batch = max(b for b, _ in points)
     positions = max(sum(c) for _, c in points) + 64 * batch
@@ -208,9 +201,8 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     name = name or f"{device_tag(info['name'])}-kernels"
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    measured_on = {"bandwidth": H200.bandwidth, "flops": H200.matmul_flops, "launch": H200.launch_s}
-    record: dict = {"tables": {}, "device": measured_on,
-                    "glue_vocab": plan.glue_vocab[0], "seconds": {}}
+    record: dict = {"tables": {}, "device": {"bandwidth": H200.bandwidth, "flops": H200.matmul_flops,
+                                             "launch": H200.launch_s}, "glue_vocab": plan.glue_vocab[0], "seconds": {}}
     components = {}
     if base is not None:
         record = {**base.kernels, "tables": dict(base.kernels["tables"]), "seconds": dict(base.kernels["seconds"])}
@@ -226,12 +218,13 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
         profile.save(out / f"{name}.json")
         return profile
 
-    def family(label: str, fn: Callable[[], None]) -> None:
+    def family(label: str, fn: Callable[[], None], **rule: dict) -> None:
         if label not in families and label not in ("gaps", "sharpness"):  # fits of what the record holds
             return
         t0 = time.perf_counter()
         try:
             fn()
+            record.update(rule)  # the build's rule the table was measured under
         except Exception as exc:  # keep what the other families measure; the record says what failed
             record.setdefault("failed", {})[label] = f"{type(exc).__name__}: {exc}"
         record["seconds"][label] = round(time.perf_counter() - t0, 1)
@@ -242,19 +235,12 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     tables = record["tables"]
     family("copy", lambda: record.update(copy_bandwidth=copy_bandwidth(dev)))
     family("gemm", lambda: tables.update(gemm=measure_gemm(plan, chain, progress)))
-
-    def few_gemm() -> None:
-        tables["few_gemm"] = measure_few_gemm(plan, chain, progress)
-        record["few_rows"] = {"rows": FEW_ROWS_MAX, "hidden": FEW_ROWS_MAX_HIDDEN}  # the build's rule
-
-    family("few_gemm", few_gemm)
+    family("few_gemm", lambda: tables.update(few_gemm=measure_few_gemm(plan, chain, progress)),
+           few_rows={"rows": FEW_ROWS_MAX, "hidden": FEW_ROWS_MAX_HIDDEN})
     family("few_swiglu", lambda: tables.update(few_swiglu=measure_few_swiglu(plan, chain, progress)))
     family("elementwise", lambda: tables.update(measure_elementwise(plan, chain, progress)))
-    def gemv() -> None:
-        tables["gemv"] = measure_gemv(plan, chain, progress)
-        record["chained_rows"] = {"rows": CHAINED_ROWS, "hidden": CHAINED_MAX_HIDDEN}  # the build's rule
-
-    family("gemv", gemv)
+    family("gemv", lambda: tables.update(gemv=measure_gemv(plan, chain, progress)),
+           chained_rows={"rows": CHAINED_ROWS, "hidden": CHAINED_MAX_HIDDEN})
 
     def attention() -> None:
         measured = {k: v for k, v in measure_attention(plan, chain, progress).items() if v}
@@ -284,9 +270,7 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
 
     def host() -> None:
         probe = ArchSpec(name="probe-host", layer=plan.probes[0], vocab=4096, prelude=0, core=4, coda=0, r_max=4)
-        points = {**measure_host(probe, dev, progress=progress),
-                  **measure_meta_copy(dev, Timer(dev, plan.repeats, plan.warmup, spin_s=2e-3))}
-        for key, rows in points.items():
+        for key, rows in measure_host(probe, dev, plan.repeats, plan.warmup, progress=progress).items():
             components[key] = fit_points(np.asarray(rows, dtype=float), with_context=False)
 
     family("host", host)

@@ -1,10 +1,8 @@
 """Measure a GPU with the executor's own stage runners and CUDA graphs, for a measured profile.
 
-Unit models of each layer shape (core of one and of four layers, r_max 2) give the components directly: ``core1``,
-``layer`` = (4-layer - 1-layer core) / 3, ``prelude0``, ``coda0``, ``prefill_layer`` = (4-layer - 1-layer prefill) /
-6, ``prefill1``, ``kv_copy`` (:func:`measure_kv_fill`) and Huginn's ``adapter``; each model's own stages, the host
-per launch and the metadata copy per byte are measured too. Every stage is its executor CUDA graph replayed on random
-KV and loop states, the median of ``repeats`` replays queued behind a spin kernel (:class:`Timer`).
+Unit models of each layer shape (one- and four-layer cores, r_max 2) give its components, e.g. ``layer`` =
+(4-layer - 1-layer core) / 3 and ``prefill_layer`` = (4-layer - 1-layer prefill) / 6; each model's own stages, the
+host and the metadata copy are measured too, every stage as its CUDA graph replayed on random KV and loop states.
 """
 
 from __future__ import annotations
@@ -17,17 +15,15 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from calibration.fit import attention_skew_name
-from cdbsim.errors import ConfigError
 from cdbsim.latency.profile import Profile
 from cdbsim.latency.recipes import Component, model_stage_name
-from cdbsim.model.arch import ArchSpec, KVLayout, load_arch
+from cdbsim.model.arch import ArchSpec, KVLayout
 from cdbsim.report.validate import host_points
 from cdbsim.serving.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
 from cdbsim.serving.launch import Stage, causal_pairs, decode_launch, prefill_launch
@@ -49,8 +45,7 @@ def spread_contexts(rows: int, shortest: int, longest: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Plan:
-    """What to sweep (``quick``: a few points per component); ``prefill_points`` are (tokens per chunk, chunks,
-    cached prefix) triples."""
+    """What to sweep (``quick``: a few points per component); ``prefill_points``: (tokens per chunk, chunks, prefix)."""
 
     # powers of two and the sizes halfway between (a kernel can switch its work split between them)
     batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -86,11 +81,8 @@ class Plan:
                    prefill_points=((64, 1, 0), (1024, 1, 0), (4096, 1, 0), (16, 16, 0)),
                    model_prefill_points=((512, 1, 0), (16, 16, 0)), decode_contexts=(256,), repeats=8)
 
-    def grid(self) -> list[tuple[int, int]]:
-        return [(b, c) for c in self.contexts for b in self.batches if b * c <= self.max_positions]
-
-    def model_grid(self, contexts: tuple[int, ...]) -> list[tuple[int, int]]:
-        return [(b, c) for c in contexts for b in self.batches if b * c <= self.model_max_positions]
+    def grid(self, contexts: tuple[int, ...], max_positions: int) -> list[tuple[int, int]]:
+        return [(b, c) for c in contexts for b in self.batches if b * c <= max_positions]
 
     @property
     def longest_prompt(self) -> int:
@@ -98,12 +90,8 @@ class Plan:
 
 
 class Timer:
-    """Median time of a callable on the GPU (CUDA events) or the CPU (perf counter).
-
-    On a GPU each timed call is queued behind a spin kernel of ``spin_s``, so the time is the device's alone
-    (``spin_s=0``: the host's launch latency included); ``busy_s`` keeps calling it that long first, to time under
-    sustained load.
-    """
+    """Median time of a callable: CUDA events on a GPU, each call behind a spin kernel of ``spin_s`` (the device's time
+    alone; 0: with launch latency), or perf counter on a CPU; ``busy_s`` of calls first times under sustained load."""
 
     CLOCK_HZ = 2.0e9  # spin cycles per second: an H200's top SM clock (a slower clock only spins longer)
 
@@ -125,16 +113,15 @@ class Timer:
                 fn()
                 if self.cuda:
                     torch.cuda.synchronize()
-        if not self.cuda:
-            times = []
-            for _ in range(self.repeats):
+        if self.cuda:
+            torch.cuda.synchronize()
+        times = []
+        for _ in range(self.repeats):
+            if not self.cuda:
                 t0 = time.perf_counter()
                 fn()
                 times.append(time.perf_counter() - t0)
-            return times
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(self.repeats):
+                continue
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             if self.spin_s > 0:
                 torch.cuda._sleep(int(self.spin_s * self.CLOCK_HZ))
@@ -185,7 +172,6 @@ class UnitBench:
         # a long prefill replay is slow to repeat and steady: fewer repeats suffice
         self.prefill_timer = Timer(device, max(3, timer.repeats // 4), 1)
         self.bs = 16
-        self.max_context = max_context
         self.model = build_model(arch, device=device, seed=seed)
         requests = [Request(i, max_context, 2, 0.0, np.full(1, arch.r_max, dtype=np.int16))
                     for i in range(max_batch)]
@@ -218,8 +204,7 @@ class UnitBench:
     def graph(self, stage: Stage, batch: int, context: int, exiting: bool = False,
               mixed_steps: bool = False, contexts: list[int] | None = None,
               with_copy: bool = False) -> Callable[[], object]:
-        """The graph replay of :meth:`stage`'s launch, captured on first use; ``with_copy``: the metadata copy first.
-        """
+        """The graph replay of :meth:`stage`'s launch (captured on first use); ``with_copy``: metadata copy first."""
         return self._launcher(self.prepared(stage, batch, context, exiting, mixed_steps, contexts), with_copy)
 
     def prepared(self, stage: Stage, batch: int, context: int, exiting: bool = False,
@@ -244,8 +229,7 @@ class UnitBench:
         return launch
 
     def prefill(self, tokens: int, chunks: int = 1, prefix: int = 0) -> float:
-        """Seconds of one graph replay of a prefill launch of ``chunks`` prompts of ``tokens`` after ``prefix``
-        cached tokens, padded as in a run."""
+        """Seconds of one graph replay of ``chunks`` prompts of ``tokens`` after ``prefix`` cached, padded as served."""
         return self.prefill_timer(self.prefill_graph(tokens, chunks, prefix))
 
     def prefill_graph(self, tokens: int, chunks: int = 1, prefix: int = 0) -> Callable[[], object]:
@@ -265,32 +249,9 @@ META_COPY_BYTES = tuple(int(4 * 2 ** k) for k in range(10, 21))  # 4 KB .. 4 MB,
 META_SPIN_S = 2e-3  # the host fills the pinned buffer before it queues the copy: up to ~1 ms at 4 MB
 
 
-def probe_arch(prog: str, name: str) -> ArchSpec | None:
-    """The architecture a GPU probe script measures, or None after a one-line error (no CUDA GPU, or a bad name)."""
-    import sys
-
-    if not torch.cuda.is_available():
-        print(f"{prog}: needs a CUDA GPU, and none is available", file=sys.stderr)
-        return None
-    try:
-        return load_arch(name)
-    except ConfigError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return None
-
-
-def write_probe_table(table, path: Path, digits: int = 1) -> None:
-    """A GPU probe's ``table`` saved as CSV at ``path`` and printed under the device and torch version."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(path, index=False)
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
-    print(table.round(digits).to_string(index=False))
-
-
 def measure_meta_copy(device: torch.device, timer: Timer,
                       sizes: tuple[int, ...] = META_COPY_BYTES) -> Points:
-    """``[bytes, 0, t]``: a launch's metadata copy (:class:`executor.graphs.PinnedStaging`; a plain copy on a CPU).
-    """
+    """``[bytes, 0, t]``: a launch's metadata copy (:class:`executor.graphs.PinnedStaging`; on a CPU a plain copy)."""
     from executor.graphs import PinnedStaging
 
     rows = []
@@ -298,12 +259,9 @@ def measure_meta_copy(device: torch.device, timer: Timer,
         numel = size // 4
         array = np.arange(numel, dtype=np.int32)
         target = torch.empty(numel, dtype=torch.int32, device=device)
-        if device.type == "cuda":
-            staging = PinnedStaging(numel)
-            rows.append([size, 0, timer(lambda s=staging, t=target, a=array: s.copy_to(t, a))])
-        else:
-            source = torch.from_numpy(array)
-            rows.append([size, 0, timer(lambda t=target, s=source: t.copy_(s))])
+        copy = (functools.partial(PinnedStaging(numel).copy_to, target, array) if device.type == "cuda"
+                else functools.partial(target.copy_, torch.from_numpy(array)))
+        rows.append([size, 0, timer(copy)])
     return {Component.META_COPY.value: rows}
 
 
@@ -317,7 +275,6 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
     timer = Timer(device, plan.repeats, plan.warmup)
     max_batch = max(plan.batches)
     max_context = max(max(plan.contexts), plan.longest_prompt)
-    shape = arch.layer
     layer, core1, prelude0, coda0, prefill_layer, prefill1 = (
         c.key(arch) for c in (Component.LAYER, Component.CORE1, Component.PRELUDE0, Component.CODA0,
                               Component.PREFILL_LAYER, Component.PREFILL1))
@@ -327,18 +284,18 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
         bench = UnitBench(_unit(arch, core), max_batch, max_context, plan.max_positions, KVLayout.DEPTH, device,
                           timer)
         got: dict = {"core": {}, "prefill": {}}
-        for b, c in plan.grid():
-            progress(f"{shape.key}: {core}-layer core B={b} L={c}")
+        for b, c in plan.grid(plan.contexts, plan.max_positions):
+            progress(f"{arch.layer.key}: {core}-layer core B={b} L={c}")
             got["core"][b, c] = bench.stage(Stage.CORE, b, c)
         for n, k, p in plan.prefill_points:
-            progress(f"{shape.key}: {core}-layer prefill {k} x {n} tokens, prefix {p}")
+            progress(f"{arch.layer.key}: {core}-layer prefill {k} x {n} tokens, prefix {p}")
             got["prefill"][n, k, p] = bench.prefill(n, k, p)
+        raw[core] = got
         if core == 1:
             for b in plan.batches:
-                progress(f"{shape.key}: prelude and coda B={b}")
+                progress(f"{arch.layer.key}: prelude and coda B={b}")
                 points[prelude0].append([b, 0, bench.stage(Stage.PRELUDE, b, plan.contexts[0])])
                 points[coda0].append([b, 0, bench.stage(Stage.CODA, b, plan.contexts[0])])
-        raw[core] = got
         bench.close()
     for (b, c), t1 in raw[1]["core"].items():
         points[core1].append([b, b * c, t1])
@@ -435,11 +392,11 @@ def measure_model(arch: ArchSpec, plan: Plan, device: torch.device,
     bench = UnitBench(arch, max_batch, max_context, plan.model_max_positions, KVLayout.SHARED, device, timer)
     points: Points = {model_stage_name(arch, s): [] for s in Stage}
     for stage in (Stage.PRELUDE, Stage.CORE, Stage.CODA):
-        for b, c in plan.model_grid(plan.model_contexts):
+        for b, c in plan.grid(plan.model_contexts, plan.model_max_positions):
             progress(f"{arch.name}: {stage.value} B={b} L={c}")
             points[model_stage_name(arch, stage)].append([b, b * c, bench.stage(stage, b, c)])
     points[attention_skew_name(arch)] = measure_model_skew(arch, plan, bench, progress)
-    for b, c in plan.model_grid(plan.decode_contexts):
+    for b, c in plan.grid(plan.decode_contexts, plan.model_max_positions):
         if b <= 256:
             progress(f"{arch.name}: CB decode B={b} L={c}")
             points[model_stage_name(arch, Stage.DECODE)].append([b, b * c, bench.stage(Stage.DECODE, b, c)])
@@ -471,8 +428,7 @@ def measure_model_skew(arch: ArchSpec, plan: Plan, bench: UnitBench,
 
 def remeasure_attention(arch: ArchSpec, profile: Profile, device: torch.device, plan: Plan | None = None,
                         progress: Callable[[str], None] = lambda _: None) -> Profile:
-    """``profile`` with its mixed-context core steps measured again and its attention width and sharpness refitted.
-    """
+    """``profile`` with its mixed-context core steps re-measured and its attention width and sharpness refitted."""
     from calibration.fit import fit_attention_slots
 
     plan = plan or Plan()
@@ -487,17 +443,18 @@ def remeasure_attention(arch: ArchSpec, profile: Profile, device: torch.device, 
                    notes=f"{profile.notes}; mixed-context core steps re-measured {dt.date.today().isoformat()}")
 
 
-def measure_host(arch: ArchSpec, device: torch.device, requests: int = 128, seed: int = 0,
+def measure_host(arch: ArchSpec, device: torch.device, repeats: int, warmup: int, requests: int = 128, seed: int = 0,
                  progress: Callable[[str], None] = lambda _: None) -> Points:
-    """Host seconds per launch against items (medians per item count) from a short executor serving run: lookahead,
-    64 slots, refill at K = 1, Alpaca requests."""
+    """Host seconds per launch against items (medians per item count) from a short executor serving run (lookahead,
+    64 slots, refill at K = 1, Alpaca requests), then :func:`measure_meta_copy` behind a :data:`META_SPIN_S` spin."""
     progress(f"{arch.name}: host time from a {requests}-request serving run")
     trace = build_trace("alpaca", requests, arch.r_max, 2, ExitModel(mean=(arch.r_max + 2) / 2), seed=seed)
     config = ServeConfig(policy=Policy.REFILL, width=64, coda_batch=1, timing="lookahead",
                          layout=KVLayout.SHARED)
     kv_blocks = sum(-(-(r.prompt_len + r.output_len) // 16) for r in trace) + 64  # never preempts
     run = execute(arch, config, trace, kv_blocks, device=device, mode="lookahead", seed=seed)
-    return {Component.HOST.key(arch): host_points(run.log.launches)}
+    return {Component.HOST.key(arch): host_points(run.log.launches),
+            **measure_meta_copy(device, Timer(device, repeats, warmup, spin_s=META_SPIN_S))}
 
 
 def environment(device: torch.device) -> tuple[dict, dict]:

@@ -26,8 +26,7 @@ DEVICES = ("cuda", "cpu")  # cuda or cuda:N measures a GPU; cpu runs the tiny te
 
 
 def torch_device(device: str) -> object:
-    """The torch device to measure on: ``cuda`` (or ``cuda:N``) with a GPU present, or ``cpu``; another
-    name is a one-line error listing these (not torch's own list of device types it was not built for)."""
+    """The torch device to measure on: ``cuda`` (or ``cuda:N``) with a GPU present, or ``cpu``; else one-line error."""
     import torch
 
     if device.split(":")[0] not in DEVICES:
@@ -44,16 +43,7 @@ def torch_device(device: str) -> object:
 def calibrate(archs: list[ArchSpec], out: Path, quick: bool = False, device: str = "cuda",
               progress: Callable[[str], None] = lambda _: None, plan: object | None = None) -> list[Profile]:
     """Measure, fit and save a profile for every architecture in ``archs``; returns the profiles."""
-    from calibration.measure import (
-        META_SPIN_S,
-        Plan,
-        Timer,
-        environment,
-        measure_host,
-        measure_meta_copy,
-        measure_model,
-        measure_shape,
-    )
+    from calibration.measure import Plan, environment, measure_host, measure_model, measure_shape
 
     dev = torch_device(device)
     plan = plan or (Plan.quick() if quick else Plan())
@@ -67,8 +57,7 @@ def calibrate(archs: list[ArchSpec], out: Path, quick: bool = False, device: str
         key = f"{arch.layer.key}-v{arch.vocab}"
         if key not in shape_points:
             shape_points[key] = measure_shape(arch, plan, dev, progress)
-            host_points[key] = {**measure_host(arch, dev, progress=progress),
-                                **measure_meta_copy(dev, Timer(dev, plan.repeats, plan.warmup, spin_s=META_SPIN_S))}
+            host_points[key] = measure_host(arch, dev, plan.repeats, plan.warmup, progress=progress)
         points = {**shape_points[key], **host_points[key], **measure_model(arch, plan, dev, progress)}
         name = f"{device_tag(info['name'])}-{arch.name}"
         skew = points.pop(attention_skew_name(arch), [])

@@ -1,10 +1,6 @@
-"""Committed result tables read back: the summary figures of a validation run and the executor's targets.
-
-The README and ``docs/`` quote figures from tables under ``benchmarks/results/`` (``cdbsim validate``'s
-``summary.csv``; ``benchmarks/bench_executor.py``'s ``stages.csv``, ``attention.csv`` and ``throughput.csv``).
-These functions derive those figures from the tables themselves, so a re-measured table changes them without
-anyone retyping a number. Only pandas and JSON: no GPU, no simulator.
-"""
+"""Committed result tables read back: the summary figures of a validation run and the executor's targets, derived
+from the tables themselves (``cdbsim validate``'s ``summary.csv``; the executor benchmark's ``stages.csv``,
+``attention.csv`` and ``throughput.csv``), so a re-measured table changes them. Only pandas and JSON."""
 
 from __future__ import annotations
 
@@ -45,11 +41,6 @@ def matrix_errors(summary: pd.DataFrame) -> dict[str, float]:
             "online_worst": float(online_p50.max())}
 
 
-def read_summary(path: Path) -> dict[str, float]:
-    """:func:`matrix_errors` of the ``summary.csv`` at ``path``."""
-    return matrix_errors(read_table(path, "validation summary", ("config", "tok/s error %", "norm p50 error %")))
-
-
 def gemm_peak_tflops(profile: Path) -> float:
     """The fastest GEMM a kernel-level profile measured, TFLOP/s: the matmul rate prefill is held against."""
     try:
@@ -60,9 +51,8 @@ def gemm_peak_tflops(profile: Path) -> float:
 
 
 def prefill_rates(stages: pd.DataFrame, peak_tflops: float) -> pd.DataFrame:
-    """The prefill rows of a stage table (one chunk of ``batch`` tokens at full depth, replayed) with the
-    launch's rate counting 2 flops per weight per token (bf16: ``weight_bytes`` / 2 weights) and its share of
-    ``peak_tflops``."""
+    """The prefill rows of a stage table (one chunk of ``batch`` tokens at full depth, replayed): the rate at 2 flops
+    per weight per token (bf16: ``weight_bytes`` / 2 weights) and its share of ``peak_tflops``."""
     rows = stages[stages["stage"] == "prefill"]
     tflops = rows["batch"] * rows["weight_bytes"] / rows["ms"] / 1e9
     return pd.DataFrame({"model": rows["model"], "tokens": rows["batch"], "ms": rows["ms"],
@@ -125,18 +115,16 @@ def refill_k1(table: pd.DataFrame) -> Verdict:
 
 
 def validation(errors: dict[str, float]) -> Verdict:
-    """A validation summary's offline tok/s errors (:func:`matrix_errors`) against :data:`MAX_MEDIAN` and
-    :data:`MAX_WORST`."""
+    """A summary's offline tok/s errors (:func:`matrix_errors`) against :data:`MAX_MEDIAN` and :data:`MAX_WORST`."""
     median, worst = errors["offline_median"], errors["offline_worst"]
     return Verdict(f"validation median <= {MAX_MEDIAN:g}%, worst <= {MAX_WORST:g}% ({errors['configs']} configs)",
                    f"{median:.2f}% / {worst:.2f}%", median <= MAX_MEDIAN and worst <= MAX_WORST)
 
 
 def verdicts(stages: Path, attention_table: Path, throughput: Path, profile: Path, summary: Path) -> list[Verdict]:
-    """Every executor target's verdict from the tables at these paths: a ``bench_executor.py --parts stages
-    attention`` run's ``stages.csv`` and ``attention.csv``, a ``--parts throughput --exits none --k 1`` run's
-    ``throughput.csv``, the kernel-level profile whose fastest GEMM prefill is held against, and the
-    validation matrix's ``summary.csv``. A missing or malformed table is a ValueError naming it."""
+    """Every executor target's verdict from the tables at these paths: the executor benchmark's ``stages.csv``,
+    ``attention.csv`` and ``throughput.csv`` (K = 1, no exits), the kernel-level profile whose fastest GEMM prefill is
+    held against, and the validation ``summary.csv``. A missing or malformed table is a ValueError naming it."""
     steps = read_table(stages, "stage", ("model", "stage", "batch", "context", "ms", "weight_bytes",
                                          "x_roofline_weights_kv"))
     return [worst_steps(steps, "core"), worst_steps(steps, "decode"),
@@ -144,4 +132,5 @@ def verdicts(stages: Path, attention_table: Path, throughput: Path, profile: Pat
                                                                  "fraction_of_copy_bw"))),
             prefill(steps, gemm_peak_tflops(profile)),
             refill_k1(read_table(throughput, "throughput", ("model", "policy", "K", "exits", "speedup_vs_cb"))),
-            validation(read_summary(summary))]
+            validation(matrix_errors(read_table(summary, "validation summary",
+                                                ("config", "tok/s error %", "norm p50 error %"))))]

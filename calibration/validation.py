@@ -1,19 +1,11 @@
-"""``cdbsim validate``: run configurations on the GPU executor (an engine serving a looped model as the CDB
-paper's does: Schwethelm et al., arXiv 2608.09444) and in the simulator, on identical requests and exit
-depths, and compare the two logs.
+"""``cdbsim validate``: run configurations on the GPU executor (serving a looped model as the CDB paper's engine
+does: Schwethelm et al., arXiv 2608.09444) and in the simulator, on identical requests and exit depths; compare logs.
 
-A validation matrix is a JSON file of named experiments in the ``--set`` syntax::
-
-    {"name": "validation-h200",
-     "set": ["workload.name=alpaca", "workload.requests=256", "workload.seed=1", "serve.kv_tokens=65536"],
-     "configs": [{"name": "ouro-alpaca-cb-W64", "set": ["arch.name=ouro-1.4b", "serve.policy=cb"]},
-                 {"name": "ouro-alpaca-refill-online", "set": ["arch.name=ouro-1.4b"], "rate_of_capacity": 0.75}]}
-
-Each entry is an :class:`~cdbsim.planner.experiment.Experiment`: the defaults, then the matrix's ``set``,
-then the entry's. ``rate_of_capacity`` makes an online run with Poisson arrivals at that fraction of the
-simulator's offline request rate for the same experiment. The latency section is not set per entry:
-``--profile`` prices the whole matrix. Executor logs are saved and found by entry name, so the comparison
-can be redone from them without a GPU (``--measured``).
+A validation matrix (``docs/validating.md``) is a JSON file of named experiments in the ``--set`` syntax
+(:data:`SHAPE`), each an :class:`~cdbsim.planner.experiment.Experiment`: the defaults, then the matrix's ``set``, then
+the entry's. ``rate_of_capacity`` makes an online run with Poisson arrivals at that fraction of the simulator's
+offline request rate. ``--profile`` prices the whole matrix, not each entry. Executor logs are saved and found by
+entry name, so the comparison can be redone from them without a GPU (``--measured``).
 """
 
 from __future__ import annotations
@@ -33,7 +25,6 @@ from pathlib import Path
 
 from cdbsim.errors import ConfigError, read_json, require
 from cdbsim.latency.model import LatencyModel
-from cdbsim.latency.profile import Profile
 from cdbsim.model.arch import ArchSpec
 from cdbsim.planner.experiment import Experiment, parse_value
 from cdbsim.report.logs import RunLog
@@ -54,9 +45,8 @@ SHAPE = '{"set": [...], "configs": [{"name": ..., "set": ["section.field=value",
 
 @dataclass(frozen=True)
 class Entry:
-    """One configuration of a validation matrix: a named experiment and, for an online run at a share of
-    the simulated capacity, that share (a matrix concern: the rate it resolves to is saved with the
-    measured log). Settings the executor cannot run are refused when the entry is made."""
+    """One configuration of a validation matrix: a named experiment and, for an online run at a share of the simulated
+    capacity, that share (its rate is saved with the measured log); what the executor cannot run is refused here."""
 
     name: str
     experiment: Experiment
@@ -134,8 +124,7 @@ def _override(exp: Experiment, items: object, where: str) -> Experiment:
 
 
 def load_matrix(path: str | Path, only: Iterable[str] | None = None) -> list[Entry]:
-    """The entries of a matrix file, or those named in ``only``. A bad file is refused with one line naming
-    the file and the entry."""
+    """The entries of a matrix file (or those named in ``only``); a bad file is one line naming file and entry."""
     data = read_json(path, "validation matrix")
     require(isinstance(data, dict), f"{path}: not a validation matrix ({SHAPE} expected)")
     extra = sorted(set(data) - set(MATRIX_KEYS))
@@ -260,12 +249,8 @@ def compare(entries: list[Entry], measured: dict[str, RunLog],
 
 def profile_names(latency_for: Callable[[ArchSpec], LatencyModel], entries: list[Entry]) -> dict[str, str]:
     """Each architecture's profile label, by the name the entries give it."""
-    out: dict[str, str] = {}
-    for entry in entries:
-        profile: Profile = latency_for(entry.spec()).profile
-        arch = entry.experiment.arch
-        out[str(arch.hf_config or arch.name)] = profile.label()
-    return out
+    return {str(e.experiment.arch.hf_config or e.experiment.arch.name): latency_for(e.spec()).profile.label()
+            for e in entries}
 
 
 @dataclass
@@ -279,8 +264,7 @@ class Validation:
 
 def run_validation(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], LatencyModel],
                    measured: Path | None = None, log: Callable[[str], None] = print) -> Validation:
-    """Measure ``entries`` on the executor (or load their logs saved in ``measured``), simulate the same
-    requests, compare, and write the results to ``out`` (see :func:`write_results`)."""
+    """Measure ``entries`` on the executor (or load logs saved in ``measured``), simulate, compare and write."""
     out.mkdir(parents=True, exist_ok=True)
     logs = load_measured(entries, measured) if measured is not None else measure(entries, out / "measured",
                                                                                   latency_for, log=log)

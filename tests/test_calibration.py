@@ -120,8 +120,13 @@ def test_held_out_error_of_interpolation() -> None:
     smallest batch (below the grid, it holds the smallest measured value)."""
     import numpy as np
 
-    from calibration.fit import held_out_errors
+    from calibration.fit import held_out_predictions
     from cdbsim.latency.profile import Fit
+
+    def held_out_errors(fit: Fit) -> np.ndarray:
+        predicted = held_out_predictions(fit)
+        measured = np.array([p[-1] for p in fit.points])
+        return np.abs(predicted - measured) / measured
 
     points = [[b, b * length, 1e-3 + 1e-5 * b + 1e-8 * b * length] for length in (128, 512) for b in (1, 2, 4, 8)]
     errors = held_out_errors(Fit(delta=1e-3, gamma=1e-5, alpha=1e-8, points=points))
@@ -130,7 +135,7 @@ def test_held_out_error_of_interpolation() -> None:
     bent = [list(p) for p in points]
     bent[1][2] *= 1.5  # B = 2 at L = 128 off the line: its neighbours cannot predict it
     assert held_out_errors(Fit(delta=1e-3, points=bent))[1] > 0.2
-    assert held_out_errors(Fit(delta=1e-3, points=[[1, 0, 0, 1.0]] * 3)).size == 0
+    assert held_out_predictions(Fit(delta=1e-3, points=[[1, 0, 0, 1.0]] * 3)).size == 0
 
 
 def test_prefill_family_extends_rope_kv_beyond_the_decode_grid(tmp_path) -> None:

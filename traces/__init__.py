@@ -1,7 +1,5 @@
-"""Inputs of a serving run: requests (prompt length, output length, arrival) and per-token exit depths.
-
-No torch; names load on first use (PEP 562), so ``import traces`` costs numpy alone.
-"""
+"""Inputs of a serving run: requests (prompt length, output length, arrival) and per-token exit depths. No torch;
+names load on first use (PEP 562), so ``import traces`` costs numpy alone."""
 
 from __future__ import annotations
 
@@ -13,16 +11,15 @@ if TYPE_CHECKING:
     from traces.errors import InputError
     from traces.exits import EXIT_MODELS, ExitModel
     from traces.io import read_trace, write_trace
-    from traces.request import Request, total_output_tokens
+    from traces.request import Request
     from traces.workloads import WORKLOADS, length_model
 
 _HOME = {"build_trace": "traces.build", "InputError": "traces.errors", "EXIT_MODELS": "traces.exits",
          "ExitModel": "traces.exits", "read_trace": "traces.io", "write_trace": "traces.io",
-         "Request": "traces.request", "total_output_tokens": "traces.request", "WORKLOADS": "traces.workloads",
-         "length_model": "traces.workloads"}
+         "Request": "traces.request", "WORKLOADS": "traces.workloads", "length_model": "traces.workloads"}
 
-__all__ = ["EXIT_MODELS", "WORKLOADS", "ExitModel", "InputError", "Request", "build_trace",
-           "length_model", "read_trace", "total_output_tokens", "write_trace"]
+__all__ = ["EXIT_MODELS", "WORKLOADS", "ExitModel", "InputError", "Request", "build_trace", "length_model",
+           "read_trace", "write_trace"]
 
 
 def __getattr__(name: str) -> Any:

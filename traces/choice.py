@@ -1,6 +1,5 @@
 """Closed sets of names a user picks from (a policy, a stage, a KV layout, ...): enums equal to their string values,
-so they round-trip through JSON, CSV, TOML and f-strings; :meth:`Choice.parse` gives a member or the one-line
-error listing the valid names."""
+so they round-trip through JSON, CSV, TOML and f-strings; :meth:`Choice.parse` lists the valid names on a miss."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The one exception type for bad user input, shared by ``traces`` and ``cdbsim`` (as ``ConfigError``).
-
-:class:`InputError` carries a single-line message; the CLI prints it as ``error: ...`` with exit code 2.
-"""
+"""The one exception type for bad user input, shared by ``traces`` and ``cdbsim`` (as ``ConfigError``): a one-line
+message that the CLI prints as ``error: ...`` with exit code 2."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ def require(condition: bool, message: str) -> None:
 
 
 def read_text(path: str | Path, what: str) -> str:
-    """The UTF-8 text of ``path``; a missing file or non-UTF-8 bytes are a one-line error naming the file and line.
-    """
+    """The UTF-8 text of ``path``; a missing file or non-UTF-8 bytes are a one-line error naming file and line."""
     path = Path(path)
     require(path.is_file(), f"{what} {path} does not exist")
     data = path.read_bytes()

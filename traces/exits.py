@@ -36,8 +36,7 @@ class ExitModel:
             require(self.depth is not None and self.depth >= 1, "the fixed exit model needs a depth >= 1")
         if self.kind == "synthetic":
             require(0.0 <= self.dispersion < 1.0, f"dispersion must be in [0, 1), got {self.dispersion}")
-            require(-1.0 < self.correlation < 1.0,
-                    f"correlation must be in (-1, 1), got {self.correlation}")
+            require(-1.0 < self.correlation < 1.0, f"correlation must be in (-1, 1), got {self.correlation}")
 
     def describe(self) -> str:
         if self.kind == "none":
@@ -116,9 +115,8 @@ class ExitModel:
         return z
 
 
-# scipy.stats' binomial and beta-binomial pmf over k = 0 .. n, computed as scipy.stats computes them (the same
-# special functions on the same broadcast arrays, so the same bits) from scipy.special alone: importing
-# scipy.stats costs about 0.7 s, most of a short simulation's start-up.
+# scipy.stats' binomial and beta-binomial pmf over k = 0 .. n, bit for bit (the same special functions on the same
+# broadcast arrays) from scipy.special alone: importing scipy.stats would dominate a short simulation's start-up.
 def binomial_pmf(n: int, p: float) -> np.ndarray:
     """``scipy.stats.binom.pmf(np.arange(n + 1), n, p)``."""
     from scipy.special import _ufuncs

@@ -33,12 +33,10 @@ def write_trace(requests: list[Request], path: str | Path) -> Path:
 
     path = Path(path)
     fmt = _format(path)
-    frame = pd.DataFrame({
-        "request_id": [r.request_id for r in requests],
-        "prompt_len": [r.prompt_len for r in requests],
-        "output_len": [r.output_len for r in requests],
-        "arrival_s": [float(r.arrival) for r in requests],
-    })
+    frame = pd.DataFrame({"request_id": [r.request_id for r in requests],
+                          "prompt_len": [r.prompt_len for r in requests],
+                          "output_len": [r.output_len for r in requests],
+                          "arrival_s": [float(r.arrival) for r in requests]})
     if fmt == ".csv":
         frame["exit_depths"] = [" ".join(map(str, r.depths.tolist())) for r in requests]
         frame.to_csv(path, index=False)

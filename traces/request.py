@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# The latest arrival a request may have: 11.6 days. The simulator's float64 clock still resolves launch
-# times to better than a nanosecond there (it stops doing so near 4.5e6 s), and a later arrival is a
-# unit mistake, not a workload (arrivals of 1e300 s reported 2e12 tok/s).
+# The latest arrival a request may have (11.6 days): the simulator's float64 clock still resolves launch times to
+# a nanosecond there, and a later arrival is a unit mistake, not a workload.
 MAX_ARRIVAL_S = 1e6
 
 
@@ -27,7 +26,3 @@ class Request:
     def kv_positions(self) -> int:
         """KV positions the request holds at its end: the prompt plus every output token but the last."""
         return self.prompt_len + self.output_len - 1
-
-
-def total_output_tokens(requests: list[Request]) -> int:
-    return int(sum(r.output_len for r in requests))

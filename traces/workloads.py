@@ -45,10 +45,6 @@ class LengthModel:
                 np.maximum(1, np.rint(output)).astype(np.int64))
 
     @property
-    def mean_prompt(self) -> float:
-        return float(np.mean(self.prompt_quantiles))
-
-    @property
     def mean_output(self) -> float:
         return float(np.mean(self.output_quantiles))
 
@@ -66,10 +62,6 @@ def length_model(name: str) -> LengthModel:
     if name not in _DATA_KEYS:
         raise unknown("workload", name, WORKLOADS)
     entry = _raw()[_DATA_KEYS[name]]
-    return LengthModel(
-        name=name,
-        prompt_quantiles=np.asarray(entry["prompt"]["quantiles"], dtype=float),
-        output_quantiles=np.asarray(entry["output"]["quantiles"], dtype=float),
-        spearman=float(entry["spearman"]),
-        source=entry["source"],
-    )
+    return LengthModel(name=name, prompt_quantiles=np.asarray(entry["prompt"]["quantiles"], dtype=float),
+                       output_quantiles=np.asarray(entry["output"]["quantiles"], dtype=float),
+                       spearman=float(entry["spearman"]), source=entry["source"])

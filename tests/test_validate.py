@@ -141,7 +141,7 @@ def test_adaptive_matrix_pairs_runs_on_the_same_requests() -> None:
 
 
 def test_entry_with_trace_and_rate_is_refused() -> None:
-    with pytest.raises(ValueError, match="give one of workload.trace and rate_of_capacity"):
+    with pytest.raises(ValueError, match=r"give one of workload\.trace and rate_of_capacity"):
         entry("x", "workload.trace=t.csv", rate_of_capacity=0.5)
 
 

@@ -1,6 +1,6 @@
 """How the executor's paged decode attention divides its work, in plain Python for the latency model.
 
-The kernel (``executor.triton_kernels.decode_attention``) runs one program per (row, head, split). The split count
+The kernel (``executor.triton_decode.decode_attention``) runs one program per (row, head, split). The split count
 depends on rows x heads and the head width only, so a stage's CUDA graph runs the same kernel whatever its contexts:
 :func:`decode_splits` gives it, :func:`split_positions` a row's positions per split (at least
 ``MIN_SPLIT_POSITIONS``, whole KV pages; splits past a row's context read nothing).

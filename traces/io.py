@@ -42,7 +42,7 @@ def write_trace(requests: list[Request], path: str | Path) -> Path:
         frame.to_csv(path, index=False)
     else:
         frame["exit_depths"] = [np.asarray(r.depths, dtype=np.int16) for r in requests]
-        frame.to_parquet(path, index=False)
+        frame.to_parquet(path, index=False, compression="zstd")
     return path
 
 

@@ -293,9 +293,9 @@ class RunLog:
         out = Path(directory)
         with atomic_dir(out) as staging:
             if fmt is LogFormat.PARQUET:
-                self.launches.to_parquet(staging / "launches.parquet", index=False)
+                self.launches.to_parquet(staging / "launches.parquet", index=False, compression="zstd")
                 self.requests.assign(token_times=[np.asarray(t, dtype=float) for t in self.token_times]).to_parquet(
-                    staging / "requests.parquet", index=False)
+                    staging / "requests.parquet", index=False, compression="zstd")
             else:
                 self.launches.to_csv(staging / "launches.csv", index=False)
                 req = self.requests.assign(token_times=[" ".join(f"{t:.9g}" for t in ts) for ts in self.token_times])

@@ -9,6 +9,7 @@ import shutil
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,7 +110,8 @@ def row_writer(schema: pa.Schema, parquet: str | Path | None = None,
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 
-    kinds = [(parquet, "--out", ".parquet", pq.ParquetWriter), (csv, "--csv", ".csv", pcsv.CSVWriter)]
+    kinds = [(parquet, "--out", ".parquet", partial(pq.ParquetWriter, compression="zstd")),
+             (csv, "--csv", ".csv", pcsv.CSVWriter)]
     chosen = [(check_file(path, what, (suffix,)), make) for path, what, suffix, make in kinds if path is not None]
     staged = [(target, staging_name(target)) for target, _ in chosen]
     writers: list[Any] = []

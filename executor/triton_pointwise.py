@@ -15,7 +15,6 @@ from executor.kv_cache import PagedKVCache
 from executor.rope import RopeTable
 
 
-# ----- norms and activation --------------------------------------------------------------------------
 @triton.jit
 def _rms_norm_kernel(X, W, Y, n_cols, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
     wait_for_predecessor(PDL)
@@ -107,7 +106,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return y
 
 
-# ----- RoPE + KV write -------------------------------------------------------------------------------
 @triton.jit
 def _kv_offset(page, offset, kvh, KVH: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr):
     """Element offset of KV head ``kvh`` at position ``offset`` (0-15) of global page ``page`` (cache layer
@@ -162,8 +160,7 @@ def _rotated_pairs(src, bias, rows_ok, c, s, HAS_BIAS: tl.constexpr, HALF: tl.co
     if HAS_BIAS:
         b0, b1 = _load_pairs(bias + tl.zeros([BLOCK_T, 1], dtype=tl.int32), rows_ok, HALF, BLOCK_T, BLOCK_HALF,
                              INTERLEAVED)
-        x0 += b0.to(tl.float32)
-        x1 += b1.to(tl.float32)
+        x0, x1 = x0 + b0.to(tl.float32), x1 + b1.to(tl.float32)
     return x0 * c - x1 * s, x1 * c + x0 * s
 
 
@@ -215,20 +212,16 @@ def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.
     ``block_rows``: rows per program (default ``ROPE_ROWS``, fewer for a smaller launch)."""
     qkv = qkv.contiguous()
     kvh, d = cache.kv_heads, cache.head_dim
-    n = qkv.shape[0]
-    heads = qkv.shape[1] // d - 2 * kvh
+    n, heads = qkv.shape[0], qkv.shape[1] // d - 2 * kvh
     q = torch.empty((n, heads, d), device=qkv.device, dtype=qkv.dtype)
     geo = cache.geometry
-    half = d // 2
     has_bias = q_bias is not None
     pdl = pdl_enabled(qkv)
     block = block_rows or min(ROPE_ROWS, triton.next_power_of_2(max(n, 1)))
     _rope_kv_kernel[(triton.cdiv(n, block), heads + kvh)](
         qkv, q_bias if has_bias else qkv, k_bias if has_bias else qkv, pos, rope.cos, rope.sin, q,
         cache.k, cache.v, row0, layer_base, fill, n, layer, geo.rows_per_layer, geo.core * geo.rows_per_layer,
-        qkv.stride(0), H=heads, KVH=kvh, D=d, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_T=block,
+        qkv.stride(0), H=heads, KVH=kvh, D=d, HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2), BLOCK_T=block,
         HAS_BIAS=has_bias, INTERLEAVED=rope.interleaved, PAGE=geo.block_size, PDL=pdl,
-        num_warps=1 if block <= 2 else 4,
-        **launch_options(pdl))
+        num_warps=1 if block <= 2 else 4, **launch_options(pdl))
     return q
-

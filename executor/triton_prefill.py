@@ -24,15 +24,11 @@ def _load_cols(ptr, rows_ok, D0: tl.constexpr, DW: tl.constexpr, D: tl.constexpr
     d = D0 + tl.arange(0, DW)
     if MASK_ROWS:
         if D0 + DW <= D:
-            x = tl.load(ptr + d[None, :], mask=rows_ok[:, None], other=0.0)
-        else:
-            x = tl.load(ptr + d[None, :], mask=rows_ok[:, None] & (d < D)[None, :], other=0.0)
-    else:
-        if D0 + DW <= D:  # noqa: SIM108 (a static branch of the kernel, not a runtime choice)
-            x = tl.load(ptr + d[None, :])
-        else:
-            x = tl.load(ptr + d[None, :], mask=(d < D)[None, :], other=0.0)
-    return x
+            return tl.load(ptr + d[None, :], mask=rows_ok[:, None], other=0.0)
+        return tl.load(ptr + d[None, :], mask=rows_ok[:, None] & (d < D)[None, :], other=0.0)
+    if D0 + DW <= D:
+        return tl.load(ptr + d[None, :])
+    return tl.load(ptr + d[None, :], mask=(d < D)[None, :], other=0.0)
 
 
 @triton.jit

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -98,12 +99,7 @@ class StageGraphs:
         engine = self.engine
         meta = torch.from_numpy(engine.scratch(stage, rows, self.width)).to(engine.device)
         views = engine.views(stage, meta, rows, self.width)
-        max_fill = engine.geo.max_fill if stage is Stage.CORE else 0
-        fn = engine.stage_fn(stage)
-
-        def run() -> torch.Tensor | None:
-            return fn(views, max_fill)
-
+        run = partial(engine.stage_fns[stage], views, engine.geo.max_fill if stage is Stage.CORE else 0)
         if not self.capture:
             return CapturedStage(None, meta, None, run)
         staging = PinnedStaging(meta.numel())

@@ -36,8 +36,7 @@ class ChainConfig(NamedTuple):
     tiles: int
 
 
-# (op, N, K, rows) -> config measured on the H200 (op "swiglu" for the gate/up projection; the plain entry of a shape
-# serves its other ops); shapes not listed use default_config.
+# (op, N, K, rows) -> config tuned on the H200 (op "swiglu": the gate/up projection); lookup: config_for
 CONFIGS: dict[tuple[str, int, int, int], ChainConfig] = {
     ("gemv", 6144, 2048, 1): ChainConfig(4, 8, 3),  # ouro.wqkv
     ("gemv", 2048, 2048, 1): ChainConfig(4, 4, 1),  # ouro.wo
@@ -52,8 +51,7 @@ CONFIGS: dict[tuple[str, int, int, int], ChainConfig] = {
 
 
 def split_k(k: int) -> tuple[int, int]:
-    """``K`` as two power-of-two register pieces ``(K1, K2)``: the largest power of two at or below ``K``,
-    then the remainder rounded up (0 when there is none)."""
+    """``K`` as register pieces ``(K1, K2)``: the largest power of two <= ``K``, the rest rounded up to one (or 0)."""
     k1 = 1 << (k.bit_length() - 1)
     return k1, (triton.next_power_of_2(k - k1) if k > k1 else 0)
 
@@ -141,8 +139,7 @@ def pdl_mode(t: torch.Tensor, late: bool = False) -> int:
 
 @triton.jit
 def wait_for_predecessor(PDL: tl.constexpr):
-    """Under PDL: wait until the previous kernel has finished and its writes are visible, then (``EARLY``)
-    let the next kernel launch. A no-op without PDL."""
+    """Under PDL: wait for the previous kernel's writes, then (``EARLY``) let the next kernel launch; else a no-op."""
     if PDL:
         gdc_wait()
         if PDL == 1:

@@ -32,8 +32,7 @@ class FewRowsConfig(NamedTuple):
     stages: int
 
 
-# (N, K, swiglu) -> config measured on the H200; other shapes use default_config. Huginn-3.5B's entries serve explicit
-# use (Ops(few_rows=...)): its default path is cuBLAS (cdbsim.latency.gpu_work.few_rows)
+# (N, K, swiglu) -> config tuned on the H200, else default_config; Huginn-3.5B's serve Ops(few_rows=...) only
 CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
     (6144, 2048, False): FewRowsConfig(64, 256, 4, 3),  # ouro.wqkv
     (2048, 2048, False): FewRowsConfig(16, 256, 4, 4),  # ouro.wo
@@ -64,8 +63,7 @@ def block_rows(m: int) -> int:
 
 
 def warps_for(cfg: FewRowsConfig, block_m: int) -> int:
-    """``cfg``'s warps, scaled with the row tile (at most 8) so each thread's share of the float32 accumulators stays
-    what the config has at 16 rows (fewer warps spill registers at 32-64 rows)."""
+    """``cfg``'s warps scaled with the row tile (at most 8): per thread as many fp32 accumulators as at 16 rows."""
     return min(8, cfg.num_warps * block_m // MIN_BLOCK_M)
 
 

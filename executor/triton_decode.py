@@ -45,8 +45,7 @@ def _tile_rows(BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH: tl.constexpr
 
 @triton.jit
 def _kv_part(KC, VC, base, tm, D: tl.constexpr, D0: tl.constexpr, DW: tl.constexpr, EVICT: tl.constexpr):
-    """Columns ``D0 .. D0 + DW`` of the K and V rows at ``base`` (``[BLOCK, DW]``, cache dtype, zero where
-    masked or past the head's ``D``), loaded with eviction policy ``EVICT``."""
+    """K and V ``[BLOCK, DW]``: columns ``D0 ..`` of the rows at ``base``, zero where masked or past ``D``."""
     d = D0 + tl.arange(0, DW)
     off = base[:, None] + d[None, :]
     km = tm[:, None] & (d < D)[None, :]
@@ -94,8 +93,7 @@ def _attend(qa, qb, k_new, v_new, pos, k, v, start, end, used, KC, VC, BT, MO, M
     the first tile is ``k, v``; ``OWN``: position ``pos`` is the launch's own token ``k_new``/``v_new``."""
     tl.static_assert(DB == 0 or not (OWN or PEEL), "the launch's own token and a peeled tile take one part")
     s_own = tl.sum(k_new * qa, axis=0)
-    m_i = -float("inf")
-    l_i = 0.0
+    m_i, l_i = -float("inf"), 0.0
     acc_a = tl.zeros([DA], dtype=tl.float32)
     acc_b = acc_a
     if DB > 0:
@@ -283,8 +281,7 @@ def split_counters(device: torch.device, numel: int) -> torch.Tensor:
 
 def _splits_and_partials(n: int, heads: int, d: int, splits: int | None, out: torch.Tensor, counters: bool
                          ) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The grid's split count, the merge's fp32 partials and (for an in-kernel merge) its counters;
-    ``out`` stands in for whatever is not needed."""
+    """The split count, the merge's fp32 partials and (in-kernel merge) its counters; ``out`` stands in for the rest."""
     splits = splits or decode_splits(n, heads, d)
     if splits == 1:
         return 1, out, out, out

@@ -79,14 +79,13 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def residual_norm(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor | None,
-                  eps: float, sandwich: bool, pdl: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """See :func:`executor.ops.residual_norm`; ``pdl=False`` launches it without PDL."""
+                  eps: float, sandwich: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     branch, x = branch.contiguous(), x.contiguous()
     n_cols = x.shape[-1]
     x_out = torch.empty_like(x)
     h_out = torch.empty_like(x) if w_next is not None else x_out
     block = triton.next_power_of_2(n_cols)
-    pdl = pdl_enabled(x) if pdl is None else pdl and pdl_enabled(x)
+    pdl = pdl_enabled(x)
     _residual_norm_kernel[(x.numel() // n_cols,)](
         branch, x, w_post, w_next if w_next is not None else w_post, x_out, h_out, n_cols, eps,
         SANDWICH=sandwich, HAS_NEXT=w_next is not None, BLOCK=block, PDL=pdl, num_warps=_norm_warps(block),
@@ -170,8 +169,7 @@ def _rope_kv_kernel(QKV, QB, KB, POS, COS, SIN, QO, KC, VC, ROW0, LB, FILL, n,
                     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                     BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr,
                     INTERLEAVED: tl.constexpr, PAGE: tl.constexpr, PDL: tl.constexpr):
-    """``BLOCK_T`` rows of one head: q rotated into ``QO``, or k rotated and v written to the cache (at the
-    row's slot and ``FILL`` deeper ones)."""
+    """``BLOCK_T`` rows of one head: q rotated into ``QO``, or k rotated and v cached (own slot, ``FILL`` deeper)."""
     wait_for_predecessor(PDL)
     b = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)

@@ -1,6 +1,5 @@
 """Paged attention of packed prefill chunks in Triton (:func:`prefill_attention`, the signature of
-:func:`executor.ops.prefill_attention`): no host sync, so it fits a CUDA graph. CPU tensors run under
-``TRITON_INTERPRET=1``.
+:func:`executor.ops.prefill_attention`): no host sync, so it fits a CUDA graph. CPU tensors run interpreted.
 """
 
 from __future__ import annotations

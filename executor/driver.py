@@ -45,8 +45,7 @@ class ExecutorRun:
 
 @dataclass
 class _InFlight:
-    """The backend's handle of a launch in flight: its prepared inputs, clock marks and logits (and, once it
-    has completed, its start and end in seconds of the run's clock)."""
+    """A launch in flight: its prepared inputs, clock marks and logits; once completed, its start and end (s)."""
 
     prepared: Prepared
     state: SchedulerState
@@ -124,8 +123,7 @@ class Executor:
         self.engine.track_rows = keep_logits
 
     def warmup(self) -> None:
-        """Capture every graph this run can use and run one scratch prefill, so neither a capture nor a
-        kernel compilation lands inside the timed run."""
+        """Capture every graph this run can use and run a scratch prefill, so no capture or compilation is timed."""
         with torch.inference_mode():
             if self.graphs is not None:  # every decode-type stage the policy launches
                 stages = (Stage.DECODE,) if self.config.policy is Policy.CB else (Stage.PRELUDE, Stage.CORE, Stage.CODA)
@@ -250,7 +248,6 @@ def execute(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blo
 def run_executor(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
                  device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
                  mode: Timing | str | None = "sync", seed: int = 0, **options: object) -> RunLog:
-    """Serve ``requests`` and return the run's log (the simulator's schema). ``mode``: ``sync``, ``async`` or
-    ``lookahead`` (None: ``config.timing``); ``options`` go to :func:`execute`."""
+    """Serve ``requests`` with :func:`execute` (``mode`` None: ``config.timing``) and return the run's log."""
     return execute(arch, config, requests, kv_blocks, device=device, dtype=dtype, mode=mode, seed=seed,
                    **options).log

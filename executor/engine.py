@@ -54,12 +54,6 @@ class StageMeta:
     block_table: torch.Tensor  # [rows, width] block ids (trash block beyond the request's blocks)
 
 
-def meta_views(buffer: torch.Tensor, rows: int, width: int) -> StageMeta:
-    fields = buffer[: len(FIELDS) * rows].view(len(FIELDS), rows)
-    table = buffer[len(FIELDS) * rows:].view(rows, width)
-    return StageMeta(*fields.unbind(0), block_table=table)
-
-
 @dataclass
 class Prepared:
     """A launch with its host-side inputs, ready to be put on the device."""
@@ -228,19 +222,18 @@ class Engine:
         """The device views a stage function reads from its metadata ``buffer``."""
         if stage is Stage.PREFILL:
             return prefill_views(buffer, self.prefill_layout(rows, width))
-        return meta_views(buffer, rows, width)
+        fields = buffer[: len(FIELDS) * rows].view(len(FIELDS), rows)
+        return StageMeta(*fields.unbind(0), block_table=buffer[len(FIELDS) * rows:].view(rows, width))
 
     def warmup_prefill(self, tokens: int = 16) -> None:
-        """Run one prefill of ``tokens`` padding tokens, touching no request, so kernel compilation and library
-        setup stay out of a timed run."""
+        """One prefill of ``tokens`` padding tokens (no request touched), so compilation stays out of timed runs."""
         n = max(1, min(tokens, self.stride - 1))
         width = -(-n // self.config.block_size)
         meta = torch.from_numpy(self.scratch(Stage.PREFILL, n, width)).to(self.device)
         self._prefill(self.views(Stage.PREFILL, meta, n, width))
 
     def fill_random(self, seed: int = 0) -> None:
-        """Random KV contents and loop states, for timing stages outside a run (on zeros the GPU draws less power
-        and clocks higher than on real data)."""
+        """Random KV contents and loop states, for timing stages outside a run (zeros run faster than real data)."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
         for tensor in (self.cache.k, self.cache.v, self.bank_state, self.bank_inject):
             if tensor is not None:

@@ -31,8 +31,7 @@ class PinnedStaging:
         self.turn = 0
 
     def copy_to(self, target: torch.Tensor, array: np.ndarray, guard: torch.cuda.Event | None = None) -> float:
-        """Queue the copy of ``array`` into ``target``; returns the seconds spent waiting for the device.
-        ``guard``: an event the caller records on this stream after the copy (None: one is recorded here)."""
+        """Queue the copy of ``array`` into ``target``; returns the seconds spent waiting for the device."""
         i = self.turn
         self.turn ^= 1
         waited = 0.0
@@ -84,8 +83,7 @@ class StageGraphs:
                 self.get(stage, size)
 
     def capture_prefill(self, sizes: Iterable[int]) -> None:
-        """Prefill graphs of every padded token count, largest first; only the largest warms up before its capture
-        (a full-depth prefill each would be costly)."""
+        """Prefill graphs of every padded token count, largest first; only the largest warms up (a full prefill)."""
         for i, size in enumerate(sorted(set(sizes), reverse=True)):
             self.get(Stage.PREFILL, size, warm=i == 0)
 

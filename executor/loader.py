@@ -58,10 +58,7 @@ def _layer_slots(config: ModelConfig) -> dict[str, Slot]:
         "attn.proj.weight": Slot("", "wo"),
         "mlp.fc.weight": Slot("", "w_gate_up"),
         "mlp.proj.weight": Slot("", "w_down"),
-        "norm_1.weight": Slot("", "norm1"),
-        "norm_2.weight": Slot("", "norm2"),
-        "norm_3.weight": Slot("", "norm3"),
-        "norm_4.weight": Slot("", "norm4"),
+        **{f"norm_{i}.weight": Slot("", f"norm{i}") for i in range(1, 5)},
     }
 
 

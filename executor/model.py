@@ -155,8 +155,7 @@ class LoopedLM(nn.Module):
     @classmethod
     def empty(cls, config: ModelConfig, ops: Ops | None = None, *, seed: int = 0,
               device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> LoopedLM:
-        """Uninitialised weights, float32 on CPU and bf16 on GPU by default; Huginn's start state set
-        (:func:`initial_state` of ``seed`` with ``state_init="random"``)."""
+        """Uninitialised weights (float32 on CPU, bf16 on GPU by default) and Huginn's start state (of ``seed``)."""
         device = torch.device(device)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         with torch.device("meta"):
@@ -194,10 +193,6 @@ class LoopedLM(nn.Module):
     def device(self) -> torch.device:
         return self.embed.device
 
-    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        x = F.embedding(ids, self.embed)
-        return x * self.config.embed_scale if self.config.embed_scale != 1.0 else x
-
     def fused(self, x: torch.Tensor) -> bool:
         """Whether a batch this small runs the chained skinny-matmul path (:meth:`Layer.forward_fused`)."""
         return x.shape[0] <= self.ops.fuse_rows
@@ -223,7 +218,9 @@ class LoopedLM(nn.Module):
 
     def prelude(self, ids: torch.Tensor, attn) -> torch.Tensor:
         """Embedding and prelude layers (cache layers 0 .. P-1): the prelude output ``e``."""
-        return self.run_layers(self.prelude_layers, self.embed_tokens(ids), attn, 0, None)[0]
+        x = F.embedding(ids, self.embed)
+        x = x * self.config.embed_scale if self.config.embed_scale != 1.0 else x
+        return self.run_layers(self.prelude_layers, x, attn, 0, None)[0]
 
     def initial_state(self, e: torch.Tensor) -> torch.Tensor:
         """Loop state before step 0: the prelude output (Ouro), a fixed state (Huginn)."""

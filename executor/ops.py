@@ -70,8 +70,7 @@ def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.
     if q_bias is not None:
         q = q + q_bias.view(heads, d)
         k = k + k_bias.view(kvh, d)
-    pos = pos.long()
-    cos, sin = rope.cos[pos], rope.sin[pos]
+    cos, sin = rope.cos[pos.long()], rope.sin[pos.long()]
     q, k = rotate(q, cos, sin, rope.interleaved), rotate(k, cos, sin, rope.interleaved)
     geo = cache.geometry
     dst = (layer_base.long() + layer) * geo.rows_per_layer + row0.long()

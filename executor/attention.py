@@ -1,8 +1,6 @@
 """Attention contexts over the paged cache. A layer calls ``attn(qkv, layer, q_bias, k_bias)``: the context adds
 the bias, rotates q and k, writes the launch's k and v into cache layer ``layer`` (plus the row's slot offset) and
-attends, so the model never sees pages. :class:`DecodeAttention`: one query per row, row ``i`` in cache layer
-``layer_base[i] + layer`` (one call mixes loop steps; ``fill[i]`` writes an exiting token's deeper slots).
-:class:`PagedPrefillAttention`: packed prompt chunks, each causal over its request's positions.
+attends, so the model never sees pages.
 """
 
 from __future__ import annotations
@@ -19,7 +17,8 @@ from executor.rope import RopeTable
 
 @dataclass
 class DecodeAttention:
-    """Paged attention for one query per row; all tensors have one entry per (padded) row."""
+    """One query per (padded) row, one entry per row in every tensor: row ``i`` in cache layer ``layer_base[i] + layer``
+    (one call mixes loop steps; ``fill[i]`` writes an exiting token's deeper slots)."""
 
     ops: Ops
     cache: PagedKVCache
@@ -47,8 +46,7 @@ class DecodeAttention:
 
 @dataclass
 class PagedPrefillAttention:
-    """Attention of a prefill launch: each chunk attends causally to its request's cached positions and its own
-    tokens, read from the cache after this layer's K/V of the chunk were written."""
+    """Packed prompt chunks, each causal over its request's cached positions and its own (cached first)."""
 
     ops: Ops
     cache: PagedKVCache

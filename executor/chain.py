@@ -36,8 +36,7 @@ class ChainConfig(NamedTuple):
     tiles: int
 
 
-# (op, N, K, rows) -> config measured on the H200 (op "swiglu" for the gate/up projection; the plain entry of a shape
-# serves its other ops); shapes not listed use default_config.
+# (op, N, K, rows) -> config tuned on the H200 (op "swiglu": the gate/up projection); lookup: config_for
 CONFIGS: dict[tuple[str, int, int, int], ChainConfig] = {
     ("gemv", 6144, 2048, 1): ChainConfig(4, 8, 3),  # ouro.wqkv
     ("gemv", 2048, 2048, 1): ChainConfig(4, 4, 1),  # ouro.wo
@@ -52,8 +51,7 @@ CONFIGS: dict[tuple[str, int, int, int], ChainConfig] = {
 
 
 def split_k(k: int) -> tuple[int, int]:
-    """``K`` as two power-of-two register pieces ``(K1, K2)``: the largest power of two at or below ``K``,
-    then the remainder rounded up (0 when there is none)."""
+    """``K`` as register pieces ``(K1, K2)``: the largest power of two <= ``K``, the rest rounded up to one (or 0)."""
     k1 = 1 << (k.bit_length() - 1)
     return k1, (triton.next_power_of_2(k - k1) if k > k1 else 0)
 
@@ -62,8 +60,7 @@ def default_config(n: int, k: int, swiglu: bool = False, sms: int = 132, tile_el
                    programs_per_sm: int | None = None, num_warps: int = 4, rows: int = 1) -> ChainConfig:
     """About ``tile_elements`` (default ``TILE_ELEMENTS / rows``) weights per tile, in a power of two of columns, and
     tiles per program for about ``programs_per_sm`` programs per SM (default by ``rows``)."""
-    if tile_elements is None:
-        tile_elements = TILE_ELEMENTS // rows
+    tile_elements = TILE_ELEMENTS // rows if tile_elements is None else tile_elements
     if programs_per_sm is None:
         programs_per_sm = PROGRAMS_PER_SM if rows == 1 else PROGRAMS_PER_SM_ROWS
     k1, k2 = split_k(k)
@@ -86,23 +83,17 @@ MAX_ROWS = 2  # most rows a launch takes: beyond, the few-row matmul's tensor co
 
 
 @functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _properties(device_index: int):
+    return torch.cuda.get_device_properties(device_index)
 
 
-@functools.cache
-def _pdl_on(device_index: int) -> bool:
-    major, _ = torch.cuda.get_device_capability(device_index)
-    return major >= 9
-
-
-def _index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
+def _cuda_properties(device: torch.device):
+    return _properties(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (132 on the H200); 4 elsewhere (the interpreter)."""
-    return _sm_count(_index(device)) if device.type == "cuda" else 4
+    """Streaming multiprocessors of a CUDA device; 4 elsewhere (the interpreter)."""
+    return _cuda_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 _BEHIND_OWN: ContextVar[bool] = ContextVar("cdbsim_pdl_behind_own", default=True)
@@ -129,7 +120,7 @@ def pdl_enabled(t: torch.Tensor) -> bool:
     and not in a :func:`pdl_behind` block of a cuBLAS path."""
     if t.device.type != "cuda" or triton.knobs.runtime.interpret or not pdl_allowed_here():
         return False
-    return _pdl_on(_index(t.device))
+    return _cuda_properties(t.device).major >= 9
 
 
 def launch_options(pdl: bool) -> dict:
@@ -143,15 +134,12 @@ EARLY, LATE = 1, 2  # a PDL kernel's PDL constexpr: when it lets its successor l
 def pdl_mode(t: torch.Tensor, late: bool = False) -> int:
     """The ``PDL`` constexpr of a kernel on ``t``'s device: 0 without PDL (:func:`pdl_enabled`), else :data:`LATE`
     (the successor may launch after the main loop: the few-row matmul) or :data:`EARLY` (right after the wait)."""
-    if not pdl_enabled(t):
-        return 0
-    return LATE if late else EARLY
+    return (LATE if late else EARLY) if pdl_enabled(t) else 0
 
 
 @triton.jit
 def wait_for_predecessor(PDL: tl.constexpr):
-    """Under PDL: wait until the previous kernel has finished and its writes are visible, then (``EARLY``)
-    let the next kernel launch. A no-op without PDL."""
+    """Under PDL: wait for the previous kernel's writes, then (``EARLY``) let the next kernel launch; else a no-op."""
     if PDL:
         gdc_wait()
         if PDL == 1:
@@ -165,7 +153,6 @@ def let_successor_launch(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
-# ----- device functions --------------------------------------------------------------------------------
 @triton.jit
 def _slab(W, rows, row_mask, K: tl.constexpr, OFF: tl.constexpr, BK: tl.constexpr):
     """Weight rows ``rows`` at columns ``OFF .. OFF + BK`` (masked at ``K``), streamed (evict first)."""
@@ -179,14 +166,6 @@ def _vec(P, K: tl.constexpr, OFF: tl.constexpr, BK: tl.constexpr):
     """Columns ``OFF .. OFF + BK`` of a length-``K`` vector in fp32 (zero past ``K``)."""
     cols = OFF + tl.arange(0, BK)
     return tl.load(P + cols, mask=cols < K, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _residual(x, br, wp, inv1, SANDWICH: tl.constexpr):
-    """``x_new`` in fp32, not yet rounded: ``x + norm(branch)`` (sandwich) or ``norm(branch + x)``."""
-    if SANDWICH:
-        return x + br * inv1 * wp
-    return (br + x) * inv1 * wp
 
 
 @triton.jit
@@ -206,9 +185,10 @@ def _operand(X, BR, WP, K: tl.constexpr, OFF: tl.constexpr, BK: tl.constexpr, PR
 @triton.jit
 def _residual_piece(x, br, wp, inv1, XO, write, K: tl.constexpr, OFF: tl.constexpr, BK: tl.constexpr,
                     SANDWICH: tl.constexpr, DT: tl.constexpr):
-    """``x_new`` of one piece, rounded to ``DT`` (stored by the writing program) and back in fp32."""
+    """``x_new`` of one piece, ``x + norm(branch)`` (sandwich) or ``norm(branch + x)``, rounded to ``DT`` (stored by
+    the writing program) and back in fp32."""
     cols = OFF + tl.arange(0, BK)
-    x_new = _residual(x, br, wp, inv1, SANDWICH).to(DT)
+    x_new = (x + br * inv1 * wp if SANDWICH else (br + x) * inv1 * wp).to(DT)
     tl.store(XO + cols, x_new, mask=(cols < K) & write)
     return x_new.to(tl.float32)
 
@@ -220,9 +200,7 @@ def _load_tile(W, rows, valid, N: tl.constexpr, K: tl.constexpr, K1: tl.constexp
     ``N + rows`` ``(u1, u2)``; absent pieces repeat ``w1`` (no load). ``valid`` false loads nothing."""
     mask = (rows < N) & valid
     w1 = _slab(W, rows, mask, K, 0, K1)
-    w2 = w1
-    u1 = w1
-    u2 = w1
+    w2, u1, u2 = w1, w1, w1
     if K2 > 0:
         w2 = _slab(W, rows, mask, K, K1, K2)
     if SWIGLU:
@@ -300,18 +278,21 @@ def _chain_gemv_kernel(X, BR, WP, WN, W, OUT, XO, eps, N: tl.constexpr, K: tl.co
     let_successor_launch(PDL)
 
 
-# ----- host side ---------------------------------------------------------------------------------------
-def _check(x: torch.Tensor, w: torch.Tensor, *vectors: torch.Tensor) -> None:
-    """Shapes, dtypes and contiguity (metadata only: no device work, no sync)."""
+def check_operands(what: str, max_rows: int, x: torch.Tensor, w: torch.Tensor, *vectors: torch.Tensor,
+                   swiglu: bool = False) -> None:
+    """Shapes, dtypes and contiguity of a skinny matmul's inputs (metadata only: no device work, no sync);
+    ``vectors``: norm weights, one per column of ``x``; with ``swiglu`` ``w`` is a fused gate/up weight."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.dtype != w.dtype:
-        raise ValueError(f"chain gemv: activation {tuple(x.shape)} {x.dtype} does not fit weight "
+        raise ValueError(f"{what}: activation {tuple(x.shape)} {x.dtype} does not fit weight "
                          f"{tuple(w.shape)} {w.dtype}")
-    if not 1 <= x.shape[0] <= MAX_ROWS:
-        raise ValueError(f"chain gemv: takes 1..{MAX_ROWS} rows, got {x.shape[0]}")
+    if not 1 <= x.shape[0] <= max_rows:
+        raise ValueError(f"{what}: takes 1..{max_rows} rows, got {x.shape[0]}")
     if any(v.shape != (w.shape[1],) for v in vectors):
-        raise ValueError(f"chain gemv: norm weights must have shape ({w.shape[1]},)")
+        raise ValueError(f"{what}: norm weights must have shape ({w.shape[1]},)")
     if not all(t.is_contiguous() for t in (x, w, *vectors)):
-        raise ValueError("chain gemv: inputs must be contiguous")
+        raise ValueError(f"{what}: inputs must be contiguous")
+    if swiglu and w.shape[0] % 2:
+        raise ValueError(f"{what}: a fused gate/up weight has an even row count, got {w.shape[0]}")
 
 
 def _launch(op: str, x: torch.Tensor, w: torch.Tensor, *, branch: torch.Tensor | None = None,
@@ -334,14 +315,14 @@ def _launch(op: str, x: torch.Tensor, w: torch.Tensor, *, branch: torch.Tensor |
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: ChainConfig | None = None) -> torch.Tensor:
     """``x @ w.T`` (``F.linear(x, w)``) for ``x`` ``[M, K]``, ``w`` ``[N, K]``."""
-    _check(x, w)
+    check_operands("chain gemv", MAX_ROWS, x, w)
     return _launch("gemv", x, w, config=config)
 
 
 def gemv_rmsnorm(x: torch.Tensor, w_norm: torch.Tensor, eps: float, w: torch.Tensor,
                  config: ChainConfig | None = None) -> torch.Tensor:
     """``rms_norm(x, w_norm) @ w.T`` (the norm rounded to ``x.dtype`` first)."""
-    _check(x, w, w_norm)
+    check_operands("chain gemv", MAX_ROWS, x, w, w_norm)
     return _launch("rmsnorm", x, w, w_norm=w_norm, eps=eps, config=config)
 
 
@@ -350,11 +331,9 @@ def gemv_residual(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w
                   config: ChainConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``residual_norm(branch, x, w_post, w_next, eps, sandwich)`` then its ``h @ w.T`` (``silu_mul`` of it
     with ``swiglu``): returns ``(that, x_new)``; ``x_new`` is a new tensor (the inputs are left as they are)."""
-    _check(x, w, w_post, w_next)
+    check_operands("chain gemv_residual", MAX_ROWS, x, w, w_post, w_next, swiglu=swiglu)
     if branch.shape != x.shape or branch.dtype != x.dtype or not branch.is_contiguous():
         raise ValueError(f"chain gemv_residual: branch {tuple(branch.shape)} does not match x {tuple(x.shape)}")
-    if swiglu and w.shape[0] % 2:
-        raise ValueError(f"chain gemv_residual: a fused gate/up weight has an even row count, got {w.shape[0]}")
     x_new = torch.empty_like(x)
     out = _launch("residual", x, w, branch=branch, w_post=w_post, w_norm=w_next, x_out=x_new, eps=eps,
                   sandwich=sandwich, swiglu=swiglu, config=config)

@@ -25,6 +25,7 @@ from cdbsim.serving.launch import Launch, SchedulerState, Stage
 from cdbsim.serving.pipeline import HostPipeline, paused_gc, serve
 from cdbsim.serving.scheduler import Scheduler
 from executor.engine import Engine, Prepared
+from executor.graphs import StageGraphs
 from executor.model import LoopedLM, ModelConfig, default_ops
 from executor.ops import default_backend
 from executor.reference import Episode
@@ -44,8 +45,7 @@ class ExecutorRun:
 
 @dataclass
 class _InFlight:
-    """The backend's handle of a launch in flight: its prepared inputs, clock marks and logits (and, once it
-    has completed, its start and end in seconds of the run's clock)."""
+    """A launch in flight: its prepared inputs, clock marks and logits; once completed, its start and end (s)."""
 
     prepared: Prepared
     state: SchedulerState
@@ -58,8 +58,7 @@ class _InFlight:
 
 
 class _CudaClock:
-    """CUDA events on the current stream (looked up once: cheaper per mark), read relative to one recorded when
-    the run starts."""
+    """CUDA events on the current stream (looked up once), read relative to one recorded at the run's start."""
 
     def __init__(self) -> None:
         self.stream = torch.cuda.current_stream()
@@ -87,9 +86,7 @@ class _WallClock:
     def __init__(self) -> None:
         self.base = time.perf_counter()
 
-    @staticmethod
-    def mark() -> float:
-        return time.perf_counter()
+    mark = staticmethod(time.perf_counter)
 
     @staticmethod
     def wait(_: float) -> None:
@@ -104,13 +101,7 @@ def build_model(arch: ArchSpec, *, device: torch.device | str = "cpu", dtype: to
     """A randomly initialised model of ``arch``'s exact shapes."""
     backend = backend or default_backend(device)
     config = ModelConfig.from_arch(arch, **config_overrides)
-    ops = default_ops(config, backend)
-    return LoopedLM.random(config, seed=seed, device=device, dtype=dtype, ops=ops)
-
-
-def decode_stages(policy: Policy) -> tuple[Stage, ...]:
-    """The decode-type stages a policy launches (those that get CUDA graphs)."""
-    return (Stage.DECODE,) if policy is Policy.CB else (Stage.PRELUDE, Stage.CORE, Stage.CODA)
+    return LoopedLM.random(config, seed=seed, device=device, dtype=dtype, ops=default_ops(config, backend))
 
 
 class Executor:
@@ -122,26 +113,21 @@ class Executor:
         mode = Timing.parse(mode) if mode is not None else config.timing
         if model.config.r_max != arch.r_max:
             raise ValueError(f"model r_max {model.config.r_max} differs from the architecture's {arch.r_max}")
-        self.arch, self.config, self.requests, self.mode = arch, config, requests, mode
-        self.model = model
+        self.config, self.requests, self.mode, self.model = config, requests, mode, model
         self.scheduler = Scheduler(arch, config, requests, kv_blocks, share_blocks=True)
         self.engine = Engine(model, config, requests, kv_blocks, prompt_seed=prompt_seed)
-        cuda = model.device.type == "cuda"
-        self.cuda = cuda
-        use_graphs = cuda if graphs is None else graphs  # on CPU: static buffers without capture (tests)
-        self.graphs = None
-        if use_graphs:
-            from executor.graphs import StageGraphs
-            self.graphs = StageGraphs(self.engine)
+        self.cuda = model.device.type == "cuda"
+        use_graphs = self.cuda if graphs is None else graphs  # on CPU: static buffers without capture (tests)
+        self.graphs = StageGraphs(self.engine) if use_graphs else None
         self.keep_logits = keep_logits
         self.engine.track_rows = keep_logits
 
     def warmup(self) -> None:
-        """Capture every graph this run can use and run one scratch prefill, so neither a capture nor a
-        kernel compilation lands inside the timed run."""
+        """Capture every graph this run can use and run a scratch prefill, so no capture or compilation is timed."""
         with torch.inference_mode():
-            if self.graphs is not None:
-                self.graphs.capture_all(decode_stages(self.config.policy), self.config.decode_sizes())
+            if self.graphs is not None:  # every decode-type stage the policy launches
+                stages = (Stage.DECODE,) if self.config.policy is Policy.CB else (Stage.PRELUDE, Stage.CORE, Stage.CODA)
+                self.graphs.capture_all(stages, self.config.decode_sizes())
                 if self.graphs.graph_prefill:
                     self.graphs.capture_prefill(prefill_graph_sizes(self.config.prefill_budget))
             if self.cuda:
@@ -149,20 +135,14 @@ class Executor:
                 torch.cuda.synchronize()
 
     def run(self) -> ExecutorRun:
-        """Serve every request; the clock starts after ``paused_gc``'s collector pass, so the log holds serving
-        time only."""
+        """Serve every request; the log holds serving time only (the clock starts after ``paused_gc``'s pass)."""
         with torch.inference_mode(), paused_gc():
-            return self._serve()
-
-    def _serve(self) -> ExecutorRun:
-        serving = _Serving(self)
-        for _ in serve(serving.pipeline, serving):
-            pass  # the executor's steps wait on the GPU themselves: they yield nothing
-        wall = time.perf_counter() - serving.run_start
-        log = serving.recorder.finish(self._meta(wall))
-        engine = self.engine
-        return ExecutorRun(log, engine.output_tokens(), [engine.episode_list(i) for i in range(len(self.requests))],
-                           self.scheduler, serving.logits_out)
+            serving = _Serving(self)
+            for _ in serve(serving.pipeline, serving):
+                pass  # the executor's steps wait on the GPU themselves: they yield nothing
+            log = serving.recorder.finish(self._meta(time.perf_counter() - serving.run_start))
+            episodes = [[Episode(g, list(chunks)) for g, chunks in sorted(e.items())] for e in self.engine.episodes]
+            return ExecutorRun(log, self.engine.output_tokens(), episodes, self.scheduler, serving.logits_out)
 
     def _meta(self, wall: float) -> dict:
         model = self.model
@@ -252,10 +232,9 @@ class _Serving:
 
 
 def execute(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
-            device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
-            mode: Timing | str | None = None,
-            seed: int = 0, model: LoopedLM | None = None, graphs: bool | None = None,
-            backend: str | None = None, keep_logits: bool = False, warmup: bool = True) -> ExecutorRun:
+            device: torch.device | str = "cpu", dtype: torch.dtype | None = None, mode: Timing | str | None = None,
+            seed: int = 0, model: LoopedLM | None = None, graphs: bool | None = None, backend: str | None = None,
+            keep_logits: bool = False, warmup: bool = True) -> ExecutorRun:
     """Serve ``requests`` on a (random-init unless ``model`` is given) model; everything the run produced."""
     if model is None:
         model = build_model(arch, device=device, dtype=dtype, seed=seed, backend=backend)
@@ -269,7 +248,6 @@ def execute(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blo
 def run_executor(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
                  device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
                  mode: Timing | str | None = "sync", seed: int = 0, **options: object) -> RunLog:
-    """Serve ``requests`` and return the run's log (the simulator's schema). ``mode``: ``sync``, ``async`` or
-    ``lookahead`` (None: ``config.timing``); ``options`` go to :func:`execute`."""
+    """Serve ``requests`` with :func:`execute` (``mode`` None: ``config.timing``) and return the run's log."""
     return execute(arch, config, requests, kv_blocks, device=device, dtype=dtype, mode=mode, seed=seed,
                    **options).log

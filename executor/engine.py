@@ -32,7 +32,6 @@ from executor.prefill import (
     prefill_views,
     scratch_prefill,
 )
-from executor.reference import Episode
 from executor.rope import RopeTable
 from executor.tokens import prompt_ids
 from traces.request import Request
@@ -53,12 +52,6 @@ class StageMeta:
     out: torch.Tensor         # flat token-store index the sampled token goes to (coda, decode)
     seq_len: torch.Tensor     # positions attended: pos + 1
     block_table: torch.Tensor  # [rows, width] block ids (trash block beyond the request's blocks)
-
-
-def meta_views(buffer: torch.Tensor, rows: int, width: int) -> StageMeta:
-    fields = buffer[: len(FIELDS) * rows].view(len(FIELDS), rows)
-    table = buffer[len(FIELDS) * rows:].view(rows, width)
-    return StageMeta(*fields.unbind(0), block_table=table)
 
 
 @dataclass
@@ -82,14 +75,13 @@ class Engine:
         self.config = config
         self.requests = requests
         self.device = model.device
-        self.geo = CacheGeometry(cfg.prelude, cfg.core, cfg.coda, cfg.r_max, config.layout, kv_blocks,
-                                 config.block_size)
-        self.cache = PagedKVCache(self.geo, cfg.kv_heads, cfg.head_dim, device=self.device, dtype=model.dtype)
+        self.geo = geo = CacheGeometry(cfg.prelude, cfg.core, cfg.coda, cfg.r_max, config.layout, kv_blocks,
+                                       config.block_size)
+        self.cache = PagedKVCache(geo, cfg.kv_heads, cfg.head_dim, device=self.device, dtype=model.dtype)
         self.scale = cfg.head_dim ** -0.5
-        self.max_len = max(r.prompt_len + r.output_len for r in requests)
-        self.stride = self.max_len + 1
+        self.stride = max(r.prompt_len + r.output_len for r in requests) + 1  # token-store row: every position
         self.max_blocks = table_width(requests, config.block_size)
-        self.rope = RopeTable.build(cfg.head_dim, cfg.rope_theta, self.max_len + 1,
+        self.rope = RopeTable.build(cfg.head_dim, cfg.rope_theta, self.stride,
                                     interleaved=cfg.style is LayerStyle.HUGINN, device=self.device)
         n = len(requests)
         store = np.zeros((n + 1, self.stride), dtype=np.int64)
@@ -105,21 +97,19 @@ class Engine:
         self.row_of: dict[int, int] = {}
         # host mirrors of every request's block table (``_known``/``_last``: length and last id synced) and bank
         # row, so a launch's metadata is a few numpy gathers
-        self._table = np.full((n + 1, self.max_blocks), self.geo.trash_block, dtype=np.int32)
+        self._table = np.full((n + 1, self.max_blocks), geo.trash_block, dtype=np.int32)
         self._known = [0] * (n + 1)
         self._last = [-1] * (n + 1)
         self._bank = np.full(n + 1, self.scratch_row, dtype=np.int32)
         self._scratch: dict[int, np.ndarray] = {}  # scratch metadata at the graphs' width, by padded rows
-        geo = self.geo
         self._slot_base = np.asarray([geo.slot_of_step(s) * geo.core for s in range(geo.r_max)], dtype=np.int32)
         self._fill_of = np.asarray([geo.fill_count(s) for s in range(geo.r_max)], dtype=np.int32)
         self._prompt = np.asarray([r.prompt_len for r in requests] + [0], dtype=np.int64)
         self.episodes: list[dict[int, list[int]]] = [{} for _ in requests]
         self.track_rows = True  # record (request, token index) of sampled rows (for logits in tests)
-        self._stage_fns = {Stage.PRELUDE: self._prelude, Stage.CORE: self._core, Stage.CODA: self._coda,
-                           Stage.DECODE: self._decode, Stage.PREFILL: self._prefill}
+        self.stage_fns = {Stage.PRELUDE: self._prelude, Stage.CORE: self._core, Stage.CODA: self._coda,
+                          Stage.DECODE: self._decode, Stage.PREFILL: self._prefill}
 
-    # ----- host side -----------------------------------------------------------------------------
     def prepare(self, launch: Launch, width: int | None = None) -> Prepared:
         """Build a launch's host inputs; the launch must carry its block ids (``Scheduler(share_blocks=True)``).
         ``width``: the captured graphs' block-table width (None: as wide as this launch needs)."""
@@ -127,9 +117,7 @@ class Engine:
             raise ValueError("the engine needs each item's KV blocks: plan with Scheduler(share_blocks=True)")
         for r in launch.dropped:
             self._forget(r)
-        if launch.stage is Stage.PREFILL:
-            return self._prepare_prefill(launch, width)
-        return self._prepare_decode(launch, width)
+        return (self._prepare_prefill if launch.stage is Stage.PREFILL else self._prepare_decode)(launch, width)
 
     def admit(self, requests: Iterable[int]) -> None:
         """Give each of ``requests`` that has none a hidden-state bank row (at its first prefill chunk)."""
@@ -140,22 +128,18 @@ class Engine:
     def scratch_meta(self, rows: int, width: int) -> np.ndarray:
         """Metadata of ``rows`` padded rows (scratch token and bank row, trash block, one position); at the graphs'
         width a copy of a template kept per row count."""
-        if width != self.max_blocks:
-            return self._scratch_meta(rows, width)
-        template = self._scratch.get(rows)
+        template = self._scratch.get(rows) if width == self.max_blocks else None
         if template is None:
-            template = self._scratch[rows] = self._scratch_meta(rows, width)
+            fields = np.zeros((len(FIELDS), rows), dtype=np.int32)
+            fields[_F["tok"]] = fields[_F["out"]] = self.scratch_token
+            fields[_F["bank"]] = self.scratch_row
+            fields[_F["row0"]] = self.geo.trash_row
+            fields[_F["seq_len"]] = 1
+            table = np.full((rows, width), self.geo.trash_block, dtype=np.int32)
+            template = np.concatenate((fields.reshape(-1), table.reshape(-1)))
+            if width == self.max_blocks:
+                self._scratch[rows] = template
         return template.copy()
-
-    def _scratch_meta(self, rows: int, width: int) -> np.ndarray:
-        fields = np.zeros((len(FIELDS), rows), dtype=np.int32)
-        fields[_F["tok"]] = self.scratch_token
-        fields[_F["bank"]] = self.scratch_row
-        fields[_F["row0"]] = self.geo.trash_row
-        fields[_F["out"]] = self.scratch_token
-        fields[_F["seq_len"]] = 1
-        table = np.full((rows, width), self.geo.trash_block, dtype=np.int32)
-        return np.concatenate((fields.reshape(-1), table.reshape(-1)))
 
     def _sync_table(self, requests: list[int], block_lists: list[list[int]]) -> None:
         """Copy block ids the scheduler added since the last launch into the host block table."""
@@ -238,20 +222,18 @@ class Engine:
         """The device views a stage function reads from its metadata ``buffer``."""
         if stage is Stage.PREFILL:
             return prefill_views(buffer, self.prefill_layout(rows, width))
-        return meta_views(buffer, rows, width)
+        fields = buffer[: len(FIELDS) * rows].view(len(FIELDS), rows)
+        return StageMeta(*fields.unbind(0), block_table=buffer[len(FIELDS) * rows:].view(rows, width))
 
     def warmup_prefill(self, tokens: int = 16) -> None:
-        """Run one prefill of ``tokens`` padding tokens, touching no request, so kernel compilation and library
-        setup stay out of a timed run."""
-        bs = self.config.block_size
+        """One prefill of ``tokens`` padding tokens (no request touched), so compilation stays out of timed runs."""
         n = max(1, min(tokens, self.stride - 1))
-        width = -(-n // bs)
-        self._prefill(self.views(Stage.PREFILL, torch.from_numpy(self.scratch(Stage.PREFILL, n, width)).to(
-            self.device), n, width))
+        width = -(-n // self.config.block_size)
+        meta = torch.from_numpy(self.scratch(Stage.PREFILL, n, width)).to(self.device)
+        self._prefill(self.views(Stage.PREFILL, meta, n, width))
 
     def fill_random(self, seed: int = 0) -> None:
-        """Random KV contents and loop states, for timing stages outside a run (on zeros the GPU draws less power
-        and clocks higher than on real data)."""
+        """Random KV contents and loop states, for timing stages outside a run (zeros run faster than real data)."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
         for tensor in (self.cache.k, self.cache.v, self.bank_state, self.bank_inject):
             if tensor is not None:
@@ -271,24 +253,17 @@ class Engine:
         self._table[r] = self.geo.trash_block
         self._known[r], self._last[r] = 0, -1
 
-    def episode_list(self, request: int) -> list[Episode]:
-        return [Episode(g, list(chunks)) for g, chunks in sorted(self.episodes[request].items())]
-
     def output_tokens(self) -> list[np.ndarray]:
         store = self.tokens.view(len(self.requests) + 1, self.stride).cpu().numpy()
         return [store[i, r.prompt_len: r.prompt_len + r.output_len].copy() for i, r in enumerate(self.requests)]
 
-    # ----- device side ---------------------------------------------------------------------------
     def run_eager(self, prepared: Prepared) -> torch.Tensor | None:
         """Run a prepared launch without graphs; returns the logits of its sampled rows (or None)."""
         launch = prepared.launch
         rows = max(launch.padded, launch.size if launch.stage is Stage.PREFILL else len(launch.requests))
         buffer = to_device(prepared.meta, self.device)
-        return self.stage_fn(launch.stage)(self.views(launch.stage, buffer, rows, prepared.width),
-                                           prepared.max_fill)
-
-    def stage_fn(self, stage: Stage):
-        return self._stage_fns[stage]
+        return self.stage_fns[launch.stage](self.views(launch.stage, buffer, rows, prepared.width),
+                                            prepared.max_fill)
 
     def _attention(self, m: StageMeta, max_fill: int) -> DecodeAttention:
         return DecodeAttention(self.model.ops, self.cache, self.rope, m.pos, m.row0, m.layer_base, m.fill,

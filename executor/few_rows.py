@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from cdbsim.latency.gpu_work import FEW_ROWS_MAX
-from executor.chain import launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
+from executor.chain import check_operands, launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
 
 MAX_ROWS = 64  # most rows the kernel takes; served launches take it up to cdbsim.latency.gpu_work.FEW_ROWS_MAX rows
 MIN_BLOCK_M = 16  # rows per MMA at least (tl.dot's smallest dimension); rows past M are masked, never loaded
@@ -24,8 +24,7 @@ assert FEW_ROWS_MAX <= MAX_ROWS
 
 
 class FewRowsConfig(NamedTuple):
-    """One launch configuration: output columns per program (per half with SwiGLU), the K chunk, warps and
-    pipeline stages."""
+    """A launch configuration: output columns per program (per half with SwiGLU), K chunk, warps, stages."""
 
     block_n: int
     block_k: int
@@ -33,8 +32,7 @@ class FewRowsConfig(NamedTuple):
     stages: int
 
 
-# (N, K, swiglu) -> config measured on the H200; other shapes use default_config. Huginn-3.5B's entries serve explicit
-# use (Ops(few_rows=...)): its default path is cuBLAS (cdbsim.latency.gpu_work.few_rows)
+# (N, K, swiglu) -> config tuned on the H200, else default_config; Huginn-3.5B's serve Ops(few_rows=...) only
 CONFIGS: dict[tuple[int, int, bool], FewRowsConfig] = {
     (6144, 2048, False): FewRowsConfig(64, 256, 4, 3),  # ouro.wqkv
     (2048, 2048, False): FewRowsConfig(16, 256, 4, 4),  # ouro.wo
@@ -65,8 +63,7 @@ def block_rows(m: int) -> int:
 
 
 def warps_for(cfg: FewRowsConfig, block_m: int) -> int:
-    """``cfg``'s warps, scaled with the row tile (at most 8) so each thread's share of the float32 accumulators stays
-    what the config has at 16 rows (fewer warps spill registers at 32-64 rows)."""
+    """``cfg``'s warps scaled with the row tile (at most 8): per thread as many fp32 accumulators as at 16 rows."""
     return min(8, cfg.num_warps * block_m // MIN_BLOCK_M)
 
 
@@ -81,7 +78,6 @@ def stages_for(cfg: FewRowsConfig, block_m: int, swiglu: bool) -> int:
 def stage_bytes(cfg: FewRowsConfig, block_m: int, swiglu: bool) -> int:
     """Shared memory of one pipeline stage: a chunk of weights (both halves with SwiGLU) and of rows, bf16."""
     return ((2 if swiglu else 1) * cfg.block_n + block_m) * cfg.block_k * 2
-
 
 
 @triton.jit
@@ -133,27 +129,12 @@ def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl
     tl.store(out_ptrs, acc.to(dt), mask=col_ok & (rows < M)[None, :])
 
 
-def _check(x: torch.Tensor, w: torch.Tensor, swiglu: bool) -> None:
-    """Shapes, dtypes and contiguity (metadata only: no device work, no sync)."""
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.dtype != w.dtype:
-        raise ValueError(f"few-row matmul: activation {tuple(x.shape)} {x.dtype} does not fit weight "
-                         f"{tuple(w.shape)} {w.dtype}")
-    if not 1 <= x.shape[0] <= MAX_ROWS:
-        raise ValueError(f"few-row matmul: takes 1..{MAX_ROWS} rows, got {x.shape[0]}")
-    if swiglu and w.shape[0] % 2:
-        raise ValueError(f"few-row matmul: a fused gate/up weight has an even row count, got {w.shape[0]}")
-    if not (x.is_contiguous() and w.is_contiguous()):
-        raise ValueError("few-row matmul: inputs must be contiguous")
-
-
-def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False,
-           config: FewRowsConfig | None = None, late: bool | None = None) -> torch.Tensor:
-    """``F.linear(x, w)`` for ``x`` ``[M <= MAX_ROWS, K]``, ``w`` ``[N, K]`` (with ``swiglu``: ``silu_mul`` of it).
-    ``late=False`` lets the successor launch right after the wait instead of after the K loop."""
-    _check(x, w, swiglu)
+def linear(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False, config: FewRowsConfig | None = None) -> torch.Tensor:
+    """``F.linear(x, w)`` for ``x`` ``[M <= MAX_ROWS, K]``, ``w`` ``[N, K]`` (with ``swiglu``: ``silu_mul`` of it)."""
+    check_operands("few-row matmul", MAX_ROWS, x, w, swiglu=swiglu)
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
-    pdl = pdl_mode(x, late=late is not False)
+    pdl = pdl_mode(x, late=True)
     cfg = config or config_for(n, k, swiglu)
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     block_m = block_rows(m)

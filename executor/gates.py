@@ -98,9 +98,8 @@ def record_gate_values(model: LoopedLM, request: Request, *, criterion: str | No
     cfg = model.config
     prompt = prompt_ids(request.request_id, request.prompt_len, cfg.vocab, prompt_seed)
     if outputs is None:
-        decoded = ReferenceDecoder(model, KVLayout.DEPTH).generate(
-            prompt, request.output_len, [cfg.r_max] * max(request.output_len - 1, 0))
-        outputs = decoded.tokens
+        outputs = ReferenceDecoder(model, KVLayout.DEPTH).generate(
+            prompt, request.output_len, [cfg.r_max] * max(request.output_len - 1, 0)).tokens
     outputs = [int(t) for t in outputs]
     if len(outputs) != request.output_len:
         raise ValueError(f"request {request.request_id}: {len(outputs)} output tokens, expected {request.output_len}")
@@ -109,16 +108,14 @@ def record_gate_values(model: LoopedLM, request: Request, *, criterion: str | No
 
 def greedy_outputs(model: LoopedLM, arch: ArchSpec, requests: Sequence[Request], *, prompt_seed: int = 0,
                    width: int = 64) -> list[np.ndarray]:
-    """Every request's greedy full-depth output from one batched CB run of the executor (every token through all
-    ``r_max`` loops, depth-indexed KV)."""
+    """Every request's greedy full-depth output from one batched CB executor run (all loops, depth-indexed KV)."""
     requests = [Request(r.request_id, r.prompt_len, r.output_len, 0.0) for r in requests]
     longest = max(r.prompt_len + r.output_len for r in requests)
     width = max(1, min(width, len(requests)))
     config = ServeConfig(policy="cb", width=width, prefill_budget=max(width, min(8192, longest)),
                          timing="sync", layout=KVLayout.DEPTH)
     kv_blocks = 2 * width * max(need_blocks(r.prompt_len, r.output_len, config.block_size) for r in requests)
-    run = execute(arch, config, requests, kv_blocks, model=model, mode="sync", seed=prompt_seed)
-    return run.tokens
+    return execute(arch, config, requests, kv_blocks, model=model, mode="sync", seed=prompt_seed).tokens
 
 
 def record_exit_trace(model: LoopedLM, requests: Sequence[Request], q: float, *, criterion: str | None = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -30,8 +31,7 @@ class PinnedStaging:
         self.turn = 0
 
     def copy_to(self, target: torch.Tensor, array: np.ndarray, guard: torch.cuda.Event | None = None) -> float:
-        """Queue the copy of ``array`` into ``target``; returns the seconds spent waiting for the device.
-        ``guard``: an event the caller records on this stream after the copy (None: one is recorded here)."""
+        """Queue the copy of ``array`` into ``target``; returns the seconds spent waiting for the device."""
         i = self.turn
         self.turn ^= 1
         waited = 0.0
@@ -83,8 +83,7 @@ class StageGraphs:
                 self.get(stage, size)
 
     def capture_prefill(self, sizes: Iterable[int]) -> None:
-        """Prefill graphs of every padded token count, largest first; only the largest warms up before its capture
-        (a full-depth prefill each would be costly)."""
+        """Prefill graphs of every padded token count, largest first; only the largest warms up (a full prefill)."""
         for i, size in enumerate(sorted(set(sizes), reverse=True)):
             self.get(Stage.PREFILL, size, warm=i == 0)
 
@@ -98,12 +97,7 @@ class StageGraphs:
         engine = self.engine
         meta = torch.from_numpy(engine.scratch(stage, rows, self.width)).to(engine.device)
         views = engine.views(stage, meta, rows, self.width)
-        max_fill = engine.geo.max_fill if stage is Stage.CORE else 0
-        fn = engine.stage_fn(stage)
-
-        def run() -> torch.Tensor | None:
-            return fn(views, max_fill)
-
+        run = partial(engine.stage_fns[stage], views, engine.geo.max_fill if stage is Stage.CORE else 0)
         if not self.capture:
             return CapturedStage(None, meta, None, run)
         staging = PinnedStaging(meta.numel())

@@ -57,9 +57,6 @@ class CacheGeometry:
         """A row no real token reads: first position of the trash block in cache layer 0."""
         return self.trash_block * self.block_size
 
-    def prelude_layer(self, layer: int) -> int:
-        return layer
-
     def core_layer(self, slot: int, layer: int = 0) -> int:
         return self.prelude + slot * self.core + layer
 

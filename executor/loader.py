@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from cdbsim.model.arch import ArchSpec, LayerStyle
-from executor.model import Layer, LoopedLM, ModelConfig, default_ops, initial_state
+from executor.model import Layer, LoopedLM, ModelConfig, default_ops
 from executor.ops import default_backend
 
 # buffers some checkpoints carry that the model recomputes
@@ -58,10 +58,7 @@ def _layer_slots(config: ModelConfig) -> dict[str, Slot]:
         "attn.proj.weight": Slot("", "wo"),
         "mlp.fc.weight": Slot("", "w_gate_up"),
         "mlp.proj.weight": Slot("", "w_down"),
-        "norm_1.weight": Slot("", "norm1"),
-        "norm_2.weight": Slot("", "norm2"),
-        "norm_3.weight": Slot("", "norm3"),
-        "norm_4.weight": Slot("", "norm4"),
+        **{f"norm_{i}.weight": Slot("", f"norm{i}") for i in range(1, 5)},
     }
 
 
@@ -69,13 +66,13 @@ def public_names(config: ModelConfig) -> dict[str, Slot]:
     """Every public parameter name of a checkpoint of this shape, and where it goes in the model."""
     names: dict[str, Slot] = {}
     ouro = config.style is LayerStyle.OURO
-    huginn_group = {"prelude_layers": "prelude", "core_layers": "core_block", "coda_layers": "coda"}
     per_layer = _layer_slots(config)
     index = 0  # Ouro numbers prelude, core and coda layers in one sequence
-    groups = (("prelude_layers", config.prelude), ("core_layers", config.core), ("coda_layers", config.coda))
-    for group, count in groups:
+    for group, count, huginn_group in (("prelude_layers", config.prelude, "prelude"),
+                                       ("core_layers", config.core, "core_block"),
+                                       ("coda_layers", config.coda, "coda")):
         for j in range(count):
-            prefix = f"model.layers.{index}" if ouro else f"transformer.{huginn_group[group]}.{j}"
+            prefix = f"model.layers.{index}" if ouro else f"transformer.{huginn_group}.{j}"
             for suffix, slot in per_layer.items():
                 names[f"{prefix}.{suffix}"] = Slot(f"{group}.{j}", slot.attr, slot.rows, slot.qk_bias)
             index += 1
@@ -169,10 +166,9 @@ def load_state(model: LoopedLM, tensors: Mapping[str, torch.Tensor] | Iterator[t
                strict: bool = True) -> LoadReport:
     """Copy public-named tensors into ``model``; with ``strict`` every expected name must be present."""
     expected = public_names(model.config)
-    items = tensors.items() if isinstance(tensors, Mapping) else tensors
     report = LoadReport()
     tied_extra = {"lm_head.weight"} if model.config.tied_head else set()
-    for name, tensor in items:
+    for name, tensor in tensors.items() if isinstance(tensors, Mapping) else tensors:
         slot = expected.get(name)
         if slot is None:
             if not (name in tied_extra or any(name.endswith(s) for s in IGNORED)):
@@ -191,16 +187,8 @@ def load_model(arch: ArchSpec, path: str | Path, *, device: torch.device | str =
                dtype: torch.dtype | None = None, backend: str | None = None, strict: bool = True,
                **config_overrides: object) -> LoopedLM:
     """A model of ``arch``'s shapes with the weights of the checkpoint at ``path``."""
-    device = torch.device(device)
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     config = ModelConfig.from_arch(arch, **config_overrides)
-    with torch.device("meta"):
-        backend = backend or default_backend(device)
-        model = LoopedLM(config, default_ops(config, backend))
-    model = model.to_empty(device=device).to(dtype)
-    if config.style is LayerStyle.HUGINN:
-        model.state0.zero_()
-        if config.state_init == "random":
-            model.state0.copy_(initial_state(config, 0, device))
+    ops = default_ops(config, backend or default_backend(device))
+    model = LoopedLM.empty(config, ops, device=device, dtype=dtype)
     load_state(model, iter_tensors(path), strict=strict)
     return model

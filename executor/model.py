@@ -87,10 +87,6 @@ class ModelConfig:
     def embed_scale(self) -> float:
         return math.sqrt(self.hidden) if self.style is LayerStyle.HUGINN else 1.0
 
-    @property
-    def qkv_out(self) -> int:
-        return (self.heads + 2 * self.kv_heads) * self.head_dim
-
 
 class Layer(nn.Module):
     """One transformer layer's weights (fused) and its forward for either style."""
@@ -98,7 +94,7 @@ class Layer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         h, i, d = config.hidden, config.intermediate, config.head_dim
-        self.wqkv = nn.Parameter(torch.empty(config.qkv_out, h), requires_grad=False)
+        self.wqkv = nn.Parameter(torch.empty((config.heads + 2 * config.kv_heads) * d, h), requires_grad=False)
         self.wo = nn.Parameter(torch.empty(h, config.heads * d), requires_grad=False)
         self.w_gate_up = nn.Parameter(torch.empty(2 * i, h), requires_grad=False)
         self.w_down = nn.Parameter(torch.empty(h, i), requires_grad=False)
@@ -156,27 +152,33 @@ class LoopedLM(nn.Module):
             self.gate_w = nn.Parameter(torch.empty(1, h), requires_grad=False)
             self.gate_b = nn.Parameter(torch.zeros(1), requires_grad=False)
 
-    # ----- construction --------------------------------------------------------------------------
     @classmethod
-    def random(cls, config: ModelConfig, *, seed: int = 0, device: torch.device | str = "cpu",
-               dtype: torch.dtype | None = None, ops: Ops | None = None) -> LoopedLM:
-        """Random weights (normal, std ``init_std``; norms 1), float32 on CPU and bf16 on GPU by default."""
+    def empty(cls, config: ModelConfig, ops: Ops | None = None, *, seed: int = 0,
+              device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> LoopedLM:
+        """Uninitialised weights (float32 on CPU, bf16 on GPU by default) and Huginn's start state (of ``seed``)."""
         device = torch.device(device)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         with torch.device("meta"):
             model = cls(config, ops)
         model = model.to_empty(device=device).to(dtype)
-        gen = torch.Generator(device=device).manual_seed(seed)
+        if config.style is LayerStyle.HUGINN:
+            model.state0.zero_()
+            if config.state_init == "random":
+                model.state0.copy_(initial_state(config, seed, device))
+        return model
+
+    @classmethod
+    def random(cls, config: ModelConfig, *, seed: int = 0, device: torch.device | str = "cpu",
+               dtype: torch.dtype | None = None, ops: Ops | None = None) -> LoopedLM:
+        """Random weights (normal, std ``init_std``; norms 1), float32 on CPU and bf16 on GPU by default."""
+        model = cls.empty(config, ops, seed=seed, device=device, dtype=dtype)
+        gen = torch.Generator(device=model.device).manual_seed(seed)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if "norm" in name:
                     p.fill_(1.0)
                 else:
                     p.normal_(0.0, config.init_std, generator=gen)
-            if config.style is LayerStyle.HUGINN:
-                model.state0.zero_()
-                if config.state_init == "random":
-                    model.state0.copy_(initial_state(config, seed, device))
         return model
 
     @property
@@ -191,17 +193,9 @@ class LoopedLM(nn.Module):
     def device(self) -> torch.device:
         return self.embed.device
 
-    # ----- stages --------------------------------------------------------------------------------
-    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        x = F.embedding(ids, self.embed)
-        return x * self.config.embed_scale if self.config.embed_scale != 1.0 else x
-
     def fused(self, x: torch.Tensor) -> bool:
         """Whether a batch this small runs the chained skinny-matmul path (:meth:`Layer.forward_fused`)."""
         return x.shape[0] <= self.ops.fuse_rows
-
-    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return self.ops.gemv(x, w) if self.fused(x) else self.ops.linear(x, w)
 
     def run_layers(self, layers: nn.ModuleList, x: torch.Tensor, attn, first_layer: int,
                    tail_norm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -224,7 +218,9 @@ class LoopedLM(nn.Module):
 
     def prelude(self, ids: torch.Tensor, attn) -> torch.Tensor:
         """Embedding and prelude layers (cache layers 0 .. P-1): the prelude output ``e``."""
-        return self.run_layers(self.prelude_layers, self.embed_tokens(ids), attn, 0, None)[0]
+        x = F.embedding(ids, self.embed)
+        x = x * self.config.embed_scale if self.config.embed_scale != 1.0 else x
+        return self.run_layers(self.prelude_layers, x, attn, 0, None)[0]
 
     def initial_state(self, e: torch.Tensor) -> torch.Tensor:
         """Loop state before step 0: the prelude output (Ouro), a fixed state (Huginn)."""
@@ -236,7 +232,8 @@ class LoopedLM(nn.Module):
         """One loop of the core: Huginn mixes ``e`` in through the adapter; Ouro ends with the final norm."""
         if self.adapter is None:
             return self.run_layers(self.core_layers, s, attn, first_layer, self.final_norm)[1]
-        s = self.linear(torch.cat((s, e), dim=-1), self.adapter)
+        s = torch.cat((s, e), dim=-1)
+        s = self.ops.gemv(s, self.adapter) if self.fused(s) else self.ops.linear(s, self.adapter)
         return self.run_layers(self.core_layers, s, attn, first_layer, None)[0]
 
     def coda(self, s: torch.Tensor, attn, first_layer: int) -> torch.Tensor:

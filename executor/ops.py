@@ -27,7 +27,6 @@ def to_device(array, device: torch.device) -> torch.Tensor:
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
-# ----- torch backend ---------------------------------------------------------------------------------
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
@@ -53,11 +52,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
     """Rotary embedding of ``x`` ``[N, heads, D]`` with per-row ``cos``/``sin`` ``[N, D/2]``."""
     xf = x.float()
-    if interleaved:
-        x0, x1 = xf[..., 0::2], xf[..., 1::2]
-    else:
-        half = x.shape[-1] // 2
-        x0, x1 = xf[..., :half], xf[..., half:]
+    x0, x1 = (xf[..., 0::2], xf[..., 1::2]) if interleaved else xf.chunk(2, dim=-1)
     c, s = cos[:, None, :], sin[:, None, :]
     r0, r1 = x0 * c - x1 * s, x1 * c + x0 * s
     out = torch.stack((r0, r1), dim=-1).flatten(-2) if interleaved else torch.cat((r0, r1), dim=-1)
@@ -75,8 +70,7 @@ def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.
     if q_bias is not None:
         q = q + q_bias.view(heads, d)
         k = k + k_bias.view(kvh, d)
-    pos = pos.long()
-    cos, sin = rope.cos[pos], rope.sin[pos]
+    cos, sin = rope.cos[pos.long()], rope.sin[pos.long()]
     q, k = rotate(q, cos, sin, rope.interleaved), rotate(k, cos, sin, rope.interleaved)
     geo = cache.geometry
     dst = (layer_base.long() + layer) * geo.rows_per_layer + row0.long()
@@ -154,11 +148,9 @@ def gemv_rmsnorm(x: torch.Tensor, w_norm: torch.Tensor, eps: float, w: torch.Ten
 def gemv_residual(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor, eps: float,
                   sandwich: bool, w: torch.Tensor, swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     x_new, h = residual_norm(branch, x, w_post, w_next, eps, sandwich)
-    out = torch.nn.functional.linear(h, w)
-    return (silu_mul(out) if swiglu else out), x_new
+    return _few_linear(h, w, swiglu), x_new
 
 
-# ----- dispatch --------------------------------------------------------------------------------------
 class Ops:
     """The primitives of one backend, ``"torch"`` or ``"triton"``. Batches of at most ``fuse_rows`` rows run layers
     as four skinny matmuls with norms, residual adds and SwiGLU fused in (:meth:`executor.model.Layer.forward_fused`,
@@ -169,24 +161,23 @@ class Ops:
         if backend not in ("torch", "triton"):
             raise ValueError(f"unknown ops backend {backend!r}; expected 'torch' or 'triton'")
         self.backend = backend
+        self.fuse_rows = fuse_rows or 0
+        self.few_rows = few_rows or 0
+        self._fused_attention_rows: int | None = None
+        self._pdl_behind = None
+        skinny = few = pointwise = decode = prefill = _TorchOps
         if backend == "triton":  # Triton is optional: imported only for its backend
             from executor import chain as skinny
             from executor import few_rows as few
             from executor import triton_decode as decode
             from executor import triton_pointwise as pointwise
             from executor import triton_prefill as prefill
-        else:
-            skinny = few = pointwise = decode = prefill = _TorchOps
-        self.fuse_rows = fuse_rows or 0
-        self.few_rows = few_rows or 0
-        self._fused_attention_rows: int | None = None
-        if backend == "triton":  # the torch backend composes either path at any size
             for name, value, most in (("fuse_rows", self.fuse_rows, skinny.MAX_ROWS),
                                       ("few_rows", self.few_rows, few.MAX_ROWS)):
-                if not 0 <= value <= most:
+                if not 0 <= value <= most:  # the torch backend composes either path at any size
                     raise ValueError(f"{name} must be 0..{most} on the triton backend, got {value}")
+            self._pdl_behind = skinny.pdl_behind
         self._few_linear = few.linear
-        self._pdl_behind = skinny.pdl_behind if backend == "triton" else None
         self.gemv = skinny.gemv
         self.gemv_rmsnorm = skinny.gemv_rmsnorm
         self.gemv_residual = skinny.gemv_residual

@@ -41,8 +41,7 @@ class PrefillLayout:
                 + len(ITEM_FIELDS) * self.items + self.chunks * self.width)
 
     def split(self, buffer):
-        """Views of ``buffer`` (numpy array or tensor) as ``(tokens [3, T], chunks [5, C], items [2, I],
-        table [C, width])``."""
+        """Views of ``buffer`` (array or tensor): ``(tokens [3, T], chunks [5, C], items [2, I], table [C, width])``."""
         t, c, i = self.tokens, self.chunks, self.items
         a = len(TOKEN_FIELDS) * t
         b = a + len(CHUNK_FIELDS) * c

@@ -62,8 +62,7 @@ class ReferenceDecoder:
 
     def __init__(self, model: LoopedLM, layout: KVLayout | str) -> None:
         self.model = model
-        cfg = model.config
-        self.cfg = cfg
+        self.cfg = cfg = model.config
         self.geo = CacheGeometry(cfg.prelude, cfg.core, cfg.coda, cfg.r_max, KVLayout.parse(layout), 0)
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
@@ -77,13 +76,16 @@ class ReferenceDecoder:
         if 0 not in by_start:
             raise ValueError("the first episode must start at 0 generated tokens")
         tokens = [int(t) for t in prompt]
-        self._alloc(len(prompt) + output_len)
+        shape = (len(prompt) + output_len, self.cfg.kv_heads, self.cfg.head_dim)
+        self.k = [self.model.embed.new_zeros(shape) for _ in range(self.geo.layers)]
+        self.v = [self.model.embed.new_zeros(shape) for _ in range(self.geo.layers)]
         out_tokens: list[int] = []
         out_logits: list[torch.Tensor] = []
         for g in range(output_len):
             episode = by_start.get(g)
             if episode is not None:
-                self._reset()
+                for t in (*self.k, *self.v):
+                    t.zero_()
                 if sum(episode.chunks) != len(tokens):
                     raise ValueError(f"episode at {g} covers {sum(episode.chunks)} tokens, expected {len(tokens)}")
                 start = 0
@@ -99,19 +101,7 @@ class ReferenceDecoder:
             out_tokens.append(token)
             out_logits.append(logits)
             tokens.append(token)
-        return ReferenceOutput(out_tokens, torch.stack(out_logits) if out_logits else torch.zeros(0),
-                               episodes)
-
-    # ----- internals -----------------------------------------------------------------------------
-    def _alloc(self, length: int) -> None:
-        cfg, m = self.cfg, self.model
-        shape = (length, cfg.kv_heads, cfg.head_dim)
-        self.k = [torch.zeros(shape, dtype=m.dtype, device=m.device) for _ in range(self.geo.layers)]
-        self.v = [torch.zeros(shape, dtype=m.dtype, device=m.device) for _ in range(self.geo.layers)]
-
-    def _reset(self) -> None:
-        for t in (*self.k, *self.v):
-            t.zero_()
+        return ReferenceOutput(out_tokens, torch.stack(out_logits) if out_logits else torch.zeros(0), episodes)
 
     def _forward(self, ids: list[int], start: int, depth: int, observer: Observer | None) -> torch.Tensor:
         """Run ``ids`` (positions ``start ..``) through the model; the logits of the last position."""
@@ -121,7 +111,7 @@ class ReferenceDecoder:
         if cfg.style is LayerStyle.HUGINN:
             x = x * math.sqrt(cfg.hidden)
         for i, layer in enumerate(m.prelude_layers):
-            x = self._layer(layer, x, start, geo.prelude_layer(i))
+            x = self._layer(layer, x, start, i)  # prelude layer i is cache layer i
         e = x
         s = e if cfg.style is LayerStyle.OURO else m.state0.to(e.dtype).expand_as(e)
         if observer is not None:

@@ -15,6 +15,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 SHARED_LIMIT = 227 * 1024  # bytes of shared memory one block may use on the H100/H200
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"  # the ptxas and cuobjdump Triton ships
 
 # argument types of the kernels compiled here (their constexpr arguments are given per call)
 SIGNATURES = {
@@ -67,11 +68,10 @@ def compile_sm90(fn, signature: dict[str, str], constants: dict, num_warps: int 
 
 def resources(kernel) -> Resources:
     """Registers, stack and shared memory of a kernel from :func:`compile_sm90` (``cuobjdump`` of its cubin)."""
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        out = subprocess.run([str(cuobjdump), "--dump-resource-usage", f.name], capture_output=True, text=True,
+        out = subprocess.run([str(BIN / "cuobjdump"), "--dump-resource-usage", f.name], capture_output=True, text=True,
                              check=True)
     line = next(ln for ln in out.stdout.splitlines() if "REG:" in ln)
     regs, stack = (re.search(rf"{key}:(\d+)", line) for key in ("REG", "STACK"))
@@ -81,5 +81,4 @@ def resources(kernel) -> Resources:
 
 def available() -> bool:
     """Whether this Triton can compile for NVIDIA GPUs here (its ptxas and cuobjdump are bundled)."""
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    return (bin_dir / "ptxas").is_file() and (bin_dir / "cuobjdump").is_file()
+    return (BIN / "ptxas").is_file() and (BIN / "cuobjdump").is_file()

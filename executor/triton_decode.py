@@ -22,17 +22,10 @@ DECODE_EVICT = ""  # decode_attention's eviction policy for KV loads (Triton's d
 
 
 @triton.jit
-def _split_positions(seq, SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.constexpr):
-    """Positions per split of a row, as cdbsim.latency.gpu_work.split_positions counts them."""
-    per = tl.maximum(tl.cdiv(seq, SPLITS), MIN_PER)
-    return tl.cdiv(per, PAGE) * PAGE
-
-
-@triton.jit
 def _split_range(seq, split, SPLITS: tl.constexpr, MIN_PER: tl.constexpr, PAGE: tl.constexpr):
     """Positions ``start .. end`` of a row's split (empty past the context) and how many of the row's splits hold
     positions (at least split 0, which stores even an empty row's partial)."""
-    per = _split_positions(seq, SPLITS, MIN_PER, PAGE)
+    per = tl.cdiv(tl.maximum(tl.cdiv(seq, SPLITS), MIN_PER), PAGE) * PAGE  # cdbsim.latency.gpu_work.split_positions
     start = split * per
     return start, tl.minimum(start + per, seq), tl.maximum(tl.minimum(tl.cdiv(seq, per), SPLITS), 1)
 
@@ -52,22 +45,12 @@ def _tile_rows(BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH: tl.constexpr
 
 @triton.jit
 def _kv_part(KC, VC, base, tm, D: tl.constexpr, D0: tl.constexpr, DW: tl.constexpr, EVICT: tl.constexpr):
-    """Columns ``D0 .. D0 + DW`` of the K and V rows at ``base`` (``[BLOCK, DW]``, cache dtype, zero where
-    masked or past the head's ``D``), loaded with eviction policy ``EVICT``."""
+    """K and V ``[BLOCK, DW]``: columns ``D0 ..`` of the rows at ``base``, zero where masked or past ``D``."""
     d = D0 + tl.arange(0, DW)
     off = base[:, None] + d[None, :]
     km = tm[:, None] & (d < D)[None, :]
     return (tl.load(KC + off, mask=km, other=0.0, eviction_policy=EVICT),
             tl.load(VC + off, mask=km, other=0.0, eviction_policy=EVICT))
-
-
-@triton.jit
-def _kv_tile(KC, VC, BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH: tl.constexpr, D: tl.constexpr,
-             BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr, SKIP_OWN: tl.constexpr):
-    """K and V of positions ``t0 .. t0 + BLOCK`` as one padded ``[BLOCK, BLOCK_D]`` tile (see
-    :func:`_tile_rows`)."""
-    base, tm = _tile_rows(BT, b, bt_stride, page_base, kvh, t0, end, pos, KVH, D, PAGE, BLOCK, SKIP_OWN)
-    return _kv_part(KC, VC, base, tm, D, 0, BLOCK_D, "")
 
 
 @triton.jit
@@ -110,8 +93,7 @@ def _attend(qa, qb, k_new, v_new, pos, k, v, start, end, used, KC, VC, BT, MO, M
     the first tile is ``k, v``; ``OWN``: position ``pos`` is the launch's own token ``k_new``/``v_new``."""
     tl.static_assert(DB == 0 or not (OWN or PEEL), "the launch's own token and a peeled tile take one part")
     s_own = tl.sum(k_new * qa, axis=0)
-    m_i = -float("inf")
-    l_i = 0.0
+    m_i, l_i = -float("inf"), 0.0
     acc_a = tl.zeros([DA], dtype=tl.float32)
     acc_b = acc_a
     if DB > 0:
@@ -227,7 +209,8 @@ def _rope_decode_attn_kernel(QKV, QB, KB, POS, COS, SIN, ROW0, FILL, KC, VC, BT,
     start, end, used = _split_range(tl.load(SL + b), split, SPLITS, MIN_PER, PAGE)
     cache_layer = tl.load(LB + b).to(tl.int64) + layer
     page_base = cache_layer * pages_per_layer
-    k, v = _kv_tile(KC, VC, BT, b, bt_stride, page_base, kvh, start, end, pos, KVH, D, BLOCK_D, PAGE, BLOCK, True)
+    base, tm = _tile_rows(BT, b, bt_stride, page_base, kvh, start, end, pos, KVH, D, PAGE, BLOCK, True)
+    k, v = _kv_part(KC, VC, base, tm, D, 0, BLOCK_D, "")  # the first tile, one padded part
     c, s, first, partner = _rope_angles(COS, SIN, pos, HALF, D, BLOCK_D, INTERLEAVED)
     wait_for_predecessor(PDL)
     src = QKV + b * qkv_stride
@@ -298,8 +281,7 @@ def split_counters(device: torch.device, numel: int) -> torch.Tensor:
 
 def _splits_and_partials(n: int, heads: int, d: int, splits: int | None, out: torch.Tensor, counters: bool
                          ) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The grid's split count, the merge's fp32 partials and (for an in-kernel merge) its counters;
-    ``out`` stands in for whatever is not needed."""
+    """The split count, the merge's fp32 partials and (in-kernel merge) its counters; ``out`` stands in for the rest."""
     splits = splits or decode_splits(n, heads, d)
     if splits == 1:
         return 1, out, out, out
@@ -316,11 +298,9 @@ def decode_tile(d: int) -> tuple[int, int]:
 def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Tensor,
                      layer_base: torch.Tensor, layer: int, seq_len: torch.Tensor, scale: float,
                      splits: int | None = None, min_split: int = MIN_SPLIT_POSITIONS, block: int | None = None,
-                     warps: int | None = None, parts: tuple[int, int] | None = None, evict: str = DECODE_EVICT,
-                     stages: int | None = None) -> torch.Tensor:
+                     parts: tuple[int, int] | None = None) -> torch.Tensor:
     """See :func:`executor.ops.decode_attention`. ``splits`` (:func:`cdbsim.latency.gpu_work.decode_splits`),
-    ``min_split`` (fewest positions a split covers), ``block``, ``warps``, ``parts``, ``evict`` and ``stages``
-    override the launch shape."""
+    ``min_split`` (fewest positions a split covers), ``block`` and ``parts`` override the launch shape."""
     q = q.contiguous()
     n, heads, d = q.shape
     geo = cache.geometry
@@ -328,14 +308,13 @@ def decode_attention(q: torch.Tensor, cache: PagedKVCache, block_table: torch.Te
     out = torch.empty_like(q)
     splits, mid_o, mid_l, _ = _splits_and_partials(n, heads, d, splits, out, counters=False)
     da, db = parts or head_parts(d)
-    tile = decode_tile(d)
-    block, warps = block or tile[0], warps or tile[1]
+    default_block, warps = decode_tile(d)
     pdl = pdl_mode(q)
     _decode_attn_kernel[(n, heads, splits)](
         q, cache.k, cache.v, block_table, layer_base, seq_len, mid_o, mid_l, out, layer, geo.pages_per_layer,
         scale, block_table.stride(0), H=heads, KVH=cache.kv_heads, D=d, DA=da, DB=db, PAGE=geo.block_size,
-        BLOCK=block, SPLITS=splits, MIN_PER=min_split, PDL=pdl, EVICT=evict, num_warps=warps,
-        **({} if stages is None else {"num_stages": stages}), **launch_options(pdl))
+        BLOCK=block or default_block, SPLITS=splits, MIN_PER=min_split, PDL=pdl, EVICT=DECODE_EVICT,
+        num_warps=warps, **launch_options(pdl))
     if splits > 1:
         _decode_attn_merge[(n, heads)](mid_o, mid_l, out, seq_len, H=heads, D=d, BLOCK_D=triton.next_power_of_2(d),
                                        SPLITS=splits, MIN_PER=min_split, PAGE=geo.block_size, PDL=min(pdl, EARLY),
@@ -352,8 +331,7 @@ def rope_decode_attention(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias
     (``seq_len = pos + 1``). ``splits`` and ``min_split`` as in :func:`decode_attention`."""
     qkv = qkv.contiguous()
     kvh, d = cache.kv_heads, cache.head_dim
-    n = qkv.shape[0]
-    heads = qkv.shape[1] // d - 2 * kvh
+    n, heads = qkv.shape[0], qkv.shape[1] // d - 2 * kvh
     geo = cache.geometry
     assert geo.block_size == PAGE, "split boundaries are whole KV pages"
     out = torch.empty((n, heads, d), device=qkv.device, dtype=qkv.dtype)
@@ -368,4 +346,3 @@ def rope_decode_attention(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias
         INTERLEAVED=rope.interleaved, PAGE=geo.block_size, BLOCK=BLOCK_N, SPLITS=splits,
         MIN_PER=min_split, PDL=pdl, num_warps=4, **launch_options(pdl))
     return out.reshape(n, heads * d)
-

@@ -15,7 +15,6 @@ from executor.kv_cache import PagedKVCache
 from executor.rope import RopeTable
 
 
-# ----- norms and activation --------------------------------------------------------------------------
 @triton.jit
 def _rms_norm_kernel(X, W, Y, n_cols, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
     wait_for_predecessor(PDL)
@@ -80,14 +79,13 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def residual_norm(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor | None,
-                  eps: float, sandwich: bool, pdl: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """See :func:`executor.ops.residual_norm`; ``pdl=False`` launches it without PDL."""
+                  eps: float, sandwich: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     branch, x = branch.contiguous(), x.contiguous()
     n_cols = x.shape[-1]
     x_out = torch.empty_like(x)
     h_out = torch.empty_like(x) if w_next is not None else x_out
     block = triton.next_power_of_2(n_cols)
-    pdl = pdl_enabled(x) if pdl is None else pdl and pdl_enabled(x)
+    pdl = pdl_enabled(x)
     _residual_norm_kernel[(x.numel() // n_cols,)](
         branch, x, w_post, w_next if w_next is not None else w_post, x_out, h_out, n_cols, eps,
         SANDWICH=sandwich, HAS_NEXT=w_next is not None, BLOCK=block, PDL=pdl, num_warps=_norm_warps(block),
@@ -107,7 +105,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return y
 
 
-# ----- RoPE + KV write -------------------------------------------------------------------------------
 @triton.jit
 def _kv_offset(page, offset, kvh, KVH: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr):
     """Element offset of KV head ``kvh`` at position ``offset`` (0-15) of global page ``page`` (cache layer
@@ -162,8 +159,7 @@ def _rotated_pairs(src, bias, rows_ok, c, s, HAS_BIAS: tl.constexpr, HALF: tl.co
     if HAS_BIAS:
         b0, b1 = _load_pairs(bias + tl.zeros([BLOCK_T, 1], dtype=tl.int32), rows_ok, HALF, BLOCK_T, BLOCK_HALF,
                              INTERLEAVED)
-        x0 += b0.to(tl.float32)
-        x1 += b1.to(tl.float32)
+        x0, x1 = x0 + b0.to(tl.float32), x1 + b1.to(tl.float32)
     return x0 * c - x1 * s, x1 * c + x0 * s
 
 
@@ -173,8 +169,7 @@ def _rope_kv_kernel(QKV, QB, KB, POS, COS, SIN, QO, KC, VC, ROW0, LB, FILL, n,
                     H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                     BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr, HAS_BIAS: tl.constexpr,
                     INTERLEAVED: tl.constexpr, PAGE: tl.constexpr, PDL: tl.constexpr):
-    """``BLOCK_T`` rows of one head: q rotated into ``QO``, or k rotated and v written to the cache (at the
-    row's slot and ``FILL`` deeper ones)."""
+    """``BLOCK_T`` rows of one head: q rotated into ``QO``, or k rotated and v cached (own slot, ``FILL`` deeper)."""
     wait_for_predecessor(PDL)
     b = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
@@ -215,20 +210,16 @@ def rope_write_kv(qkv: torch.Tensor, q_bias: torch.Tensor | None, k_bias: torch.
     ``block_rows``: rows per program (default ``ROPE_ROWS``, fewer for a smaller launch)."""
     qkv = qkv.contiguous()
     kvh, d = cache.kv_heads, cache.head_dim
-    n = qkv.shape[0]
-    heads = qkv.shape[1] // d - 2 * kvh
+    n, heads = qkv.shape[0], qkv.shape[1] // d - 2 * kvh
     q = torch.empty((n, heads, d), device=qkv.device, dtype=qkv.dtype)
     geo = cache.geometry
-    half = d // 2
     has_bias = q_bias is not None
     pdl = pdl_enabled(qkv)
     block = block_rows or min(ROPE_ROWS, triton.next_power_of_2(max(n, 1)))
     _rope_kv_kernel[(triton.cdiv(n, block), heads + kvh)](
         qkv, q_bias if has_bias else qkv, k_bias if has_bias else qkv, pos, rope.cos, rope.sin, q,
         cache.k, cache.v, row0, layer_base, fill, n, layer, geo.rows_per_layer, geo.core * geo.rows_per_layer,
-        qkv.stride(0), H=heads, KVH=kvh, D=d, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_T=block,
+        qkv.stride(0), H=heads, KVH=kvh, D=d, HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2), BLOCK_T=block,
         HAS_BIAS=has_bias, INTERLEAVED=rope.interleaved, PAGE=geo.block_size, PDL=pdl,
-        num_warps=1 if block <= 2 else 4,
-        **launch_options(pdl))
+        num_warps=1 if block <= 2 else 4, **launch_options(pdl))
     return q
-

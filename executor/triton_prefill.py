@@ -1,6 +1,5 @@
 """Paged attention of packed prefill chunks in Triton (:func:`prefill_attention`, the signature of
-:func:`executor.ops.prefill_attention`): no host sync, so it fits a CUDA graph. CPU tensors run under
-``TRITON_INTERPRET=1``.
+:func:`executor.ops.prefill_attention`): no host sync, so it fits a CUDA graph. CPU tensors run interpreted.
 """
 
 from __future__ import annotations
@@ -24,15 +23,11 @@ def _load_cols(ptr, rows_ok, D0: tl.constexpr, DW: tl.constexpr, D: tl.constexpr
     d = D0 + tl.arange(0, DW)
     if MASK_ROWS:
         if D0 + DW <= D:
-            x = tl.load(ptr + d[None, :], mask=rows_ok[:, None], other=0.0)
-        else:
-            x = tl.load(ptr + d[None, :], mask=rows_ok[:, None] & (d < D)[None, :], other=0.0)
-    else:
-        if D0 + DW <= D:  # noqa: SIM108 (a static branch of the kernel, not a runtime choice)
-            x = tl.load(ptr + d[None, :])
-        else:
-            x = tl.load(ptr + d[None, :], mask=(d < D)[None, :], other=0.0)
-    return x
+            return tl.load(ptr + d[None, :], mask=rows_ok[:, None], other=0.0)
+        return tl.load(ptr + d[None, :], mask=rows_ok[:, None] & (d < D)[None, :], other=0.0)
+    if D0 + DW <= D:
+        return tl.load(ptr + d[None, :])
+    return tl.load(ptr + d[None, :], mask=(d < D)[None, :], other=0.0)
 
 
 @triton.jit

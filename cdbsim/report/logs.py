@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from cdbsim.serving.scheduler import Scheduler
 
 TIMELINE = "trace.json.gz"  # the Trace Event file beside each saved log (Perfetto UI, chrome://tracing)
+# zstd without dictionaries: launch times are distinct floats, which a dictionary only inflates
+PARQUET = {"compression": "zstd", "compression_level": 9, "use_dictionary": False}
 
 
 class LogFormat(Choice):
@@ -293,9 +295,9 @@ class RunLog:
         out = Path(directory)
         with atomic_dir(out) as staging:
             if fmt is LogFormat.PARQUET:
-                self.launches.to_parquet(staging / "launches.parquet", index=False, compression="zstd")
+                self.launches.to_parquet(staging / "launches.parquet", index=False, **PARQUET)
                 self.requests.assign(token_times=[np.asarray(t, dtype=float) for t in self.token_times]).to_parquet(
-                    staging / "requests.parquet", index=False, compression="zstd")
+                    staging / "requests.parquet", index=False, **PARQUET)
             else:
                 self.launches.to_csv(staging / "launches.csv", index=False)
                 req = self.requests.assign(token_times=[" ".join(f"{t:.9g}" for t in ts) for ts in self.token_times])

@@ -2,8 +2,8 @@
 # The GPU measurements the README and docs/results.md quote, one phase per call of at most ten minutes (H200):
 #   bash benchmarks/gpu_session.sh calibrate  GPU tests, the three shipped models' profiles (about 8 min)
 #                                             -> calibration/profiles/ (the kernel-level profile: MODELS=kernels)
-#   bash benchmarks/gpu_session.sh validate   the 20-configuration validation matrix of this GPU (H200: about 7 min)
-#                                             -> benchmarks/results/validation/
+#   bash benchmarks/gpu_session.sh validate   the 20-configuration validation matrix of this GPU (about 7 min)
+#                                             -> benchmarks/results/validation/ (H200), validation-h100/ (H100)
 #   bash benchmarks/gpu_session.sh bench      the executor table and refill at K = 1 without exits (about 7 min)
 #                                             -> benchmarks/results/executor/
 #   bash benchmarks/gpu_session.sh paper      Huginn-3.5B at W = 64 under the paper's per-step launches (about 7 min)

@@ -347,13 +347,13 @@ def measure_prefill_attention(plan: KernelPlan, chain: ChainTimer, progress: Cal
     rows, rope = [], []
     longest = max(plan.prefill_prefix) + max(plan.prefill_tokens)
     chunks_max = max(plan.prefill_chunks)
+    shapes = [(t, k, p) for t, k, p in itertools.product(plan.prefill_tokens, plan.prefill_chunks,
+                                                         plan.prefill_prefix) if t % k == 0]
+    positions = max(k * (p + t // k + 64) for t, k, p in shapes)  # the largest launch's cache, not the grid's corner
     for heads, d, g in itertools.product(plan.prefill_heads, plan.head_dims, plan.prefill_groups):
         progress(f"prefill attention heads={heads} d={d} g={g}: building")
-        bench = AttentionBench(heads, g, d, chunks_max, longest, chunks_max * (longest + 64), chain.device,
-                               chain.timer)
-        for tokens, chunks, prefix in itertools.product(plan.prefill_tokens, plan.prefill_chunks, plan.prefill_prefix):
-            if tokens % chunks:
-                continue
+        bench = AttentionBench(heads, g, d, chunks_max, longest, positions, chain.device, chain.timer)
+        for tokens, chunks, prefix in shapes:
             progress(f"prefill_attention T={tokens} chunks={chunks} prefix={prefix} heads={heads} d={d} g={g}")
             rows.append([tokens, chunks, prefix, heads, g, d, chain(bench.prefill_calls(tokens, chunks, prefix))])
         for tokens in plan.prefill_tokens:

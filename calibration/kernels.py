@@ -10,6 +10,7 @@ import datetime as dt
 import itertools
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +41,9 @@ from calibration.measure import (
     measure_host,
     spread_contexts,
 )
-from cdbsim.latency.devices import H200
+from cdbsim.latency.devices import H200, device_preset, device_tag, preset_of
 from cdbsim.latency.gpu_work import CHAINED_MAX_HIDDEN, CHAINED_ROWS, FEW_ROWS_MAX, FEW_ROWS_MAX_HIDDEN
-from cdbsim.latency.kernels import STYLE_CODE
+from cdbsim.latency.kernels import STYLE_CODE, speeds_of
 from cdbsim.latency.power import RESTED_REPLAYS, fit_replays
 from cdbsim.latency.profile import Profile, ProfileKind, fit_points
 from cdbsim.model.arch import ArchSpec, KVLayout, LayerShape, LayerStyle
@@ -192,7 +193,7 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
                       families: tuple[str, ...] = FAMILIES, base: Profile | None = None) -> Profile:
     """Measure every family (or ``families`` on top of ``base``'s record), fit gaps and attention widths and write
     the kernel profile (``<device>-kernels.json``), saved after each family."""
-    from calibration.run import device_tag, torch_device
+    from calibration.run import torch_device
 
     dev = torch_device(device)
     plan = plan or (KernelPlan.quick() if quick else KernelPlan())
@@ -201,8 +202,9 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     name = name or f"{device_tag(info['name'])}-kernels"
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    record: dict = {"tables": {}, "device": {"bandwidth": H200.bandwidth, "flops": H200.matmul_flops,
-                                             "launch": H200.launch_s}, "glue_vocab": plan.glue_vocab[0], "seconds": {}}
+    preset = preset_of(info["name"])  # the figures carrying starts from; a GPU without a preset is not carried
+    figures = asdict(speeds_of(device_preset(preset) if preset else H200))
+    record: dict = {"tables": {}, "device": figures, "glue_vocab": plan.glue_vocab[0], "seconds": {}}
     components = {}
     if base is not None:
         record = {**base.kernels, "tables": dict(base.kernels["tables"]), "seconds": dict(base.kernels["seconds"])}

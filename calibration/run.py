@@ -3,24 +3,17 @@ and write one profile (JSON + PNG) per model."""
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from calibration.fit import attention_skew_name, build_profile, fit_attention_slots, plot_profile
 from cdbsim.errors import ConfigError, unknown
+from cdbsim.latency.devices import device_tag
 from cdbsim.latency.profile import Profile
 from cdbsim.latency.recipes import model_stage_name
 from cdbsim.model.arch import ArchSpec
 from cdbsim.serving.launch import Stage
-
-
-def device_tag(name: str) -> str:
-    """``NVIDIA H200`` -> ``h200``: the prefix of profile names."""
-    words = re.sub(r"^(nvidia|amd)\s+", "", name.strip(), flags=re.I).split()
-    return (words[0] if words else "device").lower()
-
 
 DEVICES = ("cuda", "cpu")  # cuda or cuda:N measures a GPU; cpu runs the tiny test models
 

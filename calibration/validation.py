@@ -215,6 +215,16 @@ def load_measured(entries: list[Entry], directory: Path) -> dict[str, RunLog]:
     return {e.name: RunLog.load(directory / e.name) for e in entries}
 
 
+def measured_gpu(directory: Path) -> str | None:
+    """The GPU the saved executor logs under ``directory`` ran on, as torch names it (None if none says)."""
+    for meta in sorted(directory.glob("*/meta.json")):
+        with contextlib.suppress(ValueError, OSError, AttributeError):
+            device = json.loads(meta.read_text()).get("device")
+            if isinstance(device, str) and device:
+                return device
+    return None
+
+
 def compare(entries: list[Entry], measured: dict[str, RunLog],
             latency_for: Callable[[ArchSpec], LatencyModel]) -> list[Comparison]:
     """Simulate each entry on the requests the executor served (same arrivals and depths) and compare."""

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.status import Status
 
 from cdbsim.errors import ConfigError, require
+from cdbsim.latency.devices import preset_of
 from cdbsim.model.arch import load_arch
 from cdbsim.planner.experiment import Experiment, settings
 from cdbsim.report.outputs import check_dir, check_file
@@ -25,7 +26,7 @@ group = CommandGroup()
 @group.command("validate", "arch.name", "arch.split", "serve.policy", "serve.width", "serve.coda_batch",
                "serve.timing", "serve.kv_layout", "workload.name", "workload.requests", "exits.model",
                "exits.mean_depth", "workload.seed", "serve.kv_tokens", "serve.core_launch", "latency.profile",
-               "latency.force", defaults={"workload.name": "alpaca", "workload.requests": 128, "workload.seed": 1,
+               "latency.force", "latency.device", defaults={"workload.name": "alpaca", "workload.requests": 128, "workload.seed": 1,
                                           "serve.kv_tokens": 65536})
 def validate(
     exp: Experiment,
@@ -49,7 +50,7 @@ def validate(
             "a --matrix entry sets its own (rate_of_capacity)")
     unused = [s.flags[0] for s in settings() if s.key in given and s.section != "latency"]
     require(matrix is None or not unused, f"{', '.join(unused)}: a --matrix entry sets its own configuration; of the "
-            "options only --profile and --force apply to it")
+            "options only --profile, --force and --device apply to it")
     check_dir(out, "--out", ("measured",))
     unpacked = contextlib.ExitStack()
     if measured is not None:  # a committed archive of logs re-predicts as it is
@@ -60,6 +61,10 @@ def validate(
         entries = val.load_matrix(matrix, only=comma_list(only, "--only") if only else None)
     else:
         entries = [val.Entry.from_experiment("config", exp, rate_of_capacity)]
+    if "latency.device" not in given:  # the GPU the runs are (or were) measured on chooses the profiles
+        gpu = val.measured_gpu(measured) if measured is not None else _this_gpu()
+        preset = preset_of(gpu) if gpu else None
+        exp = exp.override({"latency.device": preset}, source=None) if preset else exp
     latency_for = functools.cache(exp.latency.model)
     created = not out.exists()
     try:
@@ -80,6 +85,15 @@ def validate(
         emit(result.summary, f"validation: {len(entries)} configurations",
              caption=" | ".join(f"{k}: {v:.3g}" for k, v in result.errors.items())
              + f" | predicted with profile {profiles} | files in {out}")
+
+
+def _this_gpu() -> str | None:
+    """The name of this machine's GPU, None without one (or without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
 def _saved_launches(path: Path) -> list:

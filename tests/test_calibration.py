@@ -11,7 +11,8 @@ pytest.importorskip("torch")
 
 from calibration.fit import attention_rows, quality_rows, saturation_rows
 from calibration.measure import Plan
-from calibration.run import calibrate, device_tag
+from calibration.run import calibrate
+from cdbsim.latency.devices import device_tag
 from cdbsim.latency.model import LatencyModel, components_for, model_stage_name
 from cdbsim.latency.profile import load_profile_file
 from cdbsim.model.arch import ArchSpec, LayerShape

@@ -148,7 +148,7 @@ BAD = [
     ("predict -n 5 --launch-us 1e300", "latency.launch_us: must be <= 1,000,000"),
     ("validate --matrix IN/list.json --out v", "IN/list.json: not a validation matrix"),
     ("validate --matrix IN/matrix.json --arch huginn-3.5b --W 8 --out v",
-     "--arch, --W: a --matrix entry sets its own configuration; of the options only --profile and --force apply"),
+     "--arch, --W: a --matrix entry sets its own configuration; of the options only --profile, --force and --device apply"),
     ("validate --measured missing --out v", "--measured missing: not a directory of saved executor logs"),
     ("calibrate --update IN/list.json --kernels --device cpu --out k", "IN/list.json: not a cdbsim profile"),
     # malformed files: the file and, where there is one, the line

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,6 +54,11 @@ class Speeds:
     bandwidth: float = 4.3e12
     flops: float = 7.9e14
     launch: float = 2.5e-6
+
+
+def speeds_of(device: DeviceSpec) -> Speeds:
+    """The figures of ``device`` the kernels' rooflines use."""
+    return Speeds(bandwidth=device.bandwidth, flops=device.matmul_flops, launch=device.launch_s)
 
 
 def _proxies(s: Speeds) -> dict[str, Callable[[tuple[float, ...]], float]]:
@@ -147,11 +152,10 @@ class KernelModel:
         if found.reach > self.reach:
             self.reach = found.reach
             self.reached = f"{table}({', '.join(f'{x:g}' for x in query)})"
-        seconds = found.seconds
-        if self.scale is not None:  # another device: the same efficiency, that device's roofline
-            q = tuple(map(float, query))
-            seconds *= self.scale[table](q) / self.tables[table].proxy(q)
-        return seconds
+        if self.scale is None:
+            return found.seconds
+        q = tuple(map(float, query))
+        return carried(found.seconds, self.tables[table].proxy(q), self.scale[table](q))
 
     def gap(self, style: LayerStyle, path: str, rows: float = 1.0) -> float:
         """Seconds per kernel a layer of ``style`` takes beyond its kernels' tables: a number, or
@@ -260,7 +264,8 @@ class KernelModel:
 
     def kv_copy(self, arch: ArchSpec) -> float:
         """Seconds per (token, slot) last-exited fill copy in one core layer, at the measured copy bandwidth."""
-        return 2 * arch.layer.kv_bytes_per_slot / float(self.record["copy_bandwidth"])
+        seconds = 2 * arch.layer.kv_bytes_per_slot / float(self.record["copy_bandwidth"])
+        return seconds if self.target is None else seconds * self.measured_on.bandwidth / self.target.bandwidth
 
     def _by_head_dim(self, key: str, arch: ArchSpec, nearest: bool) -> dict[float, float]:
         g = arch.layer.heads / arch.layer.kv_heads
@@ -318,6 +323,13 @@ class KernelModel:
         return comps
 
 
+def carried(seconds: float, roofline: float, target_roofline: float) -> float:
+    """A kernel's time on another device: the part its roofline explains scales to that device's roofline, the
+    rest (launch, latency, synchronisation; the same on GPUs of one generation) stays as measured."""
+    fixed = max(seconds - roofline, 0.0)
+    return fixed + (seconds - fixed) * target_roofline / roofline
+
+
 def _log_interpolated(values: dict[float, float], x: float) -> float:
     """``values`` (by a size) at ``x``: log-linear between the measured sizes around it, the nearest outside them."""
     keys = sorted(values)
@@ -369,18 +381,7 @@ def compose_profile(profile: Profile, arch: ArchSpec) -> tuple[Profile, list[str
                         f"(at {model.reached}); those times are carried from the grid's edge by the kernels' "
                         "roofline")
     if target is not None:
-        remark += ", scaled to another GPU: not validated"
+        remark += f", carried from the {record.get('carried_from') or 'measured GPU'}: not validated"
     sharpness = model.attention_sharpness(arch)
     attention = {"slots": slots, "sharpness": None if sharpness == math.inf else sharpness} if slots else {}
     return replace(profile, components=components, attention=attention, remark=remark), warnings
-
-
-def retarget(profile: Profile, device: DeviceSpec) -> Profile:
-    """A kernel-level profile carried to ``device``'s figures (bandwidth, matmul rate, launch cost)."""
-    measured = Speeds(**profile.kernels.get("device", {}))
-    speeds = Speeds(bandwidth=device.bandwidth, flops=device.matmul_flops, launch=device.launch_s)
-    if speeds == measured:
-        return profile
-    kernels = {**profile.kernels, "target": asdict(speeds)}
-    info = {**profile.device, "name": device.name, "memory_bytes": device.memory_bytes}
-    return replace(profile, kernels=kernels, device=info)

@@ -4,12 +4,14 @@ imports calibration or torch), and how a profile name resolves."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
-from cdbsim.errors import ConfigError, unknown
-from cdbsim.latency.devices import H200, DeviceSpec
-from cdbsim.latency.model import roofline_profile
-from cdbsim.latency.profile import Profile, ProfileKind, load_profile_file
+from cdbsim.errors import ConfigError, require, unknown
+from cdbsim.latency.carry import carry_measured, retarget
+from cdbsim.latency.devices import H200, DeviceSpec, device_preset, device_tag, preset_of
+from cdbsim.latency.model import HOST, roofline_profile
+from cdbsim.latency.profile import Fit, Profile, ProfileKind, load_profile_file
 from cdbsim.latency.recipes import components_for, model_stage_name
 from cdbsim.model.arch import ArchSpec
 from cdbsim.serving.launch import Stage
@@ -42,36 +44,68 @@ def covers(profile: Profile, arch: ArchSpec) -> bool:
     return all(name in profile.components for name in components_for(arch))
 
 
-def resolve_profile(name: str, arch: ArchSpec, device: DeviceSpec = H200) -> Profile:
-    """``auto``, ``roofline``, a shipped profile's name, or a profile JSON file.
+def measured_on(profile: Profile) -> str:
+    """The device tag of the GPU ``profile`` was measured on (``h200``, ``h100``...)."""
+    return device_tag(profile.device.get("name", ""))
 
-    ``auto`` picks a shipped profile that measured this model's stages, else its layer shape, else the kernel-level
-    profile composed for ``arch``, else the roofline; on a device other than the measured H200, the kernel-level
-    profile carried to that device (or the roofline).
+
+def resolve_profile(name: str, arch: ArchSpec, device: DeviceSpec = H200) -> Profile:
+    """``auto``, a GPU's tag (``h200``: ``auto`` among that GPU's profiles), ``roofline``, a shipped profile's name,
+    or a profile JSON file, on ``device``.
+
+    ``auto`` picks, among the profiles measured on ``device``'s GPU (else the H200's), this model's, else its layer
+    shape's, else the kernel-level profile composed for ``arch``; else the roofline. A profile measured on another
+    GPU than ``device``, or with other figures than a what-if gives, is carried to it (:mod:`cdbsim.latency.carry`).
     """
     if name == "roofline":
         return roofline_profile(arch, device)
-    if name.endswith(".json"):
-        return _on(load_profile_file(name), device)
     shipped = shipped_profiles()
-    if name == "auto":
-        kernels = [p for p in shipped.values() if p.kind is ProfileKind.KERNELS]
-        if device != H200:
-            return _on(kernels[0], device) if kernels else roofline_profile(arch, device)
-        matching = [p for p in shipped.values() if p.kind is ProfileKind.MEASURED and covers(p, arch)]
+    gpus = {measured_on(p) for p in shipped.values()}
+    if name == "auto" or name in gpus:
+        found = _auto(shipped, arch, (name,) if name in gpus else (device.tag, H200.tag))
+        if found is None:
+            return roofline_profile(arch, device)
+        profile = found
+    elif name in shipped:
+        profile = shipped[name]
+    elif Path(name).is_file():  # any suffix: read as the profile it claims to be (a bad one is named)
+        profile = load_profile_file(name)
+    else:
+        raise unknown("profile", name, ["auto", *sorted(gpus), "roofline", "<file>.json", *shipped])
+    return on_device(profile, arch, device, shipped)
+
+
+def _auto(shipped: dict[str, Profile], arch: ArchSpec, gpus: tuple[str, ...]) -> Profile | None:
+    """``arch``'s own profile, else its layer shape's, else the kernel-level one, of the first of ``gpus`` with one."""
+    for tag in dict.fromkeys(gpus):
+        here = [p for p in shipped.values() if measured_on(p) == tag]
+        matching = [p for p in here if p.kind is ProfileKind.MEASURED and covers(p, arch)]
         exact = [p for p in matching if model_stage_name(arch, Stage.CORE) in p.components]  # this very model
-        return (exact or matching or kernels or [roofline_profile(arch, device)])[0]
-    if name in shipped:
-        return _on(shipped[name], device)
-    if Path(name).is_file():  # a file by another suffix: read as the profile it claims to be (a bad one is named)
-        return _on(load_profile_file(name), device)
-    raise unknown("profile", name, ["auto", "roofline", "<file>.json", *shipped])
+        found = exact or matching or [p for p in here if p.kind is ProfileKind.KERNELS]
+        if found:
+            return found[0]
+    return None
 
 
-def _on(profile: Profile, device: DeviceSpec) -> Profile:
-    """A kernel-level profile carried to ``device``; any other profile as it is (it was measured whole)."""
-    if profile.kind is ProfileKind.KERNELS and device != H200:
-        from cdbsim.latency.kernels import retarget
-
+def on_device(profile: Profile, arch: ArchSpec, device: DeviceSpec, shipped: dict[str, Profile]) -> Profile:
+    """``profile`` as measured where ``device`` is its GPU's preset unchanged, else carried to ``device``; a profile
+    of a GPU without a preset is used as measured on the default device and refused on any other."""
+    if profile.kind not in (ProfileKind.MEASURED, ProfileKind.KERNELS):
+        return profile
+    home_key = preset_of(profile.device.get("name", ""))
+    if home_key is None:
+        require(device == H200, f"profile {profile.name} was measured on a {profile.device.get('name', 'GPU')}, "
+                                f"which has no preset to carry it from; leave out --device and the what-if figures")
+        return profile
+    home = device_preset(home_key)
+    if device == home:
+        return profile
+    if device.host_launch_s != home.host_launch_s or device.host_item_s != home.host_item_s:
+        host = Fit(delta=device.host_launch_s, gamma=device.host_item_s)
+        profile = replace(profile, components={**profile.components, HOST: host})
+    if profile.kind is ProfileKind.KERNELS:
         return retarget(profile, device)
-    return profile
+    kernels = [p for p in shipped.values() if p.kind is ProfileKind.KERNELS and measured_on(p) == home.tag]
+    require(bool(kernels), f"profile {profile.name} cannot be carried to {device.name}: no kernel-level profile "
+                           f"of its GPU ({home.name}) to carry it with (cdbsim calibrate --kernels on one)")
+    return carry_measured(profile, kernels[0], arch, device)

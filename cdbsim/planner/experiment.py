@@ -215,12 +215,13 @@ class LatencySection(Section):
 
     NAME: ClassVar[str] = "latency"
 
-    profile: str = option("auto", "auto (this model's measured profile, else its layer shape's, else the "
-                                  "kernel-level profile composed for it, else the roofline), roofline, a "
+    profile: str = option("auto", "auto (of the profiles measured on --device's GPU, else the H200's: this "
+                                  "model's, else its layer shape's, else the kernel-level one composed for it; "
+                                  "else the roofline), a GPU (h200, h100: auto among its profiles), roofline, a "
                                   "shipped name, or a profile JSON file.")
     force: bool = option(False, "Use a profile made for another shape, filling gaps from the roofline.")
-    device: str = option("h200", "GPU: h200 (measured), h100-sxm, b200, a100-80gb (datasheet figures; "
-                                 "predictions scaled from the H200's kernels, not validated).")
+    device: str = option("h200", "GPU: h200, h100-sxm (measured), b200, a100-80gb (the H200's profiles "
+                                 "carried to their datasheet figures, not validated).")
     bandwidth: float | None = option(None, "What-if device: achievable memory bandwidth in TB/s.",
                                      maximum=WHAT_IF_MAX)
     matmul_tflops: float | None = option(None, "What-if device: achievable bf16 matmul rate in TFLOP/s.",
@@ -236,8 +237,8 @@ class LatencySection(Section):
         "memory_gb": ("memory_bytes", 1e9), "host_us": ("host_launch_s", 1e-6)}
 
     def model(self, arch: ArchSpec) -> LatencyModel:
-        """The named profile on the chosen device (a preset, changed by any what-if figures given):
-        on another device than the measured H200, ``auto`` is the kernel-level profile carried to it."""
+        """The named profile on the chosen device (a preset, changed by any what-if figures given), carried
+        there when it was measured elsewhere (:func:`cdbsim.latency.shipped.resolve_profile`)."""
         from cdbsim.latency.model import LatencyModel
         from cdbsim.latency.shipped import resolve_profile
 

@@ -50,12 +50,19 @@ class KVCapacity:
     memory_fraction: float = 0.9
 
     def blocks_for(self, arch: ArchSpec, config: ServeConfig, latency: LatencyModel) -> int:
-        if self.tokens is not None or self.blocks is not None:
-            return capacity_blocks(arch, config.layout, tokens=self.tokens, blocks=self.blocks,
-                                   block_size=config.block_size)
         memory = latency.profile.memory_bytes
-        require(memory > 0, f"profile {latency.profile.name} does not give the device memory; pass --kv-tokens")
         weights = arch.total_params * arch.dtype_bytes
+        if self.tokens is not None or self.blocks is not None:
+            blocks = capacity_blocks(arch, config.layout, tokens=self.tokens, blocks=self.blocks,
+                                     block_size=config.block_size)
+            cache = blocks * config.block_size * arch.kv_bytes_per_token(config.layout)
+            tokens = blocks * config.block_size
+            require(memory <= 0 or weights + cache <= memory,
+                    f"the weights of {arch.name} ({size_text(weights)}) and a KV cache of {tokens:,} tokens "
+                    f"({size_text(cache)}) need more than the device's {size_text(memory)}; lower --kv-tokens or "
+                    f"choose a larger device")
+            return blocks
+        require(memory > 0, f"profile {latency.profile.name} does not give the device memory; pass --kv-tokens")
         usable = f"{self.memory_fraction:.0%} of the device's {size_text(memory)}"
         require(weights < memory * self.memory_fraction,
                 f"the weights of {arch.name} ({size_text(weights)}) do not fit in {usable}: nothing is left for the "

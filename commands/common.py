@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -200,10 +201,28 @@ JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 CsvOut = Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")]
 
 
+def json_ready(value: Any) -> Any:
+    """``value`` with every NaN or infinite number as None (``null``: strict JSON has no NaN)."""
+    if isinstance(value, Mapping):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        return value if math.isfinite(value) else None
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a numpy number
+        return json_ready(value.item())
+    return value
+
+
+def json_text(document: Any, default: Callable[[Any], Any] = float) -> str:
+    """``document`` as strict JSON (NaN written ``null``), indented, with a newline."""
+    return json.dumps(json_ready(document), indent=2, default=default, allow_nan=False) + "\n"
+
+
 def emit(rows: Any, title: str, as_json: bool = False, as_csv: bool = False, caption: str | None = None) -> None:
     """Print ``rows`` (a list of dicts; with ``as_json`` any JSON document) as a rich table, JSON or CSV."""
     if as_json:
-        sys.stdout.write(json.dumps(rows, indent=2, default=float) + "\n")
+        sys.stdout.write(json_text(rows))
         return
     if as_csv:
         import pandas as pd

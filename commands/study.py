@@ -3,7 +3,6 @@ the throughput and latency of one configuration or several side by side (predict
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass, replace
@@ -17,7 +16,7 @@ from cdbsim.planner.experiment import Experiment
 from cdbsim.report.outputs import atomic_file, check_dir, check_file
 from cdbsim.report.progress import progress_display
 from cdbsim.serving.config import ServeConfig
-from commands.common import RATE_SEARCHED, STUDY, CommandGroup, CsvOut, JsonOut, console, emit, emit_data
+from commands.common import RATE_SEARCHED, STUDY, CommandGroup, CsvOut, JsonOut, console, emit, emit_data, json_text
 
 group = CommandGroup()
 DEFAULT_KV_TOKENS = 327_680  # the CDB paper's KV cache size
@@ -110,7 +109,9 @@ def bound(
     from traces import length_model
 
     spec = exp.arch.spec()
-    depth_decoded = exp.exits.mean_depth if exp.exits.mean_depth is not None else default_mean_depth(spec.r_max)
+    depth_decoded = exp.exits.mean_depth
+    if depth_decoded is None:
+        depth_decoded = default_mean_depth(spec.r_max, spec.r_min)
     if not 1 <= depth_decoded <= spec.r_max:
         raise ConfigError(f"mean depth must be in [1, r_max = {spec.r_max}], got {depth_decoded:g}")
     require(prefill_share < 1.0, "--prefill-share must be below 1 (CB would spend all its time in prefill)")
@@ -195,8 +196,7 @@ class RunOutputs:
             saved += f" | coda batches in {self.plot_k}"
         reports = {label: report for label, (report, _) in runs.items()}
         if as_json:
-            sys.stdout.write(json.dumps({name: r.to_dict() for name, r in reports.items()}, indent=2,
-                                        default=str) + "\n")
+            sys.stdout.write(json_text({name: r.to_dict() for name, r in reports.items()}, default=str))
         elif as_csv:
             emit([csv_row(name, r, self.percentiles) for name, r in reports.items()], title, as_csv=True)
         else:

@@ -89,7 +89,7 @@ def impossible(exp: Experiment) -> str | None:
     try:
         arch = exp.arch.spec()
         config = exp.serve.config()
-        exp.exits.exit_model(arch).pmf(config.r_min(arch), arch.r_max)
+        exp.exits.exit_model(arch, config.r_min(arch)).pmf(config.r_min(arch), arch.r_max)
         exp.serve.kv_capacity().blocks_for(arch, config, _latency(exp.arch, exp.latency))
     except ConfigError as exc:
         return str(exc)

@@ -3,6 +3,7 @@ or CSV on stdout."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import json
@@ -45,6 +46,34 @@ def refuse_empty_values(argv: list[str]) -> None:
             raise UsageFailure(f"{argv[i - 1]}: empty value")
 
 
+def similar_options(name: str, options: list[str], most: int = 3) -> list[str]:
+    """The options ``name`` (an unknown one) most likely meant: those containing it or contained in it (``--rate``:
+    ``--target-rate``), and near spellings (``--widht``: ``--width``), closest first."""
+    word = name.lstrip("-").lower()
+
+    def score(option: str) -> float:
+        other = option.lstrip("-").lower()
+        if len(word) >= 3 and (word in other or (len(other) >= 3 and other in word)):
+            return 1.0 + min(len(word), len(other)) / max(len(word), len(other))
+        same_start = word[:1] == other[:1]
+        return difflib.SequenceMatcher(None, word, other).ratio() if same_start else 0.0
+
+    scored = sorted(((score(o), o) for o in dict.fromkeys(options)), key=lambda pair: -pair[0])
+    return [option for value, option in scored if value >= 0.75][:most]
+
+
+def usage_message(exc: Exception) -> str:
+    """click's usage error as one line; an unknown option suggests the command's options it most resembles
+    (click's own guesses are near spellings only: ``--rate`` got ``--core, --style``)."""
+    name, context = getattr(exc, "option_name", None), getattr(exc, "ctx", None)
+    if not (hasattr(exc, "possibilities") and name and context is not None):
+        return exc.format_message()  # type: ignore[attr-defined]
+    options = [o for p in context.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+    close = similar_options(name, options)
+    hint = f"did you mean {' or '.join(close)}?" if close else f"see {context.command_path} --help"
+    return f"No such option: {name}; {hint}"
+
+
 class OneLineErrors(TyperGroup):
     """The command group, printing click's own usage errors (an option that does not parse, a missing value,
     an unknown option) as the same one-line ``error: ...`` with exit code 2 as every other bad input."""
@@ -56,7 +85,7 @@ class OneLineErrors(TyperGroup):
             refuse_empty_values(list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:]))
             code = super().main(*args, standalone_mode=False, **kwargs)
         except UsageFailure as exc:
-            error_line(exc.format_message())
+            error_line(usage_message(exc))
             sys.exit(2)
         except typer.Abort:
             error_line("aborted")

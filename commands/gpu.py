@@ -51,6 +51,7 @@ def validate(
     require(matrix is None or not unused, f"{', '.join(unused)}: a --matrix entry sets its own configuration; of the "
             "options only --profile and --force apply to it")
     check_dir(out, "--out", ("measured",))
+    given_measured = measured
     unpacked = contextlib.ExitStack()
     if measured is not None:  # a committed archive of logs re-predicts as it is
         measured = unpacked.enter_context(val.unpacked_logs(measured))
@@ -64,6 +65,8 @@ def validate(
     created = not out.exists()
     try:
         with unpacked:
+            if measured is not None:
+                _require_saved_runs(entries, measured, given_measured, matrix is not None)
             result = val.run_validation(entries, out, latency_for, measured=measured,
                                         log=lambda msg: Console(stderr=True).print(msg, markup=False))
     finally:
@@ -80,6 +83,23 @@ def validate(
         emit(result.summary, f"validation: {len(entries)} configurations",
              caption=" | ".join(f"{k}: {v:.3g}" for k, v in result.errors.items())
              + f" | predicted with profile {profiles} | files in {out}")
+
+
+def _require_saved_runs(entries: list, folder: Path, given: Path | None, from_matrix: bool) -> None:
+    """Refuse ``--measured`` (unpacked into ``folder``) that lacks the saved run of an entry, naming it as the
+    user knows it: a matrix entry, or the configuration of the options (saved as ``config/``)."""
+    from cdbsim.report.logs import RunLog
+
+    missing = [e.name for e in entries if not RunLog.saved_in(folder / e.name)]
+    if not missing:
+        return
+    what = "the configuration of the options"
+    if from_matrix:
+        names = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        what = f"matrix entr{'y' if len(missing) == 1 else 'ies'} {names}"
+    raise ConfigError(f"--measured {given}: no saved executor run for {what}; expected {given}/{missing[0]}/"
+                      f"launches.parquet (or .csv){', one folder per entry' if len(missing) > 1 else ''}, as "
+                      f"validate --out DIR saves them in DIR/measured")
 
 
 def _saved_launches(path: Path) -> list:

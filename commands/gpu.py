@@ -97,9 +97,11 @@ def _require_saved_runs(entries: list, folder: Path, given: Path | None, from_ma
     if from_matrix:
         names = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
         what = f"matrix entr{'y' if len(missing) == 1 else 'ies'} {names}"
-    raise ConfigError(f"--measured {given}: no saved executor run for {what}; expected {given}/{missing[0]}/"
-                      f"launches.parquet (or .csv){', one folder per entry' if len(missing) > 1 else ''}, as "
-                      f"validate --out DIR saves them in DIR/measured")
+    log = f"{missing[0]}/launches.parquet (or .csv)"
+    expected = f"{given}/{log}" if given is not None and given.is_dir() else f"{log} in the archive"
+    raise ConfigError(f"--measured {given}: no saved executor run for {what}; expected {expected}"
+                      f"{', one folder per entry' if len(missing) > 1 else ''}, as validate --out DIR saves them in "
+                      f"DIR/measured")
 
 
 def _saved_launches(path: Path) -> list:

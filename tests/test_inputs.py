@@ -134,7 +134,7 @@ BAD = [
     ("sweep --grid serve.width=16 --out IN/a_file/s.parquet", "IN/a_file is a file, not a directory"),
     ("sweep --grid serve.width=16 --out /proc/s.parquet", "--out /proc/s.parquet: cannot write in /proc"),
     ("sweep --grid serve.width=16 --out /nonexistent/s.parquet", "directory /nonexistent does not exist"),
-    ("sweep --grid serve.width=16 --out IN/logs_with_file", "must end in .parquet"),
+    ("sweep --grid serve.width=16 --out IN/logs_with_file", "is a directory; give a file name ending in .parquet"),
     ("sweep --grid serve.width=16 --out IN/pareto.parquet", "IN/pareto-pareto.png: is a directory"),
     ("capacity --tpot-ms 50 --target-rate 0", "the target rate must be a finite number > 0 req/s, got 0"),
     ("validate --out IN/a_file", "--out IN/a_file: is a file, not a directory"),
@@ -183,7 +183,8 @@ BAD = [
     ("validate --matrix IN/matrix.json --measured IN/truncated.tgz --out v", "--measured IN/truncated.tgz: cannot "
                                                                              "unpack"),
     ("validate --matrix IN/matrix.json --measured IN/empty.tgz --out v",  # the archive, not a temporary directory
-     "IN/empty.tgz: no saved executor log for a"),
+     "--measured IN/empty.tgz: no saved executor run for matrix entry a; expected a/launches.parquet (or .csv) in "
+     "the archive"),
     # impossible or contradictory settings
     ("predict -n 5 --K 0", "serve.coda_batch: must be >= 1, got 0"),
     ("predict -n 5 --exits synthetic --depth 2", "--depth goes with --exits fixed, not synthetic"),

@@ -3,9 +3,11 @@ or CSV on stdout."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import json
+import math
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -44,6 +46,34 @@ def refuse_empty_values(argv: list[str]) -> None:
             raise UsageFailure(f"{argv[i - 1]}: empty value")
 
 
+def similar_options(name: str, options: list[str], most: int = 3) -> list[str]:
+    """The options ``name`` (an unknown one) most likely meant: those containing it or contained in it (``--rate``:
+    ``--target-rate``), and near spellings (``--widht``: ``--width``), closest first."""
+    word = name.lstrip("-").lower()
+
+    def score(option: str) -> float:
+        other = option.lstrip("-").lower()
+        if len(word) >= 3 and (word in other or (len(other) >= 3 and other in word)):
+            return 1.0 + min(len(word), len(other)) / max(len(word), len(other))
+        same_start = word[:1] == other[:1]
+        return difflib.SequenceMatcher(None, word, other).ratio() if same_start else 0.0
+
+    scored = sorted(((score(o), o) for o in dict.fromkeys(options)), key=lambda pair: -pair[0])
+    return [option for value, option in scored if value >= 0.75][:most]
+
+
+def usage_message(exc: Exception) -> str:
+    """click's usage error as one line; an unknown option suggests the command's options it most resembles
+    (click's own guesses are near spellings only: ``--rate`` got ``--core, --style``)."""
+    name, context = getattr(exc, "option_name", None), getattr(exc, "ctx", None)
+    if not (hasattr(exc, "possibilities") and name and context is not None):
+        return exc.format_message()  # type: ignore[attr-defined]
+    options = [o for p in context.command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+    close = similar_options(name, options)
+    hint = f"did you mean {' or '.join(close)}?" if close else f"see {context.command_path} --help"
+    return f"No such option: {name}; {hint}"
+
+
 class OneLineErrors(TyperGroup):
     """The command group, printing click's own usage errors (an option that does not parse, a missing value,
     an unknown option) as the same one-line ``error: ...`` with exit code 2 as every other bad input."""
@@ -55,7 +85,7 @@ class OneLineErrors(TyperGroup):
             refuse_empty_values(list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:]))
             code = super().main(*args, standalone_mode=False, **kwargs)
         except UsageFailure as exc:
-            error_line(exc.format_message())
+            error_line(usage_message(exc))
             sys.exit(2)
         except typer.Abort:
             error_line("aborted")
@@ -200,10 +230,28 @@ JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 CsvOut = Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")]
 
 
+def json_ready(value: Any) -> Any:
+    """``value`` with every NaN or infinite number as None (``null``: strict JSON has no NaN)."""
+    if isinstance(value, Mapping):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        return value if math.isfinite(value) else None
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a numpy number
+        return json_ready(value.item())
+    return value
+
+
+def json_text(document: Any, default: Callable[[Any], Any] = float) -> str:
+    """``document`` as strict JSON (NaN written ``null``), indented, with a newline."""
+    return json.dumps(json_ready(document), indent=2, default=default, allow_nan=False) + "\n"
+
+
 def emit(rows: Any, title: str, as_json: bool = False, as_csv: bool = False, caption: str | None = None) -> None:
     """Print ``rows`` (a list of dicts; with ``as_json`` any JSON document) as a rich table, JSON or CSV."""
     if as_json:
-        sys.stdout.write(json.dumps(rows, indent=2, default=float) + "\n")
+        sys.stdout.write(json_text(rows))
         return
     if as_csv:
         import pandas as pd

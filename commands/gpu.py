@@ -26,8 +26,9 @@ group = CommandGroup()
 @group.command("validate", "arch.name", "arch.split", "serve.policy", "serve.width", "serve.coda_batch",
                "serve.timing", "serve.kv_layout", "workload.name", "workload.requests", "exits.model",
                "exits.mean_depth", "workload.seed", "serve.kv_tokens", "serve.core_launch", "latency.profile",
-               "latency.force", "latency.device", defaults={"workload.name": "alpaca", "workload.requests": 128, "workload.seed": 1,
-                                          "serve.kv_tokens": 65536})
+               "latency.force", "latency.device",
+               defaults={"workload.name": "alpaca", "workload.requests": 128, "workload.seed": 1,
+                         "serve.kv_tokens": 65536})
 def validate(
     exp: Experiment,
     given: frozenset[str],
@@ -52,6 +53,7 @@ def validate(
     require(matrix is None or not unused, f"{', '.join(unused)}: a --matrix entry sets its own configuration; of the "
             "options only --profile, --force and --device apply to it")
     check_dir(out, "--out", ("measured",))
+    given_measured = measured
     unpacked = contextlib.ExitStack()
     if measured is not None:  # a committed archive of logs re-predicts as it is
         measured = unpacked.enter_context(val.unpacked_logs(measured))
@@ -69,6 +71,8 @@ def validate(
     created = not out.exists()
     try:
         with unpacked:
+            if measured is not None:
+                _require_saved_runs(entries, measured, given_measured, matrix is not None)
             result = val.run_validation(entries, out, latency_for, measured=measured,
                                         log=lambda msg: Console(stderr=True).print(msg, markup=False))
     finally:
@@ -94,6 +98,25 @@ def _this_gpu() -> str | None:
     except ImportError:
         return None
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def _require_saved_runs(entries: list, folder: Path, given: Path | None, from_matrix: bool) -> None:
+    """Refuse ``--measured`` (unpacked into ``folder``) that lacks the saved run of an entry, naming it as the
+    user knows it: a matrix entry, or the configuration of the options (saved as ``config/``)."""
+    from cdbsim.report.logs import RunLog
+
+    missing = [e.name for e in entries if not RunLog.saved_in(folder / e.name)]
+    if not missing:
+        return
+    what = "the configuration of the options"
+    if from_matrix:
+        names = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        what = f"matrix entr{'y' if len(missing) == 1 else 'ies'} {names}"
+    log = f"{missing[0]}/launches.parquet (or .csv)"
+    expected = f"{given}/{log}" if given is not None and given.is_dir() else f"{log} in the archive"
+    raise ConfigError(f"--measured {given}: no saved executor run for {what}; expected {expected}"
+                      f"{', one folder per entry' if len(missing) > 1 else ''}, as validate --out DIR saves them in "
+                      f"DIR/measured")
 
 
 def _saved_launches(path: Path) -> list:

@@ -18,6 +18,7 @@ from cdbsim.report.progress import progress_display
 from commands.common import RATE_SEARCHED, STUDY, CommandGroup, CsvOut, FileTables, JsonOut, comma_list, emit, emit_data
 
 group = CommandGroup()
+MAX_SKIPPED_SHOWN = 20  # skipped points listed after the tables; the rest are in the results file
 JobsOpt = Annotated[int, typer.Option("--jobs", "-j", help="Run simulations in this many local processes.")]
 DaskOpt = Annotated[str | None, typer.Option(
     "--dask", metavar="ADDRESS", help="Run simulations on a Dask cluster: a scheduler address (tcp://host:8786) or "
@@ -91,12 +92,18 @@ def sweep(
     if as_json:
         emit({"points": len(plan), "simulated": counts.simulated, "cached": counts.cached, "skipped": counts.skipped,
               "seconds": seconds, "best": summary.best_rows(), "front_tpot": summary.front_rows(0),
-              "front_depth": summary.front_rows(1), "files": [str(f) for f in files]}, "", as_json=True)
+              "front_depth": summary.front_rows(1), "skipped_points": summary.skipped,
+              "files": [str(f) for f in files]}, "", as_json=True)
         return
     emit(summary.best_rows(), f"Best points of the {title}",
          caption=f"{len(plan):,} points: {counts.simulated:,} simulated, {counts.cached:,} from the cache, "
                  f"{counts.skipped:,} skipped, in {seconds:.1f} s | wrote {', '.join(map(str, files))}")
     emit(summary.front_rows(0), "Pareto front: throughput per GPU against p99 TPOT")
+    for skipped in summary.skipped[:MAX_SKIPPED_SHOWN]:
+        typer.echo(f"skipped point {skipped['point']} ({skipped['settings']}): {skipped['reason']}")
+    if len(summary.skipped) > MAX_SKIPPED_SHOWN:
+        typer.echo(f"... and {len(summary.skipped) - MAX_SKIPPED_SHOWN:,} more skipped points (status and reason "
+                   f"columns of {out})")
 
 
 @group.command("capacity", *STUDY, exclude=RATE_SEARCHED)

@@ -3,7 +3,6 @@ the throughput and latency of one configuration or several side by side (predict
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass, replace
@@ -17,7 +16,7 @@ from cdbsim.planner.experiment import Experiment
 from cdbsim.report.outputs import atomic_file, check_dir, check_file
 from cdbsim.report.progress import progress_display
 from cdbsim.serving.config import ServeConfig
-from commands.common import RATE_SEARCHED, STUDY, CommandGroup, CsvOut, JsonOut, console, emit, emit_data
+from commands.common import RATE_SEARCHED, STUDY, CommandGroup, CsvOut, JsonOut, console, emit, emit_data, json_text
 
 group = CommandGroup()
 DEFAULT_KV_TOKENS = 327_680  # the CDB paper's KV cache size
@@ -110,7 +109,9 @@ def bound(
     from traces import length_model
 
     spec = exp.arch.spec()
-    depth_decoded = exp.exits.mean_depth if exp.exits.mean_depth is not None else default_mean_depth(spec.r_max)
+    depth_decoded = exp.exits.mean_depth
+    if depth_decoded is None:
+        depth_decoded = default_mean_depth(spec.r_max, spec.r_min)
     if not 1 <= depth_decoded <= spec.r_max:
         raise ConfigError(f"mean depth must be in [1, r_max = {spec.r_max}], got {depth_decoded:g}")
     require(prefill_share < 1.0, "--prefill-share must be below 1 (CB would spend all its time in prefill)")
@@ -134,7 +135,8 @@ def bound(
 
 SaveLogs = Annotated[Path | None, typer.Option(
     "--save-logs", metavar="DIR", help="Write each run's launch and request logs, meta.json and trace.json.gz "
-                                       "(a Perfetto / chrome://tracing timeline) to DIR/<run>/.")]
+                                       "(a Perfetto / chrome://tracing timeline) to DIR/<run>/, replacing a run "
+                                       "saved there before; a DIR/<run>/ holding other files is refused.")]
 LogFormatOpt = Annotated[str, typer.Option("--log-format", help="Format of --save-logs: parquet or csv.")]
 PlotCdf = Annotated[Path | None, typer.Option("--plot-cdf", metavar="FILE.png",
                                               help="Plot the CDFs of TTFT, TPOT, ITL and normalized latency.")]
@@ -158,8 +160,14 @@ class RunOutputs:
     def check(cls, save_logs: Path | None, log_format: str, plot_cdf: Path | None, percentiles: str | None,
               runs: tuple[str, ...], plot_k: Path | None = None) -> RunOutputs:
         """Parse and check the options (``runs``: the sub-directories ``--save-logs`` will hold)."""
-        from cdbsim.report.logs import LogFormat
+        from cdbsim.report.logs import LogFormat, RunLog
         from cdbsim.report.metrics import parse_percentiles
+
+        for run in runs if save_logs is not None else ():
+            foreign = RunLog.foreign_files(save_logs / run)
+            require(not foreign, f"--save-logs {save_logs}: {save_logs / run} holds files a saved run does not "
+                                 f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}), which saving "
+                                 f"would delete; give a new or empty directory")
 
         return cls(check_dir(save_logs, "--save-logs", runs) if save_logs is not None else None,
                    LogFormat.parse(log_format),
@@ -195,8 +203,7 @@ class RunOutputs:
             saved += f" | coda batches in {self.plot_k}"
         reports = {label: report for label, (report, _) in runs.items()}
         if as_json:
-            sys.stdout.write(json.dumps({name: r.to_dict() for name, r in reports.items()}, indent=2,
-                                        default=str) + "\n")
+            sys.stdout.write(json_text({name: r.to_dict() for name, r in reports.items()}, default=str))
         elif as_csv:
             emit([csv_row(name, r, self.percentiles) for name, r in reports.items()], title, as_csv=True)
         else:
@@ -279,7 +286,11 @@ def predict(
 ) -> None:
     """Predict throughput and latency of one configuration (and of CB on the same requests)."""
     from cdbsim.planner.study import predict as simulate_experiment
+    from cdbsim.serving.config import Policy
 
+    require(plot_k_png is None or exp.serve.policy is not Policy.CB,
+            f"--plot-k {plot_k_png}: the coda batch K is a refill policy's; --policy cb launches no codas "
+            f"(choose norefill, refill or adaptive)")
     outputs = RunOutputs.check(save_logs, log_format, plot_cdf, percentiles, ("run", "cb") if baseline else ("run",),
                                plot_k_png)
     with progress_display() as factory:
@@ -316,8 +327,8 @@ def rate_sweep(
     exp: Experiment,
     rates: Annotated[str | None, typer.Option("--rates", help="Comma-separated request rates (req/s); default: "
                                                               "fractions of refill's offline capacity.")] = None,
-    plot: Annotated[Path, typer.Option("--plot", metavar="FILE.png|DIR", help="Where to write the PNG plot (a "
-                                       "directory gets rate-sweep.png inside it).")] = Path("rate-sweep.png"),
+    plot: Annotated[Path, typer.Option("--plot", metavar="FILE.png",
+                                       help="Where to write the PNG plot.")] = Path("rate-sweep.png"),
     as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
     """Normalized latency and throughput against Poisson request rate for each policy, with the knee."""
@@ -327,7 +338,7 @@ def rate_sweep(
 
     require(exp.workload.trace is None, "rate-sweep draws Poisson arrivals for a workload preset; it cannot sweep "
             f"the trace file {exp.workload.trace} (unset workload.trace)")
-    plot = check_file(plot / "rate-sweep.png" if plot.is_dir() else plot, "--plot", (".png",))
+    check_file(plot, "--plot", (".png",))
     rate_list = None
     if rates is not None:
         try:

@@ -9,7 +9,7 @@ import pytest
 
 import cdbsim
 from cdbsim.errors import ConfigError
-from cdbsim.planner.capacity import SLO, CapacityResult, Check, search, simulate_rate
+from cdbsim.planner.capacity import SLO, CapacityResult, CapacityTask, Check, run_search, search, simulate_rate
 from cdbsim.planner.experiment import Experiment
 
 EXP = Experiment(workload={"name": "alpaca", "requests": 200}, serve={"width": 32}, latency={"profile": "roofline"})
@@ -71,8 +71,8 @@ def test_policies_searched_in_parallel_match_the_serial_search() -> None:
 
 
 def test_a_policy_that_cannot_meet_the_slo_is_marked_not_fatal() -> None:
-    result = CapacityResult("cb", SLOS, rate=0.0, unreachable="cb: not met")
-    assert result.row(10.0)["GPUs for 10 req/s"] == "-" and result.row()["note"] == "cb: not met"
+    result = CapacityResult("cb", SLOS, rate=0.0, unreachable="not met")
+    assert result.row(10.0)["GPUs for 10 req/s"] == "-" and result.row()["note"] == "not met"
     with pytest.raises(ConfigError, match="cb cannot meet the SLOs"):
         result.gpus_for(10.0)
 
@@ -81,6 +81,15 @@ def test_gpus_for_a_target_rate() -> None:
     result = CapacityResult("refill", SLOS, rate=12.5)
     assert result.gpus_for(100) == 8 and result.gpus_for(101) == 9 and result.gpus_for(1) == 1
     assert math.isnan(CapacityResult("refill", SLOS).rate)
+    with pytest.raises(ConfigError, match="above 1e\\+06 req/s"):
+        result.gpus_for(1e300)
+
+
+def test_an_unreachable_policy_counts_its_simulations_and_names_itself_once() -> None:
+    exp = EXP.override({"workload.requests": 40, "serve.policy": "cb"})
+    cb = run_search(CapacityTask(exp, SLO(tpot_s=0.002)))
+    assert cb.rate == 0 and cb.unreachable.startswith("the SLOs (p99 TPOT <= 2 ms) are not met")
+    assert cb.simulations == 2 and cb.row()["simulations"] == 2 and math.isnan(cb.row()["attainment %"])
 
 
 @pytest.mark.parametrize("kwargs,message", [

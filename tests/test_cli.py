@@ -304,3 +304,15 @@ def test_profiles_folder_from_the_environment(tmp_path, monkeypatch) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and result.output.strip().count("\n") == 0
     assert "CDBSIM_PROFILES" in result.output
+
+
+def test_an_unknown_option_suggests_the_options_it_resembles() -> None:
+    from commands.common import json_text, similar_options
+
+    options = ["--core", "--style", "--target-rate", "--width", "--W", "--tpot-ms", "--policy"]
+    assert similar_options("--rate", options) == ["--target-rate"]
+    assert similar_options("--widht", options) == ["--width"]
+    assert similar_options("--w", options) == ["--W"]
+    assert similar_options("--tpot", options) == ["--tpot-ms"]
+    assert similar_options("--zzz", options) == []
+    assert json_text({"a": [float("nan"), 1.5, float("inf")]}) == '{\n  "a": [\n    null,\n    1.5,\n    null\n  ]\n}\n'

@@ -239,3 +239,44 @@ def test_predict_without_baseline_matches_the_command_line() -> None:
     result = cdbsim.predict(exp)
     assert result.baseline is None and result.report.speedup is None
     assert cli["refill K=1"]["output_tps"] == result.report.output_tps
+
+
+@st.composite
+def valid_settings(draw) -> dict:
+    """Any valid combination of the settings, the mean depth left at its default."""
+    name = draw(st.sampled_from(sorted(PRESETS)))
+    r_max = draw(st.integers(1, 20))
+    r_min = draw(st.none() | st.integers(1, r_max))
+    policy = draw(st.sampled_from(list(Policy)))
+    timing = draw(st.sampled_from(list(Timing)))
+    width = draw(st.integers(1, 256))
+    coda_batch = None if policy is Policy.ADAPTIVE else draw(st.none() | st.integers(1, width))
+    served_min = min(max(r_min or 1, timing.min_depth), r_max)
+    exits = draw(st.sampled_from(["none", "fixed", "synthetic", "paper"]))
+    chosen: dict = {"model": exits}
+    if exits == "fixed":
+        chosen["depth"] = draw(st.integers(served_min, r_max))
+    if exits == "paper":
+        chosen["q"] = draw(st.sampled_from([0.2, 0.4, 0.5, 0.7, 1.0] if "ouro" in name else [0.28, 0.16, 0.10, 0.0]))
+    return {"arch": {"name": name, "r_max": r_max, "r_min": r_min},
+            "serve": {"policy": policy, "timing": timing, "width": width, "coda_batch": coda_batch},
+            "exits": chosen, "workload": {"name": draw(st.sampled_from(["alpaca", "sharegpt"])), "requests": 3}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(chosen=valid_settings())
+def test_the_default_mean_depth_is_valid_for_any_valid_settings(chosen: dict) -> None:
+    from cdbsim.planner.sweep import impossible
+
+    exp = Experiment(**chosen)
+    assert impossible(exp) is None
+    setup = exp.build()
+    assert all(setup.config.r_min(setup.arch) <= d <= setup.arch.r_max for r in setup.requests for d in r.depths)
+
+
+@pytest.mark.parametrize("name", ["ouro-1.4b", "huginn-3.5b"])
+def test_the_default_mean_depth_respects_the_lookahead_floor(name: str) -> None:
+    arch = Experiment(arch={"name": name, "r_max": 2}).arch.spec()
+    assert Experiment(arch={"name": name, "r_max": 2}).workload_spec(arch).exits.mean == 2.0
+    assert Experiment(serve={"timing": "sync"}).workload_spec(arch).exits.mean == 1.5
+    assert Experiment().workload_spec(Experiment().arch.spec()).exits.mean == 2.5  # Ouro's 1..4: unchanged

@@ -134,7 +134,7 @@ BAD = [
     ("sweep --grid serve.width=16 --out IN/a_file/s.parquet", "IN/a_file is a file, not a directory"),
     ("sweep --grid serve.width=16 --out /proc/s.parquet", "--out /proc/s.parquet: cannot write in /proc"),
     ("sweep --grid serve.width=16 --out /nonexistent/s.parquet", "directory /nonexistent does not exist"),
-    ("sweep --grid serve.width=16 --out IN/logs_with_file", "must end in .parquet"),
+    ("sweep --grid serve.width=16 --out IN/logs_with_file", "is a directory; give a file name ending in .parquet"),
     ("sweep --grid serve.width=16 --out IN/pareto.parquet", "IN/pareto-pareto.png: is a directory"),
     ("capacity --tpot-ms 50 --target-rate 0", "the target rate must be a finite number > 0 req/s, got 0"),
     ("validate --out IN/a_file", "--out IN/a_file: is a file, not a directory"),
@@ -148,7 +148,8 @@ BAD = [
     ("predict -n 5 --launch-us 1e300", "latency.launch_us: must be <= 1,000,000"),
     ("validate --matrix IN/list.json --out v", "IN/list.json: not a validation matrix"),
     ("validate --matrix IN/matrix.json --arch huginn-3.5b --W 8 --out v",
-     "--arch, --W: a --matrix entry sets its own configuration; of the options only --profile, --force and --device apply"),
+     "--arch, --W: a --matrix entry sets its own configuration; of the options only --profile, --force and "
+     "--device apply"),
     ("validate --measured missing --out v", "--measured missing: not a directory of saved executor logs"),
     ("calibrate --update IN/list.json --kernels --device cpu --out k", "IN/list.json: not a cdbsim profile"),
     # malformed files: the file and, where there is one, the line
@@ -183,7 +184,8 @@ BAD = [
     ("validate --matrix IN/matrix.json --measured IN/truncated.tgz --out v", "--measured IN/truncated.tgz: cannot "
                                                                              "unpack"),
     ("validate --matrix IN/matrix.json --measured IN/empty.tgz --out v",  # the archive, not a temporary directory
-     "IN/empty.tgz: no saved executor log for a"),
+     "--measured IN/empty.tgz: no saved executor run for matrix entry a; expected a/launches.parquet (or .csv) in "
+     "the archive"),
     # impossible or contradictory settings
     ("predict -n 5 --K 0", "serve.coda_batch: must be >= 1, got 0"),
     ("predict -n 5 --exits synthetic --depth 2", "--depth goes with --exits fixed, not synthetic"),

@@ -163,12 +163,12 @@ def test_schedule_window_from_the_first_core_step_shows_mixed_loop_steps() -> No
     assert [r["#"] for r in skipped] == [r["#"] for r in rows[2:5]]
 
 
-def test_rate_sweep_plot_into_a_directory(tmp_path) -> None:
+def test_rate_sweep_plot_into_a_directory_is_refused(tmp_path) -> None:
     result = runner.invoke(app, ["rate-sweep", "-n", "6", "--workload", "alpaca", "--rates", "5",
                                  "--profile", "roofline", "--plot", str(tmp_path), "--json"])
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)[0]["plot"] == str(tmp_path / "rate-sweep.png")
-    assert [p.name for p in tmp_path.iterdir()] == ["rate-sweep.png"]
+    assert result.exit_code == 2
+    assert f"--plot {tmp_path}: is a directory; give a file name ending in .png" in result.output
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_atomic_writes_leave_nothing_half_written(tmp_path) -> None:

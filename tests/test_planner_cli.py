@@ -135,7 +135,7 @@ def test_capacity_prints_rate_per_gpu_and_gpus_needed() -> None:
     table = runner.invoke(app, ["capacity", "--workload", "alpaca", "--requests", "60", "--profile", "roofline",
                                 "--tpot-ms", "1000", "--policies", "refill"])
     assert table.exit_code == 0 and "req/s per GPU" in table.stdout
-    assert "refill: the SLOs hold offline: throughput-bound" in " ".join(table.stdout.split())
+    assert "refill: offline bound only: the SLOs hold even offline" in " ".join(table.stdout.split())
 
 
 @pytest.mark.parametrize("args,message", [

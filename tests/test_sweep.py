@@ -64,6 +64,13 @@ def test_a_grid_with_nothing_to_run_is_refused_up_front() -> None:
         cdbsim.sweep(BASE, {"serve.width": [16, 24], "serve.coda_batch": [32]})
 
 
+def test_a_value_no_point_can_run_with_is_refused_up_front() -> None:
+    with pytest.raises(ConfigError, match=r"^grid value serve.width=-16: W must be >= 1, got -16$"):
+        SweepPlan.make(BASE, Grid.of({"serve.width": [-16, 64], "serve.coda_batch": [1, 32]}))
+    plan = SweepPlan.make(BASE, Grid.of({"serve.width": [16, 64], "serve.coda_batch": [1, 32]}))
+    assert plan.impossible == {1: "K (32) must not exceed W (16)"}  # only in combination: skipped
+
+
 def test_points_that_all_fail_at_run_time_leave_no_file(tmp_path) -> None:
     out = tmp_path / "rows.parquet"
     with pytest.raises(ConfigError, match=r"^no point of the grid could run; the first: KV capacity"):

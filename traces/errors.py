@@ -24,10 +24,16 @@ def require(condition: bool, message: str) -> None:
         raise InputError(message)
 
 
+def require_file(path: Path, what: str) -> None:
+    """Refuse a ``path`` that is not a file: missing, or a directory where a file is expected."""
+    require(not path.is_dir(), f"{what} {path} is a directory; give a file")
+    require(path.is_file(), f"{what} {path} does not exist")
+
+
 def read_text(path: str | Path, what: str) -> str:
     """The UTF-8 text of ``path``; a missing file or non-UTF-8 bytes are a one-line error naming file and line."""
     path = Path(path)
-    require(path.is_file(), f"{what} {path} does not exist")
+    require_file(path, what)
     data = path.read_bytes()
     try:
         return data.decode("utf-8")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.errors import InputError, require
+from traces.errors import InputError, require, require_file
 from traces.request import MAX_ARRIVAL_S, Request
 
 COLUMNS = ("request_id", "prompt_len", "output_len", "arrival_s", "exit_depths")
@@ -52,7 +52,7 @@ def read_trace(path: str | Path, r_max: int | None = None) -> list[Request]:
 
     path = Path(path)
     fmt = _format(path)
-    require(path.is_file(), f"trace file {path} does not exist")
+    require_file(path, "trace file")
     where = (lambda i: f"{path}:{i + 2}") if fmt == ".csv" else (lambda i: f"{path}: row {i}")
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False) if fmt == ".csv" else pd.read_parquet(path)

@@ -27,8 +27,15 @@ MAX_SIMULATIONS = 12
 ABOVE = 4.0              # the SLOs still holding at 4 R means the run is too short to load the GPU
 
 
+MAX_TARGET_RATE = 1e6   # req/s: more than any deployment serves; beyond it a GPU count is no longer a plan
+
+
 class Unreachable(ConfigError):
-    """The SLOs are not met even at a light load."""
+    """The SLOs are not met even at a light load: ``reason``, after ``checks`` (the simulations that showed it)."""
+
+    def __init__(self, policy: str, reason: str, checks: list[Check]) -> None:
+        super().__init__(f"{policy}: {reason}")
+        self.reason, self.checks = reason, checks
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,7 @@ class CapacityResult:
     upper: float = math.nan     # the lowest rate found not to meet them (NaN: throughput-bound)
     offline_rate: float = math.nan
     checks: list[Check] = field(default_factory=list)
-    unreachable: str = ""
+    unreachable: str = ""       # why the SLOs are not met even at a light load ("" when they are)
 
     @property
     def simulations(self) -> int:
@@ -155,16 +162,23 @@ class CapacityResult:
         if self.unreachable:
             row["note"] = self.unreachable
         elif self.throughput_bound:
-            row["note"] = "the SLOs hold offline: throughput-bound"
+            row["note"] = ("offline bound only: the SLOs hold even offline (throughput-bound); too few requests to "
+                           "bracket the knee")
         elif self.too_short:
-            row["note"] = f"the SLOs hold at {ABOVE:g}x its offline throughput: too few requests to load the GPU"
+            row["note"] = (f"lower bound only: the SLOs hold at {ABOVE:g}x its offline throughput: too few requests "
+                           f"to bracket the knee")
+        elif math.isnan(self.upper):
+            row["note"] = f"lower bound only: no failing rate found in {self.simulations} simulations"
         return row
 
 
 def check_target_rate(target_rate: float) -> float:
-    """A rate to size GPUs for: a finite number > 0 (checked before a search, not after its minutes)."""
+    """A rate to size GPUs for: a finite number > 0 and at most :data:`MAX_TARGET_RATE` (checked before a search,
+    not after its minutes)."""
     require(math.isfinite(target_rate) and target_rate > 0,
             f"the target rate must be a finite number > 0 req/s, got {target_rate:g}")
+    require(target_rate <= MAX_TARGET_RATE, f"the target rate {target_rate:g} req/s is above {MAX_TARGET_RATE:g} "
+                                            "req/s, more than any deployment serves; give a lower one")
     return target_rate
 
 
@@ -194,8 +208,8 @@ def search(exp: Experiment, slo: SLO, tolerance: float = TOLERANCE,
     check = simulate_rate(exp, low, slo)
     result.checks.append(check)
     if not check.met:
-        raise Unreachable(f"{result.policy}: the SLOs ({slo.describe()}) are not met even at {low:.3g} req/s, "
-                          f"1/{BRACKET:g} of its offline throughput: {check.why}")
+        raise Unreachable(result.policy, f"the SLOs ({slo.describe()}) are not met even at {low:.3g} req/s, "
+                          f"1/{BRACKET:g} of its offline throughput: {check.why}", result.checks)
     high = result.offline_rate
     while (check := simulate_rate(exp, high, slo)).met:  # Poisson arrivals may be served faster than a burst
         result.checks.append(check)
@@ -228,7 +242,8 @@ def run_search(task: CapacityTask) -> CapacityResult:
     try:
         return search(task.experiment, task.slo, task.tolerance, task.max_simulations)
     except Unreachable as exc:
-        return CapacityResult(str(task.experiment.serve.policy), task.slo, rate=0.0, unreachable=str(exc))
+        return CapacityResult(str(task.experiment.serve.policy), task.slo, rate=0.0, checks=exc.checks,
+                              unreachable=exc.reason)
 
 
 def capacity(experiment: Experiment, slo: SLO | None = None, policies: Sequence[Policy | str] | None = None, *,
@@ -258,6 +273,6 @@ def capacity(experiment: Experiment, slo: SLO | None = None, policies: Sequence[
             if progress is not None:
                 progress(len(results), len(tasks))
     if all(r.unreachable for r in results):
-        raise ConfigError(results[0].unreachable if len(results) == 1 else
-                          "no policy meets the SLOs; " + "; ".join(r.unreachable for r in results))
+        reasons = [f"{r.policy}: {r.unreachable}" for r in results]
+        raise ConfigError(reasons[0] if len(results) == 1 else "no policy meets the SLOs; " + "; ".join(reasons))
     return results

@@ -180,13 +180,15 @@ class ExitsSection(Section):
 
     model: str = option("synthetic", "Exit model: none, fixed, synthetic, or paper (with --q).", "--exits")
     depth: int | None = option(None, "Depth for --exits fixed.")
-    mean_depth: float | None = option(None, "Mean requested depth of the synthetic model (default: (r_max + 1) / 2).")
+    mean_depth: float | None = option(None, "Mean requested depth of the synthetic model (default: the midpoint of "
+                                            "r_min..r_max, at least the least depth served: 2 under lookahead).")
     dispersion: float = option(0.3, "Synthetic depth dispersion in [0, 1).")
     correlation: float = option(0.5, "Token-to-token depth correlation.")
     q: float | None = option(None, "Exit threshold of --exits paper: Ouro 0.2, 0.4, 0.5, 0.7, 1.0; Huginn 0.28, "
                                    "0.16, 0.10, 0.0.")
 
-    def exit_model(self, arch: ArchSpec) -> ExitModel:
+    def exit_model(self, arch: ArchSpec, served_min: int = 1) -> ExitModel:
+        """The exit model for ``arch`` served from depth ``served_min`` on (which the default mean depth respects)."""
         if self.model == "paper":
             from cdbsim.simulator.workload import CORRELATION, DISPERSION, paper_point
 
@@ -194,13 +196,15 @@ class ExitsSection(Section):
             require(self.mean_depth is None, "--exits paper sets the mean depth from --q; drop --mean-depth")
             point = paper_point(arch, self.q)
             source = f"paper q = {self.q:g}, mean {'reported' if point.reported else 'inferred'}"
-            return ExitModel("synthetic", mean=point.mean_depth, dispersion=DISPERSION, correlation=CORRELATION,
-                             source=source)
+            return ExitModel("synthetic", mean=max(point.mean_depth, served_min), dispersion=DISPERSION,
+                             correlation=CORRELATION, source=source)
         require(self.q is None, "--q goes with --exits paper")
         require(self.depth is None or self.model == "fixed", f"--depth goes with --exits fixed, not {self.model}")
         require(self.mean_depth is None or self.model == "synthetic",
                 f"--mean-depth goes with --exits synthetic, not {self.model}")
-        mean = self.mean_depth if self.mean_depth is not None else default_mean_depth(arch.r_max)
+        mean = self.mean_depth
+        if mean is None:
+            mean = default_mean_depth(arch.r_max, arch.r_min, served_min)
         return ExitModel(self.model, depth=self.depth, mean=mean, dispersion=self.dispersion,
                          correlation=self.correlation)
 
@@ -374,8 +378,8 @@ class Experiment:
         return "\n".join(lines)
 
     def workload_spec(self, arch: ArchSpec) -> WorkloadSpec:
-        """The workload with this experiment's exit model for ``arch``."""
-        return self.workload.spec(self.exits.exit_model(arch))
+        """The workload with this experiment's exit model for ``arch`` (served as :attr:`serve` sets)."""
+        return self.workload.spec(self.exits.exit_model(arch, self.serve.config().r_min(arch)))
 
     def build(self, progress: ProgressFactory | None = None) -> BuiltExperiment:
         """Resolve the sections into architecture, serving config, workload, latency model, KV capacity and requests;

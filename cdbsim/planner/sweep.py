@@ -89,7 +89,7 @@ def impossible(exp: Experiment) -> str | None:
     try:
         arch = exp.arch.spec()
         config = exp.serve.config()
-        exp.exits.exit_model(arch).pmf(config.r_min(arch), arch.r_max)
+        exp.exits.exit_model(arch, config.r_min(arch)).pmf(config.r_min(arch), arch.r_max)
         exp.serve.kv_capacity().blocks_for(arch, config, _latency(exp.arch, exp.latency))
     except ConfigError as exc:
         return str(exc)
@@ -125,12 +125,26 @@ class SweepPlan:
 
     @classmethod
     def make(cls, base: Experiment, grid: Grid, baseline: bool = False) -> SweepPlan:
-        """Check every point up front; a grid none of whose points can run is a one-line error."""
-        reasons = {i: reason for i, exp in enumerate(grid.experiments(base)) if (reason := impossible(exp))}
+        """Check every point up front. A grid none of whose points can run, or a value with which no point can
+        run (``serve.width=-16``, refused as a flag too), is a one-line error; a point that cannot run only in
+        combination (K above that point's W) is skipped."""
+        reasons: dict[int, str] = {}
+        runs: set[tuple[str, Any]] = set()
+        fails: dict[tuple[str, Any], str] = {}  # a value of a point that cannot run: the first reason
+        for i, (assignment, exp) in enumerate(zip(grid.assignments(), grid.experiments(base), strict=True)):
+            values = [(key, plain(value)) for key, value in assignment.items()]
+            if (reason := impossible(exp)) is None:
+                runs.update(values)
+                continue
+            reasons[i] = reason
+            for value in values:
+                fails.setdefault(value, reason)
         if len(reasons) == len(grid):
             first = next(iter(grid.assignments()))
             where = " ".join(f"{k}={plain(v)}" for k, v in first.items())
             raise ConfigError(f"no point of the grid can run; the first ({where}): {reasons[0]}")
+        for (key, value), reason in fails.items():
+            require((key, value) in runs, f"grid value {key}={value}: {reason}")
         return cls(base, grid, baseline, reasons)
 
     def __len__(self) -> int:

@@ -101,9 +101,12 @@ class SweepSummary:
         self.ranges: dict[str, dict[Any, FieldRange]] = {key: {} for key in self.fields}
         self.scatter = {o.column: array("d") for o in (THROUGHPUT, TPOT, DEPTH)}
         self.codes = {key: array("b") for key in self.fields}  # a colour per point and field (-1: too many)
+        self.skipped: list[dict[str, Any]] = []  # the points that could not run: point, settings, reason
 
     def add(self, row: Mapping[str, Any]) -> None:
         if row["status"] != Status.OK.value:
+            self.skipped.append({"point": row["point"], "settings": point_label(row, self.fields),
+                                 "reason": row["reason"]})
             return
         label = point_label(row, self.fields)
         for objective in OBJECTIVES:

@@ -307,6 +307,14 @@ class RunLog:
         return out
 
     @staticmethod
+    def foreign_files(directory: str | Path) -> list[str]:
+        """The names in ``directory`` that :meth:`save` does not write (which saving there would delete)."""
+        ours = {TIMELINE, "meta.json", *(f"{table}{fmt.suffix}" for table in ("launches", "requests")
+                                         for fmt in LogFormat)}
+        src = Path(directory)
+        return sorted(p.name for p in src.iterdir() if p.name not in ours) if src.is_dir() else []
+
+    @staticmethod
     def saved_in(directory: str | Path) -> bool:
         """Whether ``directory`` holds a saved run (Parquet or CSV)."""
         src = Path(directory)

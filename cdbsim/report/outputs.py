@@ -41,8 +41,8 @@ def check_file(path: str | Path, option: str, suffixes: Iterable[str]) -> Path:
     directory that exists. ``option`` names the flag in the error."""
     path = Path(path)
     suffixes = tuple(suffixes)
-    require(path.suffix.lower() in suffixes, f"{option} {path}: must end in {' or '.join(suffixes)}")
     require(not path.is_dir(), f"{option} {path}: is a directory; give a file name ending in {suffixes[0]}")
+    require(path.suffix.lower() in suffixes, f"{option} {path}: must end in {' or '.join(suffixes)}")
     require(not path.exists() or path.is_file(), f"{option} {path}: exists and is not a regular file")
     _check_writable_dir(path.parent, option, path)
     return path

@@ -73,7 +73,8 @@ def plot_coda_batch(launches: dict[str, Any], path: str | Path, title: str, wind
                 color=dots.get_color(), label=f"{label} (mean {coda['size'].mean():.1f})")
     ax.set(xlabel="time (s)", ylabel="tokens per coda launch (effective K)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[1]:  # runs with no coda launch draw nothing to name
+        ax.legend(fontsize=8)
     ax.set_title(textwrap.fill(title, 150), fontsize=7)
     return save_figure(fig, path)
 

@@ -30,9 +30,10 @@ def machine_memory() -> int | None:
         return None
 
 
-def default_mean_depth(r_max: int) -> float:
-    """The midpoint of 1..r_max (2.5 for Ouro's r_max = 4), used when no mean depth is given."""
-    return (r_max + 1) / 2
+def default_mean_depth(r_max: int, r_min: int = 1, served_min: int = 1) -> float:
+    """The mean depth used when none is given: the midpoint of the model's depths r_min..r_max (2.5 for Ouro's
+    1..4), raised to ``served_min``, the least depth served (2 under lookahead timing), where it is below it."""
+    return max((r_min + r_max) / 2, served_min)
 
 
 class Arrival(str, Enum):

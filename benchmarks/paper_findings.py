@@ -10,8 +10,7 @@ three switches turned on alone, to show which one closes the gap:
 
 * ``per-step``: core launches split by loop step, as the paper's engine does (``serve.core_launch``);
 * ``paper exits``: the paper's operating points (``--exits paper --q Q``) instead of the synthetic model;
-* ``h100``: the kernel-level profile carried to an H100 SXM (``--device h100-sxm``),
-  the paper's GPU class (not validated; ``auto`` resolves to the kernel-level profile there).
+* ``h100``: the H100's measured profiles (``--device h100-sxm``), the paper's GPU.
 
 The paper ran on an H100 with thousands of requests per point; this runs small request counts (printed
 with the table) so that the whole table takes minutes on two cores. Ratios (speed-ups, knee ratios,
@@ -45,10 +44,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import cdbsim
+from cdbsim.model.arch import PRESETS
 from cdbsim.planner.study import latency_knee
 
 OURO, HUGINN = "ouro-1.4b", "huginn-3.5b"
-KV_TOKENS = 327_680  # the paper's KV cache (tokens)
+KV_TOKENS = 327_680  # the paper's KV cache: tokens of the model's physical layers (what an H100 80GB holds)
 REQUESTS = {  # (model, workload) -> requests per offline point
     (OURO, "alpaca"): 256, (OURO, "sharegpt"): 64, (HUGINN, "alpaca"): 128, (HUGINN, "sharegpt"): 48}
 ONLINE_REQUESTS = {(OURO, "alpaca"): 192, (OURO, "sharegpt"): 64, (HUGINN, "sharegpt"): 48}
@@ -56,6 +56,14 @@ RATE_FACTORS = (0.25, 0.5, 0.8, 1.1, 1.4, 1.8, 2.4)  # x CB's offline request ra
 WIDTHS = (16, 64, 256, 512)
 PAPER_Q = {OURO: (0.2, 0.4, 0.5, 0.7), HUGINN: (0.28, 0.16, 0.10)}  # the paper's thresholds with exits
 DEFAULT_Q = {OURO: 0.2, HUGINN: 0.28}  # the threshold of the paper's single-q experiments
+
+
+def paper_kv_tokens(model: str, split: str | None, layout: str) -> int:
+    """The paper's KV memory (:data:`KV_TOKENS` of the model as published) in tokens of ``split`` and ``layout``:
+    a depth-indexed cache spends a slot per loop step."""
+    base = PRESETS[model]
+    spec = base.with_split(split) if split else base
+    return KV_TOKENS * (base.prelude + base.core + base.coda) // spec.cache_layers(layout)
 
 
 @dataclass(frozen=True)
@@ -81,8 +89,8 @@ class Switches:
                    exits: str | None = None, **serve: Any) -> cdbsim.Experiment:
         """The experiment of one point: W = 64 and the paper's KV cache unless ``serve`` says otherwise."""
         exit_model = {"model": exits} if exits else {"model": "paper", "q": q} if q is not None else {}
-        latency = {"device": "h100-sxm"} if self.h100 else {}  # auto: the kernel-level profile there
-        serve = {"width": 64, "kv_tokens": KV_TOKENS, **serve,
+        latency = {"device": "h100-sxm"} if self.h100 else {}  # auto: the H100's measured profiles
+        serve = {"width": 64, "kv_tokens": paper_kv_tokens(model, split, serve.get("kv_layout", "depth")), **serve,
                  "core_launch": "per-step" if self.per_step else "mixed"}
         return cdbsim.Experiment(arch={"name": model, "split": split}, serve=serve, exits=exit_model,
                                  latency=latency, workload={"name": workload, "requests": requests, "seed": 1})

@@ -112,7 +112,7 @@ BAD = [
     ("rate-sweep -n 5 --rates inf", "--rates must be finite numbers > 0 req/s, got inf"),
     ("predict -n 5 --r-max 100000", "one KV block of 16 tokens needs 314.6 GB"),
     ("predict -n 5 --split 0-100000-0", "the weights of ouro-1.4b@0-100000-0 (10,278.1 GB) do not fit"),
-    ("predict -n 5 --kv-tokens 1000000000000000", "a KV cache of 62,500,000,000,000 blocks"),
+    ("predict -n 5 --kv-tokens 1000000000000000", "tokens (786,432,000,000.0 GB) need more than the device's 150.1 GB"),
     ("predict --W abc", "Invalid value for '--W' / '--width'"),
     ("predict --no-such-option", "No such option: --no-such-option"),
     ("trace", "Missing option '--out'"),

@@ -304,7 +304,7 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
     points.update(adapter)
     adapter_fit = _line(adapter.get(Component.ADAPTER.key(arch), []))
     for (n, k, p), t1 in raw[1]["prefill"].items():
-        tokens, pairs = padded_prefill(n * k), prefill_pairs(n, k, p)
+        tokens, pairs = padded_prefill(n * k), k * causal_pairs(n, p)
         per_layer = max((raw[4]["prefill"][n, k, p] - t1) / 6, 1e-9)
         points[prefill_layer].append([tokens, pairs, k, per_layer])
         single = t1 - per_layer - (adapter_fit(tokens) if adapter_fit else 0.0)
@@ -378,11 +378,6 @@ def _prefill_padding(budget: int) -> list[int]:
     return padding_table(prefill_graph_sizes(budget), budget)
 
 
-def prefill_pairs(tokens: int, chunks: int, prefix: int) -> int:
-    """(query, key) pairs a launch of ``chunks`` chunks of ``tokens`` tokens after ``prefix`` attends."""
-    return chunks * causal_pairs(tokens, prefix)
-
-
 def measure_model(arch: ArchSpec, plan: Plan, device: torch.device,
                   progress: Callable[[str], None] = lambda _: None) -> Points:
     """Every stage of the whole model as served (shared-slot KV): the model's own stage fits."""
@@ -402,7 +397,7 @@ def measure_model(arch: ArchSpec, plan: Plan, device: torch.device,
             points[model_stage_name(arch, Stage.DECODE)].append([b, b * c, bench.stage(Stage.DECODE, b, c)])
     for n, k, p in plan.model_prefill_points:
         progress(f"{arch.name}: prefill {k} x {n} tokens, prefix {p}")
-        points[model_stage_name(arch, Stage.PREFILL)].append([padded_prefill(n * k), prefill_pairs(n, k, p), k,
+        points[model_stage_name(arch, Stage.PREFILL)].append([padded_prefill(n * k), k * causal_pairs(n, p), k,
                                                               bench.prefill(n, k, p)])
     bench.close()
     return points

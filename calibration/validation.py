@@ -159,19 +159,15 @@ def load_matrix(path: str | Path, only: Iterable[str] | None = None) -> list[Ent
     return [e for e in entries.values() if e.name in wanted]
 
 
-def offline_capacity(entry: Entry, latency: LatencyModel) -> float:
-    """The simulator's offline request rate for ``entry`` (sets the rate of its online runs)."""
-    arch, config = entry.spec(), entry.config()
-    requests = replace(entry.workload(arch), rate=None).build(arch, config.r_min(arch))
-    log = simulate(arch, config, requests, latency, entry.kv_blocks())
-    return summarize(log, arch, requests, config.r_min(arch)).request_rate
-
-
 def requests_for(entry: Entry, latency: LatencyModel) -> tuple[list[Request], float | None]:
-    """The requests of ``entry`` and their Poisson rate (None: offline or a trace's own arrivals)."""
+    """The requests of ``entry`` and their Poisson rate (None: offline or a trace's own arrivals); a share of capacity
+    is of the simulator's offline request rate."""
     if entry.rate_of_capacity is None:
         return entry.build_requests(), entry.experiment.workload.rate
-    rate = entry.rate_of_capacity * offline_capacity(entry, latency)
+    arch, config = entry.spec(), entry.config()
+    offline = replace(entry.workload(arch), rate=None).build(arch, config.r_min(arch))
+    log = simulate(arch, config, offline, latency, entry.kv_blocks())
+    rate = entry.rate_of_capacity * summarize(log, arch, offline, config.r_min(arch)).request_rate
     return entry.build_requests(rate), rate
 
 
@@ -222,8 +218,7 @@ def compare(entries: list[Entry], measured: dict[str, RunLog],
     for entry in entries:
         arch, config = entry.spec(), entry.config()
         real = measured[entry.name]
-        rate = real.meta.get("rate")
-        requests = entry.build_requests(rate if entry.online else None)
+        requests = entry.build_requests(real.meta.get("rate") if entry.online else None)
         latency = latency_for(arch)
         predicted = simulate(arch, config, requests, latency, entry.kv_blocks())
         r_min = config.r_min(arch)
@@ -264,20 +259,15 @@ class Validation:
 
 def run_validation(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], LatencyModel],
                    measured: Path | None = None, log: Callable[[str], None] = print) -> Validation:
-    """Measure ``entries`` on the executor (or load logs saved in ``measured``), simulate, compare and write."""
+    """Measure ``entries`` on the executor (or load logs saved in ``measured``), simulate, compare and write
+    ``summary.json`` (summary, errors, profiles, configs, per-metric and per-stage rows), ``summary.csv``,
+    ``stages.csv``, ``scatter.png`` and, for the first configuration, ``timeline.png``."""
+    import pandas as pd
+
     out.mkdir(parents=True, exist_ok=True)
     logs = load_measured(entries, measured) if measured is not None else measure(entries, out / "measured",
                                                                                   latency_for, log=log)
     comparisons = compare(entries, logs, latency_for)
-    return write_results(entries, comparisons, out, latency_for)
-
-
-def write_results(entries: list[Entry], comparisons: list[Comparison], out: Path,
-                  latency_for: Callable[[ArchSpec], LatencyModel]) -> Validation:
-    """``summary.json`` (summary, errors, profiles, configs, per-metric and per-stage rows), ``summary.csv``,
-    ``stages.csv``, ``scatter.png`` and, for the first configuration, ``timeline.png``."""
-    import pandas as pd
-
     summary = [c.summary() for c in comparisons]
     errors = error_summary(comparisons)
     with atomic_file(out / "summary.json") as path:  # each file whole or not at all

@@ -97,19 +97,15 @@ class Backend(Protocol[Handle_co]):
 
     def before_plan(self) -> Steps[None]:
         """Bring the host's clock up to date (its own busy time, arrivals) before the scheduler plans."""
-        ...
 
     def hand_over(self, launch: Launch, state: SchedulerState) -> Steps[Handle_co]:
         """Give ``launch`` to the device; ``state`` is the scheduler as the launch left it, for the log."""
-        ...
 
     def finish_oldest(self, last: bool) -> Steps[None]:
         """Wait for the oldest launch in flight and complete it (``last``: the run's final drain)."""
-        ...
 
     def stalled(self) -> Steps[None]:
         """The scheduler could plan nothing: wait for a launch to finish or a request to arrive."""
-        ...
 
 
 def serve(pipeline: HostPipeline[Handle], backend: Backend[Handle]) -> Generator[Any, Any, None]:
@@ -165,8 +161,7 @@ def drive(scheduler: Scheduler, timing: Timing | None = None, max_ahead: int = M
 
 @contextmanager
 def paused_gc(collect: bool = True) -> Iterator[None]:
-    """Collect once (unless ``collect`` is False), then run the block with the collector off (restored
-    afterwards)."""
+    """Collect once (unless ``collect`` is False), then run the block with the collector off."""
     was_enabled = gc.isenabled()
     if collect:
         gc.collect()

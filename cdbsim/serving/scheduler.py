@@ -115,7 +115,6 @@ class Scheduler:
         """Each request's KV block ids (read-only outside the block manager)."""
         return self.kv.blocks
 
-    # ----- driver interface ----------------------------------------------------------------------
     def arrive(self, i: int) -> None:
         """Request ``i`` has arrived: it joins the tail of the waiting queue."""
         status = self.table.status
@@ -164,7 +163,6 @@ class Scheduler:
         self.done = self.in_flight == 0 and self.finished == len(self.requests)
         return done or []
 
-    # ----- policies ------------------------------------------------------------------------------
     def _plan_refill(self) -> Launch | None:
         if self.prelude_queue:
             return self._launch_prelude()
@@ -228,9 +226,8 @@ class Scheduler:
         if launch is not None or not self.pool:
             return launch
         batch, self.pool = self.pool, []
-        return self._producing_launch(DECODE, batch, head=False)
+        return self._decode_launch(DECODE, batch, self._produce(batch, head=False))
 
-    # ----- stage launches ------------------------------------------------------------------------
     def _launch_prelude(self) -> Launch:
         batch, self.prelude_queue = self.prelude_queue, []
         heads, tails = self._prelude_heads, self._prelude_tails
@@ -259,11 +256,7 @@ class Scheduler:
 
     def _launch_coda(self, batch: list[int]) -> Launch:
         self.coda_in_flight += 1
-        return self._producing_launch(CODA, batch, head=True)
-
-    def _producing_launch(self, stage: Stage, batch: list[int], head: bool) -> Launch:
-        """A launch after which each request of ``batch`` has produced a token (coda, CB decode)."""
-        return self._decode_launch(stage, batch, self._produce(batch, head))
+        return self._decode_launch(CODA, batch, self._produce(batch, head=True))
 
     def _loop_step(self, batch: list[int], steps: list[int], exited: list[int]) -> tuple[list[bool], int, list[int],
                                                                                            list[int]]:
@@ -304,12 +297,13 @@ class Scheduler:
         starts: list[int] = []
         lens: list[int] = []
         finishes: list[bool] = []
-        candidates = list(self.prefilling)
         taken_fresh = [self.waiting.popleft() for _ in range(fresh)]
         skipped: list[int] = []
-        for i in candidates + taken_fresh:
+        for i in self.prefilling + taken_fresh:
+            done = prefilled[i]
+            chunk = min(target[i] - done, budget)
             if budget == 0 or (requests and kv.total - kv.used < self._margin_blocks) or not kv.allocate(
-                    i, prefilled[i] + min(target[i] - prefilled[i], budget)):
+                    i, done + chunk):
                 if status[i] is WAITING:
                     skipped.append(i)
                 continue
@@ -317,8 +311,6 @@ class Scheduler:
                 status[i] = PREFILLING
                 self.active += 1
                 self.prefilling.append(i)
-            done = prefilled[i]
-            chunk = min(target[i] - done, budget)
             requests.append(i)
             starts.append(done)
             lens.append(chunk)
@@ -342,7 +334,6 @@ class Scheduler:
         launch.recomputed = recomputed
         return launch
 
-    # ----- token bookkeeping ---------------------------------------------------------------------
     def _produce(self, batch: list[int], head: bool) -> list[int]:
         """Each request in ``batch`` produced a token in the launch being planned: finish it (its KV is freed when
         that launch completes), or stage its next token. Returns the input tokens' positions."""
@@ -415,7 +406,6 @@ class Scheduler:
         self.preemptions += 1
         return True
 
-    # ----- launches ------------------------------------------------------------------------------
     def _decode_launch(self, stage: Stage, batch: list[int], positions: list[int], steps: Sequence[int] = (),
                        exits: Sequence[bool] = (), copies: int = 0) -> Launch:
         n = len(batch)

@@ -22,14 +22,6 @@ TRACE_BYTES_PER_REQUEST, TRACE_BYTES_PER_TOKEN = 1024, 16
 KV_BYTES_PER_BLOCK = 40  # the scheduler's free list holds one Python int per KV block
 
 
-def machine_memory() -> int | None:
-    """Physical memory of this machine in bytes, or None where the platform does not say."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def default_mean_depth(r_max: int) -> float:
     """The midpoint of 1..r_max (2.5 for Ouro's r_max = 4), used when no mean depth is given."""
     return (r_max + 1) / 2
@@ -72,9 +64,11 @@ class WorkloadSpec:
     def check_memory(self, simulated: bool = True, kv_blocks: int = 0, available: int | None = None) -> None:
         """Refuse a run whose estimated memory (requests, simulated state and logs, ``kv_blocks`` free-list entries)
         exceeds ``available`` bytes (default: physical memory), before anything is generated."""
-        available = machine_memory() if available is None else available
         if available is None:
-            return
+            try:
+                available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            except (AttributeError, ValueError, OSError):  # the platform does not say
+                return
         requests, blocks = self.memory_estimate(simulated), kv_blocks * KV_BYTES_PER_BLOCK
         if requests + blocks <= available:
             return

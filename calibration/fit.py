@@ -356,8 +356,7 @@ def plot_profile(profile: Profile, arch: ArchSpec, path: str | Path) -> Path:
     fit = profile.components[layer_key]
     pts = np.asarray(fit.points)
     fig, (ax, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    lengths = sorted({round(c / x) for x, c, _ in pts if x > 0})
-    for length in lengths:
+    for length in sorted({round(c / x) for x, c, _ in pts if x > 0}):
         sel = np.array([round(c / x) == length for x, c, _ in pts])
         batch = pts[sel, 0]
         order = np.argsort(batch)

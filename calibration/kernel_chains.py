@@ -208,15 +208,12 @@ def measure_gemv(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], 
     ops = Ops(default_backend(device), fuse_rows=CHAINED_ROWS)
     out = []
     for (op, n, k), rows in itertools.product(gemv_points(plan), range(1, CHAINED_ROWS + 1)):
-        code = GEMV_OPS[op]
         width = 2 * n if op == "swiglu" else n
         progress(f"gemv {op} rows={rows} n={n} k={k}")
-        count = chain_length(2 * width * k)
-        ws = [torch.randn(width, k, device=device, dtype=dtype) * 0.02 for _ in range(count)]
+        ws = [torch.randn(width, k, device=device, dtype=dtype) * 0.02 for _ in range(chain_length(2 * width * k))]
         x, branch = (torch.randn(rows, k, device=device, dtype=dtype) for _ in range(2))
         norm = torch.ones(k, device=device, dtype=dtype)
-        calls = [_gemv_call(ops, op, w, x, branch, norm) for w in ws]
-        out.append([code, rows, n, k, chain(calls)])
+        out.append([GEMV_OPS[op], rows, n, k, chain([_gemv_call(ops, op, w, x, branch, norm) for w in ws])])
     return out
 
 
@@ -329,14 +326,13 @@ def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[s
                 progress(f"chained_attention heads={h8} L={length} d={d} g={g}")
                 tables["chained_attention"].append([h8, g, d, length, chain(bench.calls("chained", 1, [length]))])
         bench.close()
-    for heads in (h for h in plan.chained_heads if h != h8):
-        for d, g in itertools.product(plan.head_dims, plan.groups):
-            progress(f"chained attention heads={heads} d={d} g={g}")
-            bench = AttentionBench(heads, g, d, 1, max(plan.attention_lengths), max(plan.attention_lengths) + 64,
-                                   chain.device, chain.timer)
-            for length in plan.attention_lengths:
-                tables["chained_attention"].append([heads, g, d, length, chain(bench.calls("chained", 1, [length]))])
-            bench.close()
+    for heads, d, g in itertools.product([h for h in plan.chained_heads if h != h8], plan.head_dims, plan.groups):
+        progress(f"chained attention heads={heads} d={d} g={g}")
+        bench = AttentionBench(heads, g, d, 1, max(plan.attention_lengths), max(plan.attention_lengths) + 64,
+                               chain.device, chain.timer)
+        for length in plan.attention_lengths:
+            tables["chained_attention"].append([heads, g, d, length, chain(bench.calls("chained", 1, [length]))])
+        bench.close()
     return tables
 
 

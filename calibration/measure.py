@@ -283,14 +283,13 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
     for core in (1, 4):
         bench = UnitBench(_unit(arch, core), max_batch, max_context, plan.max_positions, KVLayout.DEPTH, device,
                           timer)
-        got: dict = {"core": {}, "prefill": {}}
+        raw[core] = got = {"core": {}, "prefill": {}}
         for b, c in plan.grid(plan.contexts, plan.max_positions):
             progress(f"{arch.layer.key}: {core}-layer core B={b} L={c}")
             got["core"][b, c] = bench.stage(Stage.CORE, b, c)
         for n, k, p in plan.prefill_points:
             progress(f"{arch.layer.key}: {core}-layer prefill {k} x {n} tokens, prefix {p}")
             got["prefill"][n, k, p] = bench.prefill(n, k, p)
-        raw[core] = got
         if core == 1:
             for b in plan.batches:
                 progress(f"{arch.layer.key}: prelude and coda B={b}")
@@ -329,8 +328,7 @@ def measure_kv_fill(arch: ArchSpec, plan: Plan, device: torch.device, timer: Tim
     for b in batches:
         progress(f"{arch.layer.key}: KV fill B={b}")
         with_fill, without = bench.stage(Stage.CORE, b, context, exiting=True), bench.stage(Stage.CORE, b, context)
-        copies = b * (FILL_LOOPS - 1) * unit.core
-        rows.append([copies, 0, with_fill - without])  # noise can make it negative: kept, fitted unweighted
+        rows.append([b * (FILL_LOOPS - 1) * unit.core, 0, with_fill - without])  # may be negative: noise, kept
     bench.close()
     return rows
 
@@ -350,8 +348,7 @@ def measure_adapter(arch: ArchSpec, plan: Plan, device: torch.device, timer: Tim
     weight = torch.randn(h, 2 * h, device=device, dtype=dtype) * 0.02
     rows = []
     for b in plan.batches:
-        s = torch.randn(b, h, device=device, dtype=dtype)
-        e = torch.randn(b, h, device=device, dtype=dtype)
+        s, e = (torch.randn(b, h, device=device, dtype=dtype) for _ in range(2))
 
         def op(s: torch.Tensor = s, e: torch.Tensor = e) -> torch.Tensor:
             return F.linear(torch.cat((s, e), dim=-1), weight)

@@ -69,8 +69,8 @@ def worst_steps(stages: pd.DataFrame, stage: str) -> Verdict:
         worst = g.loc[g["x_roofline_weights_kv"].idxmax()]
         parts.append(f"{model} {g['x_roofline_weights_kv'].min():.2f}-{worst['x_roofline_weights_kv']:.2f}x "
                      f"(worst B={int(worst['batch'])} L={int(worst['context'])})")
-    name = "core step" if stage == "core" else "CB step"
-    return Verdict(f"{name} <= {MAX_X_ROOFLINE}x weights + KV, every B and L", "; ".join(parts),
+    return Verdict(f"{'core' if stage == 'core' else 'CB'} step <= {MAX_X_ROOFLINE}x weights + KV, every B and L",
+                   "; ".join(parts),
                    bool((rows["x_roofline_weights_kv"] <= MAX_X_ROOFLINE).all()))
 
 

@@ -236,8 +236,8 @@ def compare(entries: list[Entry], measured: dict[str, RunLog],
                                 entry.kv_blocks())
             if replayed.launches["stage"].tolist() == real.launches["stage"].tolist():
                 comparison.own_host_times = summarize(replayed, arch, requests, r_min)
-        width = table_width(requests, config.block_size)
-        comparison.stages = stage_errors(real, functools.partial(latency.launch_time, table_width=width))
+        comparison.stages = stage_errors(real, functools.partial(latency.launch_time,
+                                                                 table_width=table_width(requests, config.block_size)))
         comparisons.append(comparison)
     return comparisons
 

@@ -56,10 +56,8 @@ class LayerShape:
         q_out = self.heads * self.head_dim
         kv_out = self.kv_heads * self.head_dim
         attention = self.hidden * (q_out + 2 * kv_out) + q_out * self.hidden
-        mlp = 3 * self.hidden * self.intermediate
-        norms = 4 * self.hidden
         qk_bias = (q_out + kv_out) if self.style is LayerStyle.HUGINN else 0
-        return attention + mlp + norms + qk_bias
+        return attention + 3 * self.hidden * self.intermediate + 4 * self.hidden + qk_bias
 
     @property
     def kv_bytes_per_slot(self) -> int:
@@ -163,8 +161,7 @@ class ArchSpec:
 
     def cache_layers(self, layout: KVLayout | str) -> int:
         """Layer slots holding KV for one token: prelude + slots x core + coda."""
-        slots = KVLayout.parse(layout).slots(self.r_max)
-        return self.prelude + slots * self.core + self.coda
+        return self.prelude + KVLayout.parse(layout).slots(self.r_max) * self.core + self.coda
 
     def kv_bytes_per_token(self, layout: KVLayout | str) -> int:
         """KV bytes one token occupies under ``layout``."""

@@ -10,9 +10,8 @@ from traces.choice import Choice
 
 
 class Policy(Choice):
-    """CB: token-level continuous batching (every token at full depth, fused step). NOREFILL: CDB with lock-step
-    decode waves. REFILL: CDB refilling loop slots every launch (coda >= K > prefill > core). ADAPTIVE: refill
-    whose coda is launched when :mod:`cdbsim.serving.adaptive` finds it due (a coda batch K that moves)."""
+    """How launches are chosen: CB (token-level continuous batching at full depth), or CDB without refill (lock-step
+    waves), with refill, or adaptive refill; :mod:`cdbsim.serving.scheduler` gives each rule."""
 
     CB = "cb"
     NOREFILL = "norefill"
@@ -21,8 +20,7 @@ class Policy(Choice):
 
     @property
     def refills(self) -> bool:
-        """Whether a freed loop slot is refilled at once through a prelude queue (refill, adaptive) rather
-        than by the next wave (norefill) or not at all (CB)."""
+        """Whether a freed loop slot is refilled at once through a prelude queue (refill, adaptive)."""
         return self in (Policy.REFILL, Policy.ADAPTIVE)
 
     @classmethod
@@ -31,9 +29,7 @@ class Policy(Choice):
 
 
 class Timing(Choice):
-    """When the host learns exit decisions. SYNC: plans after the device finished; ASYNC: overlaps planning except
-    after a core launch, whose gate must be read; LOOKAHEAD: the gate at loop step r decides step r + 2, so
-    planning always overlaps, at a minimum exit depth of 2."""
+    """When the host learns exit decisions, and so how far it plans ahead (:mod:`cdbsim.serving.pipeline`)."""
 
     SYNC = "sync"
     ASYNC = "async"
@@ -49,9 +45,8 @@ class Timing(Choice):
 
 
 class CoreLaunch(Choice):
-    """Which ready tokens one core launch may carry. MIXED: up to W tokens from the head of the ready queue at any
-    loop step (the default). PER_STEP: only tokens at the head token's loop step, as the CDB paper's engine
-    (Schwethelm et al., arXiv 2608.09444) composes recurrent batches with a depth-indexed KV cache."""
+    """Which ready tokens one core launch may carry: up to W at any loop step (MIXED), or only those at the head
+    token's step (PER_STEP, as the CDB paper's engine composes recurrent batches)."""
 
     MIXED = "mixed"
     PER_STEP = "per-step"

@@ -28,11 +28,9 @@ Handle_co = TypeVar("Handle_co", covariant=True)
 
 
 class HostPipeline(Generic[Handle]):
-    """The launches handed to the device and not yet completed, oldest first, each with the backend's handle
-    to wait on; the rule for when the host must wait (:meth:`must_wait`); and completion, which hands the oldest
-    launch back to the scheduler. ``seconds(handle)``, where a driver knows it, is how long a completed launch
-    ran on the device; the scheduler observes it before it learns the completion.
-    """
+    """The launches in flight, oldest first, with the backend's handles; when the host must wait
+    (:meth:`must_wait`); and completion. ``seconds(handle)``, where a driver knows it, is a completed launch's device
+    time, which the scheduler observes before it learns the completion."""
 
     def __init__(self, scheduler, timing: Timing, max_ahead: int = MAX_AHEAD,
                  seconds: Callable[[Handle], float] | None = None) -> None:
@@ -45,7 +43,7 @@ class HostPipeline(Generic[Handle]):
         self._added = 0          # launches added so far; the oldest in flight is number ``_completed``
         self._completed = 0
         self._newest_core = -1   # number of the newest core launch added
-        # True if the host has to wait for the oldest launch in flight before planning the next one
+        # whether the host must wait for the oldest launch in flight before planning the next one
         self.must_wait: Callable[[], bool] = {Timing.SYNC: self._sync_waits, Timing.ASYNC: self._async_waits,
                                               Timing.LOOKAHEAD: self._lookahead_waits}[timing]
 

@@ -32,8 +32,6 @@ class Simulation:
     def __init__(self, arch: ArchSpec, config: ServeConfig, requests: Sequence[Request],
                  latency: LatencyModel, kv_blocks: int,
                  progress: Callable[[int], None] | None = None) -> None:
-        self.arch = arch
-        self.config = config
         self.requests = list(requests)
         self.latency = latency
         self.table_width = table_width(self.requests, config.block_size)  # as the executor sizes its graphs
@@ -64,8 +62,7 @@ class Simulation:
 
     def _arrivals(self) -> Generator[simpy.Event, object, None]:
         env, s = self.env, self.scheduler
-        order = sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival)
-        for i in order:
+        for i in sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival):
             self._next_arrival = self.requests[i].arrival
             delay = self._next_arrival - env.now
             if delay > 0:

@@ -94,9 +94,8 @@ class WorkloadSpec:
     def describe(self) -> str:
         if self.trace:
             return f"trace {self.trace}"
-        n = self.count
         arrivals = "offline" if self.rate is None else f"{self.arrival.value.title()} {self.rate:g} req/s"
-        return f"{self.workload} x{n} ({arrivals}), exits: {self.exits.describe()}, seed {self.seed}"
+        return f"{self.workload} x{self.count} ({arrivals}), exits: {self.exits.describe()}, seed {self.seed}"
 
 
 DISPERSION, CORRELATION = 0.3, 0.5

@@ -101,10 +101,6 @@ class Timer:
         self.repeats, self.warmup, self.busy_s, self.spin_s = repeats, warmup, busy_s, spin_s
 
     def __call__(self, fn: Callable[[], object]) -> float:
-        return statistics.median(self.samples(fn))
-
-    def samples(self, fn: Callable[[], object]) -> list[float]:
-        """Seconds of each of ``repeats`` timed calls, after warm-up."""
         for _ in range(self.warmup):
             fn()
         if self.busy_s > 0:
@@ -130,7 +126,7 @@ class Timer:
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
-        return times
+        return statistics.median(times)
 
 
 def back_to_back(fn: Callable[[], object], seconds: float, device: torch.device, min_calls: int = 1

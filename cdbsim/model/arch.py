@@ -164,7 +164,6 @@ class ArchSpec:
         return self.prelude + KVLayout.parse(layout).slots(self.r_max) * self.core + self.coda
 
     def kv_bytes_per_token(self, layout: KVLayout | str) -> int:
-        """KV bytes one token occupies under ``layout``."""
         return self.cache_layers(layout) * self.layer.kv_bytes_per_slot
 
     def with_split(self, split: str) -> ArchSpec:
@@ -176,7 +175,6 @@ class ArchSpec:
         return replace(self, name=f"{self.name}@{prelude}-{core}-{coda}", prelude=prelude, core=core, coda=coda)
 
     def with_loops(self, r_max: int | None = None, r_min: int | None = None) -> ArchSpec:
-        """The same model with other loop limits."""
         return replace(self, r_max=r_max if r_max is not None else self.r_max,
                        r_min=r_min if r_min is not None else self.r_min)
 

@@ -7,7 +7,7 @@ What limits planning ahead is when the host learns the exit decisions a core lau
 * ``async``: the host plans while a launch runs, but after a core launch it must read its exit gate first.
 * ``lookahead``: the gate at loop step r decides step r + 2, so a core launch may be planned once every launch
   before the newest core launch in flight has completed; prelude and coda need no gate and queue behind it.
-  ``max_ahead`` bounds the launches in flight.
+  :data:`MAX_AHEAD` bounds the launches in flight.
 """
 
 from __future__ import annotations
@@ -32,11 +32,8 @@ class HostPipeline(Generic[Handle]):
     (:meth:`must_wait`); and completion. ``seconds(handle)``, where a driver knows it, is a completed launch's device
     time, which the scheduler observes before it learns the completion."""
 
-    def __init__(self, scheduler, timing: Timing, max_ahead: int = MAX_AHEAD,
-                 seconds: Callable[[Handle], float] | None = None) -> None:
+    def __init__(self, scheduler, timing: Timing, seconds: Callable[[Handle], float] | None = None) -> None:
         self.scheduler = scheduler
-        self.timing = timing
-        self.max_ahead = max_ahead
         self.seconds = seconds
         self._launches: deque[Launch] = deque()
         self._handles: deque[Handle] = deque()
@@ -60,7 +57,6 @@ class HostPipeline(Generic[Handle]):
 
     @property
     def oldest(self) -> Handle:
-        """The handle of the oldest launch in flight."""
         return self._handles[0]
 
     def _sync_waits(self) -> bool:
@@ -73,7 +69,7 @@ class HostPipeline(Generic[Handle]):
     def _lookahead_waits(self) -> bool:
         # wait while the newest core launch in flight is not the oldest one
         n = len(self._launches)
-        return n != 0 and (n >= self.max_ahead or self._newest_core > self._completed)
+        return n != 0 and (n >= MAX_AHEAD or self._newest_core > self._completed)
 
     def complete_oldest(self) -> tuple[Launch, Handle, list[int]]:
         """The oldest launch finished: the scheduler learns it; returns it, its handle and the requests it finished."""
@@ -148,12 +144,12 @@ class _Replay:
         yield from ()
 
 
-def drive(scheduler: Scheduler, timing: Timing | None = None, max_ahead: int = MAX_AHEAD) -> Iterator[Launch]:
-    """Yield every launch of an offline run (all requests present at the start) with zero-time launches;
-    ``timing`` defaults to the scheduler's configuration. ``scheduler.state`` is each launch's state."""
+def drive(scheduler: Scheduler) -> Iterator[Launch]:
+    """Yield every launch of an offline run (all requests present at the start) with zero-time launches under the
+    scheduler's timing; ``scheduler.state`` is each launch's state."""
     for i in sorted(range(len(scheduler.requests)), key=lambda i: scheduler.requests[i].arrival):
         scheduler.arrive(i)
-    pipeline: HostPipeline[None] = HostPipeline(scheduler, timing or scheduler.config.timing, max_ahead)
+    pipeline: HostPipeline[None] = HostPipeline(scheduler, scheduler.config.timing)
     yield from serve(pipeline, _Replay(pipeline))
 
 

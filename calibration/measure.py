@@ -297,12 +297,13 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
         points[layer].append([b, b * c, max((raw[4]["core"][b, c] - t1) / 3, 1e-9)])
     adapter = measure_adapter(arch, plan, device, timer) if arch.has_adapter else {}
     points.update(adapter)
-    adapter_fit = _line(adapter.get(Component.ADAPTER.key(arch), []))
+    rows = adapter.get(Component.ADAPTER.key(arch), [])  # the adapter's line is taken off the one-layer prefill
+    slope, intercept = np.polyfit([r[0] for r in rows], [r[2] for r in rows], 1) if len(rows) >= 2 else (0.0, 0.0)
     for (n, k, p), t1 in raw[1]["prefill"].items():
         tokens, pairs = padded_prefill(n * k), k * causal_pairs(n, p)
         per_layer = max((raw[4]["prefill"][n, k, p] - t1) / 6, 1e-9)
         points[prefill_layer].append([tokens, pairs, k, per_layer])
-        single = t1 - per_layer - (adapter_fit(tokens) if adapter_fit else 0.0)
+        single = t1 - per_layer - (intercept + slope * tokens)
         points[prefill1].append([tokens, pairs, k, max(single, 1e-9)])
     points[Component.KV_COPY.key(arch)] = measure_kv_fill(arch, plan, device, timer, progress)
     return points
@@ -327,14 +328,6 @@ def measure_kv_fill(arch: ArchSpec, plan: Plan, device: torch.device, timer: Tim
         rows.append([b * (FILL_LOOPS - 1) * unit.core, 0, with_fill - without])  # may be negative: noise, kept
     bench.close()
     return rows
-
-
-def _line(rows: list[list[float]]) -> Callable[[float], float] | None:
-    if len(rows) < 2:
-        return None
-    x, t = np.array([r[0] for r in rows]), np.array([r[2] for r in rows])
-    slope, intercept = np.polyfit(x, t, 1)
-    return lambda n: float(intercept + slope * n)
 
 
 def measure_adapter(arch: ArchSpec, plan: Plan, device: torch.device, timer: Timer) -> Points:

@@ -106,8 +106,7 @@ def causal_pairs(length: int, prefix: int = 0) -> int:
 def decode_launch(stage: Stage, requests: list[int], positions: list[int], blocks: list[list[int]],
                   padded: int, steps: list[int] | None = None, exits: list[bool] | None = None,
                   index: int = 0) -> Launch:
-    """A decode-type launch built outside a scheduler (to time one stage at a chosen batch and context):
-    ``blocks[i]`` are item i's block ids; core launches take each item's loop step and exit flag."""
+    """A decode-type launch built outside a scheduler, to time one stage at a chosen batch and context."""
     n = len(requests)
     launch = Launch(index=index, stage=stage, requests=list(requests), positions=list(positions), size=n,
                     padded=padded, context=sum(positions) + n, longest=max(positions) + 1 if n else 0,

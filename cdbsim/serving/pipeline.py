@@ -40,7 +40,6 @@ class HostPipeline(Generic[Handle]):
         self._added = 0          # launches added so far; the oldest in flight is number ``_completed``
         self._completed = 0
         self._newest_core = -1   # number of the newest core launch added
-        # whether the host must wait for the oldest launch in flight before planning the next one
         self.must_wait: Callable[[], bool] = {Timing.SYNC: self._sync_waits, Timing.ASYNC: self._async_waits,
                                               Timing.LOOKAHEAD: self._lookahead_waits}[timing]
 

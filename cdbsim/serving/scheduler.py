@@ -78,7 +78,6 @@ class Scheduler:
         self._pad_prefill = padding_table(prefill_graph_sizes(config.prefill_budget), config.prefill_budget)
         self._fill = [config.layout.fill_copies(s, arch.r_max) for s in range(arch.r_max)]
         self._margin_blocks = config.kv_margin * kv_blocks
-        # queues
         self.waiting: deque[int] = deque()
         self.prefilling: list[int] = []
         self.prelude_queue: list[int] = []
@@ -90,7 +89,6 @@ class Scheduler:
         self.pool: list[int] = []            # cb / norefill: requests with a staged token
         self.stalled: list[tuple[int, bool]] = []  # (request, joins the head) without a KV block
         self._wave: tuple[list[int], list[int], list[int]] | None = None  # norefill: survivors, their step, exited
-        # counters
         self.active = 0
         self.state = SchedulerState()  # as the latest launch left the scheduler (the launch log records it)
         self.decoding = 0
@@ -136,8 +134,7 @@ class Scheduler:
         return launch
 
     def observe(self, launch: Launch, seconds: float) -> None:
-        """``launch`` took ``seconds`` on the device (simulated or measured): the adaptive policy learns its
-        step costs from it; the fixed policies ignore it."""
+        """``launch`` took ``seconds`` on the device: the adaptive policy learns its step costs from it."""
         if self.costs is not None:
             self.costs.observe(launch, seconds)
 

@@ -81,8 +81,7 @@ class WorkloadSpec:
 
     def build(self, arch: ArchSpec, r_min: int, progress: ProgressFactory | None = None,
               simulated: bool = True, kv_blocks: int = 0) -> list[Request]:
-        """The requests, depths on ``[r_min, arch.r_max]``, after :meth:`check_memory`; ``progress`` follows the
-        drawing."""
+        """The requests, depths on ``[r_min, arch.r_max]``, after :meth:`check_memory`."""
         self.check_memory(simulated, kv_blocks)
         if self.trace:
             return read_trace(self.trace, r_max=arch.r_max)

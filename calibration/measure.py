@@ -213,16 +213,12 @@ class UnitBench:
         return self.engine.prepare(launch, self.graphs.width)
 
     def _launcher(self, prepared: Prepared, with_copy: bool = False) -> Callable[[], object]:
-        with torch.inference_mode():
-            self.graphs.launch(prepared)  # captures the graph on first use
-        if not with_copy:
-            return self.graphs.get(prepared.launch.stage, prepared.launch.padded).replay
-
         def launch() -> None:
             with torch.inference_mode():
                 self.graphs.launch(prepared)
 
-        return launch
+        launch()  # captures the graph on first use
+        return launch if with_copy else self.graphs.get(prepared.launch.stage, prepared.launch.padded).replay
 
     def prefill(self, tokens: int, chunks: int = 1, prefix: int = 0) -> float:
         """Seconds of one graph replay of ``chunks`` prompts of ``tokens`` after ``prefix`` cached, padded as served."""

@@ -224,20 +224,15 @@ def _gemv_call(ops: Ops, op: str, w: torch.Tensor, x: torch.Tensor, branch: torc
     return lambda: ops.gemv_residual(branch, x, norm, norm, 1e-6, True, w, swiglu=op == "swiglu")
 
 
-def attention_unit(heads: int, group: int, head_dim: int, layers: int = 8) -> ArchSpec:
-    """A model whose only role is to hold a KV cache of ``layers`` layers with this head layout."""
-    layer = LayerShape(hidden=heads * head_dim, intermediate=64, heads=heads, kv_heads=max(1, heads // group),
-                       head_dim=head_dim, style=LayerStyle.OURO)
-    return ArchSpec(name=f"attention-{heads}x{head_dim}-g{group}", layer=layer, vocab=256, prelude=0,
-                    core=layers, coda=0, r_max=1)
-
-
 class AttentionBench:
     """The executor's RoPE/KV-write and attention kernels on an eight-layer cache, with engine-prepared metadata."""
 
     def __init__(self, heads: int, group: int, head_dim: int, max_rows: int, max_context: int,
                  max_positions: int, device: torch.device, timer: Timer) -> None:
-        self.arch = attention_unit(heads, group, head_dim)
+        layer = LayerShape(hidden=heads * head_dim, intermediate=64, heads=heads, kv_heads=max(1, heads // group),
+                           head_dim=head_dim, style=LayerStyle.OURO)
+        self.arch = ArchSpec(name=f"attention-{heads}x{head_dim}-g{group}", layer=layer, vocab=256, prelude=0,
+                             core=8, coda=0, r_max=1)  # a model whose only role is to hold the KV cache
         self.bench = UnitBench(self.arch, max_rows, max_context + 1, max_positions, KVLayout.SHARED, device, timer)
         self.engine = self.bench.engine
         self.device, self.dtype = device, self.engine.model.dtype

@@ -18,11 +18,6 @@ class Policy(Choice):
     REFILL = "refill"
     ADAPTIVE = "adaptive"
 
-    @property
-    def refills(self) -> bool:
-        """Whether a freed loop slot is refilled at once through a prelude queue (refill, adaptive)."""
-        return self in (Policy.REFILL, Policy.ADAPTIVE)
-
     @classmethod
     def aliases(cls) -> dict[str, str]:
         return {"no-refill": "norefill", "continuous": "cb", "cdb": "refill"}
@@ -38,10 +33,6 @@ class Timing(Choice):
     @classmethod
     def what(cls) -> str:
         return "exit timing"
-
-    @property
-    def min_depth(self) -> int:
-        return 2 if self is Timing.LOOKAHEAD else 1
 
 
 class CoreLaunch(Choice):
@@ -124,13 +115,9 @@ class ServeConfig:
             require(len(self.graph_sizes) > 0 and max(self.graph_sizes) >= self.width,
                     f"graph sizes must include a size >= W ({self.width})")
 
-    @property
-    def free_slots_to_admit(self) -> int:
-        return self.min_free_slots if self.min_free_slots is not None else max(1, self.width // 8)
-
     def r_min(self, arch: ArchSpec) -> int:
         """Effective minimum exit depth: the model's, raised to 2 by the lookahead gate."""
-        return min(max(arch.r_min, self.timing.min_depth), arch.r_max)
+        return min(max(arch.r_min, 2 if self.timing is Timing.LOOKAHEAD else 1), arch.r_max)
 
     def decode_sizes(self) -> tuple[int, ...]:
         return tuple(sorted(self.graph_sizes)) if self.graph_sizes else decode_graph_sizes(self.width)

@@ -73,7 +73,7 @@ class Scheduler:
         self._coda_batch = config.coda_batch
         self._max_coda = config.max_coda_in_flight
         self._budget = config.prefill_budget
-        self._admit_slots = config.free_slots_to_admit
+        self._admit_slots = config.min_free_slots if config.min_free_slots is not None else max(1, config.width // 8)
         self._pad = padding_table(config.decode_sizes(), config.width)
         self._pad_prefill = padding_table(prefill_graph_sizes(config.prefill_budget), config.prefill_budget)
         self._fill = [config.layout.fill_copies(s, arch.r_max) for s in range(arch.r_max)]
@@ -102,7 +102,7 @@ class Scheduler:
         self.launches = 0
         self.done = not requests  # every request has finished and no launch is in flight
         self._retire: dict[int, list[int]] = {}
-        self._refill = config.policy.refills  # refill, adaptive: new tokens go to the prelude queue
+        self._refill = config.policy in (Policy.REFILL, Policy.ADAPTIVE)  # new tokens go to the prelude queue
         self.costs = OnlineCosts() if config.policy is Policy.ADAPTIVE else None
         self._per_step = config.core_launch is CoreLaunch.PER_STEP
         self._plan_policy = {Policy.CB: self._plan_cb, Policy.NOREFILL: self._plan_norefill,

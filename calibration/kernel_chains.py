@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from calibration.fit import fit_attention_width
-from calibration.measure import Timer, UnitBench, spread_contexts
+from calibration.measure import SKEW_POINTS, Timer, UnitBench, spread_contexts
 from cdbsim.latency.gpu_work import CHAINED_MAX_HIDDEN, CHAINED_ROWS, FEW_ROWS_MAX, FEW_ROWS_MAX_HIDDEN
 from cdbsim.latency.kernels import GEMV_OPS, PROBE_SHAPES
 from cdbsim.model.arch import ArchSpec, KVLayout, LayerShape, LayerStyle
@@ -59,9 +59,7 @@ class KernelPlan:
     probe_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     probe_lengths: tuple[int, ...] = (128, 2048)
     probe_positions: int = 2 ** 18            # batch x context per probe point (keeps the probes' KV small)
-    skew_points: tuple[tuple[int, int, int, int], ...] = (
-        (2, 256, 4096, 1), (4, 256, 4096, 1), (8, 128, 4096, 1), (16, 128, 4096, 1), (16, 512, 4096, 4),
-        (32, 128, 2048, 1), (48, 32, 1024, 2), (64, 32, 512, 8))
+    skew_points: tuple[tuple[int, int, int, int], ...] = SKEW_POINTS
     # served batches (padded, rows, shortest, longest): contexts spread evenly in log length, padding as the engine's
     spread_points: tuple[tuple[int, int, int, int], ...] = (
         (2, 2, 600, 6000), (4, 4, 400, 6000), (8, 8, 300, 6000), (16, 16, 300, 6000), (32, 32, 200, 4000),

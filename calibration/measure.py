@@ -33,14 +33,16 @@ from executor.graphs import StageGraphs
 from traces import ExitModel, Request, build_trace
 
 Points = dict[str, list[list[float]]]
+# core steps with a few long rows among short ones (rows, short, long, long rows), for the attention width
+SKEW_POINTS = ((2, 256, 4096, 1), (4, 256, 4096, 1), (8, 128, 4096, 1), (16, 128, 4096, 1), (16, 512, 4096, 4),
+               (32, 128, 2048, 1), (48, 32, 1024, 2), (64, 32, 512, 8))
 
 
 def spread_contexts(rows: int, shortest: int, longest: int) -> list[int]:
     """Contexts of ``rows`` rows spread evenly in log length from ``longest`` down to ``shortest``."""
     if rows == 1:
         return [longest]
-    ratio = longest / shortest
-    return [round(longest / ratio ** (i / (rows - 1))) for i in range(rows)]
+    return [round(longest / (longest / shortest) ** (i / (rows - 1))) for i in range(rows)]
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,7 @@ class Plan:
         (8192, 1, 0), (64, 1, 1024), (512, 1, 1024), (16, 8, 0), (16, 32, 0), (16, 64, 0), (64, 16, 0),
         (256, 8, 0), (1024, 2, 0), (4096, 2, 0), (2048, 4, 0), (1024, 8, 0))
     model_contexts: tuple[int, ...] = (32, 128, 512, 2048, 4096)
-    # core steps with a few long rows among short ones (rows, short, long, long rows), for the attention width
-    skew_points: tuple[tuple[int, int, int, int], ...] = (
-        (2, 256, 4096, 1), (4, 256, 4096, 1), (8, 128, 4096, 1), (16, 128, 4096, 1), (16, 512, 4096, 4),
-        (32, 128, 2048, 1), (48, 32, 1024, 2), (64, 32, 512, 8))
+    skew_points: tuple[tuple[int, int, int, int], ...] = SKEW_POINTS
     # and rows whose contexts spread from the shortest to the longest (rows, shortest, longest)
     spread_points: tuple[tuple[int, int, int], ...] = (
         (2, 600, 4096), (4, 400, 4096), (8, 300, 4096), (9, 300, 4096), (16, 300, 4096), (17, 300, 4096),

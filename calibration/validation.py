@@ -204,13 +204,6 @@ def measure(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], L
     return results
 
 
-def load_measured(entries: list[Entry], directory: Path) -> dict[str, RunLog]:
-    """Saved executor logs, ``directory/<name>/``, one per entry."""
-    missing = [e.name for e in entries if not RunLog.saved_in(directory / e.name)]
-    require(not missing, f"{directory}: no saved executor log for {', '.join(missing[:4])}")
-    return {e.name: RunLog.load(directory / e.name) for e in entries}
-
-
 def compare(entries: list[Entry], measured: dict[str, RunLog],
             latency_for: Callable[[ArchSpec], LatencyModel]) -> list[Comparison]:
     """Simulate each entry on the requests the executor served (same arrivals and depths) and compare."""
@@ -265,8 +258,12 @@ def run_validation(entries: list[Entry], out: Path, latency_for: Callable[[ArchS
     import pandas as pd
 
     out.mkdir(parents=True, exist_ok=True)
-    logs = load_measured(entries, measured) if measured is not None else measure(entries, out / "measured",
-                                                                                  latency_for, log=log)
+    if measured is None:
+        logs = measure(entries, out / "measured", latency_for, log=log)
+    else:  # saved executor logs, one per entry in ``measured/<name>/``
+        missing = [e.name for e in entries if not RunLog.saved_in(measured / e.name)]
+        require(not missing, f"{measured}: no saved executor log for {', '.join(missing[:4])}")
+        logs = {e.name: RunLog.load(measured / e.name) for e in entries}
     comparisons = compare(entries, logs, latency_for)
     summary = [c.summary() for c in comparisons]
     errors = error_summary(comparisons)

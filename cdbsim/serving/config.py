@@ -80,9 +80,8 @@ def padding_table(sizes: tuple[int, ...], limit: int) -> list[int]:
 class ServeConfig:
     """How a looped model is served; defaults follow the CDB paper's engine (arXiv 2608.09444). ``width`` (W) bounds
     resident requests and tokens per decode-type launch, ``coda_batch`` (K) is the coda size refill waits for,
-    ``prefill_budget`` (M) bounds prompt tokens per prefill launch, ``kv_margin`` the free-block share below which
-    no prompt is admitted while others decode, ``min_free_slots`` (default max(1, W/8)) the free slots admission
-    waits for."""
+    ``prefill_budget`` (M) bounds prompt tokens per prefill launch, ``kv_margin`` the free-block share below which no
+    prompt is admitted while others decode, ``min_free_slots`` (default max(1, W/8)) the free slots it waits for."""
 
     policy: Policy = Policy.REFILL
     width: int = 64

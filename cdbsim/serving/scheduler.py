@@ -257,9 +257,8 @@ class Scheduler:
 
     def _loop_step(self, batch: list[int], steps: list[int], exited: list[int]) -> tuple[list[bool], int, list[int],
                                                                                            list[int]]:
-        """One core step over ``batch`` (at loop ``steps``): tokens at their exit step go to ``exited``.
-        Returns each item's exit flag, the KV fill copies of the exits, and the tokens that loop again with
-        their next step."""
+        """One core step over ``batch`` (at loop ``steps``): tokens at their exit step go to ``exited``. Returns each
+        item's exit flag, the KV fill copies of the exits, and the tokens that loop again with their next step."""
         last, fill = self.table.last, self._fill
         exits: list[bool] = []
         survivors: list[int] = []

@@ -245,8 +245,7 @@ def fit_components(points: dict[str, list[list[float]]]) -> dict[str, Fit]:
 def build_profile(name: str, device: dict, versions: dict, points: dict[str, list[list[float]]],
                   notes: str = "", extra: dict[str, Fit] | None = None) -> Profile:
     """A measured profile from raw points (plus any fits made elsewhere, e.g. stage residuals)."""
-    components = fit_components(points)
-    components.update(extra or {})
+    components = {**fit_components(points), **(extra or {})}
     return Profile(name=name, kind=ProfileKind.MEASURED, device=device, components=components, versions=versions,
                    date=dt.date.today().isoformat(), notes=notes)
 

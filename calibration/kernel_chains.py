@@ -99,13 +99,6 @@ class KernelPlan:
                    mixed_probe_points=((4, 128, 1024), (3, 512, 512)), sustained_probe=0, sustained_tokens=256,
                    sustained_rest_s=0.0, sustained_lead_s=0.05, sustained_s=0.3, repeats=4)
 
-    def mixed_points(self) -> list[tuple[int, list[int]]]:
-        """``(padded rows, context of each real row)`` of the mixed-context points within ``max_positions``."""
-        points = [(b, [long] * n_long + [short] * (b - n_long)) for b, short, long, n_long in self.skew_points]
-        points += [(padded, spread_contexts(rows, shortest, longest))
-                   for padded, rows, shortest, longest in self.spread_points]
-        return [(b, contexts) for b, contexts in points if sum(contexts) <= self.max_positions]
-
     def gemm_points(self) -> list[tuple[int, int, int]]:
         return [(m, n, k) for n in self.gemm_n for k in self.gemm_k if n * k <= self.gemm_max_weight
                 for m in self.gemm_m]
@@ -360,7 +353,11 @@ def measure_skew(plan: KernelPlan, chain: ChainTimer, uniform: list[list[float]]
                  ) -> dict[str, dict[str, dict]]:
     """Per head size and GQA group: decode attention on rows of mixed contexts, fit by :func:`fit_attention_width`."""
     heads = plan.skew_heads
-    points = plan.mixed_points()
+    # (padded rows, context of each real row) of the mixed-context points within max_positions
+    points = [(b, [long] * n_long + [short] * (b - n_long)) for b, short, long, n_long in plan.skew_points]
+    points += [(padded, spread_contexts(rows, shortest, longest))
+               for padded, rows, shortest, longest in plan.spread_points]
+    points = [(b, contexts) for b, contexts in points if sum(contexts) <= plan.max_positions]
     positions = max(sum(c) + 64 * len(c) for _, c in points)
     fits: dict[str, dict[str, dict]] = {}
     for d, group in itertools.product(plan.head_dims, plan.skew_groups):

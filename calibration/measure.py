@@ -20,16 +20,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from calibration.fit import attention_skew_name
+from calibration.fit import attention_skew_name, fit_attention_slots
 from cdbsim.latency.profile import Profile
 from cdbsim.latency.recipes import Component, model_stage_name
 from cdbsim.model.arch import ArchSpec, KVLayout
 from cdbsim.report.validate import host_points
-from cdbsim.serving.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
+from cdbsim.serving.config import ServeConfig, padding_table, prefill_graph_sizes
 from cdbsim.serving.launch import Stage, causal_pairs, decode_launch, prefill_launch
 from executor.driver import build_model, execute
 from executor.engine import Engine, Prepared
-from executor.graphs import StageGraphs
+from executor.graphs import PinnedStaging, StageGraphs
 from traces import ExitModel, Request, build_trace
 
 Points = dict[str, list[list[float]]]
@@ -173,8 +173,7 @@ class UnitBench:
         self.kv_blocks = kv_blocks or max_positions // self.bs + max_batch + 64
         self.block_order = (np.random.default_rng(seed).permutation(self.kv_blocks) if scatter
                             else np.arange(self.kv_blocks))
-        config = ServeConfig(policy=Policy.REFILL, width=max_batch, prefill_budget=max(8192, max_batch),
-                             layout=layout)
+        config = ServeConfig(width=max_batch, prefill_budget=max(8192, max_batch), layout=layout)
         self.engine = Engine(self.model, config, requests, self.kv_blocks)
         if not zeros:
             self.engine.fill_random(seed)
@@ -243,8 +242,6 @@ META_SPIN_S = 2e-3  # the host fills the pinned buffer before it queues the copy
 def measure_meta_copy(device: torch.device, timer: Timer,
                       sizes: tuple[int, ...] = META_COPY_BYTES) -> Points:
     """``[bytes, 0, t]``: a launch's metadata copy (:class:`executor.graphs.PinnedStaging`; on a CPU a plain copy)."""
-    from executor.graphs import PinnedStaging
-
     rows = []
     for size in sizes:
         numel = size // 4
@@ -405,8 +402,6 @@ def measure_model_skew(arch: ArchSpec, plan: Plan, bench: UnitBench,
 def remeasure_attention(arch: ArchSpec, profile: Profile, device: torch.device, plan: Plan | None = None,
                         progress: Callable[[str], None] = lambda _: None) -> Profile:
     """``profile`` with its mixed-context core steps re-measured and its attention width and sharpness refitted."""
-    from calibration.fit import fit_attention_slots
-
     plan = plan or Plan()
     contexts = mixed_contexts(plan)
     longest = max(max(c) for c in contexts)
@@ -425,8 +420,7 @@ def measure_host(arch: ArchSpec, device: torch.device, repeats: int, warmup: int
     64 slots, refill at K = 1, Alpaca requests), then :func:`measure_meta_copy` behind a :data:`META_SPIN_S` spin."""
     progress(f"{arch.name}: host time from a {requests}-request serving run")
     trace = build_trace("alpaca", requests, arch.r_max, 2, ExitModel(mean=(arch.r_max + 2) / 2), seed=seed)
-    config = ServeConfig(policy=Policy.REFILL, width=64, coda_batch=1, timing="lookahead",
-                         layout=KVLayout.SHARED)
+    config = ServeConfig(width=64, layout=KVLayout.SHARED)
     kv_blocks = sum(-(-(r.prompt_len + r.output_len) // 16) for r in trace) + 64  # never preempts
     run = execute(arch, config, trace, kv_blocks, device=device, mode="lookahead", seed=seed)
     return {Component.HOST.key(arch): host_points(run.log.launches),

@@ -110,8 +110,7 @@ class Entry:
 
 def _override(exp: Experiment, items: object, where: str) -> Experiment:
     """``exp`` with a matrix's list of ``section.field=value`` texts applied; a bad one names ``where``."""
-    require(isinstance(items, list), f"{where}: set must be a list of \"section.field=value\" texts, "
-                                     f"got {items!r:.40}")
+    require(isinstance(items, list), f"{where}: set must be a list of \"section.field=value\" texts, got {items!r:.40}")
     for item in items:
         require(isinstance(item, str) and "=" in item,
                 f"{where}: set: expected \"section.field=value\", got {item!r:.40}")
@@ -135,8 +134,7 @@ def load_matrix(path: str | Path, only: Iterable[str] | None = None) -> list[Ent
     entries: dict[str, Entry] = {}
     for i, raw in enumerate(configs):
         where = f"{path}: config {i}"
-        require(isinstance(raw, dict), f"{where} must be an object {{\"name\": ..., \"set\": [...]}}, "
-                                       f"got {raw!r:.40}")
+        require(isinstance(raw, dict), f"{where} must be an object {{\"name\": ..., \"set\": [...]}}, got {raw!r:.40}")
         name = raw.get("name")
         require(isinstance(name, str) and name.strip() and "/" not in name and name not in (".", ".."),
                 f"{where}: name must be a text that names a directory (its logs), got {name!r:.40}")

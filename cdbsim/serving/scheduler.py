@@ -191,9 +191,7 @@ class Scheduler:
             return self._launch_core()
         if self.prelude_queue:
             return self._launch_prelude()
-        if can_coda and self.coda_queue:
-            return self._flush_coda()
-        return None
+        return self._flush_coda() if can_coda and self.coda_queue else None
 
     def _flush_coda(self) -> Launch:
         batch, self.coda_queue = self.coda_queue, []

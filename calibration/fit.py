@@ -105,8 +105,7 @@ def refit_attention_width(record: dict, sharpnesses: tuple[float, ...] = SHARPNE
 def fit_mixed_sharpness(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHAPES) -> dict:
     """The attention record whose sharpness and width scale best predict the mixed-context probe layers (relative to
     uniform ones of their shape and rows); ``attention_mixed_probes`` keeps the best error per sharpness."""
-    points = [(ArchSpec(name="probe", layer=probes[int(index)], vocab=4096, prelude=0, core=1, coda=0, r_max=1),
-               int(index), int(padded), [int(c) for c in contexts], t)
+    points = [(probe_arch(probes[int(index)]), int(index), int(padded), [int(c) for c in contexts], t)
               for index, padded, *contexts, t in record["mixed_probes"]]
     bias = _uniform_probe_error(record, probes)
     candidates = {}
@@ -137,6 +136,11 @@ def fit_mixed_sharpness(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHA
 WIDTH_SCALES = tuple(float(x) for x in 2.0 ** np.arange(-1.0, 1.51, 0.125))  # of the chain's fitted width
 
 
+def probe_arch(shape: LayerShape) -> ArchSpec:
+    """A one-layer model of ``shape``: how a probe layer is timed and composed."""
+    return ArchSpec(name="probe", layer=shape, vocab=4096, prelude=0, core=1, coda=0, r_max=1)
+
+
 def _uniform_probe_error(record: dict, probes: tuple[LayerShape, ...]) -> Callable[[int, int], float]:
     """``(probe, rows) -> log(composed / measured)`` of the longest uniform probe layers, log-interpolated."""
     model = KernelModel(record)
@@ -144,8 +148,7 @@ def _uniform_probe_error(record: dict, probes: tuple[LayerShape, ...]) -> Callab
     by_probe: dict[int, list[tuple[float, float]]] = {}
     for index, rows, length, t in record.get("probes", []):
         if length == longest:
-            arch = ArchSpec(name="probe", layer=probes[int(index)], vocab=4096, prelude=0, core=1, coda=0, r_max=1)
-            error = math.log(model.layer(arch, int(rows), float(length)) / t)
+            error = math.log(model.layer(probe_arch(probes[int(index)]), int(rows), float(length)) / t)
             by_probe.setdefault(int(index), []).append((math.log(rows), error))
 
     def error(index: int, rows: int) -> float:
@@ -194,33 +197,27 @@ def with_launch_gap(profile: Profile, logs: list[pd.DataFrame]) -> Profile:
 HUBER_SCALE_S = 2e-6  # residuals beyond this count linearly: a probe layer whose attention is off by tens of us
 
 
-def fit_share_and_offset(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """``(share, offset)`` of ``y ~ share * x + offset`` under a Huber loss (a robust line)."""
-    from scipy.optimize import least_squares
-
-    require(len(x) >= 2, "a line needs two points at least")
-    design = np.column_stack([x, np.ones(len(x))])
-    fitted = least_squares(lambda p: design @ p - y, np.zeros(2), loss="huber", f_scale=HUBER_SCALE_S,
-                           x_scale=[1.0, HUBER_SCALE_S])
-    return float(fitted.x[0]), float(fitted.x[1])
-
-
 def fit_gaps(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHAPES) -> dict:
     """What whole probe layers take beyond their kernels' tables, per layer style and path: seconds per kernel (median)
     on the chained path; per kernel (``many``) and a GEMM share (``many_gemm``) by a Huber loss on the many-row path."""
+    from scipy.optimize import least_squares
+
     model = KernelModel({**record, "gaps": {}})
     chained: dict[str, list[float]] = {}
     many: list[tuple[float, float]] = []
     for index, rows, length, t in record["probes"]:
         shape = probes[int(index)]
-        arch = ArchSpec(name="probe", layer=shape, vocab=4096, prelude=0, core=1, coda=0, r_max=1)
-        kernels, path = model.layer_kernels(arch, int(rows), float(length))
+        kernels, path = model.layer_kernels(probe_arch(shape), int(rows), float(length))
         total = sum(seconds for _, seconds in kernels)
         if path == "chained":
             chained.setdefault(shape.style.value, []).append((t - total) / len(kernels))
         else:
             many.append((sum(seconds for name, seconds in kernels if name == "gemm"), t - total))
-    share, per_layer = fit_share_and_offset(*map(np.array, zip(*many, strict=True)))
+    gemm, beyond = map(np.array, zip(*many, strict=True))
+    require(len(gemm) >= 2, "a line needs two points at least")
+    design = np.column_stack([gemm, np.ones(len(gemm))])
+    share, per_layer = least_squares(lambda p: design @ p - beyond, np.zeros(2), loss="huber", f_scale=HUBER_SCALE_S,
+                                     x_scale=[1.0, HUBER_SCALE_S]).x.tolist()
     gaps: dict[str, dict[str, float]] = {}
     for style in sorted({shape.style.value for shape in probes}):
         gaps[style] = {"many": per_layer / MANY_KERNELS, "many_gemm": share}
@@ -248,8 +245,7 @@ def fit_components(points: dict[str, list[list[float]]]) -> dict[str, Fit]:
 def build_profile(name: str, device: dict, versions: dict, points: dict[str, list[list[float]]],
                   notes: str = "", extra: dict[str, Fit] | None = None) -> Profile:
     """A measured profile from raw points (plus any fits made elsewhere, e.g. stage residuals)."""
-    components = fit_components(points)
-    components.update(extra or {})
+    components = {**fit_components(points), **(extra or {})}
     return Profile(name=name, kind=ProfileKind.MEASURED, device=device, components=components, versions=versions,
                    date=dt.date.today().isoformat(), notes=notes)
 
@@ -359,8 +355,7 @@ def plot_profile(profile: Profile, arch: ArchSpec, path: str | Path) -> Path:
     fit = profile.components[layer_key]
     pts = np.asarray(fit.points)
     fig, (ax, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    lengths = sorted({round(c / x) for x, c, _ in pts if x > 0})
-    for length in lengths:
+    for length in sorted({round(c / x) for x, c, _ in pts if x > 0}):
         sel = np.array([round(c / x) == length for x, c, _ in pts])
         batch = pts[sel, 0]
         order = np.argsort(batch)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from calibration.fit import fit_attention_width
-from calibration.measure import Timer, UnitBench, spread_contexts
+from calibration.measure import SKEW_POINTS, Timer, UnitBench, spread_contexts
 from cdbsim.latency.gpu_work import CHAINED_MAX_HIDDEN, CHAINED_ROWS, FEW_ROWS_MAX, FEW_ROWS_MAX_HIDDEN
 from cdbsim.latency.kernels import GEMV_OPS, PROBE_SHAPES
 from cdbsim.model.arch import ArchSpec, KVLayout, LayerShape, LayerStyle
@@ -59,9 +59,7 @@ class KernelPlan:
     probe_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     probe_lengths: tuple[int, ...] = (128, 2048)
     probe_positions: int = 2 ** 18            # batch x context per probe point (keeps the probes' KV small)
-    skew_points: tuple[tuple[int, int, int, int], ...] = (
-        (2, 256, 4096, 1), (4, 256, 4096, 1), (8, 128, 4096, 1), (16, 128, 4096, 1), (16, 512, 4096, 4),
-        (32, 128, 2048, 1), (48, 32, 1024, 2), (64, 32, 512, 8))
+    skew_points: tuple[tuple[int, int, int, int], ...] = SKEW_POINTS
     # served batches (padded, rows, shortest, longest): contexts spread evenly in log length, padding as the engine's
     spread_points: tuple[tuple[int, int, int, int], ...] = (
         (2, 2, 600, 6000), (4, 4, 400, 6000), (8, 8, 300, 6000), (16, 16, 300, 6000), (32, 32, 200, 4000),
@@ -101,13 +99,6 @@ class KernelPlan:
                    mixed_probe_points=((4, 128, 1024), (3, 512, 512)), sustained_probe=0, sustained_tokens=256,
                    sustained_rest_s=0.0, sustained_lead_s=0.05, sustained_s=0.3, repeats=4)
 
-    def mixed_points(self) -> list[tuple[int, list[int]]]:
-        """``(padded rows, context of each real row)`` of the mixed-context points within ``max_positions``."""
-        points = [(b, [long] * n_long + [short] * (b - n_long)) for b, short, long, n_long in self.skew_points]
-        points += [(padded, spread_contexts(rows, shortest, longest))
-                   for padded, rows, shortest, longest in self.spread_points]
-        return [(b, contexts) for b, contexts in points if sum(contexts) <= self.max_positions]
-
     def gemm_points(self) -> list[tuple[int, int, int]]:
         return [(m, n, k) for n in self.gemm_n for k in self.gemm_k if n * k <= self.gemm_max_weight
                 for m in self.gemm_m]
@@ -137,9 +128,7 @@ class ChainTimer:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):  # a private pool, freed with the graph
                 run()
-            seconds = self.timer(graph.replay) / len(calls)
-            del graph
-            return seconds
+            return self.timer(graph.replay) / len(calls)
 
 
 def chain_length(bytes_per_call: float) -> int:
@@ -208,15 +197,12 @@ def measure_gemv(plan: KernelPlan, chain: ChainTimer, progress: Callable[[str], 
     ops = Ops(default_backend(device), fuse_rows=CHAINED_ROWS)
     out = []
     for (op, n, k), rows in itertools.product(gemv_points(plan), range(1, CHAINED_ROWS + 1)):
-        code = GEMV_OPS[op]
         width = 2 * n if op == "swiglu" else n
         progress(f"gemv {op} rows={rows} n={n} k={k}")
-        count = chain_length(2 * width * k)
-        ws = [torch.randn(width, k, device=device, dtype=dtype) * 0.02 for _ in range(count)]
+        ws = [torch.randn(width, k, device=device, dtype=dtype) * 0.02 for _ in range(chain_length(2 * width * k))]
         x, branch = (torch.randn(rows, k, device=device, dtype=dtype) for _ in range(2))
         norm = torch.ones(k, device=device, dtype=dtype)
-        calls = [_gemv_call(ops, op, w, x, branch, norm) for w in ws]
-        out.append([code, rows, n, k, chain(calls)])
+        out.append([GEMV_OPS[op], rows, n, k, chain([_gemv_call(ops, op, w, x, branch, norm) for w in ws])])
     return out
 
 
@@ -229,20 +215,15 @@ def _gemv_call(ops: Ops, op: str, w: torch.Tensor, x: torch.Tensor, branch: torc
     return lambda: ops.gemv_residual(branch, x, norm, norm, 1e-6, True, w, swiglu=op == "swiglu")
 
 
-def attention_unit(heads: int, group: int, head_dim: int, layers: int = 8) -> ArchSpec:
-    """A model whose only role is to hold a KV cache of ``layers`` layers with this head layout."""
-    layer = LayerShape(hidden=heads * head_dim, intermediate=64, heads=heads, kv_heads=max(1, heads // group),
-                       head_dim=head_dim, style=LayerStyle.OURO)
-    return ArchSpec(name=f"attention-{heads}x{head_dim}-g{group}", layer=layer, vocab=256, prelude=0,
-                    core=layers, coda=0, r_max=1)
-
-
 class AttentionBench:
     """The executor's RoPE/KV-write and attention kernels on an eight-layer cache, with engine-prepared metadata."""
 
     def __init__(self, heads: int, group: int, head_dim: int, max_rows: int, max_context: int,
                  max_positions: int, device: torch.device, timer: Timer) -> None:
-        self.arch = attention_unit(heads, group, head_dim)
+        layer = LayerShape(hidden=heads * head_dim, intermediate=64, heads=heads, kv_heads=max(1, heads // group),
+                           head_dim=head_dim, style=LayerStyle.OURO)
+        self.arch = ArchSpec(name=f"attention-{heads}x{head_dim}-g{group}", layer=layer, vocab=256, prelude=0,
+                             core=8, coda=0, r_max=1)  # a model whose only role is to hold the KV cache
         self.bench = UnitBench(self.arch, max_rows, max_context + 1, max_positions, KVLayout.SHARED, device, timer)
         self.engine = self.bench.engine
         self.device, self.dtype = device, self.engine.model.dtype
@@ -329,14 +310,13 @@ def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[s
                 progress(f"chained_attention heads={h8} L={length} d={d} g={g}")
                 tables["chained_attention"].append([h8, g, d, length, chain(bench.calls("chained", 1, [length]))])
         bench.close()
-    for heads in (h for h in plan.chained_heads if h != h8):
-        for d, g in itertools.product(plan.head_dims, plan.groups):
-            progress(f"chained attention heads={heads} d={d} g={g}")
-            bench = AttentionBench(heads, g, d, 1, max(plan.attention_lengths), max(plan.attention_lengths) + 64,
-                                   chain.device, chain.timer)
-            for length in plan.attention_lengths:
-                tables["chained_attention"].append([heads, g, d, length, chain(bench.calls("chained", 1, [length]))])
-            bench.close()
+    for heads, d, g in itertools.product([h for h in plan.chained_heads if h != h8], plan.head_dims, plan.groups):
+        progress(f"chained attention heads={heads} d={d} g={g}")
+        bench = AttentionBench(heads, g, d, 1, max(plan.attention_lengths), max(plan.attention_lengths) + 64,
+                               chain.device, chain.timer)
+        for length in plan.attention_lengths:
+            tables["chained_attention"].append([heads, g, d, length, chain(bench.calls("chained", 1, [length]))])
+        bench.close()
     return tables
 
 
@@ -373,7 +353,11 @@ def measure_skew(plan: KernelPlan, chain: ChainTimer, uniform: list[list[float]]
                  ) -> dict[str, dict[str, dict]]:
     """Per head size and GQA group: decode attention on rows of mixed contexts, fit by :func:`fit_attention_width`."""
     heads = plan.skew_heads
-    points = plan.mixed_points()
+    # (padded rows, context of each real row) of the mixed-context points within max_positions
+    points = [(b, [long] * n_long + [short] * (b - n_long)) for b, short, long, n_long in plan.skew_points]
+    points += [(padded, spread_contexts(rows, shortest, longest))
+               for padded, rows, shortest, longest in plan.spread_points]
+    points = [(b, contexts) for b, contexts in points if sum(contexts) <= plan.max_positions]
     positions = max(sum(c) + 64 * len(c) for _, c in points)
     fits: dict[str, dict[str, dict]] = {}
     for d, group in itertools.product(plan.head_dims, plan.skew_groups):

@@ -20,27 +20,29 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from calibration.fit import attention_skew_name
+from calibration.fit import attention_skew_name, fit_attention_slots
 from cdbsim.latency.profile import Profile
 from cdbsim.latency.recipes import Component, model_stage_name
 from cdbsim.model.arch import ArchSpec, KVLayout
 from cdbsim.report.validate import host_points
-from cdbsim.serving.config import Policy, ServeConfig, padding_table, prefill_graph_sizes
+from cdbsim.serving.config import ServeConfig, padding_table, prefill_graph_sizes
 from cdbsim.serving.launch import Stage, causal_pairs, decode_launch, prefill_launch
 from executor.driver import build_model, execute
 from executor.engine import Engine, Prepared
-from executor.graphs import StageGraphs
+from executor.graphs import PinnedStaging, StageGraphs
 from traces import ExitModel, Request, build_trace
 
 Points = dict[str, list[list[float]]]
+# core steps with a few long rows among short ones (rows, short, long, long rows), for the attention width
+SKEW_POINTS = ((2, 256, 4096, 1), (4, 256, 4096, 1), (8, 128, 4096, 1), (16, 128, 4096, 1), (16, 512, 4096, 4),
+               (32, 128, 2048, 1), (48, 32, 1024, 2), (64, 32, 512, 8))
 
 
 def spread_contexts(rows: int, shortest: int, longest: int) -> list[int]:
     """Contexts of ``rows`` rows spread evenly in log length from ``longest`` down to ``shortest``."""
     if rows == 1:
         return [longest]
-    ratio = longest / shortest
-    return [round(longest / ratio ** (i / (rows - 1))) for i in range(rows)]
+    return [round(longest / (longest / shortest) ** (i / (rows - 1))) for i in range(rows)]
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,7 @@ class Plan:
         (8192, 1, 0), (64, 1, 1024), (512, 1, 1024), (16, 8, 0), (16, 32, 0), (16, 64, 0), (64, 16, 0),
         (256, 8, 0), (1024, 2, 0), (4096, 2, 0), (2048, 4, 0), (1024, 8, 0))
     model_contexts: tuple[int, ...] = (32, 128, 512, 2048, 4096)
-    # core steps with a few long rows among short ones (rows, short, long, long rows), for the attention width
-    skew_points: tuple[tuple[int, int, int, int], ...] = (
-        (2, 256, 4096, 1), (4, 256, 4096, 1), (8, 128, 4096, 1), (16, 128, 4096, 1), (16, 512, 4096, 4),
-        (32, 128, 2048, 1), (48, 32, 1024, 2), (64, 32, 512, 8))
+    skew_points: tuple[tuple[int, int, int, int], ...] = SKEW_POINTS
     # and rows whose contexts spread from the shortest to the longest (rows, shortest, longest)
     spread_points: tuple[tuple[int, int, int], ...] = (
         (2, 600, 4096), (4, 400, 4096), (8, 300, 4096), (9, 300, 4096), (16, 300, 4096), (17, 300, 4096),
@@ -101,10 +100,6 @@ class Timer:
         self.repeats, self.warmup, self.busy_s, self.spin_s = repeats, warmup, busy_s, spin_s
 
     def __call__(self, fn: Callable[[], object]) -> float:
-        return statistics.median(self.samples(fn))
-
-    def samples(self, fn: Callable[[], object]) -> list[float]:
-        """Seconds of each of ``repeats`` timed calls, after warm-up."""
         for _ in range(self.warmup):
             fn()
         if self.busy_s > 0:
@@ -130,7 +125,7 @@ class Timer:
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
-        return times
+        return statistics.median(times)
 
 
 def back_to_back(fn: Callable[[], object], seconds: float, device: torch.device, min_calls: int = 1
@@ -178,8 +173,7 @@ class UnitBench:
         self.kv_blocks = kv_blocks or max_positions // self.bs + max_batch + 64
         self.block_order = (np.random.default_rng(seed).permutation(self.kv_blocks) if scatter
                             else np.arange(self.kv_blocks))
-        config = ServeConfig(policy=Policy.REFILL, width=max_batch, prefill_budget=max(8192, max_batch),
-                             layout=layout)
+        config = ServeConfig(width=max_batch, prefill_budget=max(8192, max_batch), layout=layout)
         self.engine = Engine(self.model, config, requests, self.kv_blocks)
         if not zeros:
             self.engine.fill_random(seed)
@@ -217,16 +211,12 @@ class UnitBench:
         return self.engine.prepare(launch, self.graphs.width)
 
     def _launcher(self, prepared: Prepared, with_copy: bool = False) -> Callable[[], object]:
-        with torch.inference_mode():
-            self.graphs.launch(prepared)  # captures the graph on first use
-        if not with_copy:
-            return self.graphs.get(prepared.launch.stage, prepared.launch.padded).replay
-
         def launch() -> None:
             with torch.inference_mode():
                 self.graphs.launch(prepared)
 
-        return launch
+        launch()  # captures the graph on first use
+        return launch if with_copy else self.graphs.get(prepared.launch.stage, prepared.launch.padded).replay
 
     def prefill(self, tokens: int, chunks: int = 1, prefix: int = 0) -> float:
         """Seconds of one graph replay of ``chunks`` prompts of ``tokens`` after ``prefix`` cached, padded as served."""
@@ -252,8 +242,6 @@ META_SPIN_S = 2e-3  # the host fills the pinned buffer before it queues the copy
 def measure_meta_copy(device: torch.device, timer: Timer,
                       sizes: tuple[int, ...] = META_COPY_BYTES) -> Points:
     """``[bytes, 0, t]``: a launch's metadata copy (:class:`executor.graphs.PinnedStaging`; on a CPU a plain copy)."""
-    from executor.graphs import PinnedStaging
-
     rows = []
     for size in sizes:
         numel = size // 4
@@ -283,14 +271,13 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
     for core in (1, 4):
         bench = UnitBench(_unit(arch, core), max_batch, max_context, plan.max_positions, KVLayout.DEPTH, device,
                           timer)
-        got: dict = {"core": {}, "prefill": {}}
+        raw[core] = got = {"core": {}, "prefill": {}}
         for b, c in plan.grid(plan.contexts, plan.max_positions):
             progress(f"{arch.layer.key}: {core}-layer core B={b} L={c}")
             got["core"][b, c] = bench.stage(Stage.CORE, b, c)
         for n, k, p in plan.prefill_points:
             progress(f"{arch.layer.key}: {core}-layer prefill {k} x {n} tokens, prefix {p}")
             got["prefill"][n, k, p] = bench.prefill(n, k, p)
-        raw[core] = got
         if core == 1:
             for b in plan.batches:
                 progress(f"{arch.layer.key}: prelude and coda B={b}")
@@ -302,12 +289,13 @@ def measure_shape(arch: ArchSpec, plan: Plan, device: torch.device,
         points[layer].append([b, b * c, max((raw[4]["core"][b, c] - t1) / 3, 1e-9)])
     adapter = measure_adapter(arch, plan, device, timer) if arch.has_adapter else {}
     points.update(adapter)
-    adapter_fit = _line(adapter.get(Component.ADAPTER.key(arch), []))
+    rows = adapter.get(Component.ADAPTER.key(arch), [])  # the adapter's line is taken off the one-layer prefill
+    slope, intercept = np.polyfit([r[0] for r in rows], [r[2] for r in rows], 1) if len(rows) >= 2 else (0.0, 0.0)
     for (n, k, p), t1 in raw[1]["prefill"].items():
-        tokens, pairs = padded_prefill(n * k), prefill_pairs(n, k, p)
+        tokens, pairs = padded_prefill(n * k), k * causal_pairs(n, p)
         per_layer = max((raw[4]["prefill"][n, k, p] - t1) / 6, 1e-9)
         points[prefill_layer].append([tokens, pairs, k, per_layer])
-        single = t1 - per_layer - (adapter_fit(tokens) if adapter_fit else 0.0)
+        single = t1 - per_layer - (intercept + slope * tokens)
         points[prefill1].append([tokens, pairs, k, max(single, 1e-9)])
     points[Component.KV_COPY.key(arch)] = measure_kv_fill(arch, plan, device, timer, progress)
     return points
@@ -329,18 +317,9 @@ def measure_kv_fill(arch: ArchSpec, plan: Plan, device: torch.device, timer: Tim
     for b in batches:
         progress(f"{arch.layer.key}: KV fill B={b}")
         with_fill, without = bench.stage(Stage.CORE, b, context, exiting=True), bench.stage(Stage.CORE, b, context)
-        copies = b * (FILL_LOOPS - 1) * unit.core
-        rows.append([copies, 0, with_fill - without])  # noise can make it negative: kept, fitted unweighted
+        rows.append([b * (FILL_LOOPS - 1) * unit.core, 0, with_fill - without])  # may be negative: noise, kept
     bench.close()
     return rows
-
-
-def _line(rows: list[list[float]]) -> Callable[[float], float] | None:
-    if len(rows) < 2:
-        return None
-    x, t = np.array([r[0] for r in rows]), np.array([r[2] for r in rows])
-    slope, intercept = np.polyfit(x, t, 1)
-    return lambda n: float(intercept + slope * n)
 
 
 def measure_adapter(arch: ArchSpec, plan: Plan, device: torch.device, timer: Timer) -> Points:
@@ -350,8 +329,7 @@ def measure_adapter(arch: ArchSpec, plan: Plan, device: torch.device, timer: Tim
     weight = torch.randn(h, 2 * h, device=device, dtype=dtype) * 0.02
     rows = []
     for b in plan.batches:
-        s = torch.randn(b, h, device=device, dtype=dtype)
-        e = torch.randn(b, h, device=device, dtype=dtype)
+        s, e = (torch.randn(b, h, device=device, dtype=dtype) for _ in range(2))
 
         def op(s: torch.Tensor = s, e: torch.Tensor = e) -> torch.Tensor:
             return F.linear(torch.cat((s, e), dim=-1), weight)
@@ -378,11 +356,6 @@ def _prefill_padding(budget: int) -> list[int]:
     return padding_table(prefill_graph_sizes(budget), budget)
 
 
-def prefill_pairs(tokens: int, chunks: int, prefix: int) -> int:
-    """(query, key) pairs a launch of ``chunks`` chunks of ``tokens`` tokens after ``prefix`` attends."""
-    return chunks * causal_pairs(tokens, prefix)
-
-
 def measure_model(arch: ArchSpec, plan: Plan, device: torch.device,
                   progress: Callable[[str], None] = lambda _: None) -> Points:
     """Every stage of the whole model as served (shared-slot KV): the model's own stage fits."""
@@ -402,7 +375,7 @@ def measure_model(arch: ArchSpec, plan: Plan, device: torch.device,
             points[model_stage_name(arch, Stage.DECODE)].append([b, b * c, bench.stage(Stage.DECODE, b, c)])
     for n, k, p in plan.model_prefill_points:
         progress(f"{arch.name}: prefill {k} x {n} tokens, prefix {p}")
-        points[model_stage_name(arch, Stage.PREFILL)].append([padded_prefill(n * k), prefill_pairs(n, k, p), k,
+        points[model_stage_name(arch, Stage.PREFILL)].append([padded_prefill(n * k), k * causal_pairs(n, p), k,
                                                               bench.prefill(n, k, p)])
     bench.close()
     return points
@@ -429,8 +402,6 @@ def measure_model_skew(arch: ArchSpec, plan: Plan, bench: UnitBench,
 def remeasure_attention(arch: ArchSpec, profile: Profile, device: torch.device, plan: Plan | None = None,
                         progress: Callable[[str], None] = lambda _: None) -> Profile:
     """``profile`` with its mixed-context core steps re-measured and its attention width and sharpness refitted."""
-    from calibration.fit import fit_attention_slots
-
     plan = plan or Plan()
     contexts = mixed_contexts(plan)
     longest = max(max(c) for c in contexts)
@@ -449,8 +420,7 @@ def measure_host(arch: ArchSpec, device: torch.device, repeats: int, warmup: int
     64 slots, refill at K = 1, Alpaca requests), then :func:`measure_meta_copy` behind a :data:`META_SPIN_S` spin."""
     progress(f"{arch.name}: host time from a {requests}-request serving run")
     trace = build_trace("alpaca", requests, arch.r_max, 2, ExitModel(mean=(arch.r_max + 2) / 2), seed=seed)
-    config = ServeConfig(policy=Policy.REFILL, width=64, coda_batch=1, timing="lookahead",
-                         layout=KVLayout.SHARED)
+    config = ServeConfig(width=64, layout=KVLayout.SHARED)
     kv_blocks = sum(-(-(r.prompt_len + r.output_len) // 16) for r in trace) + 64  # never preempts
     run = execute(arch, config, trace, kv_blocks, device=device, mode="lookahead", seed=seed)
     return {Component.HOST.key(arch): host_points(run.log.launches),

@@ -50,15 +50,6 @@ def gemm_peak_tflops(profile: Path) -> float:
         raise ValueError(f"{profile} is not a kernel-level profile with a gemm table ({exc})") from None
 
 
-def prefill_rates(stages: pd.DataFrame, peak_tflops: float) -> pd.DataFrame:
-    """The prefill rows of a stage table (one chunk of ``batch`` tokens at full depth, replayed): the rate at 2 flops
-    per weight per token (bf16: ``weight_bytes`` / 2 weights) and its share of ``peak_tflops``."""
-    rows = stages[stages["stage"] == "prefill"]
-    tflops = rows["batch"] * rows["weight_bytes"] / rows["ms"] / 1e9
-    return pd.DataFrame({"model": rows["model"], "tokens": rows["batch"], "ms": rows["ms"],
-                         "weight_tflops": tflops, "of_peak": tflops / peak_tflops})
-
-
 @dataclass(frozen=True)
 class Verdict:
     """One target: what it asks, what the tables hold, and whether that meets it."""
@@ -78,8 +69,8 @@ def worst_steps(stages: pd.DataFrame, stage: str) -> Verdict:
         worst = g.loc[g["x_roofline_weights_kv"].idxmax()]
         parts.append(f"{model} {g['x_roofline_weights_kv'].min():.2f}-{worst['x_roofline_weights_kv']:.2f}x "
                      f"(worst B={int(worst['batch'])} L={int(worst['context'])})")
-    name = "core step" if stage == "core" else "CB step"
-    return Verdict(f"{name} <= {MAX_X_ROOFLINE}x weights + KV, every B and L", "; ".join(parts),
+    return Verdict(f"{'core' if stage == 'core' else 'CB'} step <= {MAX_X_ROOFLINE}x weights + KV, every B and L",
+                   "; ".join(parts),
                    bool((rows["x_roofline_weights_kv"] <= MAX_X_ROOFLINE).all()))
 
 
@@ -94,14 +85,16 @@ def attention(table: pd.DataFrame) -> Verdict:
 
 
 def prefill(stages: pd.DataFrame, peak_tflops: float) -> Verdict:
-    """Each replayed prefill of >= 2,048 tokens, weight flops against ``peak_tflops``."""
-    rows = prefill_rates(stages, peak_tflops)
-    rows = rows[rows["tokens"] >= 2048]
+    """Each replayed prefill (one chunk of ``batch`` >= 2,048 tokens at full depth) at 2 flops per weight per token
+    (bf16: ``weight_bytes`` / 2 weights) against ``peak_tflops``."""
+    rows = stages[(stages["stage"] == "prefill") & (stages["batch"] >= 2048)]
     if rows.empty:
         raise ValueError("the stage table has no prefill of 2,048 tokens or more")
-    measured = "; ".join(f"{r.model} {r.tokens}: {r.of_peak:.0%}" for r in rows.itertuples())
+    of_peak = rows["batch"] * rows["weight_bytes"] / rows["ms"] / 1e9 / peak_tflops
+    measured = "; ".join(f"{model} {tokens}: {share:.0%}"
+                         for model, tokens, share in zip(rows["model"], rows["batch"], of_peak, strict=True))
     return Verdict(f"prefill >= {MIN_PREFILL:.0%} of the fastest GEMM ({peak_tflops:.0f} TFLOP/s), replayed, "
-                   ">= 2,048 tokens", measured, bool((rows["of_peak"] >= MIN_PREFILL).all()))
+                   ">= 2,048 tokens", measured, bool((of_peak >= MIN_PREFILL).all()))
 
 
 def refill_k1(table: pd.DataFrame) -> Verdict:

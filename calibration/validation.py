@@ -110,8 +110,7 @@ class Entry:
 
 def _override(exp: Experiment, items: object, where: str) -> Experiment:
     """``exp`` with a matrix's list of ``section.field=value`` texts applied; a bad one names ``where``."""
-    require(isinstance(items, list), f"{where}: set must be a list of \"section.field=value\" texts, "
-                                     f"got {items!r:.40}")
+    require(isinstance(items, list), f"{where}: set must be a list of \"section.field=value\" texts, got {items!r:.40}")
     for item in items:
         require(isinstance(item, str) and "=" in item,
                 f"{where}: set: expected \"section.field=value\", got {item!r:.40}")
@@ -135,8 +134,7 @@ def load_matrix(path: str | Path, only: Iterable[str] | None = None) -> list[Ent
     entries: dict[str, Entry] = {}
     for i, raw in enumerate(configs):
         where = f"{path}: config {i}"
-        require(isinstance(raw, dict), f"{where} must be an object {{\"name\": ..., \"set\": [...]}}, "
-                                       f"got {raw!r:.40}")
+        require(isinstance(raw, dict), f"{where} must be an object {{\"name\": ..., \"set\": [...]}}, got {raw!r:.40}")
         name = raw.get("name")
         require(isinstance(name, str) and name.strip() and "/" not in name and name not in (".", ".."),
                 f"{where}: name must be a text that names a directory (its logs), got {name!r:.40}")
@@ -159,19 +157,15 @@ def load_matrix(path: str | Path, only: Iterable[str] | None = None) -> list[Ent
     return [e for e in entries.values() if e.name in wanted]
 
 
-def offline_capacity(entry: Entry, latency: LatencyModel) -> float:
-    """The simulator's offline request rate for ``entry`` (sets the rate of its online runs)."""
-    arch, config = entry.spec(), entry.config()
-    requests = replace(entry.workload(arch), rate=None).build(arch, config.r_min(arch))
-    log = simulate(arch, config, requests, latency, entry.kv_blocks())
-    return summarize(log, arch, requests, config.r_min(arch)).request_rate
-
-
 def requests_for(entry: Entry, latency: LatencyModel) -> tuple[list[Request], float | None]:
-    """The requests of ``entry`` and their Poisson rate (None: offline or a trace's own arrivals)."""
+    """The requests of ``entry`` and their Poisson rate (None: offline or a trace's own arrivals); a share of capacity
+    is of the simulator's offline request rate."""
     if entry.rate_of_capacity is None:
         return entry.build_requests(), entry.experiment.workload.rate
-    rate = entry.rate_of_capacity * offline_capacity(entry, latency)
+    arch, config = entry.spec(), entry.config()
+    offline = replace(entry.workload(arch), rate=None).build(arch, config.r_min(arch))
+    log = simulate(arch, config, offline, latency, entry.kv_blocks())
+    rate = entry.rate_of_capacity * summarize(log, arch, offline, config.r_min(arch)).request_rate
     return entry.build_requests(rate), rate
 
 
@@ -208,13 +202,6 @@ def measure(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], L
     return results
 
 
-def load_measured(entries: list[Entry], directory: Path) -> dict[str, RunLog]:
-    """Saved executor logs, ``directory/<name>/``, one per entry."""
-    missing = [e.name for e in entries if not RunLog.saved_in(directory / e.name)]
-    require(not missing, f"{directory}: no saved executor log for {', '.join(missing[:4])}")
-    return {e.name: RunLog.load(directory / e.name) for e in entries}
-
-
 def measured_gpu(directory: Path) -> str | None:
     """The GPU the saved executor logs under ``directory`` ran on, as torch names it (None if none says)."""
     for meta in sorted(directory.glob("*/meta.json")):
@@ -232,8 +219,7 @@ def compare(entries: list[Entry], measured: dict[str, RunLog],
     for entry in entries:
         arch, config = entry.spec(), entry.config()
         real = measured[entry.name]
-        rate = real.meta.get("rate")
-        requests = entry.build_requests(rate if entry.online else None)
+        requests = entry.build_requests(real.meta.get("rate") if entry.online else None)
         latency = latency_for(arch)
         predicted = simulate(arch, config, requests, latency, entry.kv_blocks())
         r_min = config.r_min(arch)
@@ -251,8 +237,8 @@ def compare(entries: list[Entry], measured: dict[str, RunLog],
                                 entry.kv_blocks())
             if replayed.launches["stage"].tolist() == real.launches["stage"].tolist():
                 comparison.own_host_times = summarize(replayed, arch, requests, r_min)
-        width = table_width(requests, config.block_size)
-        comparison.stages = stage_errors(real, functools.partial(latency.launch_time, table_width=width))
+        comparison.stages = stage_errors(real, functools.partial(latency.launch_time,
+                                                                 table_width=table_width(requests, config.block_size)))
         comparisons.append(comparison)
     return comparisons
 
@@ -274,20 +260,19 @@ class Validation:
 
 def run_validation(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], LatencyModel],
                    measured: Path | None = None, log: Callable[[str], None] = print) -> Validation:
-    """Measure ``entries`` on the executor (or load logs saved in ``measured``), simulate, compare and write."""
-    out.mkdir(parents=True, exist_ok=True)
-    logs = load_measured(entries, measured) if measured is not None else measure(entries, out / "measured",
-                                                                                  latency_for, log=log)
-    comparisons = compare(entries, logs, latency_for)
-    return write_results(entries, comparisons, out, latency_for)
-
-
-def write_results(entries: list[Entry], comparisons: list[Comparison], out: Path,
-                  latency_for: Callable[[ArchSpec], LatencyModel]) -> Validation:
-    """``summary.json`` (summary, errors, profiles, configs, per-metric and per-stage rows), ``summary.csv``,
+    """Measure ``entries`` on the executor (or load logs saved in ``measured``), simulate, compare and write
+    ``summary.json`` (summary, errors, profiles, configs, per-metric and per-stage rows), ``summary.csv``,
     ``stages.csv``, ``scatter.png`` and, for the first configuration, ``timeline.png``."""
     import pandas as pd
 
+    out.mkdir(parents=True, exist_ok=True)
+    if measured is None:
+        logs = measure(entries, out / "measured", latency_for, log=log)
+    else:  # saved executor logs, one per entry in ``measured/<name>/``
+        missing = [e.name for e in entries if not RunLog.saved_in(measured / e.name)]
+        require(not missing, f"{measured}: no saved executor log for {', '.join(missing[:4])}")
+        logs = {e.name: RunLog.load(measured / e.name) for e in entries}
+    comparisons = compare(entries, logs, latency_for)
     summary = [c.summary() for c in comparisons]
     errors = error_summary(comparisons)
     with atomic_file(out / "summary.json") as path:  # each file whole or not at all

@@ -35,9 +35,7 @@ class Choice(str, Enum):
         """The member called ``name`` (or one of its aliases), or a one-line error listing the valid names."""
         if isinstance(name, cls):
             return name
-        if not isinstance(name, str):  # a list or number from a JSON file: not a name at all
-            raise unknown(cls.what(), name, [m.value for m in cls])
         try:
             return cls(cls.aliases().get(name, name))
-        except ValueError:
+        except (ValueError, TypeError):  # TypeError: a list from a JSON file, not a name at all
             raise unknown(cls.what(), name, [m.value for m in cls]) from None

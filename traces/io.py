@@ -93,9 +93,8 @@ def read_trace(path: str | Path, r_max: int | None = None) -> list[Request]:
         if len(depths):
             low, high = int(depths.min()), int(depths.max())
             limit = r_max if r_max is not None else np.iinfo(np.int16).max
-            if low < 1 or high > limit:
-                bad = low if low < 1 else high
-                raise InputError(f"{where(i)}: exit depth {bad} is outside [1, r_max = {limit}]")
+            require(low >= 1 and high <= limit,
+                    f"{where(i)}: exit depth {low if low < 1 else high} is outside [1, r_max = {limit}]")
         requests.append(Request(int(ids[i]), int(prompt[i]), int(output[i]), float(arrival[i]),
                                 depths.astype(np.int16)))
     return requests
@@ -106,8 +105,7 @@ def _parse_depths(raw: object, where: str) -> np.ndarray:
         try:
             return np.array([int(tok) for tok in raw.split()], dtype=np.int64)
         except (ValueError, OverflowError):  # not a whole number, or one past int64
-            raise InputError(f"{where}: exit_depths must be space-separated whole numbers, "
-                             f"got {raw[:40]!r}") from None
+            raise InputError(f"{where}: exit_depths must be space-separated whole numbers, got {raw[:40]!r}") from None
     try:
         values = np.asarray(raw if raw is not None else [], dtype=float)
     except (TypeError, ValueError):

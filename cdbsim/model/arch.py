@@ -56,10 +56,8 @@ class LayerShape:
         q_out = self.heads * self.head_dim
         kv_out = self.kv_heads * self.head_dim
         attention = self.hidden * (q_out + 2 * kv_out) + q_out * self.hidden
-        mlp = 3 * self.hidden * self.intermediate
-        norms = 4 * self.hidden
         qk_bias = (q_out + kv_out) if self.style is LayerStyle.HUGINN else 0
-        return attention + mlp + norms + qk_bias
+        return attention + 3 * self.hidden * self.intermediate + 4 * self.hidden + qk_bias
 
     @property
     def kv_bytes_per_slot(self) -> int:
@@ -96,7 +94,6 @@ class ArchSpec:
         require(self.rope_theta > 0, f"rope_theta must be > 0, got {self.rope_theta}")
         require(self.norm_eps >= 0, f"norm_eps must be >= 0, got {self.norm_eps}")
 
-    # ----- structure -----------------------------------------------------------------------------
     @property
     def style(self) -> LayerStyle:
         return self.layer.style
@@ -110,7 +107,6 @@ class ArchSpec:
     def split(self) -> str:
         return f"{self.prelude}-{self.core}-{self.coda}"
 
-    # ----- parameters ----------------------------------------------------------------------------
     @property
     def adapter_params(self) -> int:
         return 2 * self.layer.hidden * self.layer.hidden if self.has_adapter else 0
@@ -157,7 +153,6 @@ class ArchSpec:
         """F_r: work of one loop of the core, counted in parameters."""
         return float(self.core_params)
 
-    # ----- bytes ---------------------------------------------------------------------------------
     def weight_bytes(self) -> dict[str, int]:
         """Weight bytes one pass of each stage reads (the embedding is a gather, so it reads rows only)."""
         b = self.dtype_bytes
@@ -166,25 +161,20 @@ class ArchSpec:
 
     def cache_layers(self, layout: KVLayout | str) -> int:
         """Layer slots holding KV for one token: prelude + slots x core + coda."""
-        slots = KVLayout.parse(layout).slots(self.r_max)
-        return self.prelude + slots * self.core + self.coda
+        return self.prelude + KVLayout.parse(layout).slots(self.r_max) * self.core + self.coda
 
     def kv_bytes_per_token(self, layout: KVLayout | str) -> int:
-        """KV bytes one token occupies under ``layout``."""
         return self.cache_layers(layout) * self.layer.kv_bytes_per_slot
 
-    # ----- variants ------------------------------------------------------------------------------
     def with_split(self, split: str) -> ArchSpec:
         """The same layer shape re-split as ``prelude-core-coda`` (e.g. ``1-4-1``)."""
-        parts = split.split("-")
         try:
-            prelude, core, coda = (int(p) for p in parts)
+            prelude, core, coda = (int(p) for p in split.split("-"))
         except ValueError:
             raise ConfigError(f"split must look like 2-4-2 (prelude-core-coda), got {split!r}") from None
         return replace(self, name=f"{self.name}@{prelude}-{core}-{coda}", prelude=prelude, core=core, coda=coda)
 
     def with_loops(self, r_max: int | None = None, r_min: int | None = None) -> ArchSpec:
-        """The same model with other loop limits."""
         return replace(self, r_max=r_max if r_max is not None else self.r_max,
                        r_min=r_min if r_min is not None else self.r_min)
 
@@ -199,8 +189,7 @@ class ArchSpec:
 
 def _ouro(name: str, layers: int) -> ArchSpec:
     layer = LayerShape(hidden=2048, intermediate=5632, heads=16, kv_heads=16, head_dim=128, style=LayerStyle.OURO)
-    return ArchSpec(name=name, layer=layer, vocab=49152, prelude=0, core=layers, coda=0, r_max=4, tied_head=False,
-                    rope_theta=1e6, norm_eps=1e-6)
+    return ArchSpec(name=name, layer=layer, vocab=49152, prelude=0, core=layers, coda=0, r_max=4)
 
 
 PRESETS: dict[str, ArchSpec] = {
@@ -208,8 +197,7 @@ PRESETS: dict[str, ArchSpec] = {
     "ouro-2.6b": _ouro("ouro-2.6b", 48),
     "huginn-3.5b": ArchSpec(
         name="huginn-3.5b", vocab=65536, prelude=2, core=4, coda=2, r_max=16, tied_head=True, rope_theta=50000.0,
-        layer=LayerShape(hidden=5280, intermediate=17920, heads=55, kv_heads=55, head_dim=96, style=LayerStyle.HUGINN),
-        norm_eps=1e-6),
+        layer=LayerShape(hidden=5280, intermediate=17920, heads=55, kv_heads=55, head_dim=96, style=LayerStyle.HUGINN)),
 }
 
 

@@ -27,10 +27,7 @@ def mean_depth(requests: Sequence[Request], r_max: int, r_min: int = 1) -> float
     """d-bar: mean requested depth per output token, first tokens at ``r_max``, others clamped."""
     total = sum(r.output_len for r in requests)
     require(total > 0, "no output tokens")
-    loops = len(requests) * r_max
-    for r in requests:
-        if len(r.depths):
-            loops += int(np.clip(r.depths, r_min, r_max).sum())
+    loops = len(requests) * r_max + sum(int(np.clip(r.depths, r_min, r_max).sum()) for r in requests if len(r.depths))
     return loops / total
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cdbsim.errors import ConfigError, read_json, unknown
+from cdbsim.errors import ConfigError, read_json, require, unknown
 from cdbsim.model.arch import ArchSpec, LayerShape
 
 HUGINN_R_MAX = 16
@@ -35,17 +35,15 @@ class _Fields:
                 if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
                     raise ConfigError(f"{self.path}: {key} must be {_KIND_NAMES[kind]}, got {value!r}")
                 return value
-        if default is _MISSING:
-            raise ConfigError(f"{self.path}: no {' or '.join(keys)} (an {self.family} config.json has it)")
+        require(default is not _MISSING, f"{self.path}: no {' or '.join(keys)} (an {self.family} config.json has it)")
         return default
 
     def head_dim(self, hidden: int, heads: int) -> int:
         """``head_dim`` if given, else hidden / heads (how both families size their heads)."""
         if "head_dim" in self.data:
             return self.get("head_dim")
-        if heads < 1 or hidden % heads:
-            raise ConfigError(f"{self.path}: no head_dim, and the hidden size {hidden} is not a multiple of "
-                              f"the {heads} attention heads")
+        require(heads >= 1 and not hidden % heads, f"{self.path}: no head_dim, and the hidden size {hidden} is not a "
+                                                   f"multiple of the {heads} attention heads")
         return hidden // heads
 
 
@@ -96,8 +94,7 @@ def arch_from_hf_config(path: str | Path) -> ArchSpec:
     """The :class:`ArchSpec` of the checkpoint whose ``config.json`` is ``path``."""
     path = Path(path)
     data = read_json(path, "Hugging Face config")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: not a Hugging Face config (expected a JSON object)")
+    require(isinstance(data, dict), f"{path}: not a Hugging Face config (expected a JSON object)")
     model_type = data.get("model_type")
     if model_type not in FAMILIES:
         raise ConfigError(f"{path}: {unknown('model_type', str(model_type), FAMILIES)}")

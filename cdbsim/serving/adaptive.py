@@ -31,9 +31,8 @@ class _Line:
     xy: float = 0.0
 
     def add(self, batch: float, seconds: float) -> None:
-        f = FORGET
-        self.n, self.x, self.y = f * self.n + 1, f * self.x + batch, f * self.y + seconds
-        self.xx, self.xy = f * self.xx + batch * batch, f * self.xy + batch * seconds
+        self.n, self.x, self.y = FORGET * self.n + 1, FORGET * self.x + batch, FORGET * self.y + seconds
+        self.xx, self.xy = FORGET * self.xx + batch * batch, FORGET * self.xy + batch * seconds
 
     @property
     def ready(self) -> bool:
@@ -80,8 +79,7 @@ class _Hazard:
             else:
                 seen[s], left[s] = 1.0, float(out)
             stamp[s] = now
-        f = FORGET
-        self.all_seen, self.all_left = f * self.all_seen + len(exits), f * self.all_left + sum(exits)
+        self.all_seen, self.all_left = FORGET * self.all_seen + len(exits), FORGET * self.all_left + sum(exits)
 
     def expected_exits(self, steps: Sequence[int]) -> float:
         """Tokens expected to leave the loop after one core step over tokens at ``steps`` (a step not seen yet
@@ -122,9 +120,8 @@ class _OutputWeight:
         self.count = self.tokens = self.inverse = 0.0
 
     def finish(self, output_len: int) -> None:
-        f = FORGET
-        self.count, self.tokens = f * self.count + 1, f * self.tokens + output_len
-        self.inverse = f * self.inverse + 1 / output_len
+        self.count, self.tokens = FORGET * self.count + 1, FORGET * self.tokens + output_len
+        self.inverse = FORGET * self.inverse + 1 / output_len
 
     def __call__(self) -> float:
         return self.count * self.count / (self.tokens * self.inverse) if self.count else 1.0

@@ -48,9 +48,7 @@ class BlockManager:
 
     def append(self, i: int, position: int) -> bool:
         """Make room for a decoded token at ``position``; False if no block is free."""
-        if position < self.capacity[i]:
-            return True
-        return self.allocate(i, position + 1)
+        return position < self.capacity[i] or self.allocate(i, position + 1)
 
     def free(self, i: int) -> None:
         """Request ``i`` finished: its blocks go back to the free list."""

@@ -10,20 +10,13 @@ from traces.choice import Choice
 
 
 class Policy(Choice):
-    """CB: token-level continuous batching (every token at full depth, fused step). NOREFILL: CDB with lock-step
-    decode waves. REFILL: CDB refilling loop slots every launch (coda >= K > prefill > core). ADAPTIVE: refill
-    whose coda is launched when :mod:`cdbsim.serving.adaptive` finds it due (a coda batch K that moves)."""
+    """How launches are chosen: CB (token-level continuous batching at full depth), or CDB without refill (lock-step
+    waves), with refill, or adaptive refill; :mod:`cdbsim.serving.scheduler` gives each rule."""
 
     CB = "cb"
     NOREFILL = "norefill"
     REFILL = "refill"
     ADAPTIVE = "adaptive"
-
-    @property
-    def refills(self) -> bool:
-        """Whether a freed loop slot is refilled at once through a prelude queue (refill, adaptive) rather
-        than by the next wave (norefill) or not at all (CB)."""
-        return self in (Policy.REFILL, Policy.ADAPTIVE)
 
     @classmethod
     def aliases(cls) -> dict[str, str]:
@@ -31,9 +24,7 @@ class Policy(Choice):
 
 
 class Timing(Choice):
-    """When the host learns exit decisions. SYNC: plans after the device finished; ASYNC: overlaps planning except
-    after a core launch, whose gate must be read; LOOKAHEAD: the gate at loop step r decides step r + 2, so
-    planning always overlaps, at a minimum exit depth of 2."""
+    """When the host learns exit decisions, and so how far it plans ahead (:mod:`cdbsim.serving.pipeline`)."""
 
     SYNC = "sync"
     ASYNC = "async"
@@ -43,15 +34,10 @@ class Timing(Choice):
     def what(cls) -> str:
         return "exit timing"
 
-    @property
-    def min_depth(self) -> int:
-        return 2 if self is Timing.LOOKAHEAD else 1
-
 
 class CoreLaunch(Choice):
-    """Which ready tokens one core launch may carry. MIXED: up to W tokens from the head of the ready queue at any
-    loop step (the default). PER_STEP: only tokens at the head token's loop step, as the CDB paper's engine
-    (Schwethelm et al., arXiv 2608.09444) composes recurrent batches with a depth-indexed KV cache."""
+    """Which ready tokens one core launch may carry: up to W at any loop step (MIXED), or only those at the head
+    token's step (PER_STEP, as the CDB paper's engine composes recurrent batches)."""
 
     MIXED = "mixed"
     PER_STEP = "per-step"
@@ -94,9 +80,8 @@ def padding_table(sizes: tuple[int, ...], limit: int) -> list[int]:
 class ServeConfig:
     """How a looped model is served; defaults follow the CDB paper's engine (arXiv 2608.09444). ``width`` (W) bounds
     resident requests and tokens per decode-type launch, ``coda_batch`` (K) is the coda size refill waits for,
-    ``prefill_budget`` (M) bounds prompt tokens per prefill launch, ``kv_margin`` the free-block share below which
-    no prompt is admitted while others decode, ``min_free_slots`` (default max(1, W/8)) the free slots admission
-    waits for."""
+    ``prefill_budget`` (M) bounds prompt tokens per prefill launch, ``kv_margin`` the free-block share below which no
+    prompt is admitted while others decode, ``min_free_slots`` (default max(1, W/8)) the free slots it waits for."""
 
     policy: Policy = Policy.REFILL
     width: int = 64
@@ -129,13 +114,9 @@ class ServeConfig:
             require(len(self.graph_sizes) > 0 and max(self.graph_sizes) >= self.width,
                     f"graph sizes must include a size >= W ({self.width})")
 
-    @property
-    def free_slots_to_admit(self) -> int:
-        return self.min_free_slots if self.min_free_slots is not None else max(1, self.width // 8)
-
     def r_min(self, arch: ArchSpec) -> int:
         """Effective minimum exit depth: the model's, raised to 2 by the lookahead gate."""
-        return min(max(arch.r_min, self.timing.min_depth), arch.r_max)
+        return min(max(arch.r_min, 2 if self.timing is Timing.LOOKAHEAD else 1), arch.r_max)
 
     def decode_sizes(self) -> tuple[int, ...]:
         return tuple(sorted(self.graph_sizes)) if self.graph_sizes else decode_graph_sizes(self.width)

@@ -106,8 +106,7 @@ def causal_pairs(length: int, prefix: int = 0) -> int:
 def decode_launch(stage: Stage, requests: list[int], positions: list[int], blocks: list[list[int]],
                   padded: int, steps: list[int] | None = None, exits: list[bool] | None = None,
                   index: int = 0) -> Launch:
-    """A decode-type launch built outside a scheduler (to time one stage at a chosen batch and context):
-    ``blocks[i]`` are item i's block ids; core launches take each item's loop step and exit flag."""
+    """A decode-type launch built outside a scheduler, to time one stage at a chosen batch and context."""
     n = len(requests)
     launch = Launch(index=index, stage=stage, requests=list(requests), positions=list(positions), size=n,
                     padded=padded, context=sum(positions) + n, longest=max(positions) + 1 if n else 0,
@@ -119,15 +118,14 @@ def decode_launch(stage: Stage, requests: list[int], positions: list[int], block
 
 
 def prefill_launch(requests: list[int], starts: list[int], chunk_lens: list[int], blocks: list[list[int]],
-                   padded: int, recomputed: list[int] | None = None, index: int = 0) -> Launch:
+                   padded: int) -> Launch:
     """A prefill launch of one chunk per request, each finishing its prompt, built outside a scheduler:
     chunk i covers positions ``starts[i] .. starts[i] + chunk_lens[i] - 1`` of its request."""
     tokens = sum(chunk_lens)
     pairs = sum(causal_pairs(c, s) for s, c in zip(starts, chunk_lens, strict=True))
-    return Launch(index=index, stage=Stage.PREFILL, requests=list(requests), positions=list(starts),
+    return Launch(index=0, stage=Stage.PREFILL, requests=list(requests), positions=list(starts),
                   chunk_lens=list(chunk_lens), finishes=[True] * len(requests), size=tokens, padded=padded,
-                  context=pairs, blocks=list(blocks),
-                  recomputed=list(recomputed) if recomputed is not None else [0] * len(requests))
+                  context=pairs, blocks=list(blocks), recomputed=[0] * len(requests))
 
 
 FIELDS = ("tok", "pos", "bank", "row0", "layer_base", "fill", "out", "seq_len")  # per padded row

@@ -18,22 +18,16 @@ def capacity_blocks(arch: ArchSpec, layout: KVLayout | str, *, tokens: int | Non
                     blocks: int | None = None, memory_bytes: float | None = None,
                     block_size: int = BLOCK_SIZE) -> int:
     """KV capacity in blocks from exactly one of: tokens, blocks, or bytes of memory for the cache."""
-    given = [x is not None for x in (tokens, blocks, memory_bytes)]
-    require(sum(given) == 1, "give the KV capacity as exactly one of tokens, blocks or memory bytes")
+    require(sum(x is not None for x in (tokens, blocks, memory_bytes)) == 1,
+            "give the KV capacity as exactly one of tokens, blocks or memory bytes")
     if blocks is not None:
         result = blocks
     elif tokens is not None:
         result = tokens // block_size
     else:
-        per_block = arch.kv_bytes_per_token(layout) * block_size
-        result = int(memory_bytes // per_block)
+        result = int(memory_bytes // (arch.kv_bytes_per_token(layout) * block_size))
     require(result >= 1, f"the KV capacity ({result} blocks of {block_size} tokens) must be >= 1 block")
     return int(result)
-
-
-def memory_for_kv(device_bytes: float, weight_bytes: float, fraction: float = 0.9) -> float:
-    """Bytes left for the KV cache when ``fraction`` of device memory may be used and weights sit in it."""
-    return max(0.0, device_bytes * fraction - weight_bytes)
 
 
 def size_text(n_bytes: float) -> str:
@@ -67,7 +61,7 @@ class KVCapacity:
         require(weights < memory * self.memory_fraction,
                 f"the weights of {arch.name} ({size_text(weights)}) do not fit in {usable}: nothing is left for the "
                 f"KV cache (fewer layers, or --kv-tokens to size the cache regardless)")
-        free = memory_for_kv(memory, weights, self.memory_fraction)
+        free = max(0.0, memory * self.memory_fraction - weights)
         block = arch.kv_bytes_per_token(config.layout) * config.block_size
         require(block <= free, f"one KV block of {config.block_size} tokens needs {size_text(block)} "
                                f"({arch.cache_layers(config.layout):,} layer slots per token with the "

@@ -7,7 +7,7 @@ What limits planning ahead is when the host learns the exit decisions a core lau
 * ``async``: the host plans while a launch runs, but after a core launch it must read its exit gate first.
 * ``lookahead``: the gate at loop step r decides step r + 2, so a core launch may be planned once every launch
   before the newest core launch in flight has completed; prelude and coda need no gate and queue behind it.
-  ``max_ahead`` bounds the launches in flight.
+  :data:`MAX_AHEAD` bounds the launches in flight.
 """
 
 from __future__ import annotations
@@ -28,24 +28,18 @@ Handle_co = TypeVar("Handle_co", covariant=True)
 
 
 class HostPipeline(Generic[Handle]):
-    """The launches handed to the device and not yet completed, oldest first, each with the backend's handle
-    to wait on; the rule for when the host must wait (:meth:`must_wait`); and completion, which hands the oldest
-    launch back to the scheduler. ``seconds(handle)``, where a driver knows it, is how long a completed launch
-    ran on the device; the scheduler observes it before it learns the completion.
-    """
+    """The launches in flight, oldest first, with the backend's handles; when the host must wait
+    (:meth:`must_wait`); and completion. ``seconds(handle)``, where a driver knows it, is a completed launch's device
+    time, which the scheduler observes before it learns the completion."""
 
-    def __init__(self, scheduler, timing: Timing, max_ahead: int = MAX_AHEAD,
-                 seconds: Callable[[Handle], float] | None = None) -> None:
+    def __init__(self, scheduler, timing: Timing, seconds: Callable[[Handle], float] | None = None) -> None:
         self.scheduler = scheduler
-        self.timing = timing
-        self.max_ahead = max_ahead
         self.seconds = seconds
         self._launches: deque[Launch] = deque()
         self._handles: deque[Handle] = deque()
         self._added = 0          # launches added so far; the oldest in flight is number ``_completed``
         self._completed = 0
         self._newest_core = -1   # number of the newest core launch added
-        # True if the host has to wait for the oldest launch in flight before planning the next one
         self.must_wait: Callable[[], bool] = {Timing.SYNC: self._sync_waits, Timing.ASYNC: self._async_waits,
                                               Timing.LOOKAHEAD: self._lookahead_waits}[timing]
 
@@ -62,7 +56,6 @@ class HostPipeline(Generic[Handle]):
 
     @property
     def oldest(self) -> Handle:
-        """The handle of the oldest launch in flight."""
         return self._handles[0]
 
     def _sync_waits(self) -> bool:
@@ -75,7 +68,7 @@ class HostPipeline(Generic[Handle]):
     def _lookahead_waits(self) -> bool:
         # wait while the newest core launch in flight is not the oldest one
         n = len(self._launches)
-        return n != 0 and (n >= self.max_ahead or self._newest_core > self._completed)
+        return n != 0 and (n >= MAX_AHEAD or self._newest_core > self._completed)
 
     def complete_oldest(self) -> tuple[Launch, Handle, list[int]]:
         """The oldest launch finished: the scheduler learns it; returns it, its handle and the requests it finished."""
@@ -97,19 +90,15 @@ class Backend(Protocol[Handle_co]):
 
     def before_plan(self) -> Steps[None]:
         """Bring the host's clock up to date (its own busy time, arrivals) before the scheduler plans."""
-        ...
 
     def hand_over(self, launch: Launch, state: SchedulerState) -> Steps[Handle_co]:
         """Give ``launch`` to the device; ``state`` is the scheduler as the launch left it, for the log."""
-        ...
 
     def finish_oldest(self, last: bool) -> Steps[None]:
         """Wait for the oldest launch in flight and complete it (``last``: the run's final drain)."""
-        ...
 
     def stalled(self) -> Steps[None]:
         """The scheduler could plan nothing: wait for a launch to finish or a request to arrive."""
-        ...
 
 
 def serve(pipeline: HostPipeline[Handle], backend: Backend[Handle]) -> Generator[Any, Any, None]:
@@ -154,19 +143,18 @@ class _Replay:
         yield from ()
 
 
-def drive(scheduler: Scheduler, timing: Timing | None = None, max_ahead: int = MAX_AHEAD) -> Iterator[Launch]:
-    """Yield every launch of an offline run (all requests present at the start) with zero-time launches;
-    ``timing`` defaults to the scheduler's configuration. ``scheduler.state`` is each launch's state."""
+def drive(scheduler: Scheduler) -> Iterator[Launch]:
+    """Yield every launch of an offline run (all requests present at the start) with zero-time launches under the
+    scheduler's timing; ``scheduler.state`` is each launch's state."""
     for i in sorted(range(len(scheduler.requests)), key=lambda i: scheduler.requests[i].arrival):
         scheduler.arrive(i)
-    pipeline: HostPipeline[None] = HostPipeline(scheduler, timing or scheduler.config.timing, max_ahead)
+    pipeline: HostPipeline[None] = HostPipeline(scheduler, scheduler.config.timing)
     yield from serve(pipeline, _Replay(pipeline))
 
 
 @contextmanager
 def paused_gc(collect: bool = True) -> Iterator[None]:
-    """Collect once (unless ``collect`` is False), then run the block with the collector off (restored
-    afterwards)."""
+    """Collect once (unless ``collect`` is False), then run the block with the collector off."""
     was_enabled = gc.isenabled()
     if collect:
         gc.collect()

@@ -73,12 +73,11 @@ class Scheduler:
         self._coda_batch = config.coda_batch
         self._max_coda = config.max_coda_in_flight
         self._budget = config.prefill_budget
-        self._admit_slots = config.free_slots_to_admit
+        self._admit_slots = config.min_free_slots if config.min_free_slots is not None else max(1, config.width // 8)
         self._pad = padding_table(config.decode_sizes(), config.width)
         self._pad_prefill = padding_table(prefill_graph_sizes(config.prefill_budget), config.prefill_budget)
         self._fill = [config.layout.fill_copies(s, arch.r_max) for s in range(arch.r_max)]
         self._margin_blocks = config.kv_margin * kv_blocks
-        # queues
         self.waiting: deque[int] = deque()
         self.prefilling: list[int] = []
         self.prelude_queue: list[int] = []
@@ -90,7 +89,6 @@ class Scheduler:
         self.pool: list[int] = []            # cb / norefill: requests with a staged token
         self.stalled: list[tuple[int, bool]] = []  # (request, joins the head) without a KV block
         self._wave: tuple[list[int], list[int], list[int]] | None = None  # norefill: survivors, their step, exited
-        # counters
         self.active = 0
         self.state = SchedulerState()  # as the latest launch left the scheduler (the launch log records it)
         self.decoding = 0
@@ -104,7 +102,7 @@ class Scheduler:
         self.launches = 0
         self.done = not requests  # every request has finished and no launch is in flight
         self._retire: dict[int, list[int]] = {}
-        self._refill = config.policy.refills  # refill, adaptive: new tokens go to the prelude queue
+        self._refill = config.policy in (Policy.REFILL, Policy.ADAPTIVE)  # new tokens go to the prelude queue
         self.costs = OnlineCosts() if config.policy is Policy.ADAPTIVE else None
         self._per_step = config.core_launch is CoreLaunch.PER_STEP
         self._plan_policy = {Policy.CB: self._plan_cb, Policy.NOREFILL: self._plan_norefill,
@@ -115,7 +113,6 @@ class Scheduler:
         """Each request's KV block ids (read-only outside the block manager)."""
         return self.kv.blocks
 
-    # ----- driver interface ----------------------------------------------------------------------
     def arrive(self, i: int) -> None:
         """Request ``i`` has arrived: it joins the tail of the waiting queue."""
         status = self.table.status
@@ -137,8 +134,7 @@ class Scheduler:
         return launch
 
     def observe(self, launch: Launch, seconds: float) -> None:
-        """``launch`` took ``seconds`` on the device (simulated or measured): the adaptive policy learns its
-        step costs from it; the fixed policies ignore it."""
+        """``launch`` took ``seconds`` on the device: the adaptive policy learns its step costs from it."""
         if self.costs is not None:
             self.costs.observe(launch, seconds)
 
@@ -164,7 +160,6 @@ class Scheduler:
         self.done = self.in_flight == 0 and self.finished == len(self.requests)
         return done or []
 
-    # ----- policies ------------------------------------------------------------------------------
     def _plan_refill(self) -> Launch | None:
         if self.prelude_queue:
             return self._launch_prelude()
@@ -196,9 +191,7 @@ class Scheduler:
             return self._launch_core()
         if self.prelude_queue:
             return self._launch_prelude()
-        if can_coda and self.coda_queue:
-            return self._flush_coda()
-        return None
+        return self._flush_coda() if can_coda and self.coda_queue else None
 
     def _flush_coda(self) -> Launch:
         batch, self.coda_queue = self.coda_queue, []
@@ -228,9 +221,8 @@ class Scheduler:
         if launch is not None or not self.pool:
             return launch
         batch, self.pool = self.pool, []
-        return self._producing_launch(DECODE, batch, head=False)
+        return self._decode_launch(DECODE, batch, self._produce(batch, head=False))
 
-    # ----- stage launches ------------------------------------------------------------------------
     def _launch_prelude(self) -> Launch:
         batch, self.prelude_queue = self.prelude_queue, []
         heads, tails = self._prelude_heads, self._prelude_tails
@@ -259,17 +251,12 @@ class Scheduler:
 
     def _launch_coda(self, batch: list[int]) -> Launch:
         self.coda_in_flight += 1
-        return self._producing_launch(CODA, batch, head=True)
-
-    def _producing_launch(self, stage: Stage, batch: list[int], head: bool) -> Launch:
-        """A launch after which each request of ``batch`` has produced a token (coda, CB decode)."""
-        return self._decode_launch(stage, batch, self._produce(batch, head))
+        return self._decode_launch(CODA, batch, self._produce(batch, head=True))
 
     def _loop_step(self, batch: list[int], steps: list[int], exited: list[int]) -> tuple[list[bool], int, list[int],
                                                                                            list[int]]:
-        """One core step over ``batch`` (at loop ``steps``): tokens at their exit step go to ``exited``.
-        Returns each item's exit flag, the KV fill copies of the exits, and the tokens that loop again with
-        their next step."""
+        """One core step over ``batch`` (at loop ``steps``): tokens at their exit step go to ``exited``. Returns each
+        item's exit flag, the KV fill copies of the exits, and the tokens that loop again with their next step."""
         last, fill = self.table.last, self._fill
         exits: list[bool] = []
         survivors: list[int] = []
@@ -304,12 +291,13 @@ class Scheduler:
         starts: list[int] = []
         lens: list[int] = []
         finishes: list[bool] = []
-        candidates = list(self.prefilling)
         taken_fresh = [self.waiting.popleft() for _ in range(fresh)]
         skipped: list[int] = []
-        for i in candidates + taken_fresh:
+        for i in self.prefilling + taken_fresh:
+            done = prefilled[i]
+            chunk = min(target[i] - done, budget)
             if budget == 0 or (requests and kv.total - kv.used < self._margin_blocks) or not kv.allocate(
-                    i, prefilled[i] + min(target[i] - prefilled[i], budget)):
+                    i, done + chunk):
                 if status[i] is WAITING:
                     skipped.append(i)
                 continue
@@ -317,8 +305,6 @@ class Scheduler:
                 status[i] = PREFILLING
                 self.active += 1
                 self.prefilling.append(i)
-            done = prefilled[i]
-            chunk = min(target[i] - done, budget)
             requests.append(i)
             starts.append(done)
             lens.append(chunk)
@@ -342,7 +328,6 @@ class Scheduler:
         launch.recomputed = recomputed
         return launch
 
-    # ----- token bookkeeping ---------------------------------------------------------------------
     def _produce(self, batch: list[int], head: bool) -> list[int]:
         """Each request in ``batch`` produced a token in the launch being planned: finish it (its KV is freed when
         that launch completes), or stage its next token. Returns the input tokens' positions."""
@@ -415,7 +400,6 @@ class Scheduler:
         self.preemptions += 1
         return True
 
-    # ----- launches ------------------------------------------------------------------------------
     def _decode_launch(self, stage: Stage, batch: list[int], positions: list[int], steps: Sequence[int] = (),
                        exits: Sequence[bool] = (), copies: int = 0) -> Launch:
         n = len(batch)

@@ -32,8 +32,6 @@ class Simulation:
     def __init__(self, arch: ArchSpec, config: ServeConfig, requests: Sequence[Request],
                  latency: LatencyModel, kv_blocks: int,
                  progress: Callable[[int], None] | None = None) -> None:
-        self.arch = arch
-        self.config = config
         self.requests = list(requests)
         self.latency = latency
         self.table_width = table_width(self.requests, config.block_size)  # as the executor sizes its graphs
@@ -62,27 +60,21 @@ class Simulation:
         return self.recorder.finish(run_meta(self.scheduler, profile=self.latency.profile.label(),
                                              clock="simulated"))
 
-    # ----- processes -----------------------------------------------------------------------------
     def _arrivals(self) -> Generator[simpy.Event, object, None]:
         env, s = self.env, self.scheduler
-        order = sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival)
-        for i in order:
+        for i in sorted(range(len(self.requests)), key=lambda i: self.requests[i].arrival):
             self._next_arrival = self.requests[i].arrival
             delay = self._next_arrival - env.now
             if delay > 0:
                 yield env.timeout(delay)
             s.arrive(i)
-            self._poke_host()
+            if not self._wake_host.triggered:
+                self._wake_host.succeed()
         self._next_arrival = math.inf
 
-    def _poke_host(self) -> None:
-        if not self._wake_host.triggered:
-            self._wake_host.succeed()
-
-    # ----- the backend of the host loop ----------------------------------------------------------
-    # The device takes a launch when the previous ends (at once if idle) and starts it once the launch gap has
-    # passed since then and the idle start since the hand-over; its end is its handle. Only an arrival changes
-    # what the host plans next, so until one comes the host moves its clock on without a SimPy event.
+    # The backend of the host loop. The device takes a launch when the previous ends (at once if idle) and starts it
+    # once the launch gap has passed since then and the idle start since the hand-over; its end is its handle. Only an
+    # arrival changes what the host plans next, so until one comes the host moves its clock on without a SimPy event.
     def finish_oldest(self, last: bool) -> Generator[simpy.Event, object, None]:
         end = self._pipeline.oldest
         if end > self._now:

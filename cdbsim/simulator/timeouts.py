@@ -1,5 +1,4 @@
-"""The simulator's host timeout; it subclasses a SimPy event, so it stays interpreted when the hot modules compile.
-"""
+"""The simulator's host timeout; it subclasses a SimPy event, so it stays interpreted when the hot modules compile."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ LATE = simpy.events.NORMAL + 1  # after SimPy's URGENT and NORMAL events of the 
 
 
 class Late(simpy.Timeout):
-    """A timeout at absolute time ``at`` processed after every other event due then, so the woken host has seen every
-    arrival at that time."""
+    """A timeout at absolute time ``at``, processed after every other event due then (every arrival at that time)."""
 
     def __init__(self, env: simpy.Environment, at: float) -> None:
         now = env.now

@@ -22,14 +22,6 @@ TRACE_BYTES_PER_REQUEST, TRACE_BYTES_PER_TOKEN = 1024, 16
 KV_BYTES_PER_BLOCK = 40  # the scheduler's free list holds one Python int per KV block
 
 
-def machine_memory() -> int | None:
-    """Physical memory of this machine in bytes, or None where the platform does not say."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def default_mean_depth(r_max: int, r_min: int = 1, served_min: int = 1) -> float:
     """The mean depth used when none is given: the midpoint of the model's depths r_min..r_max (2.5 for Ouro's
     1..4), raised to ``served_min``, the least depth served (2 under lookahead timing), where it is below it."""
@@ -73,9 +65,11 @@ class WorkloadSpec:
     def check_memory(self, simulated: bool = True, kv_blocks: int = 0, available: int | None = None) -> None:
         """Refuse a run whose estimated memory (requests, simulated state and logs, ``kv_blocks`` free-list entries)
         exceeds ``available`` bytes (default: physical memory), before anything is generated."""
-        available = machine_memory() if available is None else available
         if available is None:
-            return
+            try:
+                available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            except (AttributeError, ValueError, OSError):  # the platform does not say
+                return
         requests, blocks = self.memory_estimate(simulated), kv_blocks * KV_BYTES_PER_BLOCK
         if requests + blocks <= available:
             return
@@ -88,8 +82,7 @@ class WorkloadSpec:
 
     def build(self, arch: ArchSpec, r_min: int, progress: ProgressFactory | None = None,
               simulated: bool = True, kv_blocks: int = 0) -> list[Request]:
-        """The requests, depths on ``[r_min, arch.r_max]``, after :meth:`check_memory`; ``progress`` follows the
-        drawing."""
+        """The requests, depths on ``[r_min, arch.r_max]``, after :meth:`check_memory`."""
         self.check_memory(simulated, kv_blocks)
         if self.trace:
             return read_trace(self.trace, r_max=arch.r_max)
@@ -101,9 +94,8 @@ class WorkloadSpec:
     def describe(self) -> str:
         if self.trace:
             return f"trace {self.trace}"
-        n = self.count
         arrivals = "offline" if self.rate is None else f"{self.arrival.value.title()} {self.rate:g} req/s"
-        return f"{self.workload} x{n} ({arrivals}), exits: {self.exits.describe()}, seed {self.seed}"
+        return f"{self.workload} x{self.count} ({arrivals}), exits: {self.exits.describe()}, seed {self.seed}"
 
 
 DISPERSION, CORRELATION = 0.3, 0.5

@@ -243,11 +243,12 @@ def fit_components(points: dict[str, list[list[float]]]) -> dict[str, Fit]:
 
 
 def build_profile(name: str, device: dict, versions: dict, points: dict[str, list[list[float]]],
-                  notes: str = "", extra: dict[str, Fit] | None = None) -> Profile:
-    """A measured profile from raw points (plus any fits made elsewhere, e.g. stage residuals)."""
+                  notes: str = "", extra: dict[str, Fit] | None = None, build: dict | None = None) -> Profile:
+    """A measured profile from raw points (plus any fits made elsewhere, e.g. stage residuals), with the record of
+    the executor build that measured them (:class:`cdbsim.latency.build.Build`)."""
     components = {**fit_components(points), **(extra or {})}
     return Profile(name=name, kind=ProfileKind.MEASURED, device=device, components=components, versions=versions,
-                   date=dt.date.today().isoformat(), notes=notes)
+                   date=dt.date.today().isoformat(), notes=notes, build=dict(build or {}))
 
 
 def refit_sustained(entry: dict) -> dict:

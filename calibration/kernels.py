@@ -48,6 +48,7 @@ from cdbsim.latency.power import RESTED_REPLAYS, fit_replays
 from cdbsim.latency.profile import Profile, ProfileKind, fit_points
 from cdbsim.model.arch import ArchSpec, KVLayout, LayerShape, LayerStyle
 from cdbsim.serving.launch import Stage
+from executor.build import current_build
 
 
 def glue_unit(style: LayerStyle, hidden: int, vocab: int, core: int) -> ArchSpec:
@@ -199,6 +200,7 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     plan = plan or (KernelPlan.quick() if quick else KernelPlan())
     chain = ChainTimer(dev, plan)
     info, versions = environment(dev)
+    build = current_build(dev).to_dict()  # an --update records the build of its latest measurement
     name = name or f"{device_tag(info['name'])}-kernels"
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -214,7 +216,7 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
     def save() -> Profile:
         record["wall_s"] = time.perf_counter() - started
         profile = Profile(name=name, kind=ProfileKind.KERNELS, device=info, components=dict(components),
-                          versions=versions, date=dt.date.today().isoformat(),
+                          versions=versions, build=build, date=dt.date.today().isoformat(),
                           notes=f"cdbsim calibrate --kernels{' --quick' if quick else ''}; "
                                 f"{record['wall_s']:.0f} s", kernels=record)
         profile.save(out / f"{name}.json")

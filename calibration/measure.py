@@ -27,6 +27,7 @@ from cdbsim.model.arch import ArchSpec, KVLayout
 from cdbsim.report.validate import host_points
 from cdbsim.serving.config import ServeConfig, padding_table, prefill_graph_sizes
 from cdbsim.serving.launch import Stage, causal_pairs, decode_launch, prefill_launch
+from executor.build import current_build
 from executor.driver import build_model, execute
 from executor.engine import Engine, Prepared
 from executor.graphs import PinnedStaging, StageGraphs
@@ -410,7 +411,7 @@ def remeasure_attention(arch: ArchSpec, profile: Profile, device: torch.device, 
     rows = measure_model_skew(arch, plan, bench, progress)
     bench.close()
     core = profile.components[model_stage_name(arch, Stage.CORE)]
-    return replace(profile, attention=fit_attention_slots(arch, core, rows),
+    return replace(profile, attention=fit_attention_slots(arch, core, rows), build=current_build(device).to_dict(),
                    notes=f"{profile.notes}; mixed-context core steps re-measured {dt.date.today().isoformat()}")
 
 
@@ -428,7 +429,7 @@ def measure_host(arch: ArchSpec, device: torch.device, repeats: int, warmup: int
 
 
 def environment(device: torch.device) -> tuple[dict, dict]:
-    """Device facts and software versions recorded in a profile."""
+    """Device facts and software versions recorded in a profile (its build: :func:`executor.build.current_build`)."""
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info = {"name": props.name, "memory_bytes": float(props.total_memory),

@@ -37,10 +37,12 @@ def calibrate(archs: list[ArchSpec], out: Path, quick: bool = False, device: str
               progress: Callable[[str], None] = lambda _: None, plan: object | None = None) -> list[Profile]:
     """Measure, fit and save a profile for every architecture in ``archs``; returns the profiles."""
     from calibration.measure import Plan, environment, measure_host, measure_model, measure_shape
+    from executor.build import current_build
 
     dev = torch_device(device)
     plan = plan or (Plan.quick() if quick else Plan())
     info, versions = environment(dev)
+    build = current_build(dev).to_dict()
     out.mkdir(parents=True, exist_ok=True)
     shape_points: dict[str, dict] = {}
     host_points: dict[str, dict] = {}
@@ -56,7 +58,7 @@ def calibrate(archs: list[ArchSpec], out: Path, quick: bool = False, device: str
         skew = points.pop(attention_skew_name(arch), [])
         profile = build_profile(name, info, versions, points,
                                 notes=f"measured with cdbsim calibrate{' --quick' if quick else ''} for {arch.name} "
-                                      f"({arch.split}); wall time {time.perf_counter() - started:.0f} s")
+                                      f"({arch.split}); wall time {time.perf_counter() - started:.0f} s", build=build)
         if skew:
             core = profile.components[model_stage_name(arch, Stage.CORE)]
             profile.attention = fit_attention_slots(arch, core, skew)

@@ -5,7 +5,8 @@ A validation matrix (``docs/validating.md``) is a JSON file of named experiments
 (:data:`SHAPE`), each an :class:`~cdbsim.planner.experiment.Experiment`: the defaults, then the matrix's ``set``, then
 the entry's. ``rate_of_capacity`` makes an online run with Poisson arrivals at that fraction of the simulator's
 offline request rate. ``--profile`` prices the whole matrix, not each entry. Executor logs are saved and found by
-entry name, so the comparison can be redone from them without a GPU (``--measured``).
+entry name, so the comparison can be redone from them without a GPU (``--measured``). Each measured profile's
+executor build is checked against the build of the runs (:func:`check_builds`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cdbsim.errors import ConfigError, read_json, require
+from cdbsim.latency.build import Build, describe
 from cdbsim.latency.model import LatencyModel
+from cdbsim.latency.profile import ProfileKind
 from cdbsim.model.arch import ArchSpec
 from cdbsim.planner.experiment import Experiment, parse_value
 from cdbsim.report.logs import RunLog
@@ -176,8 +179,7 @@ def measure(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], L
 
     from executor.driver import build_model, execute
 
-    require(torch.cuda.is_available(), "cdbsim validate needs a CUDA GPU to run the executor "
-                                       "(or pass --measured DIR with saved executor logs)")
+    _require_gpu()
     results: dict[str, RunLog] = {}
     models: dict[tuple[str, str], object] = {}
     for entry in entries:
@@ -200,6 +202,68 @@ def measure(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], L
         gc.collect()  # the engine's stage table refers back to it: free its KV cache before the next run
         torch.cuda.empty_cache()
     return results
+
+
+def _require_gpu() -> None:
+    import torch
+
+    require(torch.cuda.is_available(), "cdbsim validate needs a CUDA GPU to run the executor "
+                                       "(or pass --measured DIR with saved executor logs)")
+
+
+def this_build() -> Build:
+    """The executor build this machine's GPU runs (needs torch and CUDA)."""
+    from executor.build import current_build
+
+    _require_gpu()
+    return current_build("cuda")
+
+
+@dataclass(frozen=True)
+class BuildChecks:
+    """A validation's profiles against the executor builds of its runs: one-line warnings for a profile measured by
+    another build (naming what differs), one-line notes where either side records no build."""
+
+    mismatches: list[str]
+    notes: list[str]
+
+
+def check_builds(entries: list[Entry], latency_for: Callable[[ArchSpec], LatencyModel],
+                 run_builds: dict[str, Build | None], runs: str) -> BuildChecks:
+    """Each measured (or kernel-level) profile's build against ``run_builds`` (by entry name; ``runs`` names them,
+    e.g. "the saved runs"); roofline and constant profiles were measured by no build and are not checked."""
+    mismatches: dict[str, None] = {}
+    unknown_profiles: dict[str, None] = {}
+    unknown_runs: dict[str, None] = {}
+    for entry in entries:
+        profile = latency_for(entry.spec()).profile
+        if profile.kind not in (ProfileKind.MEASURED, ProfileKind.KERNELS):
+            continue
+        mine, theirs = profile.executor_build(), run_builds.get(entry.name)
+        if mine is None:
+            unknown_profiles[profile.name] = None
+        elif theirs is None:
+            unknown_runs[entry.name] = None
+        elif differ := mine.differences(theirs):
+            mismatches[f"profile {profile.name} ({describe(mine)}) was measured by another executor build than "
+                       f"{runs} ({describe(theirs)}): {', '.join(differ)} differ"] = None
+    notes = []
+    if unknown_profiles:
+        several = len(unknown_profiles) > 1
+        notes.append(f"note: profile{'s' if several else ''} {', '.join(unknown_profiles)} record"
+                     f"{'' if several else 's'} no executor build (build unknown): not checked against {runs}")
+    if unknown_runs:
+        notes.append(f"note: {runs} of {', '.join(unknown_runs)} record no executor build: not checked against "
+                     f"the profile")
+    return BuildChecks(list(mismatches), notes)
+
+
+def _report_builds(checks: BuildChecks, strict: bool, log: Callable[[str], None]) -> None:
+    """Warn of each mismatch (with ``strict``: refuse the first, one line) and note what could not be checked."""
+    if strict and checks.mismatches:
+        raise ConfigError(f"{checks.mismatches[0]} (--strict)")
+    for line in checks.notes + [f"warning: {m}" for m in checks.mismatches]:
+        log(line)
 
 
 def measured_gpu(directory: Path) -> str | None:
@@ -259,21 +323,31 @@ class Validation:
 
 
 def run_validation(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], LatencyModel],
-                   measured: Path | None = None, log: Callable[[str], None] = print) -> Validation:
+                   measured: Path | None = None, log: Callable[[str], None] = print,
+                   strict: bool = False) -> Validation:
     """Measure ``entries`` on the executor (or load logs saved in ``measured``), simulate, compare and write
     ``summary.json`` (summary, errors, profiles, configs, per-metric and per-stage rows), ``summary.csv``,
-    ``stages.csv``, ``scatter.png`` and, for the first configuration, ``timeline.png``."""
+    ``stages.csv``, ``scatter.png`` and, for the first configuration, ``timeline.png``. Each profile's executor
+    build is checked against the runs' first (:func:`check_builds`; with ``strict`` a mismatch is an error)."""
     import pandas as pd
 
-    out.mkdir(parents=True, exist_ok=True)
     if measured is None:
+        build = this_build()
+        _report_builds(check_builds(entries, latency_for, dict.fromkeys((e.name for e in entries), build),
+                                    "this executor"), strict, log)
+        out.mkdir(parents=True, exist_ok=True)
         logs = measure(entries, out / "measured", latency_for, log=log)
     else:  # saved executor logs, one per entry in ``measured/<name>/``
         missing = [e.name for e in entries if not RunLog.saved_in(measured / e.name)]
         require(not missing, f"{measured}: no saved executor log for {', '.join(missing[:4])}")
         logs = {e.name: RunLog.load(measured / e.name) for e in entries}
+        builds = {name: Build.from_record(run.meta.get("build"), f"{measured / name / 'meta.json'}: build")
+                  for name, run in logs.items()}
+        _report_builds(check_builds(entries, latency_for, builds, "the saved runs"), strict, log)
+        out.mkdir(parents=True, exist_ok=True)
     comparisons = compare(entries, logs, latency_for)
-    summary = [c.summary() for c in comparisons]
+    summary = [{**c.summary(), "profile build": latency_for(e.spec()).profile.build_label()}
+               for c, e in zip(comparisons, entries, strict=True)]
     errors = error_summary(comparisons)
     with atomic_file(out / "summary.json") as path:  # each file whole or not at all
         path.write_text(json.dumps(

@@ -41,6 +41,9 @@ def validate(
     rate_of_capacity: Annotated[float | None, typer.Option(
         "--rate-of-capacity", help="Online run: Poisson arrivals at this fraction of the simulated offline "
                                    "capacity.")] = None,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="Refuse a profile measured by another executor build than the runs' (sources, torch, "
+                         "Triton, CUDA or GPU) instead of warning.")] = False,
     as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
     """Run configurations on the GPU executor and in the simulator on identical requests; show the errors."""
@@ -73,22 +76,23 @@ def validate(
         with unpacked:
             if measured is not None:
                 _require_saved_runs(entries, measured, given_measured, matrix is not None)
-            result = val.run_validation(entries, out, latency_for, measured=measured,
-                                        log=lambda msg: Console(stderr=True).print(msg, markup=False))
+            result = val.run_validation(entries, out, latency_for, measured=measured, strict=strict,
+                                        log=lambda msg: Console(stderr=True, soft_wrap=True).print(msg, markup=False))
     finally:
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # a run that failed before writing anything leaves no empty directory either
     profiles = "; ".join(dict.fromkeys(val.profile_names(latency_for, entries).values()))
+    builds = "; ".join(dict.fromkeys(row["profile build"] for row in result.summary))
     if emit_data(as_json, as_csv, [{**row, "profile": profiles} for row in result.summary],
                  [{"summary": result.summary, "errors": result.errors, "profile": profiles}]):
         return
     if len(entries) == 1:
         emit(result.comparisons[0].rows, f"{entries[0].describe()} | errors are (predicted - measured) / measured",
-             caption=f"predicted with profile {profiles} | files in {out}")
+             caption=f"predicted with profile {profiles} ({builds}) | files in {out}")
     else:
         emit(result.summary, f"validation: {len(entries)} configurations",
              caption=" | ".join(f"{k}: {v:.3g}" for k, v in result.errors.items())
-             + f" | predicted with profile {profiles} | files in {out}")
+             + f" | predicted with profile {profiles} ({builds}) | files in {out}")
 
 
 def _this_gpu() -> str | None:

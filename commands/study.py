@@ -176,13 +176,14 @@ class RunOutputs:
                    check_file(plot_k, "--plot-k", (".png",)) if plot_k is not None else None)
 
     def finish(self, runs: dict[str, tuple[Any, Any]], dirs: dict[str, str], title: str, as_json: bool,
-               as_csv: bool) -> None:
+               as_csv: bool, profile: Any = None) -> None:
         """Recompute the chosen percentiles of ``runs`` (``{label: (report, log)}``), write their logs (to
-        ``--save-logs``/``dirs[label]``) and plots, each whole or not at all, and print the reports."""
+        ``--save-logs``/``dirs[label]``) and plots, each whole or not at all, and print the reports (the caption
+        names the executor build that measured ``profile``)."""
         if self.percentiles is not None:
             for report, log in runs.values():
                 report.with_percentiles(log, self.percentiles)
-        saved = ""
+        saved = f" | {measured_by(profile)}" if measured_by(profile) else ""
         if self.save_logs is not None:
             for label, (_, log) in runs.items():
                 log.save(self.save_logs / dirs[label], self.log_format)
@@ -209,6 +210,16 @@ class RunOutputs:
         else:
             emit(metric_rows(reports, self.percentiles), title, caption="speed-up and S_e2e are against CB on the "
                  f"same requests; S_e2e uses CB's prefill share{saved}")
+
+
+def measured_by(profile: Any) -> str:
+    """``profile from build 3f2a9c1e, torch 2.11, NVIDIA H200`` (or ``build unknown``) for a measured or kernel-level
+    profile; empty for a roofline or constant one, which no build measured."""
+    from cdbsim.latency.profile import ProfileKind
+
+    if profile is None or profile.kind not in (ProfileKind.MEASURED, ProfileKind.KERNELS):
+        return ""
+    return f"profile from {profile.build_label()}"
 
 
 def run_label(config: ServeConfig) -> str:
@@ -300,7 +311,7 @@ def predict(
     runs = {label: (result.report, result.log)}
     if result.baseline is not None:
         runs["cb"] = (result.baseline.report, result.baseline.log)
-    outputs.finish(runs, {label: "run", "cb": "cb"}, setup.title(), as_json, as_csv)
+    outputs.finish(runs, {label: "run", "cb": "cb"}, setup.title(), as_json, as_csv, setup.latency.profile)
 
 
 @group.command("compare", *STUDY, exclude=("serve.policy",))
@@ -319,7 +330,7 @@ def compare(exp: Experiment, save_logs: SaveLogs = None, log_format: LogFormatOp
     labels = [run_label(replace(setup.config, policy=r.log.meta["policy"])) for r in results]
     runs = {label: (r.report, r.log) for label, r in zip(labels, results, strict=True)}
     dirs = {label: r.log.meta["policy"] for label, r in zip(labels, results, strict=True)}
-    outputs.finish(runs, dirs, setup.title(), as_json, as_csv)
+    outputs.finish(runs, dirs, setup.title(), as_json, as_csv, setup.latency.profile)
 
 
 @group.command("rate-sweep", *STUDY, exclude=RATE_SEARCHED)

@@ -24,6 +24,7 @@ from cdbsim.serving.config import Policy, ServeConfig, Timing, prefill_graph_siz
 from cdbsim.serving.launch import Launch, SchedulerState, Stage
 from cdbsim.serving.pipeline import HostPipeline, paused_gc, serve
 from cdbsim.serving.scheduler import Scheduler
+from executor.build import current_build
 from executor.engine import Engine, Prepared
 from executor.graphs import StageGraphs
 from executor.model import LoopedLM, ModelConfig, default_ops
@@ -155,7 +156,8 @@ class Executor:
             cuda_graphs=self.graphs is not None and self.graphs.capture,
             launch_path=("eager" if self.graphs is None else
                          "cuda-graphs" if self.graphs.capture else "static-buffers"),
-            clock="cuda-events" if self.cuda else "wall", wall_s=wall)
+            clock="cuda-events" if self.cuda else "wall", wall_s=wall,
+            build=current_build(model.device).to_dict())  # the executor build, checked against profiles
 
 
 class _Serving:

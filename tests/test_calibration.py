@@ -17,6 +17,7 @@ from cdbsim.latency.model import LatencyModel, components_for, model_stage_name
 from cdbsim.latency.profile import load_profile_file
 from cdbsim.model.arch import ArchSpec, LayerShape
 from cdbsim.serving.launch import Stage
+from executor.build import current_build
 
 TINY_PLAN = Plan(batches=(1, 2, 4), contexts=(16, 48), max_positions=512,
                  prefill_points=((16, 1, 0), (32, 1, 0), (16, 1, 16), (8, 3, 0)), model_contexts=(16, 32),
@@ -38,6 +39,8 @@ def test_calibrate_on_cpu_writes_a_usable_profile(tmp_path, style: str) -> None:
     assert (tmp_path / f"{profile.name}.png").stat().st_size > 1000
     back = load_profile_file(tmp_path / f"{profile.name}.json")
     assert back.kind == "measured" and back.components.keys() == profile.components.keys()
+    assert back.executor_build() == current_build("cpu")  # the build that measured it, as written and read back
+    assert back.build_label().startswith(f"build {current_build('cpu').sources}, torch ")
     assert set(components_for(arch)) <= set(back.components)
     for stage in Stage:
         assert model_stage_name(arch, stage) in back.components
@@ -150,6 +153,7 @@ def test_prefill_family_extends_rope_kv_beyond_the_decode_grid(tmp_path) -> None
     plan = KernelPlan(attention_rows=(1, 2), prefill_tokens=(1, 16), prefill_chunks=(1,), prefill_prefix=(0,),
                       prefill_heads=(8,), head_dims=(64,), prefill_groups=(1,), repeats=2, warmup=1)
     profile = calibrate_kernels(tmp_path, device="cpu", plan=plan, families=("prefill",))
+    assert load_profile_file(tmp_path / f"{profile.name}.json").executor_build() == current_build("cpu")
     tables = profile.kernels["tables"]
     assert [row[:3] for row in tables["rope_kv"]] == [[128, 1, 64]]  # 16 tokens x 8 heads; 1 x 8 is decode's
     assert all(row[3] > 0 for row in tables["rope_kv"])

@@ -3,8 +3,9 @@
 A component is named by what it computes and the shape it was measured at (``layer/<shape>``, ``core1/<shape>``,
 ``prelude0/h<hidden>``, ``coda0/h<hidden>-v<vocab>``, ``prefill_layer``, ``prefill1``, ``adapter``, ``kv_copy``,
 ``<stage>/<model>`` for a whole-model stage, ``host``, ``meta_copy``, ``constant/<stage>``), so a re-split model
-reuses the same fits. File format ``cdbsim-profile/1``: ``name``, ``kind``, ``device``, ``versions``, ``date``,
-``notes`` and ``components`` ``{name: {delta, gamma, alpha, kappa, r2, max_rel_residual, points}}``, times in
+reuses the same fits. File format ``cdbsim-profile/1``: ``name``, ``kind``, ``device``, ``versions``, ``build``
+(the executor build that measured it, :mod:`cdbsim.latency.build`; absent: unknown), ``date``, ``notes`` and
+``components`` ``{name: {delta, gamma, alpha, kappa, r2, max_rel_residual, points}}``, times in
 seconds.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cdbsim.errors import ConfigError, read_json, require
+from cdbsim.latency.build import Build, describe
 from cdbsim.latency.power import SustainedLoad
 from traces.choice import Choice
 
@@ -119,6 +121,7 @@ class Profile:
     attention: dict = field(default_factory=dict)  # decode attention's programs per wave ("slots"), its points
     kernels: dict = field(default_factory=dict)    # a kernel-level profile's tables (cdbsim.latency.kernels)
     remark: str = ""                                # what a label adds (a composed profile: its shape, reach)
+    build: dict = field(default_factory=dict)       # the executor build that measured it (Build's record)
 
     def __post_init__(self) -> None:
         self.kind = ProfileKind.parse(self.kind)
@@ -139,6 +142,14 @@ class Profile:
     def memory_bytes(self) -> float:
         return float(self.device.get("memory_bytes", 0.0))
 
+    def executor_build(self) -> Build | None:
+        """The executor build that measured this profile; None when unrecorded (or not measured)."""
+        return Build.from_record(self.build, f"{self.source or self.name}: build")
+
+    def build_label(self) -> str:
+        """``build 3f2a9c1e, torch 2.11, NVIDIA H200``, or ``build unknown``."""
+        return describe(self.executor_build())
+
     def label(self) -> str:
         device = self.device.get("name", "unknown device")
         date = f", {self.date}" if self.date else ""
@@ -147,7 +158,8 @@ class Profile:
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, "name": self.name, "kind": self.kind.value, "device": self.device,
-                "versions": self.versions, "date": self.date, "notes": self.notes,
+                "versions": self.versions, **({"build": self.build} if self.build else {}),
+                "date": self.date, "notes": self.notes,
                 **({"attention": self.attention} if self.attention else {}),
                 **({"kernels": self.kernels} if self.kernels else {}),
                 "components": {k: v.to_dict() for k, v in sorted(self.components.items())}}
@@ -216,11 +228,12 @@ def profile_from_dict(data: dict, source: str = "profile") -> Profile:
     for key in ("name", "kind", "device", "components"):
         require(key in data, f"{source}: malformed profile (missing key {key})")
     for key, kind in (("name", str), ("date", str), ("notes", str), ("device", dict), ("components", dict),
-                      ("versions", dict), ("attention", dict), ("kernels", dict)):
+                      ("versions", dict), ("attention", dict), ("kernels", dict), ("build", dict)):
         if key in data:
             require(isinstance(data[key], kind), f"{source}: {key} must be {'text' if kind is str else 'an object'}, "
                                                  f"got {data[key]!r:.60}")
     _check_attention(data.get("attention", {}), f"{source}: attention")
+    Build.from_record(data.get("build"), f"{source}: build")
     try:
         SustainedLoad.from_record(data.get("kernels", {}).get("sustained"))
     except ConfigError as exc:
@@ -234,7 +247,8 @@ def profile_from_dict(data: dict, source: str = "profile") -> Profile:
         return Profile(name=data["name"], kind=data["kind"], device=dict(data["device"]),
                        components=components, versions=dict(data.get("versions", {})),
                        date=data.get("date", ""), notes=data.get("notes", ""), source=source,
-                       attention=dict(data.get("attention", {})), kernels=dict(data.get("kernels", {})))
+                       attention=dict(data.get("attention", {})), kernels=dict(data.get("kernels", {})),
+                       build=dict(data.get("build", {})))
     except ConfigError as exc:
         raise ConfigError(f"{source}: malformed profile ({exc})") from None
 

@@ -179,6 +179,21 @@ class Comparison:
     def normalized_p50_error(self) -> float:
         return signed_error(self.predicted.normalized_s.p50, self.measured.normalized_s.p50)
 
+    def _online_error(self, metric: str, percentile: str) -> float:
+        """Signed error of an online latency percentile; NaN for an offline run."""
+        if not self.online:
+            return float("nan")
+        return signed_error(getattr(getattr(self.predicted, metric), percentile),
+                            getattr(getattr(self.measured, metric), percentile))
+
+    @property
+    def ttft_p99_error(self) -> float:
+        return self._online_error("ttft_s", "p99")
+
+    @property
+    def tpot_p99_error(self) -> float:
+        return self._online_error("tpot_s", "p99")
+
     @property
     def own_host_error(self) -> float:
         """Throughput error with the run's own host speed: what the device model and the scheduler leave."""
@@ -203,13 +218,14 @@ class Comparison:
                 "measured idle %": 100 * self.measured.device_idle,
                 "predicted idle %": 100 * self.predicted.device_idle,
                 "norm p50 error %": 100 * self.normalized_p50_error if self.online else float("nan"),
+                "TTFT p99 error %": 100 * self.ttft_p99_error, "TPOT p99 error %": 100 * self.tpot_p99_error,
                 "run host us": self.host_us, "error with run's host %": 100 * self.own_host_error,
                 "norm p50 error with run's host %": 100 * self.own_host_p50_error,
                 "error with run's host times %": 100 * self.own_host_times_error}
 
 
 def error_summary(comparisons: list[Comparison]) -> dict:
-    """Median and worst |error| of offline throughput, and of online normalized p50 latency."""
+    """Median and worst |error| of offline throughput, and of online normalized p50, TTFT p99 and TPOT p99 latency."""
     offline = [abs(c.throughput_error) for c in comparisons if not c.online]
     online = [abs(c.normalized_p50_error) for c in comparisons if c.online]
     own_host = [abs(c.own_host_error) for c in comparisons if not c.online and np.isfinite(c.own_host_error)]
@@ -228,6 +244,12 @@ def error_summary(comparisons: list[Comparison]) -> dict:
     if online:
         out.update({"online norm p50 |error| median %": 100 * float(np.median(online)),
                     "online norm p50 |error| worst %": 100 * float(np.max(online))})
+    for name, errors in (("TTFT p99", [c.ttft_p99_error for c in comparisons]),
+                         ("TPOT p99", [c.tpot_p99_error for c in comparisons])):
+        tails = [abs(e) for e in errors if np.isfinite(e)]
+        if tails:
+            out.update({f"online {name} |error| median %": 100 * float(np.median(tails)),
+                        f"online {name} |error| worst %": 100 * float(np.max(tails))})
     return out
 
 

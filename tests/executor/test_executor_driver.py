@@ -9,8 +9,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from cdbsim.latency.build import Build  # noqa: E402
 from cdbsim.report.logs import LAUNCH_COLUMNS, RunLog  # noqa: E402
 from cdbsim.serving.config import ServeConfig  # noqa: E402
+from executor.build import current_build  # noqa: E402
 from executor.driver import execute, run_executor  # noqa: E402
 from traces.request import Request  # noqa: E402
 
@@ -35,6 +37,7 @@ def test_run_executor_log_schema_and_times(tmp_path, mode: str) -> None:
     assert [len(t) for t in log.token_times] == [r.output_len for r in requests]
     assert log.meta["mode"] == mode and log.meta["backend"] == "executor"
     assert {"device", "torch", "dtype", "policy", "layout"} <= set(log.meta)
+    assert Build.from_record(log.meta["build"]) == current_build("cpu")  # the build validate checks profiles with
     assert log.meta["chained_rows"] == 0  # a torch-backend model: the chained path is a triton one
     back = RunLog.load(log.save(tmp_path / "run"))
     assert len(back.launches) == len(launches)

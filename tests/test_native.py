@@ -65,6 +65,53 @@ def test_the_environment_switch_turns_the_build_off(package: Path, monkeypatch: 
     assert native.stale_reason(package) is None
 
 
+
+def test_the_build_key_changes_with_any_source_and_with_mypy(package: Path) -> None:
+    hashes = native.source_hashes(package)
+    key = native.build_key(hashes, "1.0", "options")
+    assert key == native.build_key(dict(reversed(hashes.items())), "1.0", "options")
+    assert key != native.build_key(hashes, "1.1", "options")
+    assert key != native.build_key(hashes, "1.0", "other options")
+    with native.source_file("cdbsim.serving.blocks", package).open("a") as fh:
+        fh.write("\n# edited\n")
+    assert key != native.build_key(native.source_hashes(package), "1.0", "options")
+
+
+def _fake_build(directory: Path) -> dict[str, Path]:
+    """A build's files ({extension name: file}), each holding its own name."""
+    directory.mkdir(parents=True)
+    files = {name: directory / f"{name}.so" for name in (*native.COMPILED, "abc__mypyc")}
+    for name, path in files.items():
+        path.write_bytes(name.encode())
+    return files
+
+
+def test_a_stored_build_comes_back_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    entry = native.cache_root() / "key"
+    assert entry == tmp_path / "cache" / "cdbsim" / "mypyc" / "key"
+    assert native.cached_build(entry) is None  # a miss: nothing there yet
+    native.store_build(entry, _fake_build(tmp_path / "first"))
+    found = native.cached_build(entry)
+    assert found is not None and found.keys() == {*native.COMPILED, "abc__mypyc"}
+    assert all(path.read_bytes() == name.encode() for name, path in found.items())
+    assert [path.name for path in entry.parent.iterdir()] == ["key"]  # no staging left behind
+    (entry / "cdbsim.serving.blocks").unlink()
+    assert native.cached_build(entry) is None  # an incomplete build is a miss
+    native.store_build(entry, _fake_build(tmp_path / "second"))
+    assert native.cached_build(entry) is not None  # and the next build replaces it
+
+
+def test_the_cache_keeps_the_most_recently_used_builds(tmp_path: Path) -> None:
+    files = _fake_build(tmp_path / "built")
+    cache = tmp_path / "cache"
+    for used, key in ((3000, "c"), (1000, "a"), (2000, "b")):
+        native.store_build(cache / key, files)
+        os.utime(cache / key, (used, used))
+    native.store_build(cache / "d", files, keep=2)
+    assert sorted(path.name for path in cache.iterdir()) == ["c", "d"]
+
+
 RUN = """
 import hashlib, sys
 from cdbsim import native

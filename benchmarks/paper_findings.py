@@ -402,8 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     title = "The CDB paper's findings on cdbsim (shipped H200 profiles)"
     console.print(table(rows, title))
     console.print(f"offline requests per point: {counts}; online: {online} per rate at "
-                  f"{', '.join(map(str, RATE_FACTORS))} x CB's offline rate; KV {KV_TOKENS:,} tokens; "
-                  f"{time.perf_counter() - start:.0f} s")
+                  f"{', '.join(map(str, RATE_FACTORS))} x CB's offline rate; KV: the memory of {KV_TOKENS:,} tokens of "
+                  f"the physical layers; {time.perf_counter() - start:.0f} s")
     records = [r.record() for r in rows]
     if args.json:
         args.json.write_text(json.dumps({"title": title, "requests": {f"{m} {w}": n for (m, w), n in REQUESTS.items()},

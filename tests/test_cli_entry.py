@@ -3,6 +3,7 @@ work do, and each bad input is one line on stderr, exit code 2, no traceback and
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -44,6 +45,24 @@ def strict_json(text: str) -> object:
 
 
 @pytest.mark.parametrize("arch", ["ouro-1.4b", "huginn-3.5b"])
+def predicted(folder: Path, *args: str) -> tuple[float, str]:
+    """Output tok/s and the profile label of a ``predict --csv`` run."""
+    result = cdbsim("predict", *SMALL, "--no-baseline", "--csv", *args, cwd=folder)
+    assert result.returncode == 0, result.stderr
+    header, row = result.stdout.splitlines()[:2]
+    values = dict(zip(header.split(","), next(csv.reader([row])), strict=True))
+    return float(values["output tok/s"]), values["profile"]
+
+
+def test_what_if_figures_carry_a_measured_profile_or_are_refused(tmp_path) -> None:
+    base, _ = predicted(tmp_path, "--profile", "h200-ouro-1.4b")
+    faster, label = predicted(tmp_path, "--profile", "h200-ouro-1.4b", "--bandwidth", "100")
+    assert faster > 1.2 * base and "carried from the NVIDIA H200" in label
+    slower, label = predicted(tmp_path, "--profile", "h200-ouro-1.4b", "--device", "h100-sxm")
+    assert slower < base and "NVIDIA H100 SXM" in label and "not validated" in label
+    assert "do not fit in 90% of the device's 1.0 GB" in refused(tmp_path, "predict", "--memory-gb", "1")
+
+
 def test_r_max_2_runs_with_the_default_mean_depth(tmp_path, arch: str) -> None:
     result = cdbsim("predict", "--r-max", "2", "--arch", arch, *SMALL, "--no-baseline", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -251,7 +251,7 @@ def valid_settings(draw) -> dict:
     timing = draw(st.sampled_from(list(Timing)))
     width = draw(st.integers(1, 256))
     coda_batch = None if policy is Policy.ADAPTIVE else draw(st.none() | st.integers(1, width))
-    served_min = min(max(r_min or 1, timing.min_depth), r_max)
+    served_min = min(max(r_min or 1, 2 if timing is Timing.LOOKAHEAD else 1), r_max)
     exits = draw(st.sampled_from(["none", "fixed", "synthetic", "paper"]))
     chosen: dict = {"model": exits}
     if exits == "fixed":

@@ -131,7 +131,7 @@ def test_same_seed_same_result() -> None:
 def test_policies_order_as_expected(workload: str) -> None:
     arch = PRESETS["ouro-1.4b"]
     latency = LatencyModel(arch, roofline_profile(arch))
-    kv = KVCapacity(tokens=400_000)
+    kv = KVCapacity(tokens=150_000)
     none = build_trace(workload, 300, 4, 2, ExitModel("none"), seed=1)
     cb, norefill, refill, _ = (r.report for r in compare_policies(arch, ServeConfig(), none, latency, kv))
     assert norefill.output_tps == pytest.approx(cb.output_tps, rel=0.03)
@@ -272,7 +272,7 @@ def test_share_of_s_e2e_realised_never_exceeds_100_percent(exits: ExitModel) -> 
     arch = PRESETS["ouro-1.4b"]
     latency = LatencyModel(arch, resolve_profile("auto", arch))
     requests = build_trace("sharegpt", 200, 4, 2, exits, seed=0)
-    results = compare_policies(arch, ServeConfig(), requests, latency, KVCapacity(tokens=400_000))
+    results = compare_policies(arch, ServeConfig(), requests, latency, KVCapacity(tokens=150_000))
     for result in results:
         report = result.report
         assert report.s_e2e is not None and report.bound_realised <= 1.0, report.meta["policy"]
@@ -285,7 +285,7 @@ def test_online_runs_have_no_share_of_s_e2e() -> None:
     arch = PRESETS["ouro-1.4b"]
     latency = LatencyModel(arch, roofline_profile(arch))
     requests = build_trace("alpaca", 80, 4, 2, ExitModel(mean=2.5), rate=20.0, seed=3)
-    result, _ = with_baseline(arch, ServeConfig(), requests, latency, KVCapacity(tokens=400_000))
+    result, _ = with_baseline(arch, ServeConfig(), requests, latency, KVCapacity(tokens=150_000))
     report = result.report
     assert report.online and report.speedup is not None
     assert report.s_e2e is None and report.bound_realised is None

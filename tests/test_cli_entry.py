@@ -44,7 +44,6 @@ def strict_json(text: str) -> object:
     return json.loads(text, parse_constant=no_nan)
 
 
-@pytest.mark.parametrize("arch", ["ouro-1.4b", "huginn-3.5b"])
 def predicted(folder: Path, *args: str) -> tuple[float, str]:
     """Output tok/s and the profile label of a ``predict --csv`` run."""
     result = cdbsim("predict", *SMALL, "--no-baseline", "--csv", *args, cwd=folder)
@@ -63,6 +62,7 @@ def test_what_if_figures_carry_a_measured_profile_or_are_refused(tmp_path) -> No
     assert "do not fit in 90% of the device's 1.0 GB" in refused(tmp_path, "predict", "--memory-gb", "1")
 
 
+@pytest.mark.parametrize("arch", ["ouro-1.4b", "huginn-3.5b"])
 def test_r_max_2_runs_with_the_default_mean_depth(tmp_path, arch: str) -> None:
     result = cdbsim("predict", "--r-max", "2", "--arch", arch, *SMALL, "--no-baseline", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -289,7 +289,7 @@ def write_matrix() -> None:
             e = entry(name, sets)
             spec, config = e.spec(), e.config()
             requests = e.build_requests()
-            log = simulate(spec, config, requests, LatencySection().model(spec), e.kv_blocks())
+            log = simulate(spec, config, requests, LatencySection().model(spec), e.given_blocks())
             tps = summarize(log, spec, requests, config.r_min(spec)).output_tps
             if tps > best_tps:
                 best, best_tps = (fields["policy"], fields.get("coda_batch", 1), sets), tps
@@ -316,7 +316,7 @@ def write_matrix() -> None:
     served = 0.0
     for e in load_matrix(MATRIX):
         spec, requests = e.spec(), e.build_requests()
-        log = simulate(spec, e.config(), requests, LatencySection().model(spec), e.kv_blocks())
+        log = simulate(spec, e.config(), requests, LatencySection().model(spec), e.given_blocks())
         served += log.launches["end"].max()
     print(f"{MATRIX.relative_to(ROOT)}: {len(configs)} configurations, {served:.0f} s of predicted serving in all")
 

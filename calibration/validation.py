@@ -36,7 +36,7 @@ from cdbsim.report.outputs import atomic_file
 from cdbsim.report.validate import Comparison, error_summary, plot_scatter, plot_timelines, run_host, stage_errors
 from cdbsim.serving.config import ServeConfig
 from cdbsim.serving.launch import table_width
-from cdbsim.serving.memory import capacity_blocks
+from cdbsim.serving.memory import KVCapacity, MemoryPlan, RequestShape, capacity_blocks
 from cdbsim.simulator.sim import simulate
 from cdbsim.simulator.workload import WorkloadSpec
 from traces import Request, length_model
@@ -58,16 +58,16 @@ class Entry:
     def __post_init__(self) -> None:
         exp, share = self.experiment, self.rate_of_capacity
         require(share is None or (math.isfinite(share) and share > 0), f"rate_of_capacity must be > 0, got {share}")
-        require(exp.serve.kv_tokens is not None or exp.serve.kv_blocks is not None,
-                "validate needs the KV capacity (serve.kv_tokens or serve.kv_blocks): the executor's cache is "
-                "sized by it, not by a profile")
         arrivals = [key for key, value in (("workload.trace", exp.workload.trace), ("workload.rate", exp.workload.rate),
                                            ("rate_of_capacity", share)) if value is not None]
         require(len(arrivals) <= 1, f"give one of {' and '.join(arrivals)}: each sets the arrivals")
         if exp.workload.trace is None:
             length_model(exp.workload.name)  # an unknown workload, with the valid ones
         self.workload(self.spec())  # the exit model fits the architecture
-        self.kv_blocks()  # the serving settings and the KV capacity
+        self.config()  # the serving settings
+        self.capacity()  # the memory share
+        if exp.serve.kv_tokens is not None or exp.serve.kv_blocks is not None:
+            self.given_blocks()  # the KV capacity given
 
     @classmethod
     def from_experiment(cls, name: str, exp: Experiment, rate_of_capacity: float | None = None) -> Entry:
@@ -86,10 +86,24 @@ class Entry:
     def config(self) -> ServeConfig:
         return self.experiment.serve.config()
 
-    def kv_blocks(self) -> int:
+    def capacity(self) -> KVCapacity:
+        return self.experiment.serve.kv_capacity()
+
+    def given_blocks(self) -> int | None:
+        """The KV capacity the entry gives (None: sized from the GPU's memory when it runs)."""
         serve, config = self.experiment.serve, self.config()
+        if serve.kv_tokens is None and serve.kv_blocks is None:
+            return None
         return capacity_blocks(self.spec(), config.layout, tokens=serve.kv_tokens, blocks=serve.kv_blocks,
                                block_size=config.block_size)
+
+    def plan(self, device: str, device_bytes: float) -> MemoryPlan:
+        """The entry's memory on a GPU: its KV size checked, or sized from the memory (one-line refusal)."""
+        try:
+            return self.capacity().plan(self.spec(), self.config(), RequestShape.of(self.build_requests()), device,
+                                        device_bytes)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.name}: {exc}") from None
 
     def workload(self, arch: ArchSpec, rate: float | None = None) -> WorkloadSpec:
         """The workload with its exit model for ``arch``, with Poisson arrivals at ``rate`` if given."""
@@ -160,39 +174,70 @@ def load_matrix(path: str | Path, only: Iterable[str] | None = None) -> list[Ent
     return [e for e in entries.values() if e.name in wanted]
 
 
-def requests_for(entry: Entry, latency: LatencyModel) -> tuple[list[Request], float | None]:
+def requests_for(entry: Entry, latency: LatencyModel, kv_blocks: int) -> tuple[list[Request], float | None]:
     """The requests of ``entry`` and their Poisson rate (None: offline or a trace's own arrivals); a share of capacity
-    is of the simulator's offline request rate."""
+    is of the simulator's offline request rate on ``kv_blocks``."""
     if entry.rate_of_capacity is None:
         return entry.build_requests(), entry.experiment.workload.rate
     arch, config = entry.spec(), entry.config()
     offline = replace(entry.workload(arch), rate=None).build(arch, config.r_min(arch))
-    log = simulate(arch, config, offline, latency, entry.kv_blocks())
+    log = simulate(arch, config, offline, latency, kv_blocks)
     rate = entry.rate_of_capacity * summarize(log, arch, offline, config.r_min(arch)).request_rate
     return entry.build_requests(rate), rate
 
 
-def measure(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], LatencyModel],
-            log: Callable[[str], None] = print) -> dict[str, RunLog]:
-    """Run every entry on the GPU executor; logs go to ``out/<name>/`` (needs torch and CUDA)."""
+def gpu_memory() -> tuple[str, float]:
+    """The name and memory in bytes of the GPU the executor runs on (needs torch and CUDA)."""
     import torch
 
-    from executor.driver import build_model, execute
-
     _require_gpu()
-    results: dict[str, RunLog] = {}
-    models: dict[tuple[str, str], object] = {}
-    for entry in entries:
-        arch = entry.spec()
-        key = (arch.name, arch.split)
-        if key not in models:
-            models.clear()
+    props = torch.cuda.get_device_properties(0)
+    return props.name, float(props.total_memory)
+
+
+def plan_entries(entries: list[Entry], device: str, device_bytes: float) -> dict[str, MemoryPlan]:
+    """Every entry's memory plan on the GPU, before any model loads: a KV size that cannot fit is refused in one
+    line, a missing one is sized from the memory."""
+    return {entry.name: entry.plan(device, device_bytes) for entry in entries}
+
+
+class OneModel:
+    """The GPU model of the architecture asked for last (random weights, seed 0); the previous one is freed first."""
+
+    def __init__(self) -> None:
+        self.key: tuple[str, str] | None = None
+        self.model: object = None
+
+    def __call__(self, arch: ArchSpec) -> object:
+        import torch
+
+        from executor.driver import build_model
+
+        if (arch.name, arch.split) != self.key:
+            self.model = None
             gc.collect()
             torch.cuda.empty_cache()
-            models[key] = build_model(arch, device="cuda", seed=0)
-        requests, rate = requests_for(entry, latency_for(arch))
-        run = execute(arch, entry.config(), requests, entry.kv_blocks(), device="cuda", model=models[key],
-                      seed=entry.experiment.workload.seed)
+            self.model, self.key = build_model(arch, device="cuda", seed=0), (arch.name, arch.split)
+        return self.model
+
+
+def measure(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], LatencyModel],
+            log: Callable[[str], None] = print) -> dict[str, RunLog]:
+    """Run every entry on the GPU executor, each with the KV cache its memory plan gives; logs go to
+    ``out/<name>/`` (needs torch and CUDA)."""
+    plans = plan_entries(entries, *gpu_memory())
+    import torch
+
+    from executor.driver import execute
+
+    results: dict[str, RunLog] = {}
+    model_for = OneModel()
+    for entry in entries:
+        arch = entry.spec()
+        plan = plans[entry.name]
+        requests, rate = requests_for(entry, latency_for(arch), plan.kv_blocks)
+        run = execute(arch, entry.config(), requests, plan.kv_blocks, device="cuda", model=model_for(arch),
+                      seed=entry.experiment.workload.seed, memory_fraction=plan.fraction)
         run.log.meta.update({"validation_entry": entry.name, "rate": rate})
         run.log.save(out / entry.name)
         results[entry.name] = run.log
@@ -276,16 +321,26 @@ def measured_gpu(directory: Path) -> str | None:
     return None
 
 
+def replayed_blocks(entry: Entry, real: RunLog) -> int:
+    """The KV capacity a run used (its log's), else the entry's."""
+    blocks = real.meta.get("kv_blocks") or entry.given_blocks()
+    require(blocks is not None, f"{entry.name}: the saved log records no KV capacity and the entry gives none "
+                                f"(serve.kv_tokens)")
+    return int(blocks)
+
+
 def compare(entries: list[Entry], measured: dict[str, RunLog],
             latency_for: Callable[[ArchSpec], LatencyModel]) -> list[Comparison]:
-    """Simulate each entry on the requests the executor served (same arrivals and depths) and compare."""
+    """Simulate each entry on the requests the executor served (same arrivals and depths, same KV capacity) and
+    compare."""
     comparisons = []
     for entry in entries:
         arch, config = entry.spec(), entry.config()
         real = measured[entry.name]
+        blocks = replayed_blocks(entry, real)
         requests = entry.build_requests(real.meta.get("rate") if entry.online else None)
         latency = latency_for(arch)
-        predicted = simulate(arch, config, requests, latency, entry.kv_blocks())
+        predicted = simulate(arch, config, requests, latency, blocks)
         r_min = config.r_min(arch)
         comparison = Comparison.of(entry.name, summarize(real, arch, requests, r_min),
                                    summarize(predicted, arch, requests, r_min), entry.online,
@@ -294,11 +349,11 @@ def compare(entries: list[Entry], measured: dict[str, RunLog],
         if found is not None:  # the same prediction with the host as fast as it was in this run
             comparison.host_us = 1e6 * found.median_s
             own = simulate(arch, config, requests, latency.with_host(found.pooled, found.stages),
-                           entry.kv_blocks())
+                           blocks)
             comparison.own_host = summarize(own, arch, requests, r_min)
         if not entry.online:  # offline, the simulation plans the run's launches in its order: replay its host
             replayed = simulate(arch, config, requests, latency.with_host_times(real.launches["host_s"].tolist()),
-                                entry.kv_blocks())
+                                blocks)
             if replayed.launches["stage"].tolist() == real.launches["stage"].tolist():
                 comparison.own_host_times = summarize(replayed, arch, requests, r_min)
         comparison.stages = stage_errors(real, functools.partial(latency.launch_time,

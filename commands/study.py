@@ -184,6 +184,10 @@ class RunOutputs:
             for report, log in runs.values():
                 report.with_percentiles(log, self.percentiles)
         saved = f" | {measured_by(profile)}" if measured_by(profile) else ""
+        memory = next(iter(runs.values()))[1].meta.get("memory") if runs else None
+        if memory:
+            saved += (f" | memory: headroom is what is left of {memory['memory_fraction']:.0%} of the "
+                      f"{memory['device']}'s memory ({memory['usable_gib']:,.1f} GiB)")
         if self.save_logs is not None:
             for label, (_, log) in runs.items():
                 log.save(self.save_logs / dirs[label], self.log_format)
@@ -269,6 +273,12 @@ def metric_rows(reports: dict[str, Any], percentiles: tuple[float, ...] | None =
         absent = "n/a" if key in NOT_LOGGED_IN_EVERY_RUN else "-"
         rows.append({"metric": label, **{name: absent if v is None else float(v) * scale
                                          for name, v in values.items()}})
+    from cdbsim.report.metrics import MEMORY_ROWS
+
+    for key, label in MEMORY_ROWS:  # the device memory plan (a simulated run's)
+        if all(r.meta.get("memory") for r in reports.values()):
+            rows.append({"metric": f"memory: {label} GiB", **{name: float(r.meta["memory"][f"{key}_gib"])
+                                                            for name, r in reports.items()}})
     for stage in sorted({s for r in reports.values() for s in r.launches}):
         rows.append({"metric": f"{stage}: launches / mean B",
                      **{name: f"{r.launches.get(stage, 0):,} / {r.mean_batch.get(stage, 0):.1f}"

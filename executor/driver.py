@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from cdbsim.errors import ConfigError
 from cdbsim.model.arch import ArchSpec
 from cdbsim.report.logs import RunLog, RunRecorder, run_meta
 from cdbsim.serving.config import Policy, ServeConfig, Timing, prefill_graph_sizes
 from cdbsim.serving.launch import Launch, SchedulerState, Stage
+from cdbsim.serving.memory import MEMORY_FRACTION, MemoryPlan, RequestShape
 from cdbsim.serving.pipeline import HostPipeline, paused_gc, serve
 from cdbsim.serving.scheduler import Scheduler
 from executor.build import current_build
@@ -97,6 +99,21 @@ class _WallClock:
         return t - self.base
 
 
+def gpu_plan(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, device: torch.device,
+             fraction: float = MEMORY_FRACTION) -> MemoryPlan | None:
+    """On a GPU, the run's memory plan, refused in one line if it cannot fit (before the KV cache is allocated);
+    resets the allocator's peak, so the run's meta reports its own. None on the CPU."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    plan = MemoryPlan.of(arch, config, kv_blocks, RequestShape.of(requests), props.name, props.total_memory,
+                         fraction)
+    if not plan.fits:
+        raise ConfigError(plan.explain())
+    torch.cuda.reset_peak_memory_stats(device)
+    return plan
+
+
 def build_model(arch: ArchSpec, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
                 seed: int = 0, backend: str | None = None, **config_overrides: object) -> LoopedLM:
     """A randomly initialised model of ``arch``'s exact shapes."""
@@ -110,14 +127,15 @@ class Executor:
 
     def __init__(self, arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
                  model: LoopedLM, mode: Timing | str | None = None, graphs: bool | None = None,
-                 keep_logits: bool = False, prompt_seed: int = 0) -> None:
+                 keep_logits: bool = False, prompt_seed: int = 0, memory_fraction: float = MEMORY_FRACTION) -> None:
         mode = Timing.parse(mode) if mode is not None else config.timing
         if model.config.r_max != arch.r_max:
             raise ValueError(f"model r_max {model.config.r_max} differs from the architecture's {arch.r_max}")
         self.config, self.requests, self.mode, self.model = config, requests, mode, model
+        self.cuda = model.device.type == "cuda"
+        self.memory = gpu_plan(arch, config, requests, kv_blocks, model.device, memory_fraction)
         self.scheduler = Scheduler(arch, config, requests, kv_blocks, share_blocks=True)
         self.engine = Engine(model, config, requests, kv_blocks, prompt_seed=prompt_seed)
-        self.cuda = model.device.type == "cuda"
         use_graphs = self.cuda if graphs is None else graphs  # on CPU: static buffers without capture (tests)
         self.graphs = StageGraphs(self.engine) if use_graphs else None
         self.keep_logits = keep_logits
@@ -157,7 +175,15 @@ class Executor:
             launch_path=("eager" if self.graphs is None else
                          "cuda-graphs" if self.graphs.capture else "static-buffers"),
             clock="cuda-events" if self.cuda else "wall", wall_s=wall,
-            build=current_build(model.device).to_dict())  # the executor build, checked against profiles
+            build=current_build(model.device).to_dict(),  # the executor build, checked against profiles
+            memory=self._memory())
+
+    def _memory(self) -> dict | None:
+        """The memory plan of this run and, on the GPU, the peaks torch's allocator saw (GiB)."""
+        if self.memory is None:
+            return None
+        return {**self.memory.summary(), "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+                "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
 
 
 class _Serving:
@@ -236,12 +262,12 @@ class _Serving:
 def execute(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
             device: torch.device | str = "cpu", dtype: torch.dtype | None = None, mode: Timing | str | None = None,
             seed: int = 0, model: LoopedLM | None = None, graphs: bool | None = None, backend: str | None = None,
-            keep_logits: bool = False, warmup: bool = True) -> ExecutorRun:
+            keep_logits: bool = False, warmup: bool = True, memory_fraction: float = MEMORY_FRACTION) -> ExecutorRun:
     """Serve ``requests`` on a (random-init unless ``model`` is given) model; everything the run produced."""
     if model is None:
         model = build_model(arch, device=device, dtype=dtype, seed=seed, backend=backend)
     executor = Executor(arch, config, requests, kv_blocks, model=model, mode=mode, graphs=graphs,
-                        keep_logits=keep_logits, prompt_seed=seed)
+                        keep_logits=keep_logits, prompt_seed=seed, memory_fraction=memory_fraction)
     if warmup:
         executor.warmup()
     return executor.run()

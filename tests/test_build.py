@@ -78,8 +78,8 @@ def saved_run(tmp_path: Path, profile_build: Build | None, run_build: Build | No
          "rate_of_capacity": 0.5}]}))
     entry = load_matrix(matrix)[0]
     latency = LatencyModel(entry.spec(), load_profile_file(profile))
-    requests, rate = requests_for(entry, latency)
-    log = simulate(entry.spec(), entry.config(), requests, latency, entry.kv_blocks())
+    requests, rate = requests_for(entry, latency, entry.given_blocks())
+    log = simulate(entry.spec(), entry.config(), requests, latency, entry.given_blocks())
     log.meta.update({"rate": rate, **({"build": run_build.to_dict()} if run_build else {})})
     log.save(tmp_path / "measured" / entry.name)
     return ["validate", "--matrix", str(matrix), "--measured", str(tmp_path / "measured"),

@@ -218,7 +218,8 @@ def test_command_defaults_sit_below_the_config_file(tmp_path) -> None:
     (["--set", "serve.width=abc"], "error: --set: serve.width: expected an integer, got 'abc'"),
     (["--set", "exits.dispersion=high"], "error: --set: exits.dispersion: expected a number, got 'high'"),
     (["--set", "serve.widht=8"], "error: --set: unknown key serve.widht; valid keys of [serve]: coda_batch, "
-                                 "core_launch, kv_blocks, kv_layout, kv_tokens, policy, prefill_budget, timing, width"),
+                                 "core_launch, kv_blocks, kv_layout, kv_tokens, memory_fraction, over_memory, policy, "
+                                 "prefill_budget, timing, width"),
     (["--set", "serve.timing=later"], "error: --set: serve.timing: unknown exit timing 'later'; choose one of: "
                                       "async, lookahead, sync"),
     (["--set", "width=8"], "error: --set: expected section.field=value, got 'width'"),

@@ -59,7 +59,8 @@ def test_what_if_figures_carry_a_measured_profile_or_are_refused(tmp_path) -> No
     assert faster > 1.2 * base and "carried from the NVIDIA H200" in label
     slower, label = predicted(tmp_path, "--profile", "h200-ouro-1.4b", "--device", "h100-sxm")
     assert slower < base and "NVIDIA H100 SXM" in label and "not validated" in label
-    assert "do not fit in 90% of the device's 1.0 GB" in refused(tmp_path, "predict", "--memory-gb", "1")
+    refusal = refused(tmp_path, "predict", "--memory-gb", "1")
+    assert "do not fit in 90% of the NVIDIA H200, what-if memory_gb 1's 0.9 GiB" in refusal
 
 
 @pytest.mark.parametrize("arch", ["ouro-1.4b", "huginn-3.5b"])

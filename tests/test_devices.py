@@ -89,7 +89,7 @@ def test_what_if_flags_change_the_prediction_or_are_refused() -> None:
     assert refused.exit_code == 2 and "do not fit" in refused.output
     too_big = runner.invoke(app, ["predict", "--arch", "huginn-3.5b", "--device", "h100-sxm", "--kv-tokens",
                                   "65536", *SMALL])
-    assert too_big.exit_code == 2 and "need more than the device's 85.0 GB" in too_big.output
+    assert too_big.exit_code == 2 and "65,536 KV tokens need 87.7 GiB" in too_big.output
 
 
 def test_validate_predicts_saved_runs_with_the_profiles_of_the_gpu_they_ran_on(tmp_path: Path) -> None:

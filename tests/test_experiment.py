@@ -75,7 +75,8 @@ def test_set_values_are_parsed_to_the_field_type() -> None:
     ("workload.rate=fast", "--set: workload.rate: expected a number (or none), got 'fast'"),
     ("serve.policy=fifo", "--set: serve.policy: unknown policy 'fifo'; choose one of: adaptive, cb, norefill, refill"),
     ("serve.widht=8", "--set: unknown key serve.widht; valid keys of [serve]: coda_batch, core_launch, "
-                      "kv_blocks, kv_layout, kv_tokens, policy, prefill_budget, timing, width"),
+                      "kv_blocks, kv_layout, kv_tokens, memory_fraction, over_memory, policy, prefill_budget, timing, "
+                      "width"),
     ("model.width=8", "--set: unknown section [model]; valid sections: arch, serve, workload, exits, latency"),
     ("width=8", "--set: expected section.field=value, got 'width'"),
     ("serve.width", "--set: expected section.field=value, got 'serve.width'"),

@@ -84,8 +84,7 @@ def test_entry_carries_every_serving_setting_to_the_executor() -> None:
     exp = Experiment(serve={"core_launch": "per-step", "prefill_budget": 4096, "kv_tokens": 65536})
     config = Entry.from_experiment("x", exp).config()
     assert (config.core_launch.value, config.prefill_budget) == ("per-step", 4096)
-    with pytest.raises(ValueError, match="needs the KV capacity"):
-        Entry.from_experiment("x", Experiment())
+    assert Entry.from_experiment("x", Experiment()).given_blocks() is None  # sized from the GPU's memory
 
 
 def test_matrix_set_applies_to_every_entry_and_an_entry_overrides_it(tmp_path) -> None:
@@ -158,8 +157,8 @@ def test_validate_against_saved_logs(tmp_path) -> None:
     entries = load_matrix(matrix)
     measured = tmp_path / "measured"
     for e in entries:  # a "measurement" that is the simulator itself: errors must be zero
-        requests, rate = requests_for(e, latency_for(e.spec()))
-        log = simulate(e.spec(), e.config(), requests, latency_for(e.spec()), e.kv_blocks())
+        requests, rate = requests_for(e, latency_for(e.spec()), e.given_blocks())
+        log = simulate(e.spec(), e.config(), requests, latency_for(e.spec()), e.given_blocks())
         log.meta["rate"] = rate
         log.save(measured / e.name)
     out = tmp_path / "out"
@@ -200,8 +199,8 @@ def test_stage_errors_by_batch_range() -> None:
     assert [batch_range(b) for b in (1, 16, 17, 64, 256, 257)] == ["1-16", "1-16", "17-64", "17-64", "129-256",
                                                                   "257+"]
     refill = entry("refill", "workload.requests=60", "serve.width=64")
-    requests, _ = requests_for(refill, latency_for(refill.spec()))
-    log = simulate(refill.spec(), refill.config(), requests, latency_for(refill.spec()), refill.kv_blocks())
+    requests, _ = requests_for(refill, latency_for(refill.spec()), refill.given_blocks())
+    log = simulate(refill.spec(), refill.config(), requests, latency_for(refill.spec()), refill.given_blocks())
     launches = log.launches
     duration = dict(zip(launches["index"], launches["end"] - launches["start"], strict=True))
     rows = stage_errors(log, lambda launch: duration[launch.index] * (2.0 if launch.padded > 16 else 1.0))
@@ -219,8 +218,8 @@ def test_stage_errors_of_queued_launches(timing: str) -> None:
 
     refill = entry("refill", "workload.requests=30", "serve.width=16")
     arch, latency = refill.spec(), latency_for(refill.spec())
-    requests, _ = requests_for(refill, latency)
-    log = simulate(arch, replace(refill.config(), timing=timing), requests, latency, refill.kv_blocks())
+    requests, _ = requests_for(refill, latency, refill.given_blocks())
+    log = simulate(arch, replace(refill.config(), timing=timing), requests, latency, refill.given_blocks())
     duration = dict(zip(log.launches["index"], log.launches["end"] - log.launches["start"], strict=True))
     rows = stage_errors(log, lambda launch: 1.1 * duration[launch.index])
     decode = [r for r in rows if r["stage"] != "prefill"]
@@ -239,8 +238,8 @@ def test_run_host_fits_each_stage_to_its_mean() -> None:
 
     refill = entry("refill", "workload.requests=40", "serve.width=16")
     arch, latency = refill.spec(), latency_for(refill.spec())
-    requests, _ = requests_for(refill, latency)
-    log = simulate(arch, refill.config(), requests, latency, refill.kv_blocks())
+    requests, _ = requests_for(refill, latency, refill.given_blocks())
+    log = simulate(arch, refill.config(), requests, latency, refill.given_blocks())
     launches = log.launches.copy()
     host = 100e-6 + 2e-6 * launches["items"]
     host[launches["stage"] == "coda"] *= 2
@@ -278,8 +277,8 @@ def test_stage_errors_see_each_launch_as_the_simulator_did(tmp_path) -> None:
     profile = load_profile_file(Path(__file__).parents[1] / "calibration/profiles/h200-ouro-1.4b.json")
     assert profile.attention_slots
     model = LatencyModel(sharegpt.spec(), profile)
-    requests, _ = requests_for(sharegpt, model)
-    simulate(sharegpt.spec(), sharegpt.config(), requests, model, sharegpt.kv_blocks()).save(tmp_path / "run", "csv")
+    requests, _ = requests_for(sharegpt, model, sharegpt.given_blocks())
+    simulate(sharegpt.spec(), sharegpt.config(), requests, model, sharegpt.given_blocks()).save(tmp_path / "run", "csv")
     log = RunLog.load(tmp_path / "run")
     core = log.launches[log.launches["stage"] == "core"]
     assert (core["longest"] > 1.5 * core["context"] / core["size"]).any()
@@ -318,8 +317,8 @@ def test_validate_reads_an_archive_of_saved_logs(tmp_path) -> None:
 
     matrix = write_matrix(tmp_path / "matrix.json", [matrix_row("refill", "workload.requests=30")])
     refill = load_matrix(matrix)[0]
-    requests, rate = requests_for(refill, latency_for(refill.spec()))
-    log = simulate(refill.spec(), refill.config(), requests, latency_for(refill.spec()), refill.kv_blocks())
+    requests, rate = requests_for(refill, latency_for(refill.spec()), refill.given_blocks())
+    log = simulate(refill.spec(), refill.config(), requests, latency_for(refill.spec()), refill.given_blocks())
     log.meta["rate"] = rate
     log.save(tmp_path / "logs" / refill.name)
     archive = tmp_path / "measured-logs.tgz"
@@ -343,3 +342,16 @@ def test_validate_reads_an_archive_of_saved_logs(tmp_path) -> None:
     assert result.exit_code == 2
     assert "cannot unpack" in result.output and "Traceback" not in result.output
     assert not (tmp_path.parent / "outside.json").exists()
+
+
+def test_an_entry_without_a_kv_size_replays_the_capacity_its_run_used() -> None:
+    sized = Entry("sized", Experiment().override(["workload.name=alpaca", "workload.requests=30"]))
+    assert sized.given_blocks() is None
+    arch = sized.spec()
+    requests = sized.build_requests()
+    real = simulate(arch, sized.config(), requests, latency_for(arch), 777)  # the run's own capacity
+    (comparison,) = compare([sized], {"sized": real}, latency_for)
+    assert comparison.predicted_log.meta["kv_blocks"] == 777
+    real.meta.pop("kv_blocks")
+    with pytest.raises(ValueError, match="records no KV capacity and the entry gives none"):
+        compare([sized], {"sized": real}, latency_for)

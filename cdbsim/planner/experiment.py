@@ -17,7 +17,7 @@ from cdbsim.errors import ConfigError, read_text, require
 from cdbsim.model.arch import ArchSpec, KVLayout, head_dim_explicit, load_arch
 from cdbsim.planner.options import Section, Setting, option, parse_value, section_hints, toml_value, where
 from cdbsim.serving.config import CoreLaunch, Policy, ServeConfig, Timing
-from cdbsim.serving.memory import KVCapacity
+from cdbsim.serving.memory import MEMORY_FRACTION, KVCapacity, MemoryPlan, RequestShape, gib
 from cdbsim.simulator.workload import Arrival, WorkloadSpec, default_mean_depth
 from traces import ExitModel
 
@@ -134,6 +134,11 @@ class ServeSection(Section):
                                                        "per-step (one loop step per launch, as the paper's engine).")
     kv_tokens: int | None = option(None, "KV capacity in tokens.", minimum=1)
     kv_blocks: int | None = option(None, "KV capacity in blocks of 16 tokens.", minimum=1)
+    memory_fraction: float = option(MEMORY_FRACTION, "Share of the device's memory for weights, KV cache and run "
+                                                      "time; without a KV size, the cache takes what it leaves.",
+                                    above=0, maximum=1)
+    over_memory: bool = option(False, "Simulate a given KV size the device cannot hold (a what-if; the title says "
+                                      "so).")
 
     def config(self) -> ServeConfig:
         require(self.coda_batch is None or self.policy is not Policy.ADAPTIVE,
@@ -145,7 +150,8 @@ class ServeSection(Section):
 
     def kv_capacity(self) -> KVCapacity:
         """The KV cache size given (tokens or blocks), else what the device memory leaves after weights."""
-        return KVCapacity(tokens=self.kv_tokens, blocks=self.kv_blocks)
+        return KVCapacity(tokens=self.kv_tokens, blocks=self.kv_blocks, memory_fraction=self.memory_fraction,
+                          over_memory=self.over_memory)
 
 
 @dataclass(frozen=True)
@@ -389,9 +395,10 @@ class Experiment:
         workload = self.workload_spec(arch)
         latency = self.latency.model(arch)
         kv = self.serve.kv_capacity()
-        blocks = kv.blocks_for(arch, config, latency)
-        return BuiltExperiment(self, arch, config, workload, latency, kv,
-                               workload.build(arch, config.r_min(arch), progress, kv_blocks=blocks))
+        blocks = kv.blocks_for(arch, config, latency, RequestShape.FEWEST)  # refuses a cache that cannot fit
+        requests = workload.build(arch, config.r_min(arch), progress, kv_blocks=blocks)
+        return BuiltExperiment(self, arch, config, workload, latency, kv, requests,
+                               kv.plan_on(arch, config, latency, RequestShape.of(requests)))
 
 
 @dataclass(frozen=True)
@@ -405,10 +412,16 @@ class BuiltExperiment:
     latency: LatencyModel
     kv: KVCapacity
     requests: list[Request]
+    memory: MemoryPlan
 
     def title(self) -> str:
-        """One line naming the model, the serving settings, the workload and the latency profile."""
+        """One line naming the model, the serving settings, the workload and the latency profile, and, for a
+        cache the device cannot hold, that it is a what-if past the device's memory."""
         c = self.config
-        return (f"{self.arch.name} ({self.arch.split}, r_max {self.arch.r_max}) | W={c.width} M={c.prefill_budget} "
-                f"{c.timing.value} {c.layout.value}-KV | {self.workload.describe()} | "
-                f"profile {self.latency.profile.label()}")
+        title = (f"{self.arch.name} ({self.arch.split}, r_max {self.arch.r_max}) | W={c.width} M={c.prefill_budget} "
+                 f"{c.timing.value} {c.layout.value}-KV | {self.workload.describe()} | "
+                 f"profile {self.latency.profile.label()}")
+        if not self.memory.fits:
+            title += (f" | WHAT-IF PAST DEVICE MEMORY (--over-memory): needs {gib(self.memory.total)}, "
+                      f"{self.memory.fraction:.0%} of the {self.memory.device} is {gib(self.memory.usable)}")
+        return title

@@ -16,7 +16,7 @@ from cdbsim.report.logs import RunLog
 from cdbsim.report.metrics import Report, summarize
 from cdbsim.report.progress import ProgressFactory
 from cdbsim.serving.config import Policy, ServeConfig
-from cdbsim.serving.memory import KVCapacity
+from cdbsim.serving.memory import KVCapacity, RequestShape
 from cdbsim.simulator.sim import simulate
 from traces.request import Request
 
@@ -33,10 +33,11 @@ class RunResult:
 def run_one(arch: ArchSpec, config: ServeConfig, requests: Sequence[Request], latency: LatencyModel,
             kv: KVCapacity, progress: ProgressFactory | None = None, label: str = "") -> RunResult:
     """Simulate one configuration and summarise it."""
-    blocks = kv.blocks_for(arch, config, latency)
+    memory = kv.plan_on(arch, config, latency, RequestShape.of(requests))
     callback = progress(label or config.describe(), len(requests)) if progress else None
-    log = simulate(arch, config, requests, latency, blocks, callback)
-    log.meta["kv_tokens"] = blocks * config.block_size
+    log = simulate(arch, config, requests, latency, memory.kv_blocks, callback)
+    log.meta["kv_tokens"] = memory.kv_tokens
+    log.meta["memory"] = memory.summary()
     return RunResult(log, summarize(log, arch, list(requests), config.r_min(arch)))
 
 

@@ -24,6 +24,7 @@ from cdbsim.planner.parallel import Job, in_order, runner
 from cdbsim.planner.point_cache import PointCache, point_key
 from cdbsim.report.metrics import Distribution, Report
 from cdbsim.serving.launch import STAGES
+from cdbsim.serving.memory import RequestShape
 from traces.choice import Choice
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ def impossible(exp: Experiment) -> str | None:
         arch = exp.arch.spec()
         config = exp.serve.config()
         exp.exits.exit_model(arch, config.r_min(arch)).pmf(config.r_min(arch), arch.r_max)
-        exp.serve.kv_capacity().blocks_for(arch, config, _latency(exp.arch, exp.latency))
+        exp.serve.kv_capacity().blocks_for(arch, config, _latency(exp.arch, exp.latency), RequestShape.FEWEST)
     except ConfigError as exc:
         return str(exc)
     return None

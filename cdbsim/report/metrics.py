@@ -47,6 +47,9 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
     return tuple(dict.fromkeys(values))
 
 
+MEMORY_ROWS = (("weights", "weights"), ("kv", "KV cache"), ("runtime", "run time"), ("headroom", "headroom"))
+
+
 @dataclass
 class Distribution:
     """Mean, standard deviation and percentiles of one latency metric over a run (NaN when empty)."""
@@ -171,6 +174,9 @@ class Report:
             "sched delay p50 s": self.scheduling_s.p50, "preemptions": self.preemptions,
             "KV blocks mean": self.kv_blocks_mean, "KV blocks peak": self.kv_blocks_peak,
         }
+        memory = self.meta.get("memory")
+        if memory:  # the device memory plan of a simulated run (weights, KV cache, run time)
+            row.update({f"{label} GiB": memory[f"{key}_gib"] for key, label in MEMORY_ROWS})
         for stage in ("core", "coda", "decode"):
             if stage in self.mean_batch:
                 row[f"B {stage}"] = self.mean_batch[stage]

@@ -1,17 +1,27 @@
-"""KV capacity in blocks, from a token count, a block count or the device memory the weights leave."""
+"""GPU memory as one plan for the simulator and the executor: weights, KV cache, the executor's run-time buffers.
+
+The run-time terms follow the executor's own allocations (:mod:`executor.engine`, :mod:`executor.graphs`): the token
+store, RoPE table and loop-state bank; each CUDA graph's metadata buffer and kept logits; the widest launch's working
+memory (a prefill of M tokens at full depth); a fixed workspace. ``benchmarks/memory.py`` measures them on the GPU.
+A KV cache is sized, or checked, against ``memory_fraction`` of the device, as vLLM's GPU memory utilization.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from cdbsim.errors import require
-from cdbsim.model.arch import ArchSpec, KVLayout
+from cdbsim.errors import ConfigError, require
+from cdbsim.model.arch import ArchSpec, KVLayout, LayerStyle
 from cdbsim.serving.blocks import BLOCK_SIZE
-from cdbsim.serving.config import ServeConfig
+from cdbsim.serving.config import Policy, ServeConfig, prefill_graph_sizes
+from cdbsim.serving.launch import ENTRY_BYTES, FIELDS
 
 if TYPE_CHECKING:
     from cdbsim.latency.model import LatencyModel
+    from traces import Request
 
 
 def capacity_blocks(arch: ArchSpec, layout: KVLayout | str, *, tokens: int | None = None,
@@ -35,36 +45,225 @@ def size_text(n_bytes: float) -> str:
     return f"{n_bytes / 1e9:,.1f} GB" if n_bytes >= 1e8 else f"{n_bytes / 1e6:,.1f} MB"
 
 
+def gib(n_bytes: float) -> str:
+    """Bytes in GiB, as GPU memory is quoted."""
+    return f"{n_bytes / 2**30:,.1f} GiB"
+
+
+
+MEMORY_FRACTION = 0.9  # share of the device's memory for weights, KV cache and run time (vLLM's default)
+LOGIT_BYTES = 4  # the head's logits are float32
+TOKEN_BYTES = 8  # the token store holds int64 ids
+PREFILL_ITEM_TOKENS = 64  # queries per prefill-attention work item (executor.prefill.BLOCK_M)
+WORKSPACE_BYTES = 3 * 32 * 2**20  # cuBLAS workspaces of the launch, warm-up and capture streams (32 MiB each)
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """What the executor's per-run buffers depend on: how many requests, and the longest prompt + output."""
+
+    count: int
+    longest: int
+
+    FEWEST: ClassVar[RequestShape]  # the least any run holds: what is checked before requests are drawn
+
+    @classmethod
+    def of(cls, requests: Sequence[Request]) -> RequestShape:
+        return cls(len(requests), max((r.prompt_len + r.output_len for r in requests), default=1))
+
+
+RequestShape.FEWEST = RequestShape(0, 1)
+
+
+def prefill_meta_entries(tokens: int, chunks: int, width: int) -> int:
+    """int32 entries of a prefill launch's metadata (:class:`executor.prefill.PrefillLayout`): three per token,
+    five per chunk, two per attention work item, a block-table row per chunk."""
+    items = -(-tokens // PREFILL_ITEM_TOKENS) + chunks
+    return 3 * tokens + 5 * chunks + 2 * items + chunks * width
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The executor's GPU memory beside weights and KV cache, in bytes, at its peak."""
+
+    requests: float     # token store, RoPE table, loop-state bank
+    metadata: float     # every CUDA graph's int32 input buffer
+    logits: float       # every captured graph's float32 logits (decode-type graphs that sample, prefill graphs)
+    activations: float  # what the widest launch's working memory adds on top at the peak
+    workspace: float = WORKSPACE_BYTES
+
+    @property
+    def total(self) -> float:
+        return self.requests + self.metadata + self.logits + self.activations + self.workspace
+
+
+def prefill_token_bytes(arch: ArchSpec) -> int:
+    """Working memory per token of a full-depth prefill at its peak: the prelude output, the loop state and the
+    layer's residual and normed input (4 x hidden), the attention output, the next residual pair, and the MLP's
+    gate/up product with its SwiGLU output (3 x intermediate); or, where larger, the attention's qkv, q and output."""
+    layer = arch.layer
+    q = layer.heads * layer.head_dim
+    qkv = q + 2 * layer.kv_heads * layer.head_dim
+    base = 4 * layer.hidden
+    return arch.dtype_bytes * (base + max(q + 2 * layer.hidden + 3 * layer.intermediate, qkv + 2 * q))
+
+
+def executor_runtime(arch: ArchSpec, config: ServeConfig, shape: RequestShape) -> Runtime:
+    """The run-time terms of :class:`Runtime` for serving ``shape``'s requests with ``config`` on the GPU executor
+    (CUDA graphs for every decode-type stage and every padded prefill size)."""
+    layer, width, bs = arch.layer, config.width, config.block_size
+    stride = shape.longest + 1
+    bank = (width + 1) * layer.hidden * arch.dtype_bytes * (2 if arch.style is LayerStyle.HUGINN else 1)
+    rope = 2 * stride * (layer.head_dim // 2) * 4
+    requests = (shape.count + 1) * stride * TOKEN_BYTES + rope + bank
+    table = -(-shape.longest // bs)
+    decode = config.decode_sizes()
+    stages = 1 if config.policy is Policy.CB else 3  # decode; else prelude, core, coda
+    prefill = prefill_graph_sizes(config.prefill_budget)
+    chunks = [max(1, min(t, width)) for t in prefill]
+    prefill_meta = sum(prefill_meta_entries(t, c, table) + t for t, c in zip(prefill, chunks, strict=True))
+    metadata = ENTRY_BYTES * (stages * sum(b * (len(FIELDS) + table) for b in decode) + prefill_meta)
+    row = arch.vocab * LOGIT_BYTES
+    prefill_logits = sum(chunks) * row
+    largest = max(prefill)
+    working = largest * prefill_token_bytes(arch)  # the largest prefill graph, captured first ...
+    # ... holds its own logits and working memory while the pool holds only decode outputs; later (smaller) graphs
+    # keep their logits in the memory it freed
+    activations = max(0.0, chunks[-1] * row + working - prefill_logits)
+    return Runtime(requests, metadata, sum(decode) * row + prefill_logits, activations)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Weights, KV cache and run time against ``fraction`` of a device's memory."""
+
+    arch: ArchSpec
+    layout: KVLayout
+    kv_blocks: int
+    block_size: int
+    runtime: Runtime
+    device: str
+    device_bytes: float
+    fraction: float = MEMORY_FRACTION
+
+    @classmethod
+    def of(cls, arch: ArchSpec, config: ServeConfig, kv_blocks: int, shape: RequestShape, device: str,
+           device_bytes: float, fraction: float = MEMORY_FRACTION) -> MemoryPlan:
+        return cls(arch, config.layout, kv_blocks, config.block_size, executor_runtime(arch, config, shape), device,
+                   device_bytes, fraction)
+
+    @property
+    def weights(self) -> float:
+        return float(self.arch.total_params * self.arch.dtype_bytes)
+
+    @property
+    def block_bytes(self) -> float:
+        return float(self.arch.kv_bytes_per_token(self.layout) * self.block_size)
+
+    @property
+    def kv(self) -> float:
+        """The cache as the executor allocates it: one trash block beyond the scheduler's."""
+        return (self.kv_blocks + 1) * self.block_bytes
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_blocks * self.block_size
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.kv + self.runtime.total
+
+    @property
+    def usable(self) -> float:
+        return self.fraction * self.device_bytes
+
+    @property
+    def headroom(self) -> float:
+        return self.usable - self.total
+
+    @property
+    def fits(self) -> bool:
+        return self.device_bytes <= 0 or self.total <= self.usable
+
+    def summary(self) -> dict:
+        """The plan in GiB, as logs, tables and JSON show it."""
+        parts = {"weights": self.weights, "kv": self.kv, "runtime": self.runtime.total, "total": self.total,
+                 "usable": self.usable, "headroom": self.headroom}
+        return {"device": self.device, "memory_fraction": self.fraction, "kv_tokens": self.kv_tokens,
+                "fits": self.fits, **{f"{key}_gib": value / 2**30 for key, value in parts.items()}}
+
+    def largest_blocks(self, layout: KVLayout | None = None) -> int:
+        """The most KV blocks that fit beside weights and run time (with ``layout``: in that layout)."""
+        block = self.arch.kv_bytes_per_token(layout or self.layout) * self.block_size
+        return max(0, math.floor((self.usable - self.weights - self.runtime.total) / block) - 1)
+
+    def explain(self) -> str:
+        """One line: what the plan needs, what the device has, what would fit."""
+        arch, tokens = self.arch, self.kv_tokens
+        head = (f"{arch.name} ({arch.split}, r_max {arch.r_max}), {self.layout.value} layout: {tokens:,} KV tokens "
+                f"need {gib(self.kv)}, plus {gib(self.weights)} of weights and {gib(self.runtime.total)} at run time; "
+                f"{self.fraction:.0%} of the {self.device}'s {gib(self.device_bytes)} is {gib(self.usable)}")
+        fit = self.largest_blocks() * self.block_size
+        advice = [f"at most {fit:,} tokens fit" if fit else "no KV cache fits beside the weights"]
+        for other in (KVLayout.FIRST_SHARED, KVLayout.SHARED):
+            more = self.largest_blocks(other) * self.block_size
+            if other is not self.layout and more >= max(tokens, 1) and arch.cache_layers(other) < \
+                    arch.cache_layers(self.layout):
+                advice.append(f", or use the {other.value} layout ({more:,} fit)")
+                break
+        return f"{head}; {''.join(advice)}; --memory-fraction sets the share"
+
+
 @dataclass(frozen=True)
 class KVCapacity:
-    """The KV cache size: tokens or blocks if given, else what the device memory leaves after weights."""
+    """The KV cache: tokens or blocks if given (checked against the device), else what ``memory_fraction`` of the
+    device leaves after weights and run time; ``over_memory`` lets a what-if simulate a cache the device cannot hold."""
 
     tokens: int | None = None
     blocks: int | None = None
-    memory_fraction: float = 0.9
+    memory_fraction: float = MEMORY_FRACTION
+    over_memory: bool = False
 
-    def blocks_for(self, arch: ArchSpec, config: ServeConfig, latency: LatencyModel) -> int:
-        memory = latency.profile.memory_bytes
-        weights = arch.total_params * arch.dtype_bytes
-        if self.tokens is not None or self.blocks is not None:
+    def __post_init__(self) -> None:
+        require(0 < self.memory_fraction <= 1, f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
+
+    @property
+    def given(self) -> bool:
+        return self.tokens is not None or self.blocks is not None
+
+    def plan(self, arch: ArchSpec, config: ServeConfig, shape: RequestShape, device: str,
+             device_bytes: float) -> MemoryPlan:
+        """The memory plan on a device of ``device_bytes`` (0: unknown; a given size is then taken as it is)."""
+        if self.given:
             blocks = capacity_blocks(arch, config.layout, tokens=self.tokens, blocks=self.blocks,
                                      block_size=config.block_size)
-            cache = blocks * config.block_size * arch.kv_bytes_per_token(config.layout)
-            tokens = blocks * config.block_size
-            require(memory <= 0 or weights + cache <= memory,
-                    f"the weights of {arch.name} ({size_text(weights)}) and a KV cache of {tokens:,} tokens "
-                    f"({size_text(cache)}) need more than the device's {size_text(memory)}; lower --kv-tokens or "
-                    f"choose a larger device")
-            return blocks
-        require(memory > 0, f"profile {latency.profile.name} does not give the device memory; pass --kv-tokens")
-        usable = f"{self.memory_fraction:.0%} of the device's {size_text(memory)}"
-        require(weights < memory * self.memory_fraction,
-                f"the weights of {arch.name} ({size_text(weights)}) do not fit in {usable}: nothing is left for the "
-                f"KV cache (fewer layers, or --kv-tokens to size the cache regardless)")
-        free = max(0.0, memory * self.memory_fraction - weights)
-        block = arch.kv_bytes_per_token(config.layout) * config.block_size
-        require(block <= free, f"one KV block of {config.block_size} tokens needs {size_text(block)} "
-                               f"({arch.cache_layers(config.layout):,} layer slots per token with the "
-                               f"{config.layout.value} layout at r_max {arch.r_max}), more than the {size_text(free)} "
-                               f"left after the weights in {usable}; lower r_max or use the shared layout")
-        return capacity_blocks(arch, config.layout, memory_bytes=free, block_size=config.block_size)
+            plan = MemoryPlan.of(arch, config, blocks, shape, device, device_bytes, self.memory_fraction)
+            if not plan.fits and not self.over_memory:
+                raise ConfigError(f"{plan.explain()}, --over-memory simulates it anyway")
+            return plan
+        require(device_bytes > 0, f"the {device} has no known memory size to size the KV cache from; pass "
+                                  f"--kv-tokens")
+        plan = MemoryPlan.of(arch, config, 0, shape, device, device_bytes, self.memory_fraction)
+        blocks = plan.largest_blocks()
+        if blocks < 1:
+            left = plan.usable - plan.weights - plan.runtime.total
+            share = f"{plan.fraction:.0%} of the {device}'s {gib(device_bytes)}"
+            what = (f"the weights of {arch.name} ({gib(plan.weights)}) and its run-time buffers "
+                    f"({gib(plan.runtime.total)})")
+            if left <= 0:
+                raise ConfigError(f"{what} do not fit in {share}: nothing is left for the KV cache (a larger device "
+                                  f"or --memory-fraction, or --kv-tokens with --over-memory for a what-if)")
+            raise ConfigError(f"one KV block of {config.block_size} tokens needs {gib(plan.block_bytes)} "
+                              f"({arch.cache_layers(config.layout):,} layer slots per token with the "
+                              f"{config.layout.value} layout at r_max {arch.r_max}), and the cache takes one more; "
+                              f"{gib(left)} is left after {what} in {share}; lower r_max or use the shared layout")
+        return MemoryPlan.of(arch, config, blocks, shape, device, device_bytes, self.memory_fraction)
+
+    def blocks_for(self, arch: ArchSpec, config: ServeConfig, latency: LatencyModel,
+                   shape: RequestShape) -> int:
+        """KV blocks on the latency model's device (its profile's memory)."""
+        return self.plan_on(arch, config, latency, shape).kv_blocks
+
+    def plan_on(self, arch: ArchSpec, config: ServeConfig, latency: LatencyModel, shape: RequestShape) -> MemoryPlan:
+        profile = latency.profile
+        return self.plan(arch, config, shape, profile.device.get("name", "device"), profile.memory_bytes)

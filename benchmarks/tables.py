@@ -1,0 +1,213 @@
+"""Every results table of README and docs, printed from the committed result files (no GPU, seconds).
+
+A table in a Markdown file sits between ``<!-- table NAME -->`` and ``<!-- end table -->``; this script makes each
+NAME from ``benchmarks/results/`` (and, for the memory tables, the shipped profiles), so no results number is typed
+by hand. ``--check`` exits 1 naming each table a file holds that differs from what this prints (CI runs it);
+``--write`` puts the printed tables into the files.
+
+    python benchmarks/tables.py            # print every table
+    python benchmarks/tables.py --check    # README and docs agree with the results?
+    python benchmarks/tables.py --write    # make them agree
+"""
+
+# ruff: noqa: E402  (the imports follow the sys.path line that picks this checkout)
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pandas as pd
+
+from calibration.tables import MAX_MEDIAN, MAX_WORST, verdicts
+
+RESULTS = ROOT / "benchmarks" / "results"
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
+
+
+def markdown(header: list[str], rows: list[list[object]]) -> str:
+    lines = [header, ["---"] * len(header), *rows]
+    return "".join(f"| {' | '.join(str(cell) for cell in line)} |\n" for line in lines)
+
+
+def errors(folder: str) -> dict:
+    """The ``errors`` of a committed ``cdbsim validate`` summary."""
+    return json.loads((RESULTS / folder / "summary.json").read_text())["errors"]
+
+
+def pct(value: float | None, digits: int = 2) -> str:
+    return "" if value is None or pd.isna(value) else f"{value:.{digits}f}%"
+
+
+def validation_row(label: str, folder: str, target: str) -> list[object]:
+    e = errors(folder)
+    tails = [e.get(f"online {m} p99 |error| worst %") for m in ("TTFT", "TPOT")]
+    offline = f"{pct(e['offline tok/s |error| median %'])} / {pct(e['offline tok/s |error| worst %'])}"
+    return [label, e["configs"], offline,
+            pct(e.get("online norm p50 |error| worst %"), 1),
+            " / ".join(pct(t, 1) for t in tails) if None not in tails else "", target]
+
+
+def validation() -> str:
+    """The validation matrices re-predicted from their committed executor logs."""
+    header = ["runs (profiles)", "configs", "offline tok/s \\|error\\| median / worst", "online norm. p50 worst",
+              "online TTFT / TPOT p99 worst", "target"]
+    return markdown(header, [
+        validation_row("H200 (its own)", "validation", f"{MAX_MEDIAN:g}% / {MAX_WORST:g}%; 10%"),
+        validation_row("H100 80GB (its own)", "validation-h100", "1% / 3%"),
+        validation_row("H100 80GB (the H200's, `--profile h200`)", "validation-h100/from-h200", "5% / 10%"),
+        validation_row("H100 80GB (the H200's kernels, `--profile h200-kernels`)", "validation-h100/from-h200-kernels",
+                       ""),
+        validation_row("H200, Huginn per-step launches (`paper-huginn-h200.json`)", "paper/gpu", ""),
+    ])
+
+
+def unseen() -> str:
+    """Shapes no per-model profile measured, from the kernel-level profile alone."""
+    e = errors("unseen")
+    summary = pd.read_csv(RESULTS / "unseen" / "summary.csv")
+    online = int(summary["norm p50 error %"].notna().sum())
+    return markdown(["from the kernel profile alone (H200)", "result", "target"], [
+        [f"{len(summary) - online} offline runs: tok/s \\|error\\| median / worst",
+         f"{pct(e['offline tok/s |error| median %'], 1)} / {pct(e['offline tok/s |error| worst %'], 1)}", "3% / 6%"],
+        [f"{online} online runs: normalized latency p50 worst", pct(e["online norm p50 |error| worst %"], 1), "8%"]])
+
+
+PAPER_SHORT = ("Ouro refill / CB, offline, W=64", "Huginn no-refill / CB, offline, W=64",
+               "Huginn refill K=16 / no-refill, W=64", "Huginn best CDB / CB, peak over W=16, 64, 256, 512",
+               "GPU idle, synchronous (%)", "GPU idle, async (%)", "GPU idle, async + lookahead (%)")
+
+
+def paper(short: bool) -> Callable[[], str]:
+    def table() -> str:
+        rows = json.loads((RESULTS / "paper" / "findings.json").read_text())["rows"]
+        table = []
+        for row in rows:
+            if short and row["finding"] not in PAPER_SHORT:
+                continue
+            closers = [f"{name}: {s['value']}" for name, s in row["switches"].items() if s["agrees"]]
+            table.append([row["finding"], row["paper"], f"{row['cdbsim']} {'✓' if row['agrees'] else '✗'}",
+                          "; ".join(closers) or row["closed_by"]])
+        return markdown(["finding", "paper", "cdbsim", "closed by"], table)
+    table.__doc__ = f"The paper's findings against cdbsim on the shipped profiles{' (a selection)' if short else ''}"
+    return table
+
+
+def adaptive_grid() -> str:
+    """Adaptive against every fixed (policy, K) on the held-out grid."""
+    g = json.loads((RESULTS / "adaptive" / "grid-summary-seed19.json").read_text())
+    by_load = " and ".join(f"{load} {share:.0%}" for load, share in g["within_1pct_by_load"].items())
+    return markdown([f"held-out grid, {g['points']} points", "result", "target"], [
+        ["within 1% of the best fixed (policy, K)", f"{g['within_1pct_of_best']:.0%} ({by_load})", "90%"],
+        ["worst against the best fixed", f"{100 * g['worst_vs_best']:+.1f}%", ""],
+        ["median against the best fixed", f"{100 * g['median_vs_best']:+.1f}%", ""],
+        ["points where the paper's rule (K = W/4) is not best", f"{g['paper_rule_not_best']}; there adaptive gains a "
+         f"median {100 * g['median_gain_over_paper_where_not_best']:.1f}% over it", ""]])
+
+
+def adaptive_gpu() -> str:
+    """Each adaptive run on the H200 against the best fixed choice measured beside it (same requests)."""
+    runs = pd.read_csv(RESULTS / "adaptive" / "gpu" / "summary.csv").set_index("config")["measured tok/s"]
+    rows = []
+    for name in [c for c in runs.index if c.endswith("-adaptive")]:
+        group = name.removesuffix("-adaptive")
+        fixed = runs[[c for c in runs.index if c.startswith(f"{group}-") and c != name]]
+        best = fixed.idxmax()
+        rows.append([f"{group} (best fixed: {best.removeprefix(group + '-')})", f"{fixed[best]:,.0f}",
+                     f"{runs[name]:,.0f}", f"{100 * (runs[name] / fixed[best] - 1):+.1f}%"])
+    return markdown(["configuration", "best fixed, tok/s", "adaptive, tok/s", "adaptive gain"], rows)
+
+
+def executor_targets() -> str:
+    """The executor's speed targets, met or not (``benchmarks/executor_targets.py``)."""
+    rows = verdicts(RESULTS / "executor" / "stages.csv", RESULTS / "executor" / "attention.csv",
+                    RESULTS / "executor" / "throughput.csv", ROOT / "calibration" / "profiles" / "h200-kernels.json",
+                    RESULTS / "validation" / "summary.csv")
+    return markdown(["target", "measured (H200)", "met"], [[r.target, r.measured, "yes" if r.met else "no"]
+                                                             for r in rows])
+
+
+SIM_TARGETS = {"refill": "10", "norefill": "10", "cb": "15"}  # µs per launch
+
+
+def sim_speed() -> str:
+    """The simulator's CPU time per launch, compiled and pure Python, and its memory at 100,000 requests."""
+    compiled, pure = (json.loads((RESULTS / f"{name}.json").read_text()) for name in ("sim_speed", "sim_speed_pure"))
+    slow = {r["case"]: r["us_per_launch"] for r in pure["results"]}
+    rows = [[r["case"], f"{r['us_per_launch']:.1f}", f"{slow[r['case']]:.1f}", SIM_TARGETS[r["policy"]]]
+            for r in compiled["results"]]
+    memory = compiled["memory"]
+    rows.append([f"{memory['requests']:,} requests: peak memory", f"{memory['peak_rss_mb']:,.0f} MB", "", "600 MB"])
+    return markdown(["case (µs per launch, CPU)", "compiled", "pure Python", "target"], rows)
+
+
+def sweep_speed() -> str:
+    """A 1,000-point sweep's wall time and memory, with two local jobs and on a local Dask cluster."""
+    runs = json.loads((RESULTS / "sweep_speed.json").read_text())["runs"]
+    return markdown(["sweep", "points x requests", "wall s", "peak memory"],
+                    [[r["mode"], f"{r['points']:,} x {r['requests']}", f"{r['wall_s']:.0f}",
+                      f"{r['peak_rss_mb']:.0f} MB"] for r in runs])
+
+
+def memory(full: bool) -> Callable[[], str]:
+    def table() -> str:
+        from benchmarks.memory import FIT_MODELS, fit_table
+
+        frame = fit_table()
+        if not full:  # the shipped r_max only
+            frame = frame[frame["r_max"] == frame["model"].map(lambda m: FIT_MODELS[m][0])]
+        return markdown(list(frame.columns), frame.astype(str).values.tolist())
+    table.__doc__ = "Largest KV cache of each model and layout on each GPU" + (", r_max and twice it" if full else "")
+    return table
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "validation": validation, "unseen": unseen, "paper": paper(True), "paper-full": paper(False),
+    "adaptive-grid": adaptive_grid, "adaptive-gpu": adaptive_gpu, "executor-targets": executor_targets,
+    "sim-speed": sim_speed, "sweep-speed": sweep_speed, "memory": memory(False), "memory-full": memory(True)}
+
+
+def blocks(path: Path) -> list[tuple[str, str]]:
+    """The (name, body) of each table block in ``path``; an unknown name is a one-line error."""
+    found = [(m["name"], m["body"]) for m in BLOCK.finditer(path.read_text())]
+    for name, _ in found:
+        if name not in TABLES:
+            raise SystemExit(f"error: {path.relative_to(ROOT)}: unknown table {name!r}; known: {', '.join(TABLES)}")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 if a file's table differs from the results")
+    mode.add_argument("--write", action="store_true", help="write the tables into README and docs")
+    args = parser.parse_args(argv)
+    made = {name: make() for name, make in TABLES.items()}
+    if not (args.check or args.write):
+        for name, text in made.items():
+            print(f"<!-- table {name} -->  {TABLES[name].__doc__.splitlines()[0]}\n{text}")
+        return 0
+    stale = []
+    for path in DOCUMENTS:
+        for name, body in blocks(path):
+            if body != made[name]:
+                stale.append(f"{path.relative_to(ROOT)}: {name}")
+        if args.write:
+            path.write_text(BLOCK.sub(lambda m: f"{m[1]}{made[m['name']]}{m[4]}", path.read_text()))
+    if args.check and stale:
+        print(f"error: tables differ from the results: {', '.join(stale)}; run python benchmarks/tables.py --write",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,12 +23,11 @@ from commands.common import CommandGroup, CsvOut, JsonOut, comma_list, emit, emi
 group = CommandGroup()
 
 
-@group.command("validate", "arch.name", "arch.split", "serve.policy", "serve.width", "serve.coda_batch",
-               "serve.timing", "serve.kv_layout", "workload.name", "workload.requests", "exits.model",
-               "exits.mean_depth", "workload.seed", "serve.kv_tokens", "serve.core_launch", "latency.profile",
-               "latency.force", "latency.device",
-               defaults={"workload.name": "alpaca", "workload.requests": 128, "workload.seed": 1,
-                         "serve.kv_tokens": 65536})
+@group.command("validate", "arch.name", "arch.hf_config", "arch.split", "serve.policy", "serve.width",
+               "serve.coda_batch", "serve.timing", "serve.kv_layout", "workload.name", "workload.trace",
+               "workload.requests", "exits.model", "exits.mean_depth", "workload.seed", "serve.kv_tokens",
+               "serve.memory_fraction", "serve.core_launch", "latency.profile", "latency.force", "latency.device",
+               defaults={"workload.name": "alpaca", "workload.requests": 128, "workload.seed": 1})
 def validate(
     exp: Experiment,
     given: frozenset[str],
@@ -142,6 +141,63 @@ def _mixed_context_title(name: str, profile: Any) -> str:
     slots = profile.attention_slots
     return (f"{name}: core steps with mixed context lengths (attention width "
             f"{f'{slots:,.0f}' if slots else 'not fitted'}, sharpness {profile.attention_sharpness:g})")
+
+
+@group.command("record")
+def record(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="A Hugging Face model folder of an Ouro or Huginn "
+                                                                  "checkpoint (config.json, safetensors, "
+                                                                  "tokenizer.json).")],
+    prompts: Annotated[Path, typer.Option("--prompts", help="JSONL (one object a line: text, prompt or token_ids) "
+                                                            "or CSV (a text or token_ids column).")],
+    q: Annotated[float, typer.Option("--q", help="Exit threshold: Ouro's cumulative exit probability (the paper: "
+                                                 "0.2-1.0), Huginn's relative change between loop states.")],
+    out: Annotated[Path, typer.Option("--out", help="The trace to write (.csv or .parquet).")],
+    outputs: Annotated[Path | None, typer.Option("--outputs", help="Also write each request's output ids and text "
+                                                                   "(JSONL).")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Output tokens per prompt at most "
+                                                                                "(fewer at end of sequence).")] = 256,
+    criterion: Annotated[str | None, typer.Option("--criterion", help="hazard (Ouro's gate) or latent-diff (default: "
+                                                                      "the model's own).")] = None,
+    r_max: Annotated[int | None, typer.Option("--r-max", min=1, help="Loops (default: the config's; Huginn 16).")]
+        = None,
+    device: Annotated[str, typer.Option("--device", help="cuda (default when there is one) or cpu.")] = "auto",
+) -> None:
+    """Run a checkpoint on real prompts and record the depth at which its own exit rule fires for every output
+    token: a trace that predict, compare and validate replay with --trace."""
+    import json
+
+    from cdbsim.report.outputs import atomic_file
+    from cdbsim.report.progress import progress_display
+    from executor.record import Checkpoint, read_prompts
+    from executor.record import record as run_record
+    from traces import write_trace
+
+    check_file(out, "--out", (".csv", ".parquet"))
+    if outputs is not None:
+        check_file(outputs, "--outputs", (".jsonl",))
+    import torch
+
+    chosen = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    require(chosen in ("cuda", "cpu"), f"--device must be cuda, cpu or auto, got {device!r}")
+    require(chosen == "cpu" or torch.cuda.is_available(), "--device cuda: no CUDA GPU here (use --device cpu)")
+    opened = Checkpoint.open(checkpoint, device=chosen, r_max=r_max)
+    ids = read_prompts(prompts, opened)
+    with progress_display() as factory:
+        recorded = run_record(opened, ids, q, max_new_tokens=max_new_tokens, criterion=criterion,
+                              progress=factory(f"recording {len(ids):,} prompts", len(ids)))
+    with atomic_file(out) as staging:
+        write_trace(recorded.requests, staging)
+    if outputs is not None:
+        with atomic_file(outputs) as staging:
+            staging.write_text("".join(json.dumps({"request_id": r.request_id, "token_ids": t, "text": x}) + "\n"
+                                       for r, t, x in zip(recorded.requests, recorded.outputs, recorded.texts,
+                                                          strict=True)))
+    depths = [d for r in recorded.requests for d in r.depths.tolist()]
+    mean = sum(depths) / len(depths) if depths else float("nan")
+    emit([{"prompts": len(ids), "output tokens": sum(r.output_len for r in recorded.requests),
+           "mean exit depth": mean, "r_max": opened.arch.r_max}],
+         f"{opened.arch.name}: exits at q = {q:g}", caption=f"trace written to {out}")
 
 
 @group.command("calibrate")

@@ -1,0 +1,158 @@
+"""Record an exit trace from a checkpoint: real prompts, the model's greedy outputs and its own exit rule.
+
+A checkpoint is a Hugging Face model folder: ``config.json`` (the architecture, :mod:`cdbsim.model.hf_config`),
+safetensors in the authors' tensor names (:mod:`executor.loader`) and, for text prompts, ``tokenizer.json`` (read
+with the ``tokenizers`` library). Each prompt is decoded greedily at full depth up to ``max_new_tokens`` or the
+end-of-sequence token; every output token after the first gets the depth at which the model's exit rule fires
+(:mod:`executor.gates`: Ouro's learned gate, the cumulative exit probability reaching ``q``; Huginn's relative
+change between consecutive loop states falling below ``q``). The result is an ordinary trace file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cdbsim.errors import ConfigError, read_json, require
+from cdbsim.model.arch import ArchSpec, KVLayout
+from cdbsim.model.hf_config import arch_from_hf_config
+from executor.gates import CRITERIA, default_criterion, depths_from_values, teacher_forced_values
+from executor.loader import load_model
+from executor.model import LoopedLM
+from executor.reference import ReferenceDecoder
+from traces.request import Request
+
+PROMPT_KEYS = ("text", "prompt", "token_ids")
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint folder opened: its architecture, model, tokenizer (None without ``tokenizer.json``) and the
+    end-of-sequence token ids its ``config.json`` names."""
+
+    folder: Path
+    arch: ArchSpec
+    model: LoopedLM
+    tokenizer: object | None
+    eos: frozenset[int]
+
+    @classmethod
+    def open(cls, folder: str | Path, *, device: str = "cpu", dtype: torch.dtype | None = None,
+             r_max: int | None = None) -> Checkpoint:
+        folder = Path(folder)
+        require(folder.is_dir(), f"--checkpoint {folder}: not a directory (a Hugging Face model folder)")
+        config = folder / "config.json"
+        require(config.is_file(), f"--checkpoint {folder}: no config.json")
+        arch = arch_from_hf_config(config)
+        if r_max is not None:
+            arch = arch.with_loops(r_max, None)
+        try:
+            model = load_model(arch, folder, device=device, dtype=dtype)
+        except (ValueError, OSError, KeyError) as exc:
+            raise ConfigError(f"--checkpoint {folder}: {str(exc).splitlines()[0]}") from None
+        eos = read_json(config, "checkpoint config").get("eos_token_id")
+        eos_ids = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        return cls(folder, arch, model, _tokenizer(folder), frozenset(int(t) for t in eos_ids))
+
+    def encode(self, text: str, where: str) -> list[int]:
+        require(self.tokenizer is not None, f"{where}: a text prompt needs the checkpoint's tokenizer.json "
+                                            f"(or give token_ids)")
+        return list(self.tokenizer.encode(text).ids)
+
+    def decode(self, ids: list[int]) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode(ids)
+
+
+def _tokenizer(folder: Path) -> object | None:
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # the library raises its own exception types
+        raise ConfigError(f"{path}: not a readable tokenizer ({str(exc).splitlines()[0]})") from None
+
+
+def read_prompts(path: str | Path, checkpoint: Checkpoint) -> list[list[int]]:
+    """Prompt token ids from a JSONL file (one object a line with ``text``, ``prompt`` or ``token_ids``) or a CSV
+    file (a ``text`` or ``token_ids`` column, ids separated by spaces); a bad line names the file and the line."""
+    path = Path(path)
+    require(path.is_file(), f"--prompts {path}: no such file")
+    if path.suffix == ".csv":
+        import pandas as pd
+
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        column = next((c for c in ("text", "token_ids") if c in frame.columns), None)
+        require(column is not None, f"{path}: a prompts CSV needs a text or token_ids column")
+        rows = [({"token_ids": value.split()} if column == "token_ids" else {"text": value}, f"{path}:{i + 2}")
+                for i, value in enumerate(frame[column])]
+    else:
+        rows = []
+        for i, line in enumerate(path.read_text().splitlines()):
+            if line.strip():
+                try:
+                    rows.append((json.loads(line), f"{path}:{i + 1}"))
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{path}:{i + 1}: not JSON ({exc.msg})") from None
+    prompts = [_prompt(row, where, checkpoint) for row, where in rows]
+    require(bool(prompts), f"{path}: no prompts")
+    return prompts
+
+
+def _prompt(row: object, where: str, checkpoint: Checkpoint) -> list[int]:
+    require(isinstance(row, dict) and any(k in row for k in PROMPT_KEYS),
+            f"{where}: expected an object with one of {', '.join(PROMPT_KEYS)}")
+    if "token_ids" in row:
+        try:
+            ids = [int(t) for t in row["token_ids"]]
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: token_ids must be a list of integers") from None
+    else:
+        text = row.get("text", row.get("prompt"))
+        require(isinstance(text, str), f"{where}: the prompt text must be a string")
+        ids = checkpoint.encode(text, where)
+    vocab = checkpoint.arch.vocab
+    require(bool(ids), f"{where}: an empty prompt")
+    require(all(0 <= t < vocab for t in ids), f"{where}: token ids must lie in [0, {vocab}) of the checkpoint")
+    return ids
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The trace's requests and, per request, its output token ids and text."""
+
+    requests: list[Request]
+    outputs: list[list[int]]
+    texts: list[str | None]
+
+
+def record(checkpoint: Checkpoint, prompts: list[list[int]], q: float, *, max_new_tokens: int = 256,
+           criterion: str | None = None, progress: Callable[[int], None] | None = None) -> Recorded:
+    """Greedy full-depth outputs of every prompt, each output token's exit depth at threshold ``q`` (offline)."""
+    model = checkpoint.model
+    criterion = criterion or default_criterion(model)
+    require(criterion in CRITERIA, f"unknown exit criterion {criterion!r}; choose one of: {', '.join(CRITERIA)}")
+    require(criterion != "hazard" or model.gate_w is not None, "the hazard criterion needs Ouro's exit gate")
+    require(max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    r_max = model.config.r_max
+    requests, outputs, texts = [], [], []
+    with torch.inference_mode():
+        for i, prompt in enumerate(prompts):
+            tokens = ReferenceDecoder(model, KVLayout.DEPTH).generate(
+                prompt, max_new_tokens, [r_max] * (max_new_tokens - 1)).tokens
+            end = next((j + 1 for j, t in enumerate(tokens) if t in checkpoint.eos), len(tokens))
+            tokens = [int(t) for t in tokens[:end]]
+            depths = depths_from_values(teacher_forced_values(model, prompt, tokens, criterion), q, criterion)
+            requests.append(Request(i, len(prompt), len(tokens), 0.0, np.asarray(depths, dtype=np.int16)))
+            outputs.append(tokens)
+            texts.append(checkpoint.decode(tokens))
+            if progress is not None:
+                progress(1)
+    return Recorded(requests, outputs, texts)

@@ -127,7 +127,7 @@ def adaptive_gpu() -> str:
 
 
 def executor_targets() -> str:
-    """The executor's speed targets, met or not (``benchmarks/executor_targets.py``)."""
+    """The executor's speed targets, met or not, from the benchmark tables, the kernel profile and validation."""
     rows = verdicts(RESULTS / "executor" / "stages.csv", RESULTS / "executor" / "attention.csv",
                     RESULTS / "executor" / "throughput.csv", ROOT / "calibration" / "profiles" / "h200-kernels.json",
                     RESULTS / "validation" / "summary.csv")
@@ -157,22 +157,32 @@ def sweep_speed() -> str:
                       f"{r['peak_rss_mb']:.0f} MB"] for r in runs])
 
 
-def memory(full: bool) -> Callable[[], str]:
-    def table() -> str:
-        from benchmarks.memory import FIT_MODELS, fit_table
+def memory_full() -> str:
+    """Largest KV cache of each model, r_max and layout on each GPU at W = 64 and 256."""
+    from benchmarks.memory import fit_table
 
-        frame = fit_table()
-        if not full:  # the shipped r_max only
-            frame = frame[frame["r_max"] == frame["model"].map(lambda m: FIT_MODELS[m][0])]
-        return markdown(list(frame.columns), frame.astype(str).values.tolist())
-    table.__doc__ = "Largest KV cache of each model and layout on each GPU" + (", r_max and twice it" if full else "")
-    return table
+    frame = fit_table()
+    return markdown(list(frame.columns), frame.astype(str).values.tolist())
+
+
+def memory() -> str:
+    """Largest KV cache of each model at its shipped r_max, by layout, on each GPU at W = 64."""
+    from benchmarks.memory import FIT_MODELS, fit_table
+
+    frame = fit_table(widths=(64,))
+    frame = frame[frame["r_max"] == frame["model"].map(lambda m: FIT_MODELS[m][0])]
+    wide = frame.pivot(index="model", columns="layout", values=["H100 W=64", "H200 W=64"])
+    layouts = ("depth", "first-shared", "shared")
+    rows = [[f"{model} (r_max {FIT_MODELS[model][0]})", *(wide.loc[model, (gpu, layout)] for gpu in
+                                                          ("H100 W=64", "H200 W=64") for layout in layouts)]
+            for model in FIT_MODELS]
+    return markdown(["model", *(f"{gpu[:4]} {layout}" for gpu in ("H100", "H200") for layout in layouts)], rows)
 
 
 TABLES: dict[str, Callable[[], str]] = {
     "validation": validation, "unseen": unseen, "paper": paper(True), "paper-full": paper(False),
     "adaptive-grid": adaptive_grid, "adaptive-gpu": adaptive_gpu, "executor-targets": executor_targets,
-    "sim-speed": sim_speed, "sweep-speed": sweep_speed, "memory": memory(False), "memory-full": memory(True)}
+    "sim-speed": sim_speed, "sweep-speed": sweep_speed, "memory": memory, "memory-full": memory_full}
 
 
 def blocks(path: Path) -> list[tuple[str, str]]:

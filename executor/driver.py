@@ -12,7 +12,7 @@ from __future__ import annotations
 import platform
 import time
 from collections import deque
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -127,7 +127,8 @@ class Executor:
 
     def __init__(self, arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
                  model: LoopedLM, mode: Timing | str | None = None, graphs: bool | None = None,
-                 keep_logits: bool = False, prompt_seed: int = 0, memory_fraction: float = MEMORY_FRACTION) -> None:
+                 keep_logits: bool = False, prompt_seed: int = 0, memory_fraction: float = MEMORY_FRACTION,
+                 prompts: Sequence[Sequence[int]] | None = None) -> None:
         mode = Timing.parse(mode) if mode is not None else config.timing
         if model.config.r_max != arch.r_max:
             raise ValueError(f"model r_max {model.config.r_max} differs from the architecture's {arch.r_max}")
@@ -135,7 +136,7 @@ class Executor:
         self.cuda = model.device.type == "cuda"
         self.memory = gpu_plan(arch, config, requests, kv_blocks, model.device, memory_fraction)
         self.scheduler = Scheduler(arch, config, requests, kv_blocks, share_blocks=True)
-        self.engine = Engine(model, config, requests, kv_blocks, prompt_seed=prompt_seed)
+        self.engine = Engine(model, config, requests, kv_blocks, prompt_seed=prompt_seed, prompts=prompts)
         use_graphs = self.cuda if graphs is None else graphs  # on CPU: static buffers without capture (tests)
         self.graphs = StageGraphs(self.engine) if use_graphs else None
         self.keep_logits = keep_logits
@@ -262,12 +263,13 @@ class _Serving:
 def execute(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
             device: torch.device | str = "cpu", dtype: torch.dtype | None = None, mode: Timing | str | None = None,
             seed: int = 0, model: LoopedLM | None = None, graphs: bool | None = None, backend: str | None = None,
-            keep_logits: bool = False, warmup: bool = True, memory_fraction: float = MEMORY_FRACTION) -> ExecutorRun:
+            keep_logits: bool = False, warmup: bool = True, memory_fraction: float = MEMORY_FRACTION,
+            prompts: Sequence[Sequence[int]] | None = None) -> ExecutorRun:
     """Serve ``requests`` on a (random-init unless ``model`` is given) model; everything the run produced."""
     if model is None:
         model = build_model(arch, device=device, dtype=dtype, seed=seed, backend=backend)
     executor = Executor(arch, config, requests, kv_blocks, model=model, mode=mode, graphs=graphs,
-                        keep_logits=keep_logits, prompt_seed=seed, memory_fraction=memory_fraction)
+                        keep_logits=keep_logits, prompt_seed=seed, memory_fraction=memory_fraction, prompts=prompts)
     if warmup:
         executor.warmup()
     return executor.run()

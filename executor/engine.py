@@ -10,7 +10,7 @@ scratch bank row and the trash block, so they never touch a real request; either
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,7 +69,7 @@ class Engine:
     """Stage runners over one model, cache, token store and hidden-state bank."""
 
     def __init__(self, model: LoopedLM, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
-                 prompt_seed: int = 0) -> None:
+                 prompt_seed: int = 0, prompts: Sequence[Sequence[int]] | None = None) -> None:
         cfg = model.config
         self.model = model
         self.config = config
@@ -86,7 +86,11 @@ class Engine:
         n = len(requests)
         store = np.zeros((n + 1, self.stride), dtype=np.int64)
         for i, r in enumerate(requests):
-            store[i, : r.prompt_len] = prompt_ids(r.request_id, r.prompt_len, cfg.vocab, prompt_seed)
+            ids = prompt_ids(r.request_id, r.prompt_len, cfg.vocab, prompt_seed) if prompts is None else prompts[i]
+            if len(ids) != r.prompt_len:
+                raise ValueError(f"request {r.request_id}: {len(ids)} prompt tokens given, its prompt_len is "
+                                 f"{r.prompt_len}")
+            store[i, : r.prompt_len] = ids
         self.tokens = torch.from_numpy(store.reshape(-1)).to(self.device)
         self.scratch_token = n * self.stride
         width = config.width

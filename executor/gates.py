@@ -107,15 +107,17 @@ def record_gate_values(model: LoopedLM, request: Request, *, criterion: str | No
 
 
 def greedy_outputs(model: LoopedLM, arch: ArchSpec, requests: Sequence[Request], *, prompt_seed: int = 0,
-                   width: int = 64) -> list[np.ndarray]:
-    """Every request's greedy full-depth output from one batched CB executor run (all loops, depth-indexed KV)."""
+                   width: int = 64, prompts: Sequence[Sequence[int]] | None = None) -> list[np.ndarray]:
+    """Every request's greedy full-depth output from one batched CB executor run (all loops, depth-indexed KV), on
+    ``prompts`` (token ids) if given, else the synthetic prompts of ``prompt_seed``."""
     requests = [Request(r.request_id, r.prompt_len, r.output_len, 0.0) for r in requests]
     longest = max(r.prompt_len + r.output_len for r in requests)
     width = max(1, min(width, len(requests)))
     config = ServeConfig(policy="cb", width=width, prefill_budget=max(width, min(8192, longest)),
                          timing="sync", layout=KVLayout.DEPTH)
     kv_blocks = 2 * width * max(need_blocks(r.prompt_len, r.output_len, config.block_size) for r in requests)
-    return execute(arch, config, requests, kv_blocks, model=model, mode="sync", seed=prompt_seed).tokens
+    return execute(arch, config, requests, kv_blocks, model=model, mode="sync", seed=prompt_seed,
+                   prompts=prompts).tokens
 
 
 def record_exit_trace(model: LoopedLM, requests: Sequence[Request], q: float, *, criterion: str | None = None,

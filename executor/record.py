@@ -2,10 +2,10 @@
 
 A checkpoint is a Hugging Face model folder: ``config.json`` (the architecture, :mod:`cdbsim.model.hf_config`),
 safetensors in the authors' tensor names (:mod:`executor.loader`) and, for text prompts, ``tokenizer.json`` (read
-with the ``tokenizers`` library). Each prompt is decoded greedily at full depth up to ``max_new_tokens`` or the
-end-of-sequence token; every output token after the first gets the depth at which the model's exit rule fires
-(:mod:`executor.gates`: Ouro's learned gate, the cumulative exit probability reaching ``q``; Huginn's relative
-change between consecutive loop states falling below ``q``). The result is an ordinary trace file.
+with the ``tokenizers`` library). The prompts are decoded greedily at full depth in one batched executor run, up to
+``max_new_tokens`` each or the end-of-sequence token; every output token after the first gets the depth at which
+the model's exit rule fires (:mod:`executor.gates`: Ouro's learned gate, the cumulative exit probability reaching
+``q``; Huginn's relative change between consecutive loop states falling below ``q``). The result is a trace file.
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ import numpy as np
 import torch
 
 from cdbsim.errors import ConfigError, read_json, require
-from cdbsim.model.arch import ArchSpec, KVLayout
+from cdbsim.model.arch import ArchSpec
 from cdbsim.model.hf_config import arch_from_hf_config
-from executor.gates import CRITERIA, default_criterion, depths_from_values, teacher_forced_values
+from executor.gates import CRITERIA, default_criterion, depths_from_values, greedy_outputs, teacher_forced_values
 from executor.loader import load_model
 from executor.model import LoopedLM
-from executor.reference import ReferenceDecoder
 from traces.request import Request
 
 PROMPT_KEYS = ("text", "prompt", "token_ids")
@@ -141,12 +140,12 @@ def record(checkpoint: Checkpoint, prompts: list[list[int]], q: float, *, max_ne
     require(criterion in CRITERIA, f"unknown exit criterion {criterion!r}; choose one of: {', '.join(CRITERIA)}")
     require(criterion != "hazard" or model.gate_w is not None, "the hazard criterion needs Ouro's exit gate")
     require(max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    r_max = model.config.r_max
+    asked = [Request(i, len(p), max_new_tokens, 0.0) for i, p in enumerate(prompts)]
+    generated = greedy_outputs(model, checkpoint.arch, asked, prompts=prompts)  # one batched full-depth run
     requests, outputs, texts = [], [], []
     with torch.inference_mode():
-        for i, prompt in enumerate(prompts):
-            tokens = ReferenceDecoder(model, KVLayout.DEPTH).generate(
-                prompt, max_new_tokens, [r_max] * (max_new_tokens - 1)).tokens
+        for i, (prompt, tokens) in enumerate(zip(prompts, generated, strict=True)):
+            tokens = tokens.tolist()
             end = next((j + 1 for j, t in enumerate(tokens) if t in checkpoint.eos), len(tokens))
             tokens = [int(t) for t in tokens[:end]]
             depths = depths_from_values(teacher_forced_values(model, prompt, tokens, criterion), q, criterion)

@@ -207,9 +207,9 @@ def test_import_cdbsim_is_cheap() -> None:
         cdbsim.sweeps  # noqa: B018
 
 
-def test_readme_python_example_runs() -> None:
-    """The code under README's "From Python" heading, run as written."""
-    text = (ROOT / "README.md").read_text()
+def test_the_python_example_runs() -> None:
+    """The code under the inputs guide's "From Python" heading, run as written."""
+    text = (ROOT / "docs" / "inputs-and-outputs.md").read_text()
     section = text[text.index("## From Python"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     namespace: dict = {}
@@ -281,3 +281,9 @@ def test_the_default_mean_depth_respects_the_lookahead_floor(name: str) -> None:
     assert Experiment(arch={"name": name, "r_max": 2}).workload_spec(arch).exits.mean == 2.0
     assert Experiment(serve={"timing": "sync"}).workload_spec(arch).exits.mean == 1.5
     assert Experiment().workload_spec(Experiment().arch.spec()).exits.mean == 2.5  # Ouro's 1..4: unchanged
+
+
+def test_a_huginn_config_without_a_rope_base_takes_upstreams_and_keeps_its_loop_count(tmp_path) -> None:
+    config = {k: v for k, v in HUGINN_CONFIG.items() if k != "rope_base"}
+    spec = arch_from_hf_config(write_config(tmp_path, config))
+    assert spec.rope_theta == 50_000.0 and spec.r_max == 16 and spec.extras["mean_recurrence"] == 32

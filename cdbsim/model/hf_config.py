@@ -2,7 +2,8 @@
 
 Ouro (``model_type`` "ouro"): every layer loops (split 0-L-0), ``total_ut_steps`` is r_max. Huginn (``model_type``
 "huginn_raven", RavenConfig): prelude, recurrent block and coda; r_max is 16 as the CDB paper serves it (``--r-max``
-sets another).
+sets another; the config's own ``mean_recurrence``, 32 upstream, is kept in ``extras``); RoPE base 50,000 where the
+config gives none, as upstream.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from cdbsim.errors import ConfigError, read_json, require, unknown
 from cdbsim.model.arch import ArchSpec, LayerShape
 
 HUGINN_R_MAX = 16
+HUGINN_ROPE_BASE = 50_000.0  # RavenConfig's default where a config names none
 _MISSING = object()
 
 
@@ -80,8 +82,9 @@ def _huginn(config: _Fields, name: str) -> ArchSpec:
                     prelude=config.get("n_layers_in_prelude"), core=config.get("n_layers_in_recurrent_block"),
                     coda=config.get("n_layers_in_coda"), r_max=HUGINN_R_MAX,
                     tied_head=config.get("tie_embeddings", "tie_word_embeddings", default=True, kind=bool),
-                    rope_theta=float(config.get("rope_base", "rope_theta", kind=_NUMBER)),
-                    norm_eps=float(config.get("norm_eps", default=1e-6, kind=_NUMBER)))
+                    rope_theta=float(config.get("rope_base", "rope_theta", default=HUGINN_ROPE_BASE, kind=_NUMBER)),
+                    norm_eps=float(config.get("norm_eps", default=1e-6, kind=_NUMBER)),
+                    extras={"mean_recurrence": config.get("mean_recurrence", default=None)})
 
 
 FAMILIES: dict[str, tuple[str, Callable[[_Fields, str], ArchSpec]]] = {

@@ -143,3 +143,15 @@ def test_text_needs_the_tokenizer_and_a_folder_needs_its_config(tmp_path: Path) 
     csv = tmp_path / "p.csv"
     csv.write_text("token_ids\n3 4 5\n")
     assert read_prompts(csv, opened) == [[3, 4, 5]]
+
+
+def test_the_batched_outputs_are_the_reference_decoders_on_the_given_prompts(tmp_path: Path) -> None:
+    from cdbsim.model.arch import KVLayout
+    from executor.reference import ReferenceDecoder
+
+    ouro = Checkpoint.open(ouro_checkpoint(tmp_path / "ouro"))
+    prompts = [[5, 17, 3, 42], [9, 8, 7, 6, 5, 4, 3, 2, 1]]
+    got = record(ouro, prompts, 0.5, max_new_tokens=5).outputs
+    for prompt, tokens in zip(prompts, got, strict=True):
+        want = ReferenceDecoder(ouro.model, KVLayout.DEPTH).generate(prompt, 5, [3] * 4).tokens
+        assert tokens == [int(t) for t in want]

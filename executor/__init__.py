@@ -3,8 +3,8 @@
 Entry points: :func:`run_executor` / :func:`execute` (:mod:`executor.driver`), :func:`build_model`. A launch goes
 driver -> engine -> graphs (CUDA graphs) -> model -> ops (torch primitives, or Triton kernels: ``triton_pointwise``,
 ``triton_decode``, ``triton_prefill``; ``chain`` for one or two rows, ``few_rows`` for a few) over the paged
-``kv_cache``. ``reference`` is the decoder the tests compare to, ``loader`` reads real checkpoints, ``gates`` records
-exit traces. Needs torch; :mod:`cdbsim` and :mod:`traces` never import it.
+``kv_cache``. ``reference`` is the decoder the tests compare to, ``loader`` reads real checkpoints, ``gates`` computes
+exit depths, ``record`` writes a checkpoint's exit trace. Needs torch; :mod:`cdbsim` and :mod:`traces` never import it.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ The hashed sources (:func:`source_files`) are every module of this package that 
 how it is launched (kernels, ops, model, cache layout, engine, CUDA graphs, driver), plus
 ``cdbsim/latency/gpu_work.py``, whose split counts and row thresholds the kernels are launched with. Left out, as
 they change no launch: ``__init__`` (lazy names), ``build`` (this file), ``gates`` (records exit traces), ``loader``
-(reads checkpoints into the same weights), ``reference`` (the tests' decoder), ``sm90`` (an offline compile check)
-and ``tokens`` (synthetic prompt ids). A new module of the package is hashed unless named here.
+(reads checkpoints into the same weights), ``record`` (traces from a checkpoint), ``reference`` (the tests'
+decoder), ``sm90`` (an offline compile check) and ``tokens`` (synthetic prompt ids). A new module of the package
+is hashed unless named here.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import torch
 from cdbsim.latency.build import Build
 
 PACKAGE = Path(__file__).resolve().parent
-NOT_HASHED = frozenset({"__init__.py", "build.py", "gates.py", "loader.py", "reference.py", "sm90.py", "tokens.py"})
+NOT_HASHED = frozenset({"__init__.py", "build.py", "gates.py", "loader.py", "record.py", "reference.py", "sm90.py",
+                        "tokens.py"})
 LAUNCH_RULES = PACKAGE.parent / "cdbsim" / "latency" / "gpu_work.py"
 HASH_CHARS = 8
 

@@ -157,6 +157,71 @@ def sweep_speed() -> str:
                       f"{r['peak_rss_mb']:.0f} MB"] for r in runs])
 
 
+CODESIGN = RESULTS / "codesign"
+LIMITS_MS = (40, 50, 75, 100)
+FAMILY = {"huginn-3.5b": "Huginn-style h5280", "ouro-2.6b": "Ouro-style h2048"}
+MODEL = ["family", "arch.split", "arch.r_max"]
+
+
+def study(name: str = "study.parquet") -> pd.DataFrame:
+    """The co-design sweep's answered points (``cdbsim sweep --config benchmarks/results/codesign/study.toml``)."""
+    rows = pd.read_parquet(CODESIGN / name)
+    rows = rows[rows["status"] == "ok"].copy()
+    rows["family"] = rows["arch.name"].map(FAMILY)
+    rows["tpot_ms"] = rows["tpot_s_p99"] * 1e3
+    return rows
+
+
+def best_per_model(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows.loc[rows.groupby(MODEL, sort=False)["output_tps"].idxmax()]
+
+
+def codesign_best() -> str:
+    """The co-design study: per model, split and r_max, the best throughput per GPU over policy and W."""
+    rows = study()
+    table = []
+    for _, r in best_per_model(rows).iterrows():
+        same = rows[(rows[MODEL] == r[MODEL]).all(axis=1)]
+        gain = (same[same["serve.policy"] == "refill"]["output_tps"].max()
+                / same[same["serve.policy"] == "cb"]["output_tps"].max())
+        table.append([r["family"], r["arch.split"], r["arch.r_max"], f"{r['params'] / 1e9:.2f}",
+                      f"{r['output_tps']:,.0f}", f"{r['serve.policy']} W={r['serve.width']}", f"{r['tpot_ms']:.1f}",
+                      f"{r['layers_per_token']:.1f}", f"{gain:.2f}x"])
+    return markdown(["model", "split", "r_max", "params (B)", "best tok/s per GPU", "at", "p99 TPOT ms",
+                     "layers/token", "refill/CB"], table)
+
+
+def codesign_limits() -> str:
+    """The co-design study: the best point under each p99 TPOT limit."""
+    rows = study()
+    table = []
+    for limit in LIMITS_MS:
+        within = rows[rows["tpot_ms"] <= limit]
+        if within.empty:
+            table.append([f"{limit} ms", "none", "", "", "", "", ""])
+            continue
+        r = within.loc[within["output_tps"].idxmax()]
+        table.append([f"{limit} ms", f"{r['output_tps']:,.0f}", r["family"], r["arch.split"], r["arch.r_max"],
+                      f"{r['serve.policy']}, W={r['serve.width']}", f"{r['tpot_ms']:.1f}"])
+    return markdown(["p99 TPOT limit", "best tok/s per GPU", "model", "split", "r_max", "policy, W", "p99 TPOT ms"],
+                    table)
+
+
+def codesign_kernels() -> str:
+    """The co-design study on the kernel-level profile alone: does it pick each model's best policy and W?"""
+    shipped, kernels = (best_per_model(study(name)).set_index(MODEL) for name in ("study.parquet",
+                                                                                  "study-kernels.parquet"))
+    kernel_rows = study("study-kernels.parquet").set_index([*MODEL, "serve.policy", "serve.width"])["output_tps"]
+    table = []
+    for key, r in shipped.iterrows():
+        k = kernels.loc[key]
+        pick = (r["serve.policy"], r["serve.width"])
+        loss = 1 - kernel_rows.loc[(*key, *pick)] / k["output_tps"]  # the shipped pick, priced by the kernel profile
+        table.append([key[0], key[1], key[2], f"{pick[0]} W={pick[1]}", f"{k['serve.policy']} W={k['serve.width']}",
+                      "yes" if pick == (k["serve.policy"], k["serve.width"]) else f"no ({100 * loss:.2f}% apart)"])
+    return markdown(["model", "split", "r_max", "shipped profiles pick", "kernel profile picks", "same"], table)
+
+
 def memory_full() -> str:
     """Largest KV cache of each model, r_max and layout on each GPU at W = 64 and 256."""
     from benchmarks.memory import fit_table
@@ -182,7 +247,9 @@ def memory() -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "validation": validation, "unseen": unseen, "paper": paper(True), "paper-full": paper(False),
     "adaptive-grid": adaptive_grid, "adaptive-gpu": adaptive_gpu, "executor-targets": executor_targets,
-    "sim-speed": sim_speed, "sweep-speed": sweep_speed, "memory": memory, "memory-full": memory_full}
+    "sim-speed": sim_speed, "sweep-speed": sweep_speed, "codesign-best": codesign_best,
+    "codesign-limits": codesign_limits, "codesign-kernels": codesign_kernels, "memory": memory,
+    "memory-full": memory_full}
 
 
 def blocks(path: Path) -> list[tuple[str, str]]:

@@ -12,13 +12,17 @@
 #                                             -> benchmarks/results/adaptive/gpu/
 #   bash benchmarks/gpu_session.sh unseen     shapes no per-model profile measured, on the kernel-level profile
 #                                             (about 9 min) -> benchmarks/results/unseen/
+#   bash benchmarks/gpu_session.sh memory     GPU tests, an oversized KV cache refused before any model loads, and
+#                                             the executor's peak memory on every configuration of this GPU's
+#                                             validation matrix (about 6 min) -> benchmarks/results/memory/
 # Everything a phase writes goes to $OUT/session-<phase>.tgz; copy the files the docs cite into the folder named.
 # ONLY=name,name runs those configurations of a matrix alone. docs/validating.md says more.
 set -u
 phase=${1:-}
 case $phase in
-  calibrate | validate | bench | paper | adaptive | unseen) ;;
-  *) echo "error: unknown phase '$phase'; phases: calibrate, validate, bench, paper, adaptive, unseen" >&2; exit 2 ;;
+  calibrate | validate | bench | paper | adaptive | unseen | memory) ;;
+  *) echo "error: unknown phase '$phase'; phases: calibrate, validate, bench, paper, adaptive, unseen, memory" >&2
+     exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
@@ -61,5 +65,12 @@ case $phase in
   paper) matrix 560 paper paper-huginn-h200.json ;;
   adaptive) matrix 560 adaptive adaptive-h200.json ;;
   unseen) matrix 560 unseen unseen-h200.json ;;
+  memory)
+    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -p no:cacheprovider
+    run 60 oversized-kv-refused python3 cli.py validate --arch ouro-2.6b --kv-tokens 1000000 --requests 8 \
+      --out "$work/refused"
+    run 380 memory python3 benchmarks/memory.py measure --matrix "calibration/matrices/validation-$gpu.json" \
+      --requests 32 --out "$work/memory-$gpu.csv"
+    ;;
 esac
 cat "$work/steps.txt"

@@ -222,6 +222,20 @@ def codesign_kernels() -> str:
     return markdown(["model", "split", "r_max", "shipped profiles pick", "kernel profile picks", "same"], table)
 
 
+def memory_measured() -> str:
+    """The executor's peak memory against the plan, from ``bash benchmarks/gpu_session.sh memory``."""
+    from benchmarks.memory import report
+
+    header = ["GPU", "configuration", "peak GiB", "plan GiB", "error %", "run time GiB", "plan run time GiB"]
+    rows = []
+    for path in sorted((RESULTS / "memory").glob("memory-*.csv")):
+        gpu = path.stem.removeprefix("memory-")
+        for r in report(path, ROOT / "calibration" / "matrices" / f"validation-{gpu}.json").itertuples():
+            rows.append([gpu.upper(), r.entry, f"{r[2]:.2f}", f"{r[3]:.2f}", f"{r[4]:+.1f}", f"{r[5]:.2f}",
+                         f"{r[6]:.2f}"])
+    return markdown(header, rows or [["none yet", "`bash benchmarks/gpu_session.sh memory` measures it", *[""] * 5]])
+
+
 def memory_full() -> str:
     """Largest KV cache of each model, r_max and layout on each GPU at W = 64 and 256."""
     from benchmarks.memory import fit_table
@@ -249,7 +263,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "adaptive-grid": adaptive_grid, "adaptive-gpu": adaptive_gpu, "executor-targets": executor_targets,
     "sim-speed": sim_speed, "sweep-speed": sweep_speed, "codesign-best": codesign_best,
     "codesign-limits": codesign_limits, "codesign-kernels": codesign_kernels, "memory": memory,
-    "memory-full": memory_full}
+    "memory-full": memory_full, "memory-measured": memory_measured}
 
 
 def blocks(path: Path) -> list[tuple[str, str]]:

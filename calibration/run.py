@@ -13,7 +13,9 @@ from cdbsim.latency.devices import device_tag
 from cdbsim.latency.profile import Profile
 from cdbsim.latency.recipes import model_stage_name
 from cdbsim.model.arch import ArchSpec
+from cdbsim.serving.config import ServeConfig
 from cdbsim.serving.launch import Stage
+from cdbsim.serving.memory import KVCapacity, RequestShape
 
 DEVICES = ("cuda", "cpu")  # cuda or cuda:N measures a GPU; cpu runs the tiny test models
 
@@ -42,6 +44,9 @@ def calibrate(archs: list[ArchSpec], out: Path, quick: bool = False, device: str
     dev = torch_device(device)
     plan = plan or (Plan.quick() if quick else Plan())
     info, versions = environment(dev)
+    if info["memory_bytes"]:  # every model must fit beside a KV cache before any is measured
+        for arch in archs:
+            KVCapacity().plan(arch, ServeConfig(), RequestShape.FEWEST, info["name"], info["memory_bytes"])
     build = current_build(dev).to_dict()
     out.mkdir(parents=True, exist_ok=True)
     shape_points: dict[str, dict] = {}

@@ -79,3 +79,12 @@ def test_peak_gpu_memory_matches_the_plan() -> None:
     run = driver.execute(arch, config, requests, 4096, device="cuda")
     memory = run.log.meta["memory"]
     assert memory["fits"] and abs(memory["total_gib"] / memory["peak_allocated_gib"] - 1) < 0.05, memory
+
+
+def test_calibrate_refuses_a_model_the_gpu_cannot_hold_before_measuring(monkeypatch, tmp_path) -> None:
+    from calibration import measure, run
+
+    monkeypatch.setattr(measure, "environment", lambda device: ({"name": "a 4 GB GPU", "memory_bytes": 4e9}, {}))
+    monkeypatch.setattr(measure, "measure_shape", lambda *a, **k: pytest.fail("measured"))
+    with pytest.raises(ConfigError, match=r"the weights of huginn-3\.5b \(6\.6 GiB\).*do not fit in 90% of the a 4 GB"):
+        run.calibrate([load_arch("huginn-3.5b")], tmp_path, device="cpu")

@@ -94,8 +94,7 @@ class Entry:
         serve, config = self.experiment.serve, self.config()
         if serve.kv_tokens is None and serve.kv_blocks is None:
             return None
-        return capacity_blocks(self.spec(), config.layout, tokens=serve.kv_tokens, blocks=serve.kv_blocks,
-                               block_size=config.block_size)
+        return capacity_blocks(tokens=serve.kv_tokens, blocks=serve.kv_blocks, block_size=config.block_size)
 
     def plan(self, device: str, device_bytes: float) -> MemoryPlan:
         """The entry's memory on a GPU: its KV size checked, or sized from the memory (one-line refusal)."""

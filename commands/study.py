@@ -45,7 +45,7 @@ def schedule(
     exp = exp.override({"workload.rate": None})  # the schedule of an offline run: every request at t = 0
     kv = exp.serve
     tokens = DEFAULT_KV_TOKENS if kv.kv_tokens is None and kv.kv_blocks is None else kv.kv_tokens
-    blocks = capacity_blocks(spec, config.layout, tokens=tokens, blocks=kv.kv_blocks)
+    blocks = capacity_blocks(tokens=tokens, blocks=kv.kv_blocks, block_size=config.block_size)
     with progress_display() as factory:
         reqs = exp.workload_spec(spec).build(spec, config.r_min(spec), factory, kv_blocks=blocks)
     rows: list[dict] = []

@@ -24,18 +24,10 @@ if TYPE_CHECKING:
     from traces import Request
 
 
-def capacity_blocks(arch: ArchSpec, layout: KVLayout | str, *, tokens: int | None = None,
-                    blocks: int | None = None, memory_bytes: float | None = None,
-                    block_size: int = BLOCK_SIZE) -> int:
-    """KV capacity in blocks from exactly one of: tokens, blocks, or bytes of memory for the cache."""
-    require(sum(x is not None for x in (tokens, blocks, memory_bytes)) == 1,
-            "give the KV capacity as exactly one of tokens, blocks or memory bytes")
-    if blocks is not None:
-        result = blocks
-    elif tokens is not None:
-        result = tokens // block_size
-    else:
-        result = int(memory_bytes // (arch.kv_bytes_per_token(layout) * block_size))
+def capacity_blocks(*, tokens: int | None = None, blocks: int | None = None, block_size: int = BLOCK_SIZE) -> int:
+    """KV capacity in blocks from exactly one of: tokens or blocks."""
+    require((tokens is None) != (blocks is None), "give the KV capacity as exactly one of tokens or blocks")
+    result = blocks if blocks is not None else tokens // block_size
     require(result >= 1, f"the KV capacity ({result} blocks of {block_size} tokens) must be >= 1 block")
     return int(result)
 
@@ -48,7 +40,6 @@ def size_text(n_bytes: float) -> str:
 def gib(n_bytes: float) -> str:
     """Bytes in GiB, as GPU memory is quoted."""
     return f"{n_bytes / 2**30:,.1f} GiB"
-
 
 
 MEMORY_FRACTION = 0.9  # share of the device's memory for weights, KV cache and run time (vLLM's default)
@@ -235,8 +226,7 @@ class KVCapacity:
              device_bytes: float) -> MemoryPlan:
         """The memory plan on a device of ``device_bytes`` (0: unknown; a given size is then taken as it is)."""
         if self.given:
-            blocks = capacity_blocks(arch, config.layout, tokens=self.tokens, blocks=self.blocks,
-                                     block_size=config.block_size)
+            blocks = capacity_blocks(tokens=self.tokens, blocks=self.blocks, block_size=config.block_size)
             plan = MemoryPlan.of(arch, config, blocks, shape, device, device_bytes, self.memory_fraction)
             if not plan.fits and not self.over_memory:
                 raise ConfigError(f"{plan.explain()}, --over-memory simulates it anyway")

@@ -201,43 +201,54 @@ def plan_entries(entries: list[Entry], device: str, device_bytes: float) -> dict
 
 
 class OneModel:
-    """The GPU model of the architecture asked for last (random weights, seed 0); the previous one is freed first."""
+    """The model of the architecture asked for last, on ``device``: random weights (seed 0), or the weights of the
+    ``checkpoint`` folder; the previous model is freed first."""
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoint: Path | None = None, device: str = "cuda") -> None:
+        self.checkpoint, self.device = checkpoint, device
         self.key: tuple[str, str] | None = None
         self.model: object = None
+
+    @property
+    def weights(self) -> str:
+        """What the runs' logs record as their weights."""
+        return f"checkpoint {self.checkpoint}" if self.checkpoint is not None else "random (seed 0)"
 
     def __call__(self, arch: ArchSpec) -> object:
         import torch
 
         from executor.driver import build_model
+        from executor.loader import load_model
 
         if (arch.name, arch.split) != self.key:
             self.model = None
             gc.collect()
-            torch.cuda.empty_cache()
-            self.model, self.key = build_model(arch, device="cuda", seed=0), (arch.name, arch.split)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            self.model = (load_model(arch, self.checkpoint, device=self.device) if self.checkpoint is not None
+                          else build_model(arch, device=self.device, seed=0))
+            self.key = (arch.name, arch.split)
         return self.model
 
 
 def measure(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], LatencyModel],
-            log: Callable[[str], None] = print) -> dict[str, RunLog]:
-    """Run every entry on the GPU executor, each with the KV cache its memory plan gives; logs go to
-    ``out/<name>/`` (needs torch and CUDA)."""
+            log: Callable[[str], None] = print, checkpoint: Path | None = None) -> dict[str, RunLog]:
+    """Run every entry on the GPU executor (random weights, or ``checkpoint``'s), each with the KV cache its memory
+    plan gives; logs go to ``out/<name>/`` (needs torch and CUDA)."""
     plans = plan_entries(entries, *gpu_memory())
     import torch
 
     from executor.driver import execute
 
     results: dict[str, RunLog] = {}
-    model_for = OneModel()
+    model_for = OneModel(checkpoint)
     for entry in entries:
         arch = entry.spec()
         plan = plans[entry.name]
         requests, rate = requests_for(entry, latency_for(arch), plan.kv_blocks)
         run = execute(arch, entry.config(), requests, plan.kv_blocks, device="cuda", model=model_for(arch),
                       seed=entry.experiment.workload.seed, memory_fraction=plan.fraction)
-        run.log.meta.update({"validation_entry": entry.name, "rate": rate})
+        run.log.meta.update({"validation_entry": entry.name, "rate": rate, "weights": model_for.weights})
         run.log.save(out / entry.name)
         results[entry.name] = run.log
         log(f"{entry.name}: {sum(len(t) for t in run.log.token_times)} tokens in "
@@ -378,7 +389,7 @@ class Validation:
 
 def run_validation(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], LatencyModel],
                    measured: Path | None = None, log: Callable[[str], None] = print,
-                   strict: bool = False) -> Validation:
+                   strict: bool = False, checkpoint: Path | None = None) -> Validation:
     """Measure ``entries`` on the executor (or load logs saved in ``measured``), simulate, compare and write
     ``summary.json`` (summary, errors, profiles, configs, per-metric and per-stage rows), ``summary.csv``,
     ``stages.csv``, ``scatter.png`` and, for the first configuration, ``timeline.png``. Each profile's executor
@@ -390,7 +401,7 @@ def run_validation(entries: list[Entry], out: Path, latency_for: Callable[[ArchS
         _report_builds(check_builds(entries, latency_for, dict.fromkeys((e.name for e in entries), build),
                                     "this executor"), strict, log)
         out.mkdir(parents=True, exist_ok=True)
-        logs = measure(entries, out / "measured", latency_for, log=log)
+        logs = measure(entries, out / "measured", latency_for, log=log, checkpoint=checkpoint)
     else:  # saved executor logs, one per entry in ``measured/<name>/``
         missing = [e.name for e in entries if not RunLog.saved_in(measured / e.name)]
         require(not missing, f"{measured}: no saved executor log for {', '.join(missing[:4])}")

@@ -43,6 +43,9 @@ def validate(
     strict: Annotated[bool, typer.Option(
         "--strict", help="Refuse a profile measured by another executor build than the runs' (sources, torch, "
                          "Triton, CUDA or GPU) instead of warning.")] = False,
+    checkpoint: Annotated[Path | None, typer.Option(
+        "--checkpoint", help="Run the executor with this checkpoint's weights (a Hugging Face model folder); its "
+                             "config.json is the architecture (default: random weights of the shapes).")] = None,
     as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
     """Run configurations on the GPU executor and in the simulator on identical requests; show the errors."""
@@ -54,6 +57,16 @@ def validate(
     unused = [s.flags[0] for s in settings() if s.key in given and s.section != "latency"]
     require(matrix is None or not unused, f"{', '.join(unused)}: a --matrix entry sets its own configuration; of the "
             "options only --profile, --force and --device apply to it")
+    if checkpoint is not None:
+        require(matrix is None and measured is None, f"--checkpoint {checkpoint}: runs the configuration of the "
+                "options on the GPU; a --matrix entry names its own architecture and --measured runs nothing")
+        chosen = sorted({"arch.name", "arch.hf_config"} & given)
+        flags = {s.key: s.flags[0] for s in settings()}
+        require(not chosen, f"--checkpoint {checkpoint}: its config.json is the architecture; drop "
+                            f"{' and '.join(flags[c] for c in chosen)}")
+        require(checkpoint.is_dir() and (checkpoint / "config.json").is_file(),
+                f"--checkpoint {checkpoint}: not a model folder with a config.json")
+        exp = exp.override({"arch.hf_config": str(checkpoint / "config.json")}, source=None)
     check_dir(out, "--out", ("measured",))
     given_measured = measured
     unpacked = contextlib.ExitStack()
@@ -76,7 +89,8 @@ def validate(
             if measured is not None:
                 _require_saved_runs(entries, measured, given_measured, matrix is not None)
             result = val.run_validation(entries, out, latency_for, measured=measured, strict=strict,
-                                        log=lambda msg: Console(stderr=True, soft_wrap=True).print(msg, markup=False))
+                                        log=lambda msg: Console(stderr=True, soft_wrap=True).print(msg, markup=False),
+                                        checkpoint=checkpoint)
     finally:
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # a run that failed before writing anything leaves no empty directory either
@@ -143,6 +157,9 @@ def _mixed_context_title(name: str, profile: Any) -> str:
             f"{f'{slots:,.0f}' if slots else 'not fitted'}, sharpness {profile.attention_sharpness:g})")
 
 
+CALIBRATED = "ouro-1.4b,ouro-2.6b,huginn-3.5b"  # the models calibrate measures by default
+
+
 @group.command("record")
 def record(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="A Hugging Face model folder of an Ouro or Huginn "
@@ -202,8 +219,7 @@ def record(
 
 @group.command("calibrate")
 def calibrate(
-    arch: Annotated[str, typer.Option("--arch", help="Comma-separated presets or architecture files.")] =
-        "ouro-1.4b,ouro-2.6b,huginn-3.5b",
+    arch: Annotated[str, typer.Option("--arch", help="Comma-separated presets or architecture files.")] = CALIBRATED,
     out: Annotated[Path, typer.Option("--out", help="Where the profiles (JSON + PNG) go.")] = Path("profiles"),
     quick: Annotated[bool, typer.Option("--quick", help="A few points per component (minutes less).")] = False,
     device: Annotated[str, typer.Option("--device", help="cuda (default) or cpu (for a tiny test model).")] = "cuda",
@@ -221,6 +237,10 @@ def calibrate(
     launch_gap: Annotated[Path | None, typer.Option(
         "--launch-gap", help="With --refit: set the device's launch gap to the mean back-to-back gap over these "
                              "saved executor runs (a directory or .tgz, as validate --out saves them).")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(
+        "--checkpoint", help="Calibrate the architecture of this Hugging Face model folder (its config.json) in "
+                             "place of --arch; stage times do not depend on the weights, so its shapes are timed "
+                             "with random ones.")] = None,
 ) -> None:
     """Measure this GPU with the executor, fit the latency model, and write a profile per model and a
     kernel-level profile that predicts architectures nobody has built."""
@@ -243,7 +263,17 @@ def calibrate(
                 emit(attention_rows(profile), _mixed_context_title(profile.label(), profile))
         return
     check_dir(out, "--out")
-    specs = [] if kernels else [load_arch(name) for name in comma_list(arch, "--arch")]
+    if checkpoint is not None:
+        from cdbsim.model.hf_config import arch_from_hf_config
+
+        require(arch == CALIBRATED, f"--checkpoint {checkpoint} names the architecture; drop --arch {arch}")
+        require(not kernels, "--checkpoint calibrates a model's profile; --kernels measures the kernel-level one")
+        require((checkpoint / "config.json").is_file(), f"--checkpoint {checkpoint}: not a model folder with a "
+                                                         f"config.json")
+        specs = [arch_from_hf_config(checkpoint / "config.json")]
+        kernels = False
+    else:
+        specs = [] if kernels else [load_arch(name) for name in comma_list(arch, "--arch")]
     if kernels is False and update is not None:
         _update_model_attention(specs, update, families, out, device)
         return

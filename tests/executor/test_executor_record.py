@@ -155,3 +155,25 @@ def test_the_batched_outputs_are_the_reference_decoders_on_the_given_prompts(tmp
     for prompt, tokens in zip(prompts, got, strict=True):
         want = ReferenceDecoder(ouro.model, KVLayout.DEPTH).generate(prompt, 5, [3] * 4).tokens
         assert tokens == [int(t) for t in want]
+
+
+def test_validate_and_calibrate_take_a_checkpoint_folder(tmp_path: Path) -> None:
+    from calibration.validation import OneModel
+    from executor.loader import to_public
+
+    folder = ouro_checkpoint(tmp_path / "ouro")
+    model = OneModel(folder, device="cpu")(Checkpoint.open(folder).arch)  # the executor's model, the folder's weights
+    saved = ouro_tensors(2, 2, torch.Generator().manual_seed(0))
+    assert all(torch.equal(to_public(model)[name], tensor) for name, tensor in saved.items())
+    assert OneModel(folder).weights == f"checkpoint {folder}" and OneModel().weights == "random (seed 0)"
+    runner = CliRunner()
+    for args, message in [
+        (["validate", "--checkpoint", str(folder), "--arch", "ouro-1.4b"], "its config.json is the architecture; "
+                                                                          "drop --arch"),
+        (["validate", "--checkpoint", str(tmp_path / "none")], "not a model folder with a config.json"),
+        (["validate", "--checkpoint", str(folder), "--matrix", "m.json"], "a --matrix entry names its own"),
+        (["calibrate", "--checkpoint", str(folder), "--arch", "ouro-1.4b"], "names the architecture; drop --arch"),
+        (["calibrate", "--checkpoint", str(folder), "--kernels"], "--kernels measures the kernel-level one"),
+    ]:
+        result = runner.invoke(app, [*args, "--out", str(tmp_path / "out")])
+        assert result.exit_code == 2 and message in result.stderr, result.output

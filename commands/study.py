@@ -124,13 +124,23 @@ def bound(
            "decoded depth": depth_decoded, "f1": frac, "d-bar": dbar, "S_dec": sdec,
            "a": prefill_share, "S_e2e": s_e2e(sdec, prefill_share, frac)}
     row.update({f"KV B/token {layout.value}": spec.kv_bytes_per_token(layout) for layout in KVLayout})
+    profile = latency.profile
+    if profile.memory_bytes > 0:  # what the device holds at W = 64 (its weights and run time off 90% of it)
+        from cdbsim.serving.config import ServeConfig
+        from cdbsim.serving.memory import MemoryPlan, RequestShape
+
+        for layout in KVLayout:
+            plan = MemoryPlan.of(spec, ServeConfig(layout=layout), 0, RequestShape.FEWEST,
+                                 profile.device.get("name", "device"), profile.memory_bytes)
+            row[f"KV tokens that fit, {layout.value}"] = plan.largest_blocks() * plan.block_size
     row.update({f"B*({length})": latency.saturation_batch(length) for length in (128, 512, 2048, 8192)})
     row["profile"] = latency.profile.label()
     if emit_data(as_json, as_csv, [row], [row]):
         return
     emit([{"quantity": k, "value": v} for k, v in row.items()], f"Bounds for {spec.name}",
          caption="d-bar counts each request's first token (from prefill) at r_max; B*(L) = delta / (gamma + "
-                 "alpha L) of the core step, the batch where it stops being bound by reading the weights")
+                 "alpha L) of the core step, the batch where it stops being bound by reading the weights; KV tokens "
+                 "that fit: in 90% of the profile's device memory beside weights and run time at W = 64")
 
 
 SaveLogs = Annotated[Path | None, typer.Option(

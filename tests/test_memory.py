@@ -16,7 +16,7 @@ from cdbsim.serving.memory import KVCapacity, MemoryPlan, RequestShape, executor
 from cli import app
 from tests.conftest import tiny_arch
 
-H100 = ("NVIDIA H100 80GB HBM3", 85_017_493_504.0)  # what torch reports for the H100 the issue ran
+H100 = ("NVIDIA H100 80GB HBM3", 85_017_493_504.0)  # what torch reports for an H100 80GB
 SHAPE = RequestShape(256, 2048)
 
 
@@ -42,7 +42,7 @@ def test_run_time_grows_with_width_budget_and_requests() -> None:
 
 
 @pytest.mark.parametrize("tokens", [65_536, 49_152])
-def test_the_issues_h100_runs_are_refused_with_what_fits(tokens: int) -> None:
+def test_oversized_h100_runs_are_refused_with_what_fits(tokens: int) -> None:
     arch = load_arch("ouro-2.6b")
     with pytest.raises(ConfigError) as err:
         KVCapacity(tokens=tokens).plan(arch, ServeConfig(), SHAPE, *H100)

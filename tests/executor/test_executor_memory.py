@@ -57,7 +57,7 @@ def test_the_executor_refuses_a_cache_the_gpu_cannot_hold_before_allocating(monk
 
 
 @pytest.mark.parametrize("tokens", [65_536, 49_152])
-def test_validate_refuses_the_issues_entries_before_any_model_loads(monkeypatch, tmp_path, tokens: int) -> None:
+def test_validate_refuses_oversized_entries_before_any_model_loads(monkeypatch, tmp_path, tokens: int) -> None:
     monkeypatch.setattr(validation, "gpu_memory", lambda: (H100.name, float(H100.total_memory)))
     monkeypatch.setattr(driver, "build_model", lambda *a, **k: pytest.fail("a model was loaded"))
     entry = Entry("ouro26", Experiment().override(["arch.name=ouro-2.6b", f"serve.kv_tokens={tokens}",

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-BLOCK_M = 64  # queries per attention work item (the prefill attention kernel's tile height)
+from cdbsim.serving.memory import PREFILL_ITEM_TOKENS, prefill_meta_entries
+
+BLOCK_M = PREFILL_ITEM_TOKENS  # queries per attention work item (the prefill attention kernel's tile height)
 
 TOKEN_FIELDS = ("tok", "pos", "row0")
 CHUNK_FIELDS = ("start", "len", "qoff", "last", "out")
@@ -37,8 +39,7 @@ class PrefillLayout:
 
     @property
     def numel(self) -> int:
-        return (len(TOKEN_FIELDS) * self.tokens + len(CHUNK_FIELDS) * self.chunks
-                + len(ITEM_FIELDS) * self.items + self.chunks * self.width)
+        return prefill_meta_entries(self.tokens, self.chunks, self.width)  # the memory plan counts the same
 
     def split(self, buffer):
         """Views of ``buffer`` (array or tensor): ``(tokens [3, T], chunks [5, C], items [2, I], table [C, width])``."""

@@ -45,7 +45,7 @@ def gib(n_bytes: float) -> str:
 MEMORY_FRACTION = 0.9  # share of the device's memory for weights, KV cache and run time (vLLM's default)
 LOGIT_BYTES = 4  # the head's logits are float32
 TOKEN_BYTES = 8  # the token store holds int64 ids
-PREFILL_ITEM_TOKENS = 64  # queries per prefill-attention work item (executor.prefill.BLOCK_M)
+PREFILL_ITEM_TOKENS = 64  # queries per prefill-attention work item (the executor's BLOCK_M)
 WORKSPACE_BYTES = 3 * 32 * 2**20  # cuBLAS workspaces of the launch, warm-up and capture streams (32 MiB each)
 
 
@@ -67,8 +67,8 @@ RequestShape.FEWEST = RequestShape(0, 1)
 
 
 def prefill_meta_entries(tokens: int, chunks: int, width: int) -> int:
-    """int32 entries of a prefill launch's metadata (:class:`executor.prefill.PrefillLayout`): three per token,
-    five per chunk, two per attention work item, a block-table row per chunk."""
+    """int32 entries of a prefill launch's metadata (the layout of :class:`executor.prefill.PrefillLayout`): three per
+    token, five per chunk, two per attention work item, a block-table row per chunk."""
     items = -(-tokens // PREFILL_ITEM_TOKENS) + chunks
     return 3 * tokens + 5 * chunks + 2 * items + chunks * width
 

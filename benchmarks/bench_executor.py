@@ -10,6 +10,9 @@ Parts (each bounded by ``--budget-s``):
 (c) ``throughput`` offline output-token throughput of CB, no-refill and refill on a small Alpaca trace
                    (``--workload`` for others) with synthetic exits (mean 2.5 for Ouro, 8 for Huginn) and
                    without exits, in lookahead mode (full runs add sync), with the device's idle share.
+(d) ``checkpoint`` each model saved as a checkpoint in its authors' layout and opened as ``--checkpoint`` does;
+                   ``cdbsim record`` on random prompts of Alpaca lengths (tokens per second), and the bf16
+                   executor's logits against a float32 run of the same checkpoint (``checkpoint.csv``).
 
 Random weights and KV contents (never zeros), CUDA graphs, CUDA events, warm-up replays, median of repeats;
 the copy bandwidth (bytes read + written by a large device-to-device copy) is the ceiling every roofline uses.
@@ -41,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # this checkout's packages, not an installed copy
     sys.path.insert(0, str(ROOT))
 
+import numpy as np
 import torch
 
 from cdbsim.model.arch import PRESETS, ArchSpec, KVLayout
@@ -309,6 +313,63 @@ def _throughput_row(arch: ArchSpec, config: ServeConfig, workload: str, exit_kin
             "mean_host_ms": float(launches["host_s"].mean() * 1e3)}
 
 
+def checkpoint_runs(arch: ArchSpec, model, n: int, max_new: int, q: float, folder: Path, seed: int) -> list[dict]:
+    """Save ``model`` as a checkpoint in its family's public layout, open it as ``--checkpoint`` does, record ``n``
+    random prompts (Alpaca lengths) through it, and set its logits beside a float32 run of the same checkpoint."""
+    import shutil
+
+    from executor.loader import save_checkpoint
+    from executor.record import Checkpoint, record
+    from executor.reference import ReferenceDecoder
+
+    t0 = time.perf_counter()
+    save_checkpoint(model, arch, folder)
+    saved_s, size = time.perf_counter() - t0, sum(f.stat().st_size for f in folder.iterdir())
+    t0 = time.perf_counter()
+    opened = Checkpoint.open(folder, device=DEVICE, dtype=DTYPE, r_max=arch.r_max)
+    sync()
+    opened_s = time.perf_counter() - t0
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [r.prompt_len for r in build_trace("alpaca", n, arch.r_max, 1, ExitModel("none"), seed=seed)]
+    prompts = [torch.randint(0, arch.vocab, (length,), generator=gen).tolist() for length in lengths]
+    t0 = time.perf_counter()
+    recorded = record(opened, prompts, q, max_new_tokens=max_new)
+    sync()
+    recorded_s = time.perf_counter() - t0
+    tokens = sum(len(o) for o in recorded.outputs)
+    depths = np.concatenate([r.depths for r in recorded.requests if len(r.depths)])
+    row = {"model": arch.name, "checkpoint_gb": size / 1e9, "save_s": saved_s, "open_s": opened_s,
+           "prompts": n, "max_new_tokens": max_new, "q": q, "output_tokens": tokens, "record_s": recorded_s,
+           "record_tok_s": tokens / recorded_s, "mean_exit_depth": float(depths.mean()) if len(depths) else math.nan}
+    # bf16 executor logits against a float32 run of the same checkpoint, on the first prompts at full depth
+    few = [Request(i, len(p), 16, 0.0) for i, p in enumerate(prompts[:8])]
+    config = ServeConfig(policy="cb", width=8, prefill_budget=4096, timing="sync", layout=KVLayout.DEPTH)
+    blocks = 2 * sum(need_blocks(r.prompt_len, r.output_len) for r in few)
+    run = Executor(arch, config, few, blocks, model=opened.model, mode="sync", keep_logits=True,
+                   prompts=[p for p in prompts[:8]]).run()
+    del opened
+    empty_cache()
+    full = Checkpoint.open(folder, device=DEVICE, dtype=torch.float32, r_max=arch.r_max)
+    reference = ReferenceDecoder(full.model, KVLayout.DEPTH)
+    first_diff, first_rel, first_same, same_tokens = [], [], [], []
+    for r, prompt in zip(few, prompts[:8], strict=True):
+        want = reference.generate(prompt, r.output_len, [arch.r_max] * r.output_len)
+        got = run.logits[(r.request_id, 0)].float().to(want.logits.device)
+        first_diff.append(float((got - want.logits[0]).abs().max()))
+        first_rel.append(float((got - want.logits[0]).norm() / want.logits[0].norm()))
+        first_same.append(int(got.argmax()) == want.tokens[0])
+        ours = [int(t) for t in run.tokens[r.request_id]]
+        pairs = enumerate(zip(ours, want.tokens, strict=False))
+        same_tokens.append(next((j for j, (a, b) in pairs if a != b), len(ours)))
+    row |= {"dtype": str(DTYPE).replace("torch.", ""), "vs_fp32_first_logit_max_abs": max(first_diff),
+            "vs_fp32_first_logit_rel_l2": statistics.median(first_rel),
+            "vs_fp32_first_token_agree": sum(first_same) / len(first_same),
+            "vs_fp32_greedy_tokens_before_divergence": statistics.median(same_tokens)}
+    del full, reference
+    shutil.rmtree(folder, ignore_errors=True)
+    return [row]
+
+
 # ----- driver ----------------------------------------------------------------------------------------
 def write_csv(path: Path, rows: list[dict]) -> None:
     if not rows:
@@ -326,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes and traces (a few minutes)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--parts", nargs="+", default=["stages", "attention", "throughput"],
-                        choices=["stages", "attention", "throughput"])
+                        choices=["stages", "attention", "throughput", "checkpoint"])
     parser.add_argument("--workload", default="alpaca", choices=["alpaca", "sharegpt", "arxiv"],
                         help="length distribution of the throughput trace (ShareGPT prompts are long: slow)")
     parser.add_argument("--requests", type=int, help="requests per throughput run (64 quick, 256 full)")
@@ -362,13 +423,14 @@ def main(argv: list[str] | None = None) -> int:
     device_name = torch.cuda.get_device_name() if cuda() else "cpu"
     results: dict = {"meta": {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
                               "quick": quick, "smoke": args.smoke, "dtype": str(DTYPE).replace("torch.", "")},
-                     "stages": [], "attention": [], "throughput": [], "errors": [], "skipped": []}
+                     "stages": [], "attention": [], "throughput": [], "checkpoint": [], "errors": [], "skipped": []}
 
     def save() -> None:
         (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
         write_csv(out / "stages.csv", results["stages"])
         write_csv(out / "attention.csv", results["attention"])
         write_csv(out / "throughput.csv", results["throughput"])
+        write_csv(out / "checkpoint.csv", results["checkpoint"])
 
     def part(name: str, fn) -> None:
         elapsed = time.perf_counter() - t_start
@@ -416,6 +478,12 @@ def main(argv: list[str] | None = None) -> int:
                 part(f"stages {name} L={context}", lambda arch=arch, model=model, sizes=fits, context=context,
                      prefill=prefill if i == 0 else []: results["stages"].extend(stage_latency(
                          arch, model, sizes, context, prefill, bandwidth, iters, repeats)))
+        if "checkpoint" in args.parts:
+            arch, model = models[name]
+            part(f"checkpoint {name}", lambda arch=arch, model=model, folder=out / f"checkpoint-{name}":
+                 results["checkpoint"].extend(checkpoint_runs(
+                     arch, model, args.requests or (4 if args.smoke else 64), 8 if args.smoke else 128,
+                     0.2 if arch.style.value == "ouro" else 0.28, folder, args.seed)))
         if "throughput" not in args.parts:  # nothing reads the weights again: the next model gets the memory
             del models[name]
             model = None

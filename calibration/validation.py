@@ -21,8 +21,9 @@ import tarfile
 import tempfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cdbsim.errors import ConfigError, read_json, require
 from cdbsim.latency.build import Build, describe
@@ -40,6 +41,10 @@ from cdbsim.serving.memory import KVCapacity, MemoryPlan, RequestShape, capacity
 from cdbsim.simulator.sim import simulate
 from cdbsim.simulator.workload import WorkloadSpec
 from traces import Request, length_model
+
+if TYPE_CHECKING:  # torch: imported where a run needs it
+    from executor.live_gates import LiveGateSpec
+    from executor.model import LoopedLM
 
 MATRIX_KEYS = ("name", "notes", "set", "configs")
 ENTRY_KEYS = ("name", "set", "rate_of_capacity")
@@ -200,12 +205,51 @@ def plan_entries(entries: list[Entry], device: str, device_bytes: float) -> dict
     return {entry.name: entry.plan(device, device_bytes) for entry in entries}
 
 
+@dataclass(frozen=True)
+class CheckpointRun:
+    """How validate runs a checkpoint folder: where Huginn's loop starts (:class:`executor.model.ModelConfig`), the
+    threshold of the live exit gates (None: none) and their rule (None: the model's own), and the prompts a recorded
+    trace was recorded on (None: synthetic prompts of the trace's lengths; prompt i is request i, as ``cdbsim
+    record`` numbers them)."""
+
+    folder: Path
+    state_init: str = "zeros"
+    state_seed: int = 0
+    live_q: float | None = None
+    criterion: str | None = None
+    prompts: list[list[int]] | None = None
+
+    def prompts_for(self, requests: list[Request]) -> list[list[int]] | None:
+        """Each request's prompt ids, checked against the lengths the trace gives (None without prompts)."""
+        if self.prompts is None:
+            return None
+        out = []
+        for r in requests:
+            require(0 <= r.request_id < len(self.prompts), f"--prompts: the trace's request {r.request_id} has no "
+                                                           f"prompt (the file holds {len(self.prompts)})")
+            ids = self.prompts[r.request_id]
+            require(len(ids) == r.prompt_len, f"--prompts: request {r.request_id} has {r.prompt_len} prompt tokens "
+                                              f"in the trace, {len(ids)} in the prompts file")
+            out.append(ids)
+        return out
+
+    def live_gates(self, model: LoopedLM) -> LiveGateSpec | None:
+        """The live exit gates of a run of ``model`` (:class:`executor.live_gates.LiveGateSpec`), None without."""
+        if self.live_q is None:
+            return None
+        from executor.gates import default_criterion
+        from executor.live_gates import LiveGateSpec
+
+        return LiveGateSpec(self.criterion or default_criterion(model), self.live_q)
+
+
 class OneModel:
     """The model of the architecture asked for last, on ``device``: random weights (seed 0), or the weights of the
-    ``checkpoint`` folder; the previous model is freed first."""
+    ``checkpoint`` folder (its loop starting as it says); the previous model is freed first."""
 
-    def __init__(self, checkpoint: Path | None = None, device: str = "cuda") -> None:
-        self.checkpoint, self.device = checkpoint, device
+    def __init__(self, checkpoint: CheckpointRun | None = None, device: str = "cuda") -> None:
+        self.run, self.device = checkpoint, device
+        self.checkpoint = checkpoint.folder if checkpoint is not None else None
         self.key: tuple[str, str] | None = None
         self.model: object = None
 
@@ -225,16 +269,17 @@ class OneModel:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            self.model = (load_model(arch, self.checkpoint, device=self.device) if self.checkpoint is not None
+            self.model = (load_model(arch, self.checkpoint, device=self.device, state_init=self.run.state_init,
+                                     state_seed=self.run.state_seed) if self.run is not None
                           else build_model(arch, device=self.device, seed=0))
             self.key = (arch.name, arch.split)
         return self.model
 
 
 def measure(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], LatencyModel],
-            log: Callable[[str], None] = print, checkpoint: Path | None = None) -> dict[str, RunLog]:
-    """Run every entry on the GPU executor (random weights, or ``checkpoint``'s), each with the KV cache its memory
-    plan gives; logs go to ``out/<name>/`` (needs torch and CUDA)."""
+            log: Callable[[str], None] = print, checkpoint: CheckpointRun | None = None) -> dict[str, RunLog]:
+    """Run every entry on the GPU executor (random weights, or ``checkpoint``'s, with its live gates and prompts),
+    each with the KV cache its memory plan gives; logs go to ``out/<name>/`` (needs torch and CUDA)."""
     plans = plan_entries(entries, *gpu_memory())
     import torch
 
@@ -246,8 +291,11 @@ def measure(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], L
         arch = entry.spec()
         plan = plans[entry.name]
         requests, rate = requests_for(entry, latency_for(arch), plan.kv_blocks)
-        run = execute(arch, entry.config(), requests, plan.kv_blocks, device="cuda", model=model_for(arch),
-                      seed=entry.experiment.workload.seed, memory_fraction=plan.fraction)
+        prompts = checkpoint.prompts_for(requests) if checkpoint is not None else None
+        model = model_for(arch)
+        run = execute(arch, entry.config(), requests, plan.kv_blocks, device="cuda", model=model,
+                      seed=entry.experiment.workload.seed, memory_fraction=plan.fraction, prompts=prompts,
+                      live_gates=checkpoint.live_gates(model) if checkpoint is not None else None)
         run.log.meta.update({"validation_entry": entry.name, "rate": rate, "weights": model_for.weights})
         run.log.save(out / entry.name)
         results[entry.name] = run.log
@@ -380,16 +428,32 @@ def profile_names(latency_for: Callable[[ArchSpec], LatencyModel], entries: list
 
 @dataclass
 class Validation:
-    """What ``cdbsim validate`` shows: each configuration's comparison, the summary rows and the errors."""
+    """What ``cdbsim validate`` shows: each configuration's comparison, the summary rows, the errors and, of runs
+    with live exit gates, how the live gates differ from the replayed depths (by configuration)."""
 
     comparisons: list[Comparison]
     summary: list[dict]
     errors: dict
+    live_gates: dict[str, dict] = field(default_factory=dict)
+
+
+def live_gate_rows(live_gates: dict[str, dict]) -> list[dict]:
+    """One row per configuration run with live exit gates (:class:`executor.live_gates.LiveComparison` as its log
+    records it): decoded tokens compared, the shares whose live gate agrees with the replayed depth, would have
+    exited earlier, or had not fired by it, and the mean live minus replayed depth where the live one is known."""
+
+    def percent(share: float | None) -> float | None:
+        return None if share is None else 100 * share
+
+    return [{"config": name, "rule": f"{g['criterion']} q={g['q']:g}", "tokens": g["tokens"],
+             "agree %": percent(g["agree_share"]), "live earlier %": percent(g["earlier_share"]),
+             "not fired by replayed depth %": percent(g["not_fired_share"]),
+             "mean depth diff (live - replayed)": g["mean_depth_diff"]} for name, g in live_gates.items()]
 
 
 def run_validation(entries: list[Entry], out: Path, latency_for: Callable[[ArchSpec], LatencyModel],
                    measured: Path | None = None, log: Callable[[str], None] = print,
-                   strict: bool = False, checkpoint: Path | None = None) -> Validation:
+                   strict: bool = False, checkpoint: CheckpointRun | None = None) -> Validation:
     """Measure ``entries`` on the executor (or load logs saved in ``measured``), simulate, compare and write
     ``summary.json`` (summary, errors, profiles, configs, per-metric and per-stage rows), ``summary.csv``,
     ``stages.csv``, ``scatter.png`` and, for the first configuration, ``timeline.png``. Each profile's executor
@@ -414,12 +478,14 @@ def run_validation(entries: list[Entry], out: Path, latency_for: Callable[[ArchS
     summary = [{**c.summary(), "profile build": latency_for(e.spec()).profile.build_label()}
                for c, e in zip(comparisons, entries, strict=True)]
     errors = error_summary(comparisons)
+    live = {e.name: logs[e.name].meta["live_gates"] for e in entries if logs[e.name].meta.get("live_gates")}
     with atomic_file(out / "summary.json") as path:  # each file whole or not at all
         path.write_text(json.dumps(
             {"summary": summary, "errors": errors, "profiles": profile_names(latency_for, entries),
              "configs": {e.name: e.describe() for e in entries},
              "details": {c.name: c.rows for c in comparisons},
-             "stages": {c.name: c.stages for c in comparisons}}, indent=2, default=float))
+             "stages": {c.name: c.stages for c in comparisons},
+             **({"live_gates": live} if live else {})}, indent=2, default=float))
     with atomic_file(out / "summary.csv") as path:
         pd.DataFrame(summary).to_csv(path, index=False)
     with atomic_file(out / "stages.csv") as path:
@@ -430,7 +496,7 @@ def run_validation(entries: list[Entry], out: Path, latency_for: Callable[[ArchS
     if first.measured_log is not None and first.predicted_log is not None:
         with atomic_file(out / "timeline.png") as path:
             plot_timelines(first.measured_log, first.predicted_log, path, title=first.name)
-    return Validation(comparisons, summary, errors)
+    return Validation(comparisons, summary, errors, live)
 
 
 @contextlib.contextmanager

@@ -15,12 +15,29 @@ from rich.status import Status
 
 from cdbsim.errors import ConfigError, require
 from cdbsim.latency.devices import preset_of
-from cdbsim.model.arch import load_arch
+from cdbsim.model.arch import LayerStyle, load_arch
 from cdbsim.planner.experiment import Experiment, settings
 from cdbsim.report.outputs import check_dir, check_file
 from commands.common import CommandGroup, CsvOut, JsonOut, comma_list, emit, emit_data
 
 group = CommandGroup()
+
+# options of every command that runs the executor on a checkpoint (record, validate --checkpoint)
+StateInitOpt = Annotated[str, typer.Option(
+    "--state-init", help="Where Huginn's loop starts: zeros, or random: each token its own draw as the authors' "
+                         "code makes it (a normal truncated at 3 std, std sqrt(2/5) after the embedding scale), "
+                         "keyed by --state-seed, the request and the position.")]
+StateSeedOpt = Annotated[int | None, typer.Option("--state-seed", min=0, help="Seed of --state-init random "
+                                                                              "(default 0).")]
+CriterionOpt = Annotated[str | None, typer.Option("--criterion", help="hazard (Ouro's gate) or latent-diff "
+                                                                      "(default: the model's own).")]
+PROMPTS_HELP = "JSONL (one object a line: text, prompt or token_ids) or CSV (a text or token_ids column)."
+
+
+def _start_state(state_init: str, state_seed: int | None) -> tuple[str, int]:
+    """``--state-init`` and ``--state-seed`` as the model takes them; a seed without a random start is refused."""
+    require(state_seed is None or state_init == "random", "--state-seed goes with --state-init random")
+    return state_init, state_seed or 0
 
 
 @group.command("validate", "arch.name", "arch.hf_config", "arch.split", "serve.policy", "serve.width",
@@ -46,9 +63,22 @@ def validate(
     checkpoint: Annotated[Path | None, typer.Option(
         "--checkpoint", help="Run the executor with this checkpoint's weights (a Hugging Face model folder); its "
                              "config.json is the architecture (default: random weights of the shapes).")] = None,
+    live_q: Annotated[float | None, typer.Option(
+        "--live-q", help="With --checkpoint: also run the model's own exit gate live in the served run at this "
+                         "threshold (as cdbsim record's --q) and report how it differs from the replayed depths.")]
+        = None,
+    criterion: CriterionOpt = None,
+    prompts: Annotated[Path | None, typer.Option(
+        "--prompts", help="With --checkpoint and a recorded --trace: the prompts it was recorded on (prompt i is "
+                          f"request i; default: synthetic prompts of the trace's lengths). {PROMPTS_HELP}")] = None,
+    state_init: StateInitOpt = "zeros", state_seed: StateSeedOpt = None,
     as_json: JsonOut = False, as_csv: CsvOut = False,
 ) -> None:
-    """Run configurations on the GPU executor and in the simulator on identical requests; show the errors."""
+    """Run configurations on the GPU executor and in the simulator on identical requests; show the errors. With
+    --checkpoint --trace --live-q Q the model's own exit gate also runs live at every loop step each token is
+    served, and a second table shows the share of decoded tokens whose live exit agrees with the replayed depth,
+    would have come earlier, or had not fired by it, and the mean depth difference (also in --json, the run's
+    meta.json and summary.json)."""
     from calibration import validation as val
 
     require(matrix is not None or only is None, "--only picks configurations of a --matrix file; give --matrix too")
@@ -67,6 +97,13 @@ def validate(
         require(checkpoint.is_dir() and (checkpoint / "config.json").is_file(),
                 f"--checkpoint {checkpoint}: not a model folder with a config.json")
         exp = exp.override({"arch.hf_config": str(checkpoint / "config.json")}, source=None)
+        run_with = _checkpoint_run(checkpoint, exp, live_q, criterion, prompts, *_start_state(state_init, state_seed))
+    else:
+        given_options = [flag for flag, value in (("--live-q", live_q), ("--criterion", criterion),
+                                                  ("--prompts", prompts), ("--state-seed", state_seed))
+                         if value is not None] + (["--state-init"] if state_init != "zeros" else [])
+        require(not given_options, f"{', '.join(given_options)}: run a checkpoint; give --checkpoint")
+        run_with = None
     check_dir(out, "--out", ("measured",))
     given_measured = measured
     unpacked = contextlib.ExitStack()
@@ -90,22 +127,48 @@ def validate(
                 _require_saved_runs(entries, measured, given_measured, matrix is not None)
             result = val.run_validation(entries, out, latency_for, measured=measured, strict=strict,
                                         log=lambda msg: Console(stderr=True, soft_wrap=True).print(msg, markup=False),
-                                        checkpoint=checkpoint)
+                                        checkpoint=run_with)
     finally:
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # a run that failed before writing anything leaves no empty directory either
     profiles = "; ".join(dict.fromkeys(val.profile_names(latency_for, entries).values()))
     builds = "; ".join(dict.fromkeys(row["profile build"] for row in result.summary))
+    live = {"live_gates": result.live_gates} if result.live_gates else {}
     if emit_data(as_json, as_csv, [{**row, "profile": profiles} for row in result.summary],
-                 [{"summary": result.summary, "errors": result.errors, "profile": profiles}]):
+                 [{"summary": result.summary, "errors": result.errors, "profile": profiles, **live}]):
         return
     if len(entries) == 1:
+        start = result.comparisons[0].measured_log.meta.get("state_init")
         emit(result.comparisons[0].rows, f"{entries[0].describe()} | errors are (predicted - measured) / measured",
-             caption=f"predicted with profile {profiles} ({builds}) | files in {out}")
+             caption=f"predicted with profile {profiles} ({builds})"
+                     + (f" | loop start {start}" if start else "") + f" | files in {out}")
     else:
         emit(result.summary, f"validation: {len(entries)} configurations",
              caption=" | ".join(f"{k}: {v:.3g}" for k, v in result.errors.items())
              + f" | predicted with profile {profiles} ({builds}) | files in {out}")
+    if result.live_gates:
+        emit(val.live_gate_rows(result.live_gates), "live exit gates against the replayed depths (decoded tokens)",
+             caption="earlier: the live gate fired before the replayed depth; not fired: it had not by then")
+
+
+def _checkpoint_run(folder: Path, exp: Experiment, live_q: float | None, criterion: str | None,
+                    prompts: Path | None, state_init: str, state_seed: int) -> Any:
+    """How validate runs the checkpoint (:class:`calibration.validation.CheckpointRun`), its options checked and
+    its prompts read before any GPU work."""
+    from calibration.validation import CheckpointRun
+    from executor.gates import CRITERIA
+    from executor.record import Vocabulary, check_start_state, read_prompts
+
+    arch = exp.arch.spec()
+    check_start_state(arch, state_init, state_seed)
+    require(criterion is None or live_q is not None, "--criterion chooses the rule of the live gates: give --live-q")
+    require(criterion is None or criterion in CRITERIA,
+            f"unknown exit criterion {criterion!r}; choose one of: {', '.join(CRITERIA)}")
+    require(criterion != "hazard" or arch.style is LayerStyle.OURO, "the hazard criterion needs Ouro's exit gate")
+    require(prompts is None or exp.workload.trace is not None,
+            "--prompts are those a recorded trace was recorded on: give --trace too")
+    ids = read_prompts(prompts, Vocabulary.of(folder, arch.vocab)) if prompts is not None else None
+    return CheckpointRun(folder, state_init, state_seed, live_q, criterion, ids)
 
 
 def _this_gpu() -> str | None:
@@ -165,8 +228,7 @@ def record(
     checkpoint: Annotated[Path, typer.Option("--checkpoint", help="A Hugging Face model folder of an Ouro or Huginn "
                                                                   "checkpoint (config.json, safetensors, "
                                                                   "tokenizer.json).")],
-    prompts: Annotated[Path, typer.Option("--prompts", help="JSONL (one object a line: text, prompt or token_ids) "
-                                                            "or CSV (a text or token_ids column).")],
+    prompts: Annotated[Path, typer.Option("--prompts", help=PROMPTS_HELP)],
     q: Annotated[float, typer.Option("--q", help="Exit threshold: Ouro's cumulative exit probability (the paper: "
                                                  "0.2-1.0), Huginn's relative change between loop states.")],
     out: Annotated[Path, typer.Option("--out", help="The trace to write (.csv or .parquet).")],
@@ -174,11 +236,11 @@ def record(
                                                                    "(JSONL).")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Output tokens per prompt at most "
                                                                                 "(fewer at end of sequence).")] = 256,
-    criterion: Annotated[str | None, typer.Option("--criterion", help="hazard (Ouro's gate) or latent-diff (default: "
-                                                                      "the model's own).")] = None,
+    criterion: CriterionOpt = None,
     r_max: Annotated[int | None, typer.Option("--r-max", min=1, help="Loops (default: the config's; Huginn 16).")]
         = None,
     device: Annotated[str, typer.Option("--device", help="cuda (default when there is one) or cpu.")] = "auto",
+    state_init: StateInitOpt = "zeros", state_seed: StateSeedOpt = None,
 ) -> None:
     """Run a checkpoint on real prompts and record the depth at which its own exit rule fires for every output
     token: a trace that predict, compare and validate replay with --trace."""
@@ -198,8 +260,9 @@ def record(
     chosen = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     require(chosen in ("cuda", "cpu"), f"--device must be cuda, cpu or auto, got {device!r}")
     require(chosen == "cpu" or torch.cuda.is_available(), "--device cuda: no CUDA GPU here (use --device cpu)")
-    opened = Checkpoint.open(checkpoint, device=chosen, r_max=r_max)
-    ids = read_prompts(prompts, opened)
+    init, seed = _start_state(state_init, state_seed)
+    opened = Checkpoint.open(checkpoint, device=chosen, r_max=r_max, state_init=init, state_seed=seed)
+    ids = read_prompts(prompts, opened.vocabulary)
     with progress_display() as factory:
         recorded = run_record(opened, ids, q, max_new_tokens=max_new_tokens, criterion=criterion,
                               progress=factory(f"recording {len(ids):,} prompts", len(ids)))
@@ -213,7 +276,7 @@ def record(
     depths = [d for r in recorded.requests for d in r.depths.tolist()]
     mean = sum(depths) / len(depths) if depths else float("nan")
     emit([{"prompts": len(ids), "output tokens": sum(r.output_len for r in recorded.requests),
-           "mean exit depth": mean, "r_max": opened.arch.r_max}],
+           "mean exit depth": mean, "r_max": opened.arch.r_max, "loop start": opened.model.config.start_state}],
          f"{opened.arch.name}: exits at q = {q:g}", caption=f"trace written to {out}")
 
 

@@ -4,7 +4,8 @@ Entry points: :func:`run_executor` / :func:`execute` (:mod:`executor.driver`), :
 driver -> engine -> graphs (CUDA graphs) -> model -> ops (torch primitives, or Triton kernels: ``triton_pointwise``,
 ``triton_decode``, ``triton_prefill``; ``chain`` for one or two rows, ``few_rows`` for a few) over the paged
 ``kv_cache``. ``reference`` is the decoder the tests compare to, ``loader`` reads real checkpoints, ``gates`` computes
-exit depths, ``record`` writes a checkpoint's exit trace. Needs torch; :mod:`cdbsim` and :mod:`traces` never import it.
+exit depths (``live_gates`` inside a served run), ``record`` writes a checkpoint's exit trace. Needs torch;
+:mod:`cdbsim` and :mod:`traces` never import it.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from cdbsim.serving.scheduler import Scheduler
 from executor.build import current_build
 from executor.engine import Engine, Prepared
 from executor.graphs import StageGraphs
+from executor.live_gates import LiveComparison, LiveGateSpec
 from executor.model import LoopedLM, ModelConfig, default_ops
 from executor.ops import default_backend
 from executor.reference import Episode
@@ -44,6 +45,7 @@ class ExecutorRun:
     episodes: list[list[Episode]]
     scheduler: Scheduler
     logits: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    live: LiveComparison | None = None  # the live exit gates against the replayed depths (``live_gates``)
 
 
 @dataclass
@@ -128,15 +130,16 @@ class Executor:
     def __init__(self, arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
                  model: LoopedLM, mode: Timing | str | None = None, graphs: bool | None = None,
                  keep_logits: bool = False, prompt_seed: int = 0, memory_fraction: float = MEMORY_FRACTION,
-                 prompts: Sequence[Sequence[int]] | None = None) -> None:
+                 prompts: Sequence[Sequence[int]] | None = None, live_gates: LiveGateSpec | None = None) -> None:
         mode = Timing.parse(mode) if mode is not None else config.timing
         if model.config.r_max != arch.r_max:
             raise ValueError(f"model r_max {model.config.r_max} differs from the architecture's {arch.r_max}")
-        self.config, self.requests, self.mode, self.model = config, requests, mode, model
+        self.config, self.requests, self.mode, self.model, self.arch = config, requests, mode, model, arch
         self.cuda = model.device.type == "cuda"
         self.memory = gpu_plan(arch, config, requests, kv_blocks, model.device, memory_fraction)
         self.scheduler = Scheduler(arch, config, requests, kv_blocks, share_blocks=True)
-        self.engine = Engine(model, config, requests, kv_blocks, prompt_seed=prompt_seed, prompts=prompts)
+        self.engine = Engine(model, config, requests, kv_blocks, prompt_seed=prompt_seed, prompts=prompts,
+                             live=live_gates)
         use_graphs = self.cuda if graphs is None else graphs  # on CPU: static buffers without capture (tests)
         self.graphs = StageGraphs(self.engine) if use_graphs else None
         self.keep_logits = keep_logits
@@ -160,11 +163,20 @@ class Executor:
             serving = _Serving(self)
             for _ in serve(serving.pipeline, serving):
                 pass  # the executor's steps wait on the GPU themselves: they yield nothing
-            log = serving.recorder.finish(self._meta(time.perf_counter() - serving.run_start))
+            wall = time.perf_counter() - serving.run_start
+            live = self._live()
+            log = serving.recorder.finish(self._meta(wall, live))
             episodes = [[Episode(g, list(chunks)) for g, chunks in sorted(e.items())] for e in self.engine.episodes]
-            return ExecutorRun(log, self.engine.output_tokens(), episodes, self.scheduler, serving.logits_out)
+            return ExecutorRun(log, self.engine.output_tokens(), episodes, self.scheduler, serving.logits_out, live)
 
-    def _meta(self, wall: float) -> dict:
+    def _live(self) -> LiveComparison | None:
+        """The run's live exit gates against the depths it served (None without live gates)."""
+        engine = self.engine
+        if engine.live is None:
+            return None
+        return engine.live.compare(self.requests, engine.stride, self.config.r_min(self.arch))
+
+    def _meta(self, wall: float, live: LiveComparison | None = None) -> dict:
         model = self.model
         device = (torch.cuda.get_device_name(model.device) if self.cuda else platform.processor() or "cpu")
         return run_meta(
@@ -177,7 +189,8 @@ class Executor:
                          "cuda-graphs" if self.graphs.capture else "static-buffers"),
             clock="cuda-events" if self.cuda else "wall", wall_s=wall,
             build=current_build(model.device).to_dict(),  # the executor build, checked against profiles
-            memory=self._memory())
+            memory=self._memory(), state_init=model.config.start_state,
+            **({"live_gates": live.to_dict()} if live is not None else {}))
 
     def _memory(self) -> dict | None:
         """The memory plan of this run and, on the GPU, the peaks torch's allocator saw (GiB)."""
@@ -264,12 +277,14 @@ def execute(arch: ArchSpec, config: ServeConfig, requests: list[Request], kv_blo
             device: torch.device | str = "cpu", dtype: torch.dtype | None = None, mode: Timing | str | None = None,
             seed: int = 0, model: LoopedLM | None = None, graphs: bool | None = None, backend: str | None = None,
             keep_logits: bool = False, warmup: bool = True, memory_fraction: float = MEMORY_FRACTION,
-            prompts: Sequence[Sequence[int]] | None = None) -> ExecutorRun:
-    """Serve ``requests`` on a (random-init unless ``model`` is given) model; everything the run produced."""
+            prompts: Sequence[Sequence[int]] | None = None, live_gates: LiveGateSpec | None = None) -> ExecutorRun:
+    """Serve ``requests`` on a (random-init unless ``model`` is given) model; everything the run produced; with
+    ``live_gates`` each decoded token's own exit gate is run too and set beside its replayed depth."""
     if model is None:
         model = build_model(arch, device=device, dtype=dtype, seed=seed, backend=backend)
     executor = Executor(arch, config, requests, kv_blocks, model=model, mode=mode, graphs=graphs,
-                        keep_logits=keep_logits, prompt_seed=seed, memory_fraction=memory_fraction, prompts=prompts)
+                        keep_logits=keep_logits, prompt_seed=seed, memory_fraction=memory_fraction, prompts=prompts,
+                        live_gates=live_gates)
     if warmup:
         executor.warmup()
     return executor.run()

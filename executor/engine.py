@@ -6,6 +6,7 @@ prelude, core and coda; a row from its first prefill chunk until it finishes or 
 scheduler only through launches. Decode-type stages read one int32 buffer (:data:`FIELDS` + a block-table row per
 padded row); prefill its packed layout (:mod:`executor.prefill`). Padded rows point at the scratch token, the
 scratch bank row and the trash block, so they never touch a real request; either buffer is a graph's static input.
+With ``live`` the decode-type stages also run each token's own exit gate (:mod:`executor.live_gates`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from cdbsim.serving.config import ServeConfig
 from cdbsim.serving.launch import FIELDS, Launch, Stage, table_width
 from executor.attention import DecodeAttention, PagedPrefillAttention
 from executor.kv_cache import CacheGeometry, PagedKVCache
+from executor.live_gates import LiveGates, LiveGateSpec, Track
 from executor.model import LoopedLM
 from executor.ops import to_device
 from executor.prefill import (
@@ -69,7 +71,8 @@ class Engine:
     """Stage runners over one model, cache, token store and hidden-state bank."""
 
     def __init__(self, model: LoopedLM, config: ServeConfig, requests: list[Request], kv_blocks: int, *,
-                 prompt_seed: int = 0, prompts: Sequence[Sequence[int]] | None = None) -> None:
+                 prompt_seed: int = 0, prompts: Sequence[Sequence[int]] | None = None,
+                 live: LiveGateSpec | None = None) -> None:
         cfg = model.config
         self.model = model
         self.config = config
@@ -93,10 +96,14 @@ class Engine:
             store[i, : r.prompt_len] = ids
         self.tokens = torch.from_numpy(store.reshape(-1)).to(self.device)
         self.scratch_token = n * self.stride
+        # each token-store row's request id (the scratch row's -1), from which a random start state is drawn
+        self.request_keys = (torch.tensor([r.request_id for r in requests] + [-1], device=self.device)
+                             if cfg.random_state else None)
         width = config.width
         self.bank_state = torch.zeros((width + 1, cfg.hidden), device=self.device, dtype=model.dtype)
         self.bank_inject = torch.zeros_like(self.bank_state) if cfg.style is LayerStyle.HUGINN else None
         self.scratch_row = width
+        self.live = LiveGates(model, live, width + 1, self.tokens.numel()) if live is not None else None
         self._spare_rows = list(range(width - 1, -1, -1))
         self.row_of: dict[int, int] = {}
         # host mirrors of every request's block table (``_known``/``_last``: length and last id synced) and bank
@@ -273,35 +280,56 @@ class Engine:
         return DecodeAttention(self.model.ops, self.cache, self.rope, m.pos, m.row0, m.layer_base, m.fill,
                                m.seq_len, m.block_table, max_fill, self.scale)
 
+    def _start_state(self, e: torch.Tensor, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The loop state before step 0 of the tokens at token-store indices ``tok`` (positions ``pos``)."""
+        if self.request_keys is None:
+            return self.model.initial_state(e)
+        return self.model.initial_state(e, self.request_keys[tok.long() // self.stride], pos)
+
     def _prelude(self, m: StageMeta, max_fill: int = 0) -> None:
         model = self.model
         e = model.prelude(self.tokens[m.tok.long()], self._attention(m, 0))
         rows = m.bank.long()
-        self.bank_state.index_copy_(0, rows, model.initial_state(e))
+        self.bank_state.index_copy_(0, rows, self._start_state(e, m.tok, m.pos))
         if self.bank_inject is not None:
             self.bank_inject.index_copy_(0, rows, e)
+        if self.live is not None:
+            self.live.start(rows)
 
     def _core(self, m: StageMeta, max_fill: int = 0) -> None:
         rows = m.bank.long()
-        s = self.bank_state[rows]
+        before = self.bank_state[rows]
         e = self.bank_inject[rows] if self.bank_inject is not None else None
-        s = self.model.core_step(s, e, self._attention(m, max_fill), self.geo.core_layer(0))
+        s = self.model.core_step(before, e, self._attention(m, max_fill), self.geo.core_layer(0))
         self.bank_state.index_copy_(0, rows, s)
+        if self.live is not None:
+            self.live.step(rows, before, s)
 
     def _coda(self, m: StageMeta, max_fill: int = 0) -> torch.Tensor:
-        h = self.model.coda(self.bank_state[m.bank.long()], self._attention(m, 0), self.geo.coda_layer(0))
+        rows = m.bank.long()
+        h = self.model.coda(self.bank_state[rows], self._attention(m, 0), self.geo.coda_layer(0))
+        if self.live is not None:
+            self.live.finish(rows, m.out)
         return self._sample(h, m.out)
 
     def _decode(self, m: StageMeta, max_fill: int = 0) -> torch.Tensor:
-        return self._sample(self._full_depth(m.tok, self._attention(m, 0)), m.out)
+        track = Track.fresh(m.tok.shape[0], self.device) if self.live is not None else None
+        h = self._full_depth(m.tok, m.pos, self._attention(m, 0), track)
+        if track is not None:
+            self.live.record(track.first, track.ran, m.out)
+        return self._sample(h, m.out)
 
-    def _full_depth(self, tok: torch.Tensor, attn) -> torch.Tensor:
-        """Prelude, every loop and the coda of the tokens at ``tok``: the hidden states the head reads."""
+    def _full_depth(self, tok: torch.Tensor, pos: torch.Tensor, attn, track: Track | None = None) -> torch.Tensor:
+        """Prelude, every loop and the coda of the tokens at ``tok`` (positions ``pos``): the hidden states the head
+        reads; with ``track`` each loop advances the live gates."""
         model, geo = self.model, self.geo
         e = model.prelude(self.tokens[tok.long()], attn)
-        s = model.initial_state(e)
+        s = self._start_state(e, tok, pos)
         for step in range(geo.r_max):
+            before = s
             s = model.core_step(s, e, attn, geo.core_layer(geo.slot_of_step(step)))
+            if track is not None:
+                self.live.advance(track, before, s)
         return model.coda(s, attn, geo.coda_layer(0))
 
     def _sample(self, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -312,5 +340,5 @@ class Engine:
     def _prefill(self, m: PrefillMeta, max_fill: int = 0) -> torch.Tensor:
         """Packed chunks at full depth; samples the last token of every finishing chunk (padded rows write
         the scratch token). Coda layers run for every token: they write the chunk's coda KV."""
-        h = self._full_depth(m.tok, PagedPrefillAttention(self.model.ops, self.cache, self.rope, m, self.scale))
+        h = self._full_depth(m.tok, m.pos, PagedPrefillAttention(self.model.ops, self.cache, self.rope, m, self.scale))
         return self._sample(h[m.last.long()], m.out)

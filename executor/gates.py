@@ -21,12 +21,11 @@ from cdbsim.model.arch import ArchSpec, KVLayout, LayerStyle
 from cdbsim.serving.blocks import need_blocks
 from cdbsim.serving.config import ServeConfig
 from executor.driver import execute
+from executor.live_gates import CRITERIA
 from executor.model import LoopedLM
 from executor.reference import ReferenceDecoder
 from executor.tokens import prompt_ids
 from traces.request import Request
-
-CRITERIA = ("hazard", "latent-diff")
 
 
 def default_criterion(model: LoopedLM) -> str:
@@ -63,9 +62,10 @@ def depths_from_values(values: np.ndarray, q: float, criterion: str) -> np.ndarr
 
 
 def teacher_forced_values(model: LoopedLM, prompt: Sequence[int], outputs: Sequence[int],
-                          criterion: str) -> np.ndarray:
+                          criterion: str, request_id: int = 0) -> np.ndarray:
     """Gate signals of output tokens 1 .. from one full-depth forward over ``prompt + outputs[:-1]``: row ``j - 1``
-    holds every loop's signal at input position ``len(prompt) + j - 1`` (what incremental decoding gives)."""
+    holds every loop's signal at input position ``len(prompt) + j - 1`` (what incremental decoding gives);
+    ``request_id`` keys a random start state."""
     cfg = model.config
     first, rows = len(prompt), max(len(outputs) - 1, 0)
     values = np.zeros((rows, cfg.r_max), dtype=np.float32)
@@ -76,7 +76,8 @@ def teacher_forced_values(model: LoopedLM, prompt: Sequence[int], outputs: Seque
     def keep(positions: range, step: int, state: torch.Tensor) -> None:
         states[step] = state[first: first + rows]
 
-    ReferenceDecoder(model, KVLayout.DEPTH).generate([*prompt, *outputs[:-1]], 1, [], observer=keep)
+    ReferenceDecoder(model, KVLayout.DEPTH).generate([*prompt, *outputs[:-1]], 1, [], observer=keep,
+                                                     request_id=request_id)
     for step in range(cfg.r_max):
         if criterion == "hazard":
             values[:, step] = model.gate_logit(states[step]).cpu().numpy()
@@ -99,11 +100,12 @@ def record_gate_values(model: LoopedLM, request: Request, *, criterion: str | No
     prompt = prompt_ids(request.request_id, request.prompt_len, cfg.vocab, prompt_seed)
     if outputs is None:
         outputs = ReferenceDecoder(model, KVLayout.DEPTH).generate(
-            prompt, request.output_len, [cfg.r_max] * max(request.output_len - 1, 0)).tokens
+            prompt, request.output_len, [cfg.r_max] * max(request.output_len - 1, 0),
+            request_id=request.request_id).tokens
     outputs = [int(t) for t in outputs]
     if len(outputs) != request.output_len:
         raise ValueError(f"request {request.request_id}: {len(outputs)} output tokens, expected {request.output_len}")
-    return teacher_forced_values(model, prompt, outputs, criterion), outputs
+    return teacher_forced_values(model, prompt, outputs, criterion, request.request_id), outputs
 
 
 def greedy_outputs(model: LoopedLM, arch: ArchSpec, requests: Sequence[Request], *, prompt_seed: int = 0,

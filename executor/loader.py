@@ -5,6 +5,7 @@ Public names (HF ``modeling_ouro.py``; ``raven_modeling_minimal.py``) are known 
 ``model.layers.{i}.*`` count prelude, core and coda layers in order (q/k/v -> ``wqkv``, gate/up -> ``w_gate_up``,
 ``input_layernorm``/``_2`` -> norm1/norm2, ``post_attention_layernorm``/``_2`` -> norm3/norm4); Huginn's
 ``transformer.{prelude,core_block,coda}.{i}.*`` (``attn.qk_bias`` -> ``q_bias``, ``k_bias``), tied to ``wte``.
+:func:`save_checkpoint` writes a model as such a folder (``config.json`` and safetensors), which loads back unchanged.
 """
 
 from __future__ import annotations
@@ -122,6 +123,8 @@ def to_public(model: LoopedLM) -> dict[str, torch.Tensor]:
         owner = _owner(model, slot)
         if slot.qk_bias:
             cfg = model.config
+            if cfg.heads != cfg.kv_heads:
+                raise ValueError(f"{name}: a qk_bias checkpoint needs heads == kv_heads")
             out[name] = torch.stack((owner.q_bias, owner.k_bias)).reshape(2, 1, cfg.heads, cfg.head_dim).clone()
             continue
         t = getattr(owner, slot.attr)
@@ -192,3 +195,18 @@ def load_model(arch: ArchSpec, path: str | Path, *, device: torch.device | str =
     model = LoopedLM.empty(config, ops, device=device, dtype=dtype)
     load_state(model, iter_tensors(path), strict=strict)
     return model
+
+
+def save_checkpoint(model: LoopedLM, arch: ArchSpec, folder: str | Path) -> Path:
+    """Write ``model`` as a checkpoint folder in its family's public layout: ``config.json`` (from ``arch``) and
+    ``model.safetensors``; :func:`load_model` and ``--checkpoint`` read it back."""
+    from safetensors.torch import save_file
+
+    from cdbsim.model.hf_config import hf_config_of
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(hf_config_of(arch), indent=1) + "\n")
+    tensors = {name: t.contiguous().cpu() for name, t in to_public(model).items()}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder

@@ -7,7 +7,9 @@ untied head, the final norm after every loop (the next loop's input and what the
 ``huginn`` (Huginn-0125): ``x = norm2(attn(norm1(x)) + x); x = norm4(mlp(norm3(x)) + x)``; q/k bias before
 interleaved-pair RoPE, embedding scaled by sqrt(h), an adapter ``Linear(2h, h)`` on ``concat(state, prelude
 output)`` every loop, ``ln_f`` / coda / ``ln_f`` after the loop, tied head. The loop starts from zeros, or with
-``state_init="random"`` from one fixed seeded draw shared by every token (the original draws on every call).
+``state_init="random"`` as the authors' ``initialize_state`` does: every token its own truncated-normal vector (std
+sqrt(2/5) after the embedding scale, cut at 3 std), here drawn from ``state_seed``, the request and the position
+(:func:`token_states`), so a run is reproducible and a token starts from the same state in any batch.
 
 Weights are fused (``wqkv``; ``w_gate_up``, gate first); :mod:`executor.loader` maps public names onto them. Layers
 call the attention context they are given (:mod:`executor.attention`) with their cache layer; they know no pages.
@@ -27,6 +29,9 @@ from cdbsim.model.arch import ArchSpec, LayerStyle
 from executor.ops import Ops
 
 STATE_INITS = ("zeros", "random")
+STATE_SEEDS = range(1 << 32)  # a start-state seed is a 32-bit hash key
+STATE_CUT = 3.0  # the random start state is a normal truncated at this many standard deviations
+_MASK = 0xFFFFFFFF
 
 
 def chained_rows(config: ModelConfig, backend: str) -> int:
@@ -62,11 +67,14 @@ class ModelConfig:
     norm_eps: float
     init_std: float = 0.02
     state_init: str = "zeros"
+    state_seed: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "style", LayerStyle.parse(self.style))
         if self.state_init not in STATE_INITS:
             raise ValueError(f"state_init must be one of {STATE_INITS}, got {self.state_init!r}")
+        if self.state_seed not in STATE_SEEDS:
+            raise ValueError(f"state_seed must be in [0, 2**32), got {self.state_seed}")
         if self.head_dim % 2:
             raise ValueError("RoPE needs an even head_dim")
 
@@ -86,6 +94,25 @@ class ModelConfig:
     @property
     def embed_scale(self) -> float:
         return math.sqrt(self.hidden) if self.style is LayerStyle.HUGINN else 1.0
+
+    @property
+    def state_std(self) -> float:
+        """Standard deviation of the random start state before truncation: the authors' init std sqrt(2 / (5 h))
+        times the embedding scale."""
+        return math.sqrt(2 / (5 * self.hidden)) * self.embed_scale
+
+    @property
+    def random_state(self) -> bool:
+        """Whether each token's loop starts from its own random state (Huginn with ``state_init="random"``)."""
+        return self.style is LayerStyle.HUGINN and self.state_init == "random"
+
+    @property
+    def start_state(self) -> str:
+        """Where the loop starts, as a run's metadata says: ``prelude output`` (Ouro), ``zeros`` or
+        ``random (seed N)``."""
+        if self.style is LayerStyle.OURO:
+            return "prelude output"
+        return f"random (seed {self.state_seed})" if self.random_state else "zeros"
 
 
 class Layer(nn.Module):
@@ -145,7 +172,6 @@ class LoopedLM(nn.Module):
         self.head = None if config.tied_head else nn.Parameter(torch.empty(config.vocab, h), requires_grad=False)
         if config.style is LayerStyle.HUGINN:
             self.adapter = nn.Parameter(torch.empty(h, 2 * h), requires_grad=False)
-            self.register_buffer("state0", torch.zeros(h))
             self.gate_w = self.gate_b = None
         else:
             self.adapter = None
@@ -153,25 +179,20 @@ class LoopedLM(nn.Module):
             self.gate_b = nn.Parameter(torch.zeros(1), requires_grad=False)
 
     @classmethod
-    def empty(cls, config: ModelConfig, ops: Ops | None = None, *, seed: int = 0,
-              device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> LoopedLM:
-        """Uninitialised weights (float32 on CPU, bf16 on GPU by default) and Huginn's start state (of ``seed``)."""
+    def empty(cls, config: ModelConfig, ops: Ops | None = None, *, device: torch.device | str = "cpu",
+              dtype: torch.dtype | None = None) -> LoopedLM:
+        """Uninitialised weights (float32 on CPU, bf16 on GPU by default)."""
         device = torch.device(device)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         with torch.device("meta"):
             model = cls(config, ops)
-        model = model.to_empty(device=device).to(dtype)
-        if config.style is LayerStyle.HUGINN:
-            model.state0.zero_()
-            if config.state_init == "random":
-                model.state0.copy_(initial_state(config, seed, device))
-        return model
+        return model.to_empty(device=device).to(dtype)
 
     @classmethod
     def random(cls, config: ModelConfig, *, seed: int = 0, device: torch.device | str = "cpu",
                dtype: torch.dtype | None = None, ops: Ops | None = None) -> LoopedLM:
         """Random weights (normal, std ``init_std``; norms 1), float32 on CPU and bf16 on GPU by default."""
-        model = cls.empty(config, ops, seed=seed, device=device, dtype=dtype)
+        model = cls.empty(config, ops, device=device, dtype=dtype)
         gen = torch.Generator(device=model.device).manual_seed(seed)
         with torch.no_grad():
             for name, p in model.named_parameters():
@@ -222,11 +243,19 @@ class LoopedLM(nn.Module):
         x = x * self.config.embed_scale if self.config.embed_scale != 1.0 else x
         return self.run_layers(self.prelude_layers, x, attn, 0, None)[0]
 
-    def initial_state(self, e: torch.Tensor) -> torch.Tensor:
-        """Loop state before step 0: the prelude output (Ouro), a fixed state (Huginn)."""
-        if self.config.style is LayerStyle.OURO:
+    def initial_state(self, e: torch.Tensor, request: torch.Tensor | None = None,
+                      position: torch.Tensor | None = None) -> torch.Tensor:
+        """Loop state before step 0 of the tokens whose prelude output is ``e``: ``e`` itself (Ouro), zeros or, with
+        ``state_init="random"``, each token's own draw (:func:`token_states`; needs each row's ``request`` key and
+        ``position``)."""
+        cfg = self.config
+        if cfg.style is LayerStyle.OURO:
             return e
-        return self.state0.to(e.dtype).expand_as(e).contiguous()
+        if not cfg.random_state:
+            return torch.zeros_like(e)
+        if request is None or position is None:
+            raise ValueError("a random start state needs each token's request and position")
+        return token_states(cfg, request, position, e.dtype)
 
     def core_step(self, s: torch.Tensor, e: torch.Tensor | None, attn, first_layer: int) -> torch.Tensor:
         """One loop of the core: Huginn mixes ``e`` in through the adapter; Ouro ends with the final norm."""
@@ -257,10 +286,43 @@ class LoopedLM(nn.Module):
         return (F.linear(s, self.gate_w, self.gate_b)).float().squeeze(-1)
 
 
-def initial_state(config: ModelConfig, seed: int, device: torch.device | str) -> torch.Tensor:
-    """One seeded truncated-normal draw (std ``init_std`` x embed scale, cut at 3 std), as Huginn's init."""
-    gen = torch.Generator().manual_seed(seed + 7919)
-    std = config.init_std
-    x = torch.empty(config.hidden)
-    torch.nn.init.trunc_normal_(x, 0.0, std, -3 * std, 3 * std, generator=gen)
-    return (x * config.embed_scale).to(device)
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x * c mod 2**32`` of 32-bit values held in int64, with no intermediate past 2**49 (no signed overflow)."""
+    low = x * (c & 0xFFFF)
+    high = ((x * (c >> 16)) & 0xFFFF) << 16
+    return (low + high) & _MASK
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser, elementwise on int64 tensors holding 32-bit values."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+STATE_CHUNK = 1 << 21  # elements of the int64 hash drawn at a time (16 MiB), so a long prefill stays small
+
+
+def token_states(config: ModelConfig, request: torch.Tensor, position: torch.Tensor,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Random start states ``[N, hidden]`` in ``dtype`` of the tokens at ``position`` of ``request`` (int tensors of
+    ``N``): a normal of std :attr:`ModelConfig.state_std` truncated at ``STATE_CUT`` std (inverse CDF of a
+    uniform, as ``torch.nn.init.trunc_normal_``), each element a hash of (``state_seed``, request, position,
+    element). Counter-based: a token's draw does not depend on its batch, the hash is the same on every device,
+    and it runs inside a CUDA graph."""
+    device = position.device
+    key = _mix32(torch.full_like(position, config.state_seed, dtype=torch.int64) ^ 0x3C6EF372)
+    key = _mix32(key ^ (request.long() & _MASK))
+    key = _mix32((key + (position.long() & _MASK)) & _MASK)
+    dims = _mix32((torch.arange(config.hidden, device=device, dtype=torch.int64) + 0x9E3779B9) & _MASK)
+    edge = math.erf(STATE_CUT / math.sqrt(2))
+    out = torch.empty((key.shape[0], config.hidden), device=device, dtype=dtype)
+    rows = max(1, STATE_CHUNK // config.hidden)
+    for start in range(0, key.shape[0], rows):
+        bits = _mix32(key[start: start + rows, None] ^ dims[None, :])
+        u = ((bits >> 8).float() + 0.5) * 2.0 ** -24  # 24 random bits, in (0, 1)
+        z = torch.erfinv((2 * u - 1) * edge) * math.sqrt(2)
+        out[start: start + rows] = z.clamp(-STATE_CUT, STATE_CUT) * config.state_std
+    return out

@@ -1,5 +1,6 @@
 """A plain per-request decoder, the yardstick the batched, paged executor is tested against: one request at a
-time, one dense K/V tensor per cache layer, the layer math written out anew (it shares weights, not code).
+time, one dense K/V tensor per cache layer, the layer math written out anew (it shares weights and the start
+state's draw, not code).
 
 Semantics the executor must reproduce: prefill (possibly chunked) runs ``r_max`` loops, each writing its step's
 slot, and yields output token 0; token ``j >= 1`` runs ``depths[j-1]`` core loops, then an exit after step ``e``
@@ -41,7 +42,7 @@ class ReferenceOutput:
 
 def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
 def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float, interleaved: bool) -> torch.Tensor:
@@ -66,11 +67,15 @@ class ReferenceDecoder:
         self.geo = CacheGeometry(cfg.prelude, cfg.core, cfg.coda, cfg.r_max, KVLayout.parse(layout), 0)
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
+        self.request_id = 0
 
     @torch.inference_mode()
     def generate(self, prompt: Sequence[int], output_len: int, depths: Sequence[int],
-                 episodes: Sequence[Episode] | None = None, observer: Observer | None = None) -> ReferenceOutput:
-        """Greedy tokens and their logits; ``depths[j-1]`` is the executed depth of output token ``j``."""
+                 episodes: Sequence[Episode] | None = None, observer: Observer | None = None,
+                 request_id: int = 0) -> ReferenceOutput:
+        """Greedy tokens and their logits; ``depths[j-1]`` is the executed depth of output token ``j``;
+        ``request_id`` keys a random start state (:func:`executor.model.token_states`)."""
+        self.request_id = request_id
         episodes = list(episodes) if episodes else [Episode(0, [len(prompt)])]
         by_start = {e.generated: e for e in episodes}
         if 0 not in by_start:
@@ -113,7 +118,8 @@ class ReferenceDecoder:
         for i, layer in enumerate(m.prelude_layers):
             x = self._layer(layer, x, start, i)  # prelude layer i is cache layer i
         e = x
-        s = e if cfg.style is LayerStyle.OURO else m.state0.to(e.dtype).expand_as(e)
+        index = torch.arange(start, start + len(ids), device=m.device)
+        s = m.initial_state(e, torch.full_like(index, self.request_id), index)
         if observer is not None:
             observer(positions, -1, s)
         for step in range(depth):

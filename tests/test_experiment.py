@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from cdbsim.errors import ConfigError
 from cdbsim.model.arch import PRESETS, KVLayout
-from cdbsim.model.hf_config import arch_from_hf_config
+from cdbsim.model.hf_config import arch_from_hf_config, hf_config_of
 from cdbsim.planner.experiment import MAX_WIDTH, Experiment, ServeSection
 from cdbsim.serving.config import Policy, Timing
 
@@ -287,3 +287,14 @@ def test_a_huginn_config_without_a_rope_base_takes_upstreams_and_keeps_its_loop_
     config = {k: v for k, v in HUGINN_CONFIG.items() if k != "rope_base"}
     spec = arch_from_hf_config(write_config(tmp_path, config))
     assert spec.rope_theta == 50_000.0 and spec.r_max == 16 and spec.extras["mean_recurrence"] == 32
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_a_written_config_reads_back_as_the_same_architecture(tmp_path, name) -> None:
+    arch = PRESETS[name]
+    assert arch_from_hf_config(write_config(tmp_path, hf_config_of(arch))) == arch
+
+
+def test_an_ouro_config_cannot_hold_a_prelude() -> None:
+    with pytest.raises(ConfigError, match="loops every layer"):
+        hf_config_of(PRESETS["ouro-1.4b"].with_split("4-16-4"))

@@ -3,7 +3,7 @@
 Ouro (``model_type`` "ouro"): every layer loops (split 0-L-0), ``total_ut_steps`` is r_max. Huginn (``model_type``
 "huginn_raven", RavenConfig): prelude, recurrent block and coda; r_max is 16 as the CDB paper serves it (``--r-max``
 sets another; the config's own ``mean_recurrence``, 32 upstream, is kept in ``extras``); RoPE base 50,000 where the
-config gives none, as upstream.
+config gives none, as upstream. :func:`hf_config_of` writes the config of an architecture, read back unchanged.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _huginn(config: _Fields, name: str) -> ArchSpec:
                     tied_head=config.get("tie_embeddings", "tie_word_embeddings", default=True, kind=bool),
                     rope_theta=float(config.get("rope_base", "rope_theta", default=HUGINN_ROPE_BASE, kind=_NUMBER)),
                     norm_eps=float(config.get("norm_eps", default=1e-6, kind=_NUMBER)),
-                    extras={"mean_recurrence": config.get("mean_recurrence", default=None)})
+                    extras={k: v for k in ("mean_recurrence",) if (v := config.get(k, default=None)) is not None})
 
 
 FAMILIES: dict[str, tuple[str, Callable[[_Fields, str], ArchSpec]]] = {
@@ -107,3 +107,24 @@ def arch_from_hf_config(path: str | Path) -> ArchSpec:
     except ConfigError as exc:
         message = str(exc)
         raise ConfigError(message if message.startswith(str(path)) else f"{path}: {message}") from None
+
+
+def hf_config_of(arch: ArchSpec) -> dict[str, Any]:
+    """The ``config.json`` fields of ``arch`` in its family's names (what :func:`arch_from_hf_config` reads back)."""
+    layer = arch.layer
+    if layer.style.value == "ouro":
+        require(arch.prelude == 0 and arch.coda == 0, f"{arch.name}: an Ouro config.json loops every layer (split "
+                                                      f"0-L-0), not {arch.split}")
+        return {"model_type": "ouro", "_name_or_path": arch.name, "hidden_size": layer.hidden,
+                "intermediate_size": layer.intermediate, "num_attention_heads": layer.heads,
+                "num_key_value_heads": layer.kv_heads, "head_dim": layer.head_dim, "vocab_size": arch.vocab,
+                "num_hidden_layers": arch.core, "total_ut_steps": arch.r_max, "tie_word_embeddings": arch.tied_head,
+                "rope_theta": arch.rope_theta, "rms_norm_eps": arch.norm_eps}
+    config = {"model_type": "huginn_raven", "_name_or_path": arch.name, "n_embd": layer.hidden,
+              "intermediate_size": layer.intermediate, "n_heads": layer.heads, "num_key_value_heads": layer.kv_heads,
+              "head_dim": layer.head_dim, "padded_vocab_size": arch.vocab, "n_layers_in_prelude": arch.prelude,
+              "n_layers_in_recurrent_block": arch.core, "n_layers_in_coda": arch.coda,
+              "tie_embeddings": arch.tied_head, "rope_base": arch.rope_theta, "norm_eps": arch.norm_eps}
+    if arch.extras.get("mean_recurrence") is not None:
+        config["mean_recurrence"] = arch.extras["mean_recurrence"]
+    return config

@@ -69,7 +69,8 @@ def assert_matches_reference(run: ExecutorRun, model: LoopedLM, arch: ArchSpec, 
     reference = ReferenceDecoder(model, config.layout)
     for i, r in enumerate(requests):
         prompt = prompt_ids(r.request_id, r.prompt_len, arch.vocab, seed)
-        want = reference.generate(prompt, r.output_len, executed_depths(r, arch, config), run.episodes[i])
+        want = reference.generate(prompt, r.output_len, executed_depths(r, arch, config), run.episodes[i],
+                                  request_id=r.request_id)
         assert run.tokens[i].tolist() == want.tokens, f"request {i}: tokens differ"
         for j in range(r.output_len):
             got = run.logits[(i, j)].to(want.logits.device)

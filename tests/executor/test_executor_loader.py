@@ -18,7 +18,7 @@ pytest.importorskip("safetensors")
 from safetensors.torch import save_file  # noqa: E402
 
 from cdbsim.model.arch import KVLayout  # noqa: E402
-from executor.loader import load_model, to_public  # noqa: E402
+from executor.loader import load_model, save_checkpoint, to_public  # noqa: E402
 from executor.reference import ReferenceDecoder  # noqa: E402
 
 from .helpers import tiny_arch  # noqa: E402
@@ -160,7 +160,7 @@ def write_sharded(tensors: dict[str, torch.Tensor], directory) -> None:
     (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
-def save_checkpoint(tensors: dict[str, torch.Tensor], directory, sharded: bool):
+def write_tensors(tensors: dict[str, torch.Tensor], directory, sharded: bool):
     """Write ``tensors`` as one safetensors file or as shards with an index; returns what to load."""
     if sharded:
         write_sharded(tensors, directory)
@@ -174,7 +174,7 @@ def save_checkpoint(tensors: dict[str, torch.Tensor], directory, sharded: bool):
 def test_ouro_checkpoint_round_trip(tmp_path, sharded: bool) -> None:
     arch = tiny_arch("ouro", r_max=3)
     tensors = ouro_tensors(arch.layer.kv_heads, arch.core, torch.Generator().manual_seed(0))
-    model = load_model(arch, save_checkpoint(tensors, tmp_path, sharded))
+    model = load_model(arch, write_tensors(tensors, tmp_path, sharded))
     public = to_public(model)
     assert set(public) == set(tensors)
     for name, tensor in tensors.items():
@@ -187,7 +187,7 @@ def test_ouro_checkpoint_round_trip(tmp_path, sharded: bool) -> None:
 def test_huginn_checkpoint_round_trip(tmp_path, sharded: bool) -> None:
     arch = tiny_arch("huginn", r_max=3, kv_heads=4)
     tensors = huginn_tensors(arch.prelude, arch.core, arch.coda, torch.Generator().manual_seed(1))
-    model = load_model(arch, save_checkpoint(tensors, tmp_path, sharded))
+    model = load_model(arch, write_tensors(tensors, tmp_path, sharded))
     public = to_public(model)
     assert set(public) == set(tensors) - {"freqs_cis"}
     for name, tensor in public.items():
@@ -210,3 +210,17 @@ def test_loader_refuses_a_mismatched_checkpoint(tmp_path) -> None:
     save_file(tensors, str(tmp_path / "n.safetensors"))
     with pytest.raises(ValueError, match=r"lm_head\.weight: shape"):
         load_model(arch, tmp_path / "n.safetensors")
+
+
+@pytest.mark.parametrize("style", ["ouro", "huginn"])
+def test_a_saved_checkpoint_opens_with_the_same_shape_and_weights(tmp_path, style) -> None:
+    from executor.record import Checkpoint
+
+    from .helpers import tiny_model
+
+    arch = tiny_arch(style, r_max=3, kv_heads=2 if style == "ouro" else 4)  # Huginn's layout has no GQA
+    model = tiny_model(arch, seed=7)
+    opened = Checkpoint.open(save_checkpoint(model, arch, tmp_path / "ckpt"), r_max=3)
+    assert opened.arch == arch
+    saved, loaded = model.state_dict(), opened.model.state_dict()
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)

@@ -88,7 +88,7 @@ def test_record_writes_a_trace_that_predict_replays(tmp_path: Path) -> None:
 
 def test_depths_follow_the_exit_rules_and_the_threshold(tmp_path: Path) -> None:
     ouro = Checkpoint.open(ouro_checkpoint(tmp_path / "ouro"))
-    ids = read_prompts(prompts_file(tmp_path / "p.jsonl", PROMPTS), ouro)
+    ids = read_prompts(prompts_file(tmp_path / "p.jsonl", PROMPTS), ouro.vocabulary)
     assert ids[0] == [6, 18, 4, 43] and ids[2] == [2, 3]  # the tokenizer's ids
     early = record(ouro, ids, 1e-9, max_new_tokens=5)
     late = record(ouro, ids, 1.0, max_new_tokens=5)
@@ -135,14 +135,14 @@ def test_text_needs_the_tokenizer_and_a_folder_needs_its_config(tmp_path: Path) 
     folder = ouro_checkpoint(tmp_path / "ouro", tokenizer=False)
     opened = Checkpoint.open(folder)
     with pytest.raises(ValueError, match=r"needs the checkpoint's tokenizer\.json"):
-        read_prompts(prompts_file(tmp_path / "p.jsonl", [{"text": "w1"}]), opened)
-    assert read_prompts(prompts_file(tmp_path / "q.jsonl", [{"token_ids": [3, 4]}]), opened) == [[3, 4]]
+        read_prompts(prompts_file(tmp_path / "p.jsonl", [{"text": "w1"}]), opened.vocabulary)
+    assert read_prompts(prompts_file(tmp_path / "q.jsonl", [{"token_ids": [3, 4]}]), opened.vocabulary) == [[3, 4]]
     (folder / "config.json").unlink()
     with pytest.raises(ValueError, match=r"no config\.json"):
         Checkpoint.open(folder)
     csv = tmp_path / "p.csv"
     csv.write_text("token_ids\n3 4 5\n")
-    assert read_prompts(csv, opened) == [[3, 4, 5]]
+    assert read_prompts(csv, opened.vocabulary) == [[3, 4, 5]]
 
 
 def test_the_batched_outputs_are_the_reference_decoders_on_the_given_prompts(tmp_path: Path) -> None:
@@ -158,14 +158,14 @@ def test_the_batched_outputs_are_the_reference_decoders_on_the_given_prompts(tmp
 
 
 def test_validate_and_calibrate_take_a_checkpoint_folder(tmp_path: Path) -> None:
-    from calibration.validation import OneModel
+    from calibration.validation import CheckpointRun, OneModel
     from executor.loader import to_public
 
     folder = ouro_checkpoint(tmp_path / "ouro")
-    model = OneModel(folder, device="cpu")(Checkpoint.open(folder).arch)  # the executor's model, the folder's weights
+    model = OneModel(CheckpointRun(folder), device="cpu")(Checkpoint.open(folder).arch)  # the folder's weights
     saved = ouro_tensors(2, 2, torch.Generator().manual_seed(0))
     assert all(torch.equal(to_public(model)[name], tensor) for name, tensor in saved.items())
-    assert OneModel(folder).weights == f"checkpoint {folder}" and OneModel().weights == "random (seed 0)"
+    assert OneModel(CheckpointRun(folder)).weights == f"checkpoint {folder}" and OneModel().weights == "random (seed 0)"
     runner = CliRunner()
     for args, message in [
         (["validate", "--checkpoint", str(folder), "--arch", "ouro-1.4b"], "its config.json is the architecture; "
@@ -177,3 +177,39 @@ def test_validate_and_calibrate_take_a_checkpoint_folder(tmp_path: Path) -> None
     ]:
         result = runner.invoke(app, [*args, "--out", str(tmp_path / "out")])
         assert result.exit_code == 2 and message in result.stderr, result.output
+
+
+def test_record_takes_the_start_state_and_bad_checkpoint_options_are_refused(tmp_path: Path) -> None:
+    from executor.gates import teacher_forced_values
+
+    folder, ouro = huginn_checkpoint(tmp_path / "huginn"), ouro_checkpoint(tmp_path / "ouro")
+    prompts = prompts_file(tmp_path / "p.jsonl", PROMPTS)
+    trace, outputs = tmp_path / "t.csv", tmp_path / "o.jsonl"
+    runner = CliRunner()
+    result = runner.invoke(app, ["record", "--checkpoint", str(folder), "--prompts", str(prompts), "--q", "0.8",
+                                 "--out", str(trace), "--outputs", str(outputs), "--max-new-tokens", "4", "--r-max",
+                                 "4", "--device", "cpu", "--state-init", "random", "--state-seed", "3"])
+    assert result.exit_code == 0, result.output
+    opened = Checkpoint.open(folder, r_max=4, state_init="random", state_seed=3)
+    ids = read_prompts(prompts, opened.vocabulary)
+    want = record(opened, ids, 0.8, max_new_tokens=4)
+    assert [json.loads(line)["token_ids"] for line in outputs.read_text().splitlines()] == want.outputs
+    assert [r.depths.tolist() for r in read_trace(trace, r_max=4)] == [r.depths.tolist() for r in want.requests]
+    zeros = Checkpoint.open(folder, r_max=4)
+    # from zeros the first loop's relative change is exactly 1; from the random start it is not
+    assert (teacher_forced_values(zeros.model, ids[0], want.outputs[0], "latent-diff")[:, 0] == 1.0).all()
+    assert (teacher_forced_values(opened.model, ids[0], want.outputs[0], "latent-diff")[:, 0] != 1.0).all()
+    base = ["--prompts", str(prompts), "--q", "0.5", "--out", str(tmp_path / "x.csv"), "--device", "cpu"]
+    for args, message in [
+        (["record", "--checkpoint", str(ouro), *base, "--state-init", "random"], "starts from its prelude output"),
+        (["record", "--checkpoint", str(folder), *base, "--state-seed", "3"], "--state-seed goes with --state-init "
+                                                                            "random"),
+        (["record", "--checkpoint", str(folder), *base, "--state-init", "uniform"], "must be one of zeros, random"),
+        (["validate", "--live-q", "0.5"], "--live-q: run a checkpoint; give --checkpoint"),
+        (["validate", "--checkpoint", str(ouro), "--criterion", "hazard"], "give --live-q"),
+        (["validate", "--checkpoint", str(ouro), "--live-q", "0.5", "--criterion", "exit"], "unknown exit criterion"),
+        (["validate", "--checkpoint", str(ouro), "--live-q", "0.5", "--prompts", str(prompts)], "give --trace too"),
+        (["validate", "--checkpoint", str(ouro), "--state-init", "random"], "starts from its prelude output"),
+    ]:
+        result = runner.invoke(app, [*args, "--out", str(tmp_path / "out")] if args[0] == "validate" else args)
+        assert result.exit_code == 2 and message in result.stderr, (args, result.output)

@@ -6,8 +6,9 @@
 #                                             -> benchmarks/results/validation/ (H200), validation-h100/ (H100)
 #   bash benchmarks/gpu_session.sh bench      the executor table and refill at K = 1 without exits (about 7 min)
 #                                             -> benchmarks/results/executor/
-#   bash benchmarks/gpu_session.sh paper      Huginn-3.5B at W = 64 under the paper's per-step launches (about 7 min)
-#                                             -> benchmarks/results/paper/gpu/
+#   bash benchmarks/gpu_session.sh paper      H200: Huginn-3.5B at W = 64 under the paper's per-step launches (about
+#                                             7 min) -> benchmarks/results/paper/gpu/; H100: the paper's offline settings,
+#                                             CB / no-refill / refill (about 9 min) -> benchmarks/results/paper/h100/
 #   bash benchmarks/gpu_session.sh adaptive   the adaptive policy against fixed ones on the same requests (about 9 min)
 #                                             -> benchmarks/results/adaptive/gpu/
 #   bash benchmarks/gpu_session.sh unseen     shapes no per-model profile measured, on the kernel-level profile
@@ -15,13 +16,29 @@
 #   bash benchmarks/gpu_session.sh memory     GPU tests, an oversized KV cache refused before any model loads, and
 #                                             the executor's peak memory on every configuration of this GPU's
 #                                             validation matrix (about 6 min) -> benchmarks/results/memory/
+#   bash benchmarks/gpu_session.sh wide       Huginn-3.5B at W = 256, CB and refill (about 6 min) -> not in a table
+#   bash benchmarks/gpu_session.sh rebuild N  call N of the rebuild: everything above, in the order that makes later
+#                                             calls use the profiles earlier ones measured (no N: the list)
 # Everything a phase writes goes to $OUT/session-<phase>.tgz; copy the files the docs cite into the folder named.
 # ONLY=name,name runs those configurations of a matrix alone. docs/validating.md says more.
 set -u
+REBUILD=(calibrate calibrate-kernels validate unseen adaptive paper memory bench wide)
 phase=${1:-}
+if [ "$phase" = rebuild ]; then
+  n=${2:-}
+  if ! [[ $n =~ ^[0-9]+$ ]] || [ "$n" -lt 1 ] || [ "$n" -gt ${#REBUILD[@]} ]; then
+    echo "rebuild: one device call each, at most ten minutes; commit what a call measured (the profiles above all)"
+    echo "before the next, then run 'python benchmarks/tables.py --write'. Give the call's number:"
+    for i in "${!REBUILD[@]}"; do echo "  bash benchmarks/gpu_session.sh rebuild $((i + 1))   ${REBUILD[$i]}"; done
+    [ -z "$n" ] && exit 0 || exit 2
+  fi
+  phase=${REBUILD[$((n - 1))]}
+  [ "$phase" = calibrate-kernels ] && { export MODELS=kernels; phase=calibrate; }
+fi
 case $phase in
-  calibrate | validate | bench | paper | adaptive | unseen | memory) ;;
-  *) echo "error: unknown phase '$phase'; phases: calibrate, validate, bench, paper, adaptive, unseen, memory" >&2
+  calibrate | validate | bench | paper | adaptive | unseen | memory | wide) ;;
+  *) echo "error: unknown phase '$phase'; phases: calibrate, validate, bench, paper, adaptive, unseen, memory, wide," \
+       "rebuild N" >&2
      exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
@@ -62,15 +79,16 @@ case $phase in
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \
       --requests 128 --k 1 --budget-s 130 --out "$work/executor-k1"
     ;;
-  paper) matrix 560 paper paper-huginn-h200.json ;;
+  paper) matrix 560 paper "$([ $gpu = h100 ] && echo paper-h100.json || echo paper-huginn-h200.json)" ;;
   adaptive) matrix 560 adaptive adaptive-h200.json ;;
   unseen) matrix 560 unseen unseen-h200.json ;;
+  wide) matrix 560 wide wide-huginn-h200.json ;;
   memory)
-    run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -p no:cacheprovider
-    run 60 oversized-kv-refused python3 cli.py validate --arch ouro-2.6b --kv-tokens 1000000 --requests 8 \
-      --out "$work/refused"
     run 380 memory python3 benchmarks/memory.py measure --matrix "calibration/matrices/validation-$gpu.json" \
       --requests 32 --out "$work/memory-$gpu.csv"
+    run 30 oversized-kv-refused python3 cli.py validate --arch ouro-2.6b --kv-tokens 1000000 --requests 8 \
+      --out "$work/refused"
+    run 170 gpu-tests python3 -m pytest tests/executor -m gpu -q -p no:cacheprovider -n 0
     ;;
 esac
 cat "$work/steps.txt"

@@ -81,24 +81,61 @@ def unseen() -> str:
         [f"{online} online runs: normalized latency p50 worst", pct(e["online norm p50 |error| worst %"], 1), "8%"]])
 
 
-PAPER_SHORT = ("Ouro refill / CB, offline, W=64", "Huginn no-refill / CB, offline, W=64",
-               "Huginn refill K=16 / no-refill, W=64", "Huginn best CDB / CB, peak over W=16, 64, 256, 512",
-               "GPU idle, synchronous (%)", "GPU idle, async (%)", "GPU idle, async + lookahead (%)")
+
+def paper() -> str:
+    """The paper's findings against cdbsim on the shipped profiles."""
+    rows = json.loads((RESULTS / "paper" / "findings.json").read_text())["rows"]
+    table = []
+    for row in rows:
+        closers = [f"{name}: {s['value']}" for name, s in row["switches"].items() if s["agrees"]]
+        table.append([row["finding"], row["paper"], f"{row['cdbsim']} {'✓' if row['agrees'] else '✗'}",
+                      "; ".join(closers) or row["closed_by"]])
+    return markdown(["finding", "paper", "cdbsim", "closed by"], table)
 
 
-def paper(short: bool) -> Callable[[], str]:
-    def table() -> str:
-        rows = json.loads((RESULTS / "paper" / "findings.json").read_text())["rows"]
-        table = []
-        for row in rows:
-            if short and row["finding"] not in PAPER_SHORT:
-                continue
-            closers = [f"{name}: {s['value']}" for name, s in row["switches"].items() if s["agrees"]]
-            table.append([row["finding"], row["paper"], f"{row['cdbsim']} {'✓' if row['agrees'] else '✗'}",
-                          "; ".join(closers) or row["closed_by"]])
-        return markdown(["finding", "paper", "cdbsim", "closed by"], table)
-    table.__doc__ = f"The paper's findings against cdbsim on the shipped profiles{' (a selection)' if short else ''}"
-    return table
+PAPER_OFFLINE = {"ouro-1.4b": "refill / CB 1.32–1.58", "huginn-3.5b": "no-refill / CB 1.30–1.37, refill <= no-refill"}
+PAPER_DELTA_MS = {"ouro-1.4b": ("CB step", 5.4), "huginn-3.5b": ("core step", 2.3)}
+
+
+def paper_h100() -> str:
+    """The paper's H100 settings: this executor and the simulator on the H100 beside the authors' engine."""
+    from benchmarks.paper_h100 import CASES, POLICIES, knees
+    from cdbsim.model.arch import load_arch
+    from cdbsim.planner.experiment import LatencySection
+    from cdbsim.serving.launch import Stage
+
+    folder = RESULTS / "paper" / "h100"
+    knee = knees(pd.read_csv(folder / "curves.csv"))
+    gpu = pd.read_csv(folder / "summary.csv").set_index("config") if (folder / "summary.csv").exists() else None
+    rows = []
+    for case in CASES:
+        model, workload = case.model, case.workload
+        name = f"{model.split('-')[0].capitalize()} {'ShareGPT' if workload == 'sharegpt' else 'Alpaca'} q={case.q:g}"
+        if gpu is not None:
+            keys = [f"{model.split('-')[0]}-{workload}-{p}" for p in POLICIES]
+            measured = [gpu.loc[k, "measured tok/s"] for k in keys]
+            predicted = [gpu.loc[k, "predicted tok/s"] for k in keys]
+            ratios = [" / ".join(f"{v[i] / v[0]:.2f}" for i in (1, 2)) for v in (measured, predicted)]
+            rows.append([f"{name}: offline tok/s, CB / no-refill / refill", "",
+                         " / ".join(f"{v:,.0f}" for v in measured), " / ".join(f"{v:,.0f}" for v in predicted)])
+            rows.append([f"{name}: offline no-refill / CB, refill / CB", PAPER_OFFLINE[model], *ratios])
+        of = knee[knee["case"] == case.name].groupby("policy")["knee"]
+        mean, low, high = of.mean(), of.min(), of.max()
+        sim = " / ".join(f"{mean[p]:.3g}" for p in POLICIES)
+        spread = max((high[p] - low[p]) / mean[p] for p in POLICIES)
+        rows.append([f"{name}: knee req/s, CB / no-refill / refill", " / ".join(f"{k:g}" for k in case.paper),
+                     "", f"{sim} (3 seeds within {100 * spread:.0f}%)"])
+        rows.append([f"{name}: knee no-refill / CB, refill / CB",
+                     f"{case.paper[1] / case.paper[0]:.2f} / {case.paper[2] / case.paper[0]:.2f}", "",
+                     f"{mean['norefill'] / mean['cb']:.2f} / {mean['refill'] / mean['cb']:.2f}"])
+    for model, (what, paper_ms) in PAPER_DELTA_MS.items():
+        costs = LatencySection(device="h100-sxm").model(load_arch(model)).costs
+        ours = costs[Stage.DECODE if what == "CB step" else Stage.CORE].delta * 1e3
+        rows.append([f"δ {model}, {what} (ms)", f"{paper_ms:g}", f"{ours:.2f} (H100 profile)", ""])
+    if gpu is None:
+        rows.append(["offline runs", "", "`bash benchmarks/gpu_session.sh paper` on an H100 measures them", ""])
+    return markdown(["quantity", "paper (authors' engine, H100)", "this executor (H100)", "simulator (H100 profiles)"],
+                    rows)
 
 
 def adaptive_grid() -> str:
@@ -259,7 +296,7 @@ def memory() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {
-    "validation": validation, "unseen": unseen, "paper": paper(True), "paper-full": paper(False),
+    "validation": validation, "unseen": unseen, "paper": paper, "paper-h100": paper_h100,
     "adaptive-grid": adaptive_grid, "adaptive-gpu": adaptive_gpu, "executor-targets": executor_targets,
     "sim-speed": sim_speed, "sweep-speed": sweep_speed, "codesign-best": codesign_best,
     "codesign-limits": codesign_limits, "codesign-kernels": codesign_kernels, "memory": memory,

@@ -105,6 +105,7 @@ def bound(
     step from the latency profile in use (no GPU needed)."""
     from cdbsim.model.arch import KVLayout
     from cdbsim.model.bounds import s_dec, s_e2e
+    from cdbsim.serving.launch import Stage
     from cdbsim.simulator.workload import default_mean_depth
     from traces import length_model
 
@@ -134,12 +135,15 @@ def bound(
                                  profile.device.get("name", "device"), profile.memory_bytes)
             row[f"KV tokens that fit, {layout.value}"] = plan.largest_blocks() * plan.block_size
     row.update({f"B*({length})": latency.saturation_batch(length) for length in (128, 512, 2048, 8192)})
+    row["delta loop step, ms"] = 1e3 * latency.costs[Stage.CORE].delta
+    row["delta CB step, ms"] = 1e3 * latency.costs[Stage.DECODE].delta
     row["profile"] = latency.profile.label()
     if emit_data(as_json, as_csv, [row], [row]):
         return
     emit([{"quantity": k, "value": v} for k, v in row.items()], f"Bounds for {spec.name}",
          caption="d-bar counts each request's first token (from prefill) at r_max; B*(L) = delta / (gamma + "
-                 "alpha L) of the core step, the batch where it stops being bound by reading the weights; KV tokens "
+                 "alpha L) of the core step, the batch where it stops being bound by reading the weights; delta: "
+                 "the floor of one core launch (a loop step) and of a CB step (every layer at r_max); KV tokens "
                  "that fit: in 90% of the profile's device memory beside weights and run time at W = 64")
 
 

@@ -267,7 +267,7 @@ def test_shape_and_hf_config_options_reach_the_model(tmp_path) -> None:
     preset = json.loads(runner.invoke(app, ["bound", "--arch", "huginn-3.5b", "--mean-depth", "8",
                                             "--json"]).stdout)[0]
     assert from_hf.pop("arch") == "huginn" and preset.pop("arch") == "huginn-3.5b"
-    shape_only = [k for k in preset if k.startswith("B*(") or k == "profile"]  # B*(L) follows the profile found
+    shape_only = [k for k in preset if k.startswith(("B*(", "delta")) or k == "profile"]  # from the profile found
     assert {k: v for k, v in from_hf.items() if k not in shape_only} == {
         k: v for k, v in preset.items() if k not in shape_only}
     narrow = json.loads(runner.invoke(app, ["bound", "--set", "arch.kv_heads=4", "--json"]).stdout)[0]

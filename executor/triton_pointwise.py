@@ -24,8 +24,7 @@ def _rms_norm_kernel(X, W, Y, n_cols, eps, BLOCK: tl.constexpr, PDL: tl.constexp
     x = tl.load(X + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     inv = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    dt = Y.dtype.element_ty
-    tl.store(Y + row * n_cols + cols, ((x * inv).to(dt).to(tl.float32) * w).to(dt), mask=mask)
+    tl.store(Y + row * n_cols + cols, (x * inv * w).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -35,22 +34,20 @@ def _residual_norm_kernel(A, X, WP, WN, XO, HO, n_cols, eps, SANDWICH: tl.conste
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    dt = XO.dtype.element_ty
     a = tl.load(A + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(X + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     wp = tl.load(WP + cols, mask=mask, other=0.0).to(tl.float32)
-    if SANDWICH:  # x + norm(a), the norm rounded before and after its weight (executor.ops.rms_norm)
-        normed = (a * tl.rsqrt(tl.sum(a * a, axis=0) / n_cols + eps)).to(dt).to(tl.float32)
-        x = x + (normed * wp).to(dt).to(tl.float32)
-    else:  # norm(a + x), the sum rounded first
-        s = (a + x).to(dt).to(tl.float32)
-        x = (s * tl.rsqrt(tl.sum(s * s, axis=0) / n_cols + eps)).to(dt).to(tl.float32) * wp
-    xr = x.to(dt)
+    if SANDWICH:
+        x = x + a * tl.rsqrt(tl.sum(a * a, axis=0) / n_cols + eps) * wp
+    else:
+        s = a + x
+        x = s * tl.rsqrt(tl.sum(s * s, axis=0) / n_cols + eps) * wp
+    xr = x.to(XO.dtype.element_ty)
     tl.store(XO + row * n_cols + cols, xr, mask=mask)
     if HAS_NEXT:
         x = xr.to(tl.float32)
         wn = tl.load(WN + cols, mask=mask, other=0.0).to(tl.float32)
-        h = (x * tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)).to(dt).to(tl.float32) * wn
+        h = x * tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps) * wn
         tl.store(HO + row * n_cols + cols, h.to(HO.dtype.element_ty), mask=mask)
 
 

@@ -346,7 +346,7 @@ def checkpoint_runs(arch: ArchSpec, model, n: int, max_new: int, q: float, folde
     config = ServeConfig(policy="cb", width=8, prefill_budget=4096, timing="sync", layout=KVLayout.DEPTH)
     blocks = 2 * sum(need_blocks(r.prompt_len, r.output_len) for r in few)
     run = Executor(arch, config, few, blocks, model=opened.model, mode="sync", keep_logits=True,
-                   prompts=[p for p in prompts[:8]]).run()
+                   prompts=prompts[:8]).run()
     del opened
     empty_cache()
     full = Checkpoint.open(folder, device=DEVICE, dtype=torch.float32, r_max=arch.r_max)

@@ -17,6 +17,10 @@ with the table) so that the whole table takes minutes on two cores. Ratios (spee
 shares) are compared, never absolute rates.
 
     python benchmarks/paper_findings.py [--json FILE] [--csv FILE] [--jobs 2]
+    python benchmarks/paper_findings.py --h100-curves benchmarks/results/paper/h100/curves.csv
+
+``--h100-curves`` measures the paper's capacity knees as the paper does (600 s of Poisson arrivals per rate) on the
+H100's profiles, three seeds; ``benchmarks/tables.py`` makes README's table from the curves.
 """
 
 # ruff: noqa: E402  (the imports follow the sys.path line that picks this checkout)
@@ -385,6 +389,84 @@ def table(rows: list[Row], title: str) -> Table:
     return out
 
 
+# ----- the paper's knees, measured its way on the H100 ------------------------------------------------
+# 600 s of Poisson arrivals per rate (``600 x rate`` requests) over a grid around CB's offline request rate, on the
+# H100's profiles, W = 64, M = 8,192, the paper's KV memory, --exits paper; three seeds; every curve kept
+# (``--h100-curves``). A knee is where mean normalized latency reaches KNEE_FACTOR x its light-load value: at 2x, CDB
+# refill's latency doubles as its batches fill, long before its queue grows without bound.
+DURATION_S = 600.0  # the paper's Poisson arrivals last 600 s
+KNEE_RATES = (0.2, 0.5, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0,
+                2.2)  # x CB's offline request rate
+KNEE_FACTOR = 10.0  # a knee: mean normalized latency this many times its value at the lowest rate
+OFFLINE_REQUESTS = 1024  # requests of the CB run that sets the rate grid
+KNEE_SEEDS = (1, 2, 3)
+KNEE_POLICIES = ("cb", "norefill", "refill")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One of the paper's knee experiments and its reported knees (req/s, CB / no-refill / refill)."""
+
+    model: str
+    workload: str
+    q: float
+    coda_batch: int
+    paper: tuple[float, float, float]
+
+    @property
+    def name(self) -> str:
+        return f"{self.model} {self.workload} q={self.q:g}"
+
+    def point(self, policy: str, seed: int, requests: int, rate: float | None) -> dict[str, object]:
+        return {"arch.name": self.model, "workload.name": self.workload, "workload.requests": requests,
+                "workload.seed": seed, "workload.rate": rate, "exits.model": "paper", "exits.q": self.q,
+                "serve.policy": policy, "serve.coda_batch": self.coda_batch if policy == "refill" else 1,
+                "serve.width": 64, "serve.prefill_budget": 8192,
+                "serve.kv_tokens": paper_kv_tokens(self.model, None, "depth"),
+                "latency.device": "h100-sxm"}
+
+
+KNEE_CASES = (Case(OURO, "sharegpt", 0.2, 1, (4.7, 5.7, 7.2)), Case(OURO, "alpaca", 0.2, 1, (34.9, 39.5, 53.9)),
+              Case(HUGINN, "sharegpt", 0.28, 16, (1.84, 2.44, 2.43)))
+
+
+def knee_curves(jobs: int) -> pd.DataFrame:
+    """One row per case, seed, policy and rate: the requests of its 600 s and their mean normalized latency."""
+    base = cdbsim.Experiment()
+    rows = []
+    with Progress() as progress:
+        task = progress.add_task("load curves",
+                                 total=len(KNEE_CASES) * len(KNEE_SEEDS) * (1 + len(KNEE_POLICIES) * len(KNEE_RATES)))
+        for case in KNEE_CASES:
+            for seed in KNEE_SEEDS:
+                offline = cdbsim.sweep(base, points=[case.point("cb", seed, OFFLINE_REQUESTS, None)])
+                progress.advance(task)
+                rate0 = float(offline["request_rate"].iloc[0])
+                for policy in KNEE_POLICIES:
+                    points = [case.point(policy, seed, max(64, math.ceil(DURATION_S * f * rate0)), f * rate0)
+                              for f in KNEE_RATES]
+                    done = progress.tasks[0].completed
+                    frame = cdbsim.sweep(base, points=points, jobs=jobs,
+                                         progress=lambda n, _, d=done: progress.update(task, completed=d + n))
+                    bad = frame[frame["status"] != "ok"]
+                    if len(bad):
+                        raise SystemExit(f"error: {case.name} {policy}: {bad['reason'].iloc[0]}")
+                    rows += [{"case": case.name, "policy": policy, "seed": seed, "cb_offline_rate": rate0,
+                              "rate": p["workload.rate"], "requests": p["workload.requests"],
+                              "normalized_s_mean": y}
+                             for p, y in zip(points, frame["normalized_s_mean"], strict=True)]
+    return pd.DataFrame(rows)
+
+
+def knees(curves: pd.DataFrame) -> pd.DataFrame:
+    """Each case, policy and seed's knee (req/s; NaN where the latency never reaches ``KNEE_FACTOR`` x)."""
+    rows = []
+    for (case, policy, seed), curve in curves.groupby(["case", "policy", "seed"], sort=False):
+        knee = latency_knee(list(curve["rate"]), list(curve["normalized_s_mean"]), KNEE_FACTOR)
+        rows.append({"case": case, "policy": policy, "seed": seed, "knee": math.nan if knee is None else knee})
+    return pd.DataFrame(rows)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this file")
@@ -393,7 +475,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, help="keep simulated points in this SQLite file (reruns reuse them)")
     parser.add_argument("--online-switches", action="store_true",
                         help="also rerun the online findings (knees, latency under load) with each switch (slow)")
+    parser.add_argument("--h100-curves", type=Path, metavar="CSV",
+                        help="instead: the paper's knees measured its way on the H100 profiles; write every load "
+                             "curve to CSV (README's table; 46 min on two cores)")
     args = parser.parse_args(argv)
+    if args.h100_curves:
+        curves = knee_curves(args.jobs)
+        args.h100_curves.parent.mkdir(parents=True, exist_ok=True)
+        curves.to_csv(args.h100_curves, index=False, float_format="%.5g")
+        print(knees(curves).groupby(["case", "policy"], sort=False)["knee"].agg(["mean", "min", "max"]).round(3))
+        return 0
     console = Console(width=200)
     start = time.perf_counter()
     rows = evaluate(args.jobs, console, args.cache, args.online_switches)

@@ -99,7 +99,7 @@ PAPER_DELTA_MS = {"ouro-1.4b": ("CB step", 5.4), "huginn-3.5b": ("core step", 2.
 
 def paper_h100() -> str:
     """The paper's H100 settings: this executor and the simulator on the H100 beside the authors' engine."""
-    from benchmarks.paper_h100 import CASES, POLICIES, knees
+    from benchmarks.paper_findings import KNEE_CASES, KNEE_POLICIES, knees
     from cdbsim.model.arch import load_arch
     from cdbsim.planner.experiment import LatencySection
     from cdbsim.serving.launch import Stage
@@ -108,11 +108,11 @@ def paper_h100() -> str:
     knee = knees(pd.read_csv(folder / "curves.csv"))
     gpu = pd.read_csv(folder / "summary.csv").set_index("config") if (folder / "summary.csv").exists() else None
     rows = []
-    for case in CASES:
+    for case in KNEE_CASES:
         model, workload = case.model, case.workload
         name = f"{model.split('-')[0].capitalize()} {'ShareGPT' if workload == 'sharegpt' else 'Alpaca'} q={case.q:g}"
         if gpu is not None:
-            keys = [f"{model.split('-')[0]}-{workload}-{p}" for p in POLICIES]
+            keys = [f"{model.split('-')[0]}-{workload}-{p}" for p in KNEE_POLICIES]
             measured = [gpu.loc[k, "measured tok/s"] for k in keys]
             predicted = [gpu.loc[k, "predicted tok/s"] for k in keys]
             ratios = [" / ".join(f"{v[i] / v[0]:.2f}" for i in (1, 2)) for v in (measured, predicted)]
@@ -121,8 +121,8 @@ def paper_h100() -> str:
             rows.append([f"{name}: offline no-refill / CB, refill / CB", PAPER_OFFLINE[model], *ratios])
         of = knee[knee["case"] == case.name].groupby("policy")["knee"]
         mean, low, high = of.mean(), of.min(), of.max()
-        sim = " / ".join(f"{mean[p]:.3g}" for p in POLICIES)
-        spread = max((high[p] - low[p]) / mean[p] for p in POLICIES)
+        sim = " / ".join(f"{mean[p]:.3g}" for p in KNEE_POLICIES)
+        spread = max((high[p] - low[p]) / mean[p] for p in KNEE_POLICIES)
         rows.append([f"{name}: knee req/s, CB / no-refill / refill", " / ".join(f"{k:g}" for k in case.paper),
                      "", f"{sim} (3 seeds within {100 * spread:.0f}%)"])
         rows.append([f"{name}: knee no-refill / CB, refill / CB",

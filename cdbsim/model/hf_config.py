@@ -75,6 +75,7 @@ def _ouro(config: _Fields, name: str) -> ArchSpec:
 
 def _huginn(config: _Fields, name: str) -> ArchSpec:
     hidden, heads = config.get("n_embd"), config.get("n_heads", "num_attention_heads")
+    mean_recurrence = config.get("mean_recurrence", default=None)
     layer = LayerShape(hidden=hidden, intermediate=config.get("intermediate_size"), heads=heads,
                        kv_heads=config.get("num_key_value_heads", default=heads),
                        head_dim=config.head_dim(hidden, heads), style="huginn")
@@ -84,7 +85,7 @@ def _huginn(config: _Fields, name: str) -> ArchSpec:
                     tied_head=config.get("tie_embeddings", "tie_word_embeddings", default=True, kind=bool),
                     rope_theta=float(config.get("rope_base", "rope_theta", default=HUGINN_ROPE_BASE, kind=_NUMBER)),
                     norm_eps=float(config.get("norm_eps", default=1e-6, kind=_NUMBER)),
-                    extras={k: v for k in ("mean_recurrence",) if (v := config.get(k, default=None)) is not None})
+                    extras={} if mean_recurrence is None else {"mean_recurrence": mean_recurrence})
 
 
 FAMILIES: dict[str, tuple[str, Callable[[_Fields, str], ArchSpec]]] = {

@@ -154,6 +154,26 @@ def let_successor_launch(PDL: tl.constexpr):
 
 
 @triton.jit
+def rounded(x, DT: tl.constexpr):
+    """fp32 ``x`` rounded to ``DT``'s precision (nearest, ties to even) and kept in fp32, where the torch backend
+    rounds an intermediate. bf16 rounds by integer arithmetic on the bits, which no compiler fold can drop and which
+    the interpreter (whose casts truncate) computes alike."""
+    if DT == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return x.to(DT).to(tl.float32)
+
+
+@triton.jit
+def normed(v, inv, w, DT: tl.constexpr):
+    """RMSNorm of ``v`` (``inv``: its reciprocal RMS) as :func:`executor.ops.rms_norm` rounds it: to ``DT``, times
+    the weight, to ``DT`` again; in fp32."""
+    return rounded(rounded(v * inv, DT) * w, DT)
+
+
+@triton.jit
 def _slab(W, rows, row_mask, K: tl.constexpr, OFF: tl.constexpr, BK: tl.constexpr):
     """Weight rows ``rows`` at columns ``OFF .. OFF + BK`` (masked at ``K``), streamed (evict first)."""
     cols = OFF + tl.arange(0, BK)
@@ -170,27 +190,30 @@ def _vec(P, K: tl.constexpr, OFF: tl.constexpr, BK: tl.constexpr):
 
 @triton.jit
 def _operand(X, BR, WP, K: tl.constexpr, OFF: tl.constexpr, BK: tl.constexpr, PROLOGUE: tl.constexpr,
-             SANDWICH: tl.constexpr):
-    """One row's prologue inputs over one register piece in fp32, ``(x, branch, w_post, sum of squares of what the
-    first norm normalises)``; unused slots repeat ``x``. The caller adds the pieces' sums."""
+             SANDWICH: tl.constexpr, DT: tl.constexpr):
+    """One row's prologue inputs over one register piece in fp32, ``(x, v, w_post, sum of squares of v)``: ``v`` is
+    what the first norm normalises, the branch (sandwich) or ``branch + x`` rounded to ``DT``; unused slots repeat
+    ``x``. The caller adds the pieces' sums."""
     x = _vec(X, K, OFF, BK)
     if PROLOGUE == 2:
         br = _vec(BR, K, OFF, BK)
         wp = _vec(WP, K, OFF, BK)
-        v = br if SANDWICH else br + x
-        return x, br, wp, tl.sum(v * v, axis=0)
+        v = br if SANDWICH else rounded(br + x, DT)
+        return x, v, wp, tl.sum(v * v, axis=0)
     return x, x, x, tl.sum(x * x, axis=0)
 
 
 @triton.jit
-def _residual_piece(x, br, wp, inv1, XO, write, K: tl.constexpr, OFF: tl.constexpr, BK: tl.constexpr,
+def _residual_piece(x, v, wp, inv1, XO, write, K: tl.constexpr, OFF: tl.constexpr, BK: tl.constexpr,
                     SANDWICH: tl.constexpr, DT: tl.constexpr):
-    """``x_new`` of one piece, ``x + norm(branch)`` (sandwich) or ``norm(branch + x)``, rounded to ``DT`` (stored by
-    the writing program) and back in fp32."""
+    """``x_new`` of one piece, ``x + norm(branch)`` (sandwich) or ``norm(branch + x)`` (``v`` as :func:`_operand`
+    gives it), rounded to ``DT`` (stored by the writing program) and back in fp32."""
     cols = OFF + tl.arange(0, BK)
-    x_new = (x + br * inv1 * wp if SANDWICH else (br + x) * inv1 * wp).to(DT)
-    tl.store(XO + cols, x_new, mask=(cols < K) & write)
-    return x_new.to(tl.float32)
+    x_new = normed(v, inv1, wp, DT)
+    if SANDWICH:
+        x_new = rounded(x + x_new, DT)
+    tl.store(XO + cols, x_new.to(DT), mask=(cols < K) & write)
+    return x_new
 
 
 @triton.jit
@@ -220,8 +243,8 @@ def _tile_out(w1, w2, u1, u2, a1, a2, K2: tl.constexpr, SWIGLU: tl.constexpr, DT
         up = tl.sum(u1.to(tl.float32) * a1[None, :], axis=1)
         if K2 > 0:
             up += tl.sum(u2.to(tl.float32) * a2[None, :], axis=1)
-        gate = acc.to(DT).to(tl.float32)
-        acc = gate / (1.0 + tl.exp(-gate)) * up.to(DT).to(tl.float32)
+        gate = rounded(acc, DT)
+        acc = gate / (1.0 + tl.exp(-gate)) * rounded(up, DT)
     return acc
 
 
@@ -230,10 +253,10 @@ def _row_operand(X, BR, WP, WN, XO, write, eps, K: tl.constexpr, K1: tl.constexp
                  PROLOGUE: tl.constexpr, SANDWICH: tl.constexpr, DT: tl.constexpr):
     """One row's activation ``a`` after the prologue, as two fp32 register pieces ``(a1, a2)`` (``a2``
     repeats ``a1`` when ``K`` is one piece); with the residual prologue the writing program stores ``x_new``."""
-    x1, b1, p1, ss = _operand(X, BR, WP, K, 0, K1, PROLOGUE, SANDWICH)
+    x1, b1, p1, ss = _operand(X, BR, WP, K, 0, K1, PROLOGUE, SANDWICH, DT)
     x2 = x1
     if K2 > 0:
-        x2, b2, p2, ss2 = _operand(X, BR, WP, K, K1, K2, PROLOGUE, SANDWICH)
+        x2, b2, p2, ss2 = _operand(X, BR, WP, K, K1, K2, PROLOGUE, SANDWICH, DT)
         ss += ss2
     if PROLOGUE == 2:  # x_new, then the next norm of it
         inv1 = tl.rsqrt(ss / K + eps)
@@ -244,9 +267,9 @@ def _row_operand(X, BR, WP, WN, XO, write, eps, K: tl.constexpr, K1: tl.constexp
             ss += tl.sum(x2 * x2, axis=0)
     if PROLOGUE != 0:
         inv = tl.rsqrt(ss / K + eps)
-        x1 = (x1 * inv * _vec(WN, K, 0, K1)).to(DT).to(tl.float32)
+        x1 = normed(x1, inv, _vec(WN, K, 0, K1), DT)
         if K2 > 0:
-            x2 = (x2 * inv * _vec(WN, K, K1, K2)).to(DT).to(tl.float32)
+            x2 = normed(x2, inv, _vec(WN, K, K1, K2), DT)
     return x1, x2
 
 

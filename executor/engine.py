@@ -117,7 +117,7 @@ class Engine:
         self._fill_of = np.asarray([geo.fill_count(s) for s in range(geo.r_max)], dtype=np.int32)
         self._prompt = np.asarray([r.prompt_len for r in requests] + [0], dtype=np.int64)
         self.episodes: list[dict[int, list[int]]] = [{} for _ in requests]
-        self.track_rows = True  # record (request, token index) of sampled rows (for logits in tests)
+        self.track_rows = False  # record (request, token index) of sampled rows and return their logits (keep_logits)
         self.stage_fns = {Stage.PRELUDE: self._prelude, Stage.CORE: self._core, Stage.CODA: self._coda,
                           Stage.DECODE: self._decode, Stage.PREFILL: self._prefill}
 
@@ -332,10 +332,12 @@ class Engine:
                 self.live.advance(track, before, s)
         return model.coda(s, attn, geo.coda_layer(0))
 
-    def _sample(self, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def _sample(self, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+        """Greedy tokens into the token store; the logits only while rows are tracked, so that a captured graph keeps
+        no output of its own and the graphs' pool reuses the memory."""
         logits = self.model.logits(h)
         self.tokens.index_copy_(0, out.long(), logits.argmax(dim=-1))
-        return logits
+        return logits if self.track_rows else None
 
     def _prefill(self, m: PrefillMeta, max_fill: int = 0) -> torch.Tensor:
         """Packed chunks at full depth; samples the last token of every finishing chunk (padded rows write

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from cdbsim.latency.gpu_work import FEW_ROWS_MAX
-from executor.chain import check_operands, launch_options, let_successor_launch, pdl_mode, wait_for_predecessor
+from executor.chain import check_operands, launch_options, let_successor_launch, pdl_mode, rounded, wait_for_predecessor
 
 MAX_ROWS = 64  # most rows the kernel takes; served launches take it up to cdbsim.latency.gpu_work.FEW_ROWS_MAX rows
 MIN_BLOCK_M = 16  # rows per MMA at least (tl.dot's smallest dimension); rows past M are masked, never loaded
@@ -123,8 +123,8 @@ def _few_rows_kernel(X, W, OUT, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl
             acc_up = _dot(u, x, acc_up, IEEE)
     let_successor_launch(PDL)
     if SWIGLU:
-        gate = acc.to(dt).to(tl.float32)
-        acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(dt).to(tl.float32)
+        gate = rounded(acc, dt)
+        acc = gate / (1.0 + tl.exp(-gate)) * rounded(acc_up, dt)
     out_ptrs = OUT + rows.to(tl.int64)[None, :] * N + cols[:, None]
     tl.store(out_ptrs, acc.to(dt), mask=col_ok & (rows < M)[None, :])
 

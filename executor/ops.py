@@ -28,18 +28,23 @@ def to_device(array, device: torch.device) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as both authors' models round it: normalised in float32, rounded to ``x``'s dtype, then times the
+    weight and rounded again (``modeling_ouro.py``: ``weight * h.to(dtype)``; Huginn: ``norm(x.float()).type_as(x) *
+    weight``)."""
     xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (normed.float() * w.float()).to(x.dtype)
 
 
 def residual_norm(branch: torch.Tensor, x: torch.Tensor, w_post: torch.Tensor, w_next: torch.Tensor | None,
                   eps: float, sandwich: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Close a block branch: ``x + norm_post(branch)`` (sandwich, Ouro) or ``norm_post(branch + x)`` (Huginn); returns
-    the new residual and, if ``w_next`` is given, ``norm_next`` of it (the next pre-norm)."""
+    """Close a block branch: ``x + norm_post(branch)`` (sandwich, Ouro) or ``norm_post(branch + x)`` (Huginn), each
+    sum rounded to ``x``'s dtype as the authors' code adds; returns the new residual and, if ``w_next`` is given,
+    ``norm_next`` of it (the next pre-norm)."""
     if sandwich:
-        x_new = (x.float() + rms_norm(branch.float(), w_post, eps)).to(x.dtype)
+        x_new = (x.float() + rms_norm(branch.to(x.dtype), w_post, eps).float()).to(x.dtype)
     else:
-        x_new = rms_norm(branch.float() + x.float(), w_post, eps).to(x.dtype)
+        x_new = rms_norm((branch.float() + x.float()).to(x.dtype), w_post, eps)
     return x_new, (rms_norm(x_new, w_next, eps) if w_next is not None else None)
 
 

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from executor.chain import launch_options, pdl_enabled, wait_for_predecessor
+from executor.chain import launch_options, normed, pdl_enabled, rounded, wait_for_predecessor
 from executor.kv_cache import PagedKVCache
 from executor.rope import RopeTable
 
@@ -24,7 +24,7 @@ def _rms_norm_kernel(X, W, Y, n_cols, eps, BLOCK: tl.constexpr, PDL: tl.constexp
     x = tl.load(X + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     inv = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    tl.store(Y + row * n_cols + cols, (x * inv * w).to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + row * n_cols + cols, normed(x, inv, w, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -34,20 +34,19 @@ def _residual_norm_kernel(A, X, WP, WN, XO, HO, n_cols, eps, SANDWICH: tl.conste
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    dt = XO.dtype.element_ty
     a = tl.load(A + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(X + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     wp = tl.load(WP + cols, mask=mask, other=0.0).to(tl.float32)
-    if SANDWICH:
-        x = x + a * tl.rsqrt(tl.sum(a * a, axis=0) / n_cols + eps) * wp
-    else:
-        s = a + x
-        x = s * tl.rsqrt(tl.sum(s * s, axis=0) / n_cols + eps) * wp
-    xr = x.to(XO.dtype.element_ty)
-    tl.store(XO + row * n_cols + cols, xr, mask=mask)
+    if SANDWICH:  # x + norm(a)
+        x = rounded(x + normed(a, tl.rsqrt(tl.sum(a * a, axis=0) / n_cols + eps), wp, dt), dt)
+    else:  # norm(a + x), the sum rounded first
+        s = rounded(a + x, dt)
+        x = normed(s, tl.rsqrt(tl.sum(s * s, axis=0) / n_cols + eps), wp, dt)
+    tl.store(XO + row * n_cols + cols, x.to(dt), mask=mask)
     if HAS_NEXT:
-        x = xr.to(tl.float32)
         wn = tl.load(WN + cols, mask=mask, other=0.0).to(tl.float32)
-        h = x * tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps) * wn
+        h = normed(x, tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps), wn, dt)
         tl.store(HO + row * n_cols + cols, h.to(HO.dtype.element_ty), mask=mask)
 
 

@@ -107,7 +107,7 @@ def test_sweep_skips_points_that_do_not_fit_and_says_why(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "skipped point 3 (arch.name=ouro-2.6b serve.kv_tokens=65536): ouro-2.6b" in text
-    assert "65,536 KV tokens need 96.0 GiB" in text and "at most 44,720 tokens fit" in text
+    assert "65,536 KV tokens need 96.0 GiB" in text and "at most 44,832 tokens fit" in text
     assert text.count("skipped point") == 1
 
 
@@ -116,5 +116,5 @@ def test_bound_says_how_many_tokens_each_layout_fits() -> None:
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)
     fit = KVCapacity().plan(load_arch("ouro-2.6b"), ServeConfig(), RequestShape.FEWEST, *H100)
-    assert row["KV tokens that fit, depth"] == fit.kv_tokens == 44_720
+    assert row["KV tokens that fit, depth"] == fit.kv_tokens == 44_832
     assert row["KV tokens that fit, shared"] > row["KV tokens that fit, first-shared"] > fit.kv_tokens

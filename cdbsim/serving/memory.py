@@ -1,8 +1,8 @@
 """GPU memory as one plan for the simulator and the executor: weights, KV cache, the executor's run-time buffers.
 
 The run-time terms follow the executor's own allocations (:mod:`executor.engine`, :mod:`executor.graphs`): the token
-store, RoPE table and loop-state bank; each CUDA graph's metadata buffer and kept logits; the widest launch's working
-memory (a prefill of M tokens at full depth); a fixed workspace. ``benchmarks/memory.py`` measures them on the GPU.
+store, RoPE table and loop-state bank; each CUDA graph's metadata buffer; the widest launch's working memory (a
+prefill of M tokens at full depth, with its logits); a fixed workspace. ``benchmarks/memory.py`` measures them on the GPU.
 A KV cache is sized, or checked, against ``memory_fraction`` of the device, as vLLM's GPU memory utilization.
 """
 
@@ -79,13 +79,12 @@ class Runtime:
 
     requests: float     # token store, RoPE table, loop-state bank
     metadata: float     # every CUDA graph's int32 input buffer
-    logits: float       # every captured graph's float32 logits (decode-type graphs that sample, prefill graphs)
-    activations: float  # what the widest launch's working memory adds on top at the peak
+    activations: float  # the widest launch's working memory and float32 logits, which every graph reuses
     workspace: float = WORKSPACE_BYTES
 
     @property
     def total(self) -> float:
-        return self.requests + self.metadata + self.logits + self.activations + self.workspace
+        return self.requests + self.metadata + self.activations + self.workspace
 
 
 def prefill_token_bytes(arch: ArchSpec) -> int:
@@ -114,14 +113,10 @@ def executor_runtime(arch: ArchSpec, config: ServeConfig, shape: RequestShape) -
     chunks = [max(1, min(t, width)) for t in prefill]
     prefill_meta = sum(prefill_meta_entries(t, c, table) + t for t, c in zip(prefill, chunks, strict=True))
     metadata = ENTRY_BYTES * (stages * sum(b * (len(FIELDS) + table) for b in decode) + prefill_meta)
-    row = arch.vocab * LOGIT_BYTES
-    prefill_logits = sum(chunks) * row
-    largest = max(prefill)
-    working = largest * prefill_token_bytes(arch)  # the largest prefill graph, captured first ...
-    # ... holds its own logits and working memory while the pool holds only decode outputs; later (smaller) graphs
-    # keep their logits in the memory it freed
-    activations = max(0.0, chunks[-1] * row + working - prefill_logits)
-    return Runtime(requests, metadata, sum(decode) * row + prefill_logits, activations)
+    # the largest prefill graph's working memory and logits (a row per chunk); no graph keeps its output, so the
+    # graphs' shared pool reuses this memory for every other graph
+    activations = max(prefill) * prefill_token_bytes(arch) + chunks[-1] * arch.vocab * LOGIT_BYTES
+    return Runtime(requests, metadata, activations)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ from .triton_interpreter import patch_loop_bounds
 patch_loop_bounds()
 
 PATHS = """
-rms_norm, residual_norm  hidden 64 and 96 (masked block); residual_norm sandwich x with/without next norm
+rms_norm, residual_norm  hidden 64 and 96 (masked block); residual_norm sandwich x with/without next norm;
+                         bf16 rounding as the torch backend's (also through the chained matmul's prologues)
 silu_mul                 an intermediate size spanning several blocks
 rope_write_kv            rotate-half and interleaved RoPE x with/without q/k bias; GQA; last-exited fill
                          of 0-2 deeper slots; rows at and across page boundaries (positions 0, 15, 16, 40, 47)
@@ -262,7 +263,43 @@ def check_end_to_end(device: str = "cpu", graphs: bool = True, atol: float = 1e-
         assert_matches_reference(run, model, arch, config, requests, atol=atol)
 
 
-CHECKS = {"ops": check_ops, "prefill": check_prefill_attention,
+def check_norm_rounding(device: str = "cpu", hidden: int = 160) -> None:
+    """In bf16 the Triton norms (pointwise, and the chained matmul's prologue, read through an identity matmul)
+    round as the torch backend (:func:`executor.ops.rms_norm`, the authors' order). Each side sums its squares in
+    its own order, which may move a value across a bf16 rounding boundary, so a few may differ; the other order
+    (the weight applied before the one rounding) differs on about a quarter."""
+    from executor import chain
+    from executor import triton_pointwise as pw
+
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen, device=device) * scale).bfloat16()
+
+    def differ(got: torch.Tensor, want: torch.Tensor, what: str, most: float = 0.01) -> None:
+        share = float((got != want).float().mean())
+        if not share <= most:
+            raise AssertionError(f"{what}: {share:.1%} of bf16 elements differ from the torch backend")
+
+    x, branch, w1, w2 = randn(2, hidden, scale=3.0), randn(2, hidden, scale=2.0), randn(hidden), randn(hidden)
+    eye = torch.eye(hidden, device=device, dtype=torch.bfloat16)
+    want = torch_ops.rms_norm(x, w1, 1e-6)
+    xf = x.float()
+    weight_last = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w1.float()).bfloat16()
+    assert float((want != weight_last).float().mean()) > 0.1, "the two orders should differ in bf16"
+    differ(pw.rms_norm(x, w1, 1e-6), want, "rms_norm")
+    differ(chain.gemv_rmsnorm(x, w1, 1e-6, eye), want, "chained rms_norm prologue")
+    for sandwich in (True, False):
+        x_new, h = torch_ops.residual_norm(branch, x, w1, w2, 1e-6, sandwich)
+        got_x, got_h = pw.residual_norm(branch, x, w1, w2, 1e-6, sandwich)
+        differ(got_x, x_new, f"residual_norm x (sandwich={sandwich})")
+        differ(got_h, h, f"residual_norm h (sandwich={sandwich})")
+        chained, chained_x = chain.gemv_residual(branch, x, w1, w2, 1e-6, sandwich, eye)
+        differ(chained_x, x_new, f"chained residual prologue x (sandwich={sandwich})")
+        differ(chained, h, f"chained residual prologue h (sandwich={sandwich})")
+
+
+CHECKS = {"ops": check_ops, "prefill": check_prefill_attention, "norm-rounding": check_norm_rounding,
           **{f"end-to-end-{i}": lambda i=i: check_end_to_end(cases=[i], max_prompt=12, prefill_budget=8)
              for i in range(len(END_TO_END))}}
 

@@ -20,6 +20,12 @@ def test_triton_ops_match_torch_on_cuda() -> None:
     check_ops("cuda", torch.bfloat16, atol=1e-1)  # one bf16 rounding apart at magnitudes up to ~8
 
 
+def test_triton_norms_round_as_the_authors_code_in_bf16() -> None:
+    from .kernel_checks import check_norm_rounding
+
+    check_norm_rounding("cuda", hidden=2048)
+
+
 @pytest.mark.parametrize("style", ["ouro", "huginn"])
 def test_live_gates_run_inside_captured_graphs(tmp_path, style: str) -> None:
     """A recorded trace replayed in float32 with the live gates on: the captured graphs give the eager launches'

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKS = ["ops", "prefill", "end-to-end-0", "end-to-end-1", "end-to-end-2", "end-to-end-3"]
+CHECKS = ["ops", "prefill", "norm-rounding", "end-to-end-0", "end-to-end-1", "end-to-end-2", "end-to-end-3"]
 
 
 @pytest.mark.parametrize("check", CHECKS)

@@ -1,5 +1,6 @@
-"""The executor computes what the authors' code computes where randomness shows: Huginn's random start state
-(``initialize_state`` of ``raven_modeling_minimal.py``)."""
+"""The executor computes what the authors' code computes where randomness or rounding shows: Huginn's random start
+state (``initialize_state`` of ``raven_modeling_minimal.py``) and RMSNorm's rounding in bf16 (``OuroRMSNorm`` of
+``modeling_ouro.py``, ``RMSNorm`` of ``raven_modeling_minimal.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from cdbsim.model.arch import load_arch  # noqa: E402
 from cdbsim.serving.config import ServeConfig  # noqa: E402
+from executor import ops  # noqa: E402
 from executor.driver import build_model, execute  # noqa: E402
 from executor.model import ModelConfig, token_states  # noqa: E402
 
@@ -74,3 +76,48 @@ def test_runs_from_a_random_start_match_the_reference_and_say_so(policy: str) ->
     assert any(not torch.allclose(run.logits[key], from_zeros.logits[key]) for key in run.logits)
     ouro = execute(tiny_arch("ouro"), config, requests, 64, model=build_model(tiny_arch("ouro"), backend="torch"))
     assert ouro.log.meta["state_init"] == "prelude output"
+
+
+def upstream_ouro_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def upstream_huginn_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
+
+
+def weight_last(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The other order: the weight multiplied in float32 before the one rounding."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def bf16_inputs() -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(0)
+    return tuple((torch.randn(*shape, generator=gen) * scale).bfloat16()
+                 for shape, scale in (((16, 96), 3.0), ((16, 96), 2.0), ((96,), 1.0), ((96,), 1.0)))
+
+
+@pytest.mark.parametrize("upstream", [upstream_ouro_norm, upstream_huginn_norm], ids=["ouro", "huginn"])
+def test_rms_norm_rounds_as_the_authors_code_in_bf16(upstream) -> None:
+    x, _, w, _ = bf16_inputs()
+    got = ops.rms_norm(x, w, 1e-6)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, upstream(x, w, 1e-6))
+    assert not torch.equal(got, weight_last(x, w, 1e-6))  # the order shows in bf16
+
+
+def test_residual_norm_rounds_as_the_authors_blocks_in_bf16() -> None:
+    branch, x, w_post, w_next = bf16_inputs()
+    # Ouro's decoder layer: residual + post_norm(branch), then the next pre-norm
+    x_new, h = ops.residual_norm(branch, x, w_post, w_next, 1e-6, sandwich=True)
+    want = x + upstream_ouro_norm(branch, w_post, 1e-6)
+    assert torch.equal(x_new, want) and torch.equal(h, upstream_ouro_norm(want, w_next, 1e-6))
+    assert not torch.equal(x_new, (x.float() + weight_last(branch.float(), w_post, 1e-6)).bfloat16())
+    # Huginn's sandwich block: norm(branch + x), the sum rounded to bf16 first
+    x_new, h = ops.residual_norm(branch, x, w_post, w_next, 1e-6, sandwich=False)
+    want = upstream_huginn_norm(branch + x, w_post, 1e-6)
+    assert torch.equal(x_new, want) and torch.equal(h, upstream_huginn_norm(want, w_next, 1e-6))
+    assert not torch.equal(x_new, weight_last(branch.float() + x.float(), w_post, 1e-6))

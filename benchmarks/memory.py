@@ -37,47 +37,15 @@ def measure(entries: list[Entry], out: Path, requests: int) -> None:
     """One row per entry in ``out`` (appended as each ends, so a cut run keeps what it measured)."""
     import torch
 
-    from cdbsim.serving.config import Policy, prefill_graph_sizes
-    from cdbsim.serving.launch import Stage
-    from executor.driver import Executor
-
     props = torch.cuda.get_device_properties(0)
     model_for = OneModel()
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as f:
         writer = None
         for entry in entries:
-            arch, config = entry.spec(), entry.config()
-            model = model_for(arch)
-            chosen = entry.build_requests()[:requests]
-            blocks = entry.plan(props.name, props.total_memory).kv_blocks
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            row: dict[str, object] = {"entry": entry.name, "device": props.name, "device_bytes": props.total_memory,
-                                      "weights": torch.cuda.memory_allocated(), "requests": len(chosen),
-                                      "longest": max(r.prompt_len + r.output_len for r in chosen),
-                                      "kv_blocks": blocks}
-            executor = Executor(arch, config, chosen, blocks, model=model)
-            graphs, engine = executor.graphs, executor.engine
-            stages = (Stage.DECODE,) if config.policy is Policy.CB else (Stage.PRELUDE, Stage.CORE, Stage.CODA)
-            steps = [("engine", lambda: None),
-                     ("decode_graphs", partial(graphs.capture_all, stages, config.decode_sizes())),
-                     ("prefill_graphs", partial(graphs.capture_prefill, prefill_graph_sizes(config.prefill_budget))),
-                     ("warmup_prefill", engine.warmup_prefill)]
-            before = row["weights"]
-            with torch.inference_mode():
-                for phase, step in steps:
-                    step()
-                    torch.cuda.synchronize()
-                    now = torch.cuda.memory_allocated()
-                    row[phase], before = now - before, now
-            row["after_warmup"] = before
-            row["peak_warmup"] = torch.cuda.max_memory_allocated()
-            executor.run()
-            torch.cuda.synchronize()
-            free, total = torch.cuda.mem_get_info()
-            row.update(peak=torch.cuda.max_memory_allocated(), reserved_peak=torch.cuda.max_memory_reserved(),
-                       outside_torch=total - free - torch.cuda.memory_reserved())
+            row = measure_entry(entry, model_for(entry.spec()), requests, props)
+            gc.collect()  # the engine and its captured graphs refer to each other: free the KV cache now
+            torch.cuda.empty_cache()
             if writer is None:
                 writer = csv.DictWriter(f, fieldnames=list(row))
                 writer.writeheader()
@@ -85,9 +53,46 @@ def measure(entries: list[Entry], out: Path, requests: int) -> None:
             f.flush()
             print(f"{entry.name}: peak {row['peak'] / 2**30:.2f} GiB, reserved {row['reserved_peak'] / 2**30:.2f} GiB",
                   flush=True)
-            del executor, graphs, engine, steps
-            gc.collect()
-            torch.cuda.empty_cache()
+
+
+def measure_entry(entry: Entry, model: object, requests: int, props: object) -> dict[str, object]:
+    """What the allocator held after each phase of one entry's run; everything it built is garbage on return."""
+    import torch
+
+    from cdbsim.serving.config import Policy, prefill_graph_sizes
+    from cdbsim.serving.launch import Stage
+    from executor.driver import Executor
+
+    arch, config = entry.spec(), entry.config()
+    chosen = entry.build_requests()[:requests]
+    blocks = entry.plan(props.name, props.total_memory).kv_blocks
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    row: dict[str, object] = {"entry": entry.name, "device": props.name, "device_bytes": props.total_memory,
+                              "weights": torch.cuda.memory_allocated(), "requests": len(chosen),
+                              "longest": max(r.prompt_len + r.output_len for r in chosen), "kv_blocks": blocks}
+    executor = Executor(arch, config, chosen, blocks, model=model)
+    graphs, engine = executor.graphs, executor.engine
+    stages = (Stage.DECODE,) if config.policy is Policy.CB else (Stage.PRELUDE, Stage.CORE, Stage.CODA)
+    steps = [("engine", lambda: None),
+             ("decode_graphs", partial(graphs.capture_all, stages, config.decode_sizes())),
+             ("prefill_graphs", partial(graphs.capture_prefill, prefill_graph_sizes(config.prefill_budget))),
+             ("warmup_prefill", engine.warmup_prefill)]
+    before = row["weights"]
+    with torch.inference_mode():
+        for phase, step in steps:
+            step()
+            torch.cuda.synchronize()
+            now = torch.cuda.memory_allocated()
+            row[phase], before = now - before, now
+    row["after_warmup"] = before
+    row["peak_warmup"] = torch.cuda.max_memory_allocated()
+    executor.run()
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    row.update(peak=torch.cuda.max_memory_allocated(), reserved_peak=torch.cuda.max_memory_reserved(),
+               outside_torch=total - free - torch.cuda.memory_reserved())
+    return row
 
 
 def report(measured: Path, matrix: Path) -> pd.DataFrame:

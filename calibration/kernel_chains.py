@@ -17,6 +17,7 @@ from cdbsim.latency.gpu_work import CHAINED_MAX_HIDDEN, CHAINED_ROWS, FEW_ROWS_M
 from cdbsim.latency.kernels import GEMV_OPS, PROBE_SHAPES
 from cdbsim.model.arch import ArchSpec, KVLayout, LayerShape, LayerStyle
 from cdbsim.serving.launch import Launch, Stage, decode_launch, prefill_launch
+from executor.graphs import capture
 from executor.ops import Ops, default_backend
 
 L2_BYTES = 50 * 2 ** 20  # an H200's L2 is 50 MB: a chain reads at least twice that before it repeats
@@ -119,15 +120,7 @@ class ChainTimer:
         with torch.inference_mode():
             if not self.cuda:
                 return self.timer(run) / len(calls)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                run()  # compiles kernels, picks cuBLAS algorithms
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):  # a private pool, freed with the graph
-                run()
+            graph, _ = capture(run)  # a private pool, freed with the graph
             return self.timer(graph.replay) / len(calls)
 
 

@@ -158,7 +158,7 @@ def rounded(x, DT: tl.constexpr):
     """fp32 ``x`` rounded to ``DT``'s precision (nearest, ties to even) and kept in fp32, where the torch backend
     rounds an intermediate. bf16 rounds by integer arithmetic on the bits, which no compiler fold can drop and which
     the interpreter (whose casts truncate) computes alike."""
-    if DT == tl.bfloat16:
+    if DT == tl.bfloat16:  # noqa: SIM300 (DT is the constexpr compared)
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
         return bits.to(tl.float32, bitcast=True)

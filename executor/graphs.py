@@ -11,13 +11,36 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 
 import numpy as np
 import torch
 
 from cdbsim.serving.launch import Stage
 from executor.engine import Engine, Prepared
+
+
+@cache
+def warmup_stream() -> torch.cuda.Stream:
+    """The one side stream warm-ups run on: torch keeps a cuBLAS workspace for each stream that ran a matmul, for the
+    life of the process, so a fresh stream per capture would hold one more workspace each time."""
+    return torch.cuda.Stream()
+
+
+def capture(fn: Callable[[], object], pool: object = None, warm: bool = True) -> tuple[torch.cuda.CUDAGraph, object]:
+    """``fn`` warmed up on :func:`warmup_stream` (compiles kernels, picks cuBLAS algorithms; skipped unless ``warm``)
+    and captured as a CUDA graph in ``pool`` (a private one if None): the graph and what the captured call returned."""
+    if warm:
+        side = warmup_stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
 
 
 class PinnedStaging:
@@ -103,16 +126,7 @@ class StageGraphs:
         staging = PinnedStaging(meta.numel())
         if stage is Stage.PREFILL and not self.graph_prefill:
             return CapturedStage(None, meta, None, run, staging)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        if warm:
-            with torch.cuda.stream(side):
-                run()  # compiles kernels, sets up cuBLAS workspaces
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = run()
+        graph, logits = capture(run, self.pool, warm)
         return CapturedStage(graph, meta, logits, run, staging)
 
     def launch(self, prepared: Prepared, done: torch.cuda.Event | None = None) -> torch.Tensor | None:

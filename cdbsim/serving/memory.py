@@ -2,7 +2,7 @@
 
 The run-time terms follow the executor's own allocations (:mod:`executor.engine`, :mod:`executor.graphs`): the token
 store, RoPE table and loop-state bank; each CUDA graph's metadata buffer; the widest launch's working memory (a
-prefill of M tokens at full depth, with its logits); a fixed workspace. ``benchmarks/memory.py`` measures them on the GPU.
+prefill of M tokens at full depth, with its logits); cuBLAS workspaces. ``benchmarks/memory.py`` measures them.
 A KV cache is sized, or checked, against ``memory_fraction`` of the device, as vLLM's GPU memory utilization.
 """
 

@@ -53,6 +53,7 @@ from cdbsim.serving.config import Policy, ServeConfig
 from cdbsim.serving.launch import Stage, decode_launch, prefill_launch
 from executor.driver import Executor, build_model
 from executor.engine import Engine
+from executor.graphs import capture
 from executor.kv_cache import CacheGeometry, PagedKVCache
 from traces import ExitModel, build_trace
 from traces.request import Request
@@ -111,15 +112,7 @@ def graphed(fn):
     """Capture ``fn`` (warmed up on a side stream) as a CUDA graph; returns its replay (``fn`` on CPU)."""
     if not cuda():
         return fn
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    return capture(fn)[0].replay
 
 
 def copy_bandwidth(gib: float = 4.0) -> dict:
@@ -313,6 +306,10 @@ def _throughput_row(arch: ArchSpec, config: ServeConfig, workload: str, exit_kin
             "mean_host_ms": float(launches["host_s"].mean() * 1e3)}
 
 
+COMPARED_TOKENS = 16  # greedy tokens of each of 8 prompts the bf16 run and the float32 run both generate
+PERTURBATION = 1e-5  # relative noise on a float32 run's embeddings, to set bf16's error beside the model's own gain
+
+
 def checkpoint_runs(arch: ArchSpec, model, n: int, max_new: int, q: float, folder: Path, seed: int) -> list[dict]:
     """Save ``model`` as a checkpoint in its family's public layout, open it as ``--checkpoint`` does, record ``n``
     random prompts (Alpaca lengths) through it, and set its logits beside a float32 run of the same checkpoint."""
@@ -338,11 +335,12 @@ def checkpoint_runs(arch: ArchSpec, model, n: int, max_new: int, q: float, folde
     recorded_s = time.perf_counter() - t0
     tokens = sum(len(o) for o in recorded.outputs)
     depths = np.concatenate([r.depths for r in recorded.requests if len(r.depths)])
-    row = {"model": arch.name, "checkpoint_gb": size / 1e9, "save_s": saved_s, "open_s": opened_s,
+    row = {"model": arch.name, "device": torch.cuda.get_device_name() if cuda() else "cpu",
+           "checkpoint_gb": size / 1e9, "save_s": saved_s, "open_s": opened_s,
            "prompts": n, "max_new_tokens": max_new, "q": q, "output_tokens": tokens, "record_s": recorded_s,
            "record_tok_s": tokens / recorded_s, "mean_exit_depth": float(depths.mean()) if len(depths) else math.nan}
     # bf16 executor logits against a float32 run of the same checkpoint, on the first prompts at full depth
-    few = [Request(i, len(p), 16, 0.0) for i, p in enumerate(prompts[:8])]
+    few = [Request(i, len(p), COMPARED_TOKENS, 0.0) for i, p in enumerate(prompts[:8])]
     config = ServeConfig(policy="cb", width=8, prefill_budget=4096, timing="sync", layout=KVLayout.DEPTH)
     blocks = 2 * sum(need_blocks(r.prompt_len, r.output_len) for r in few)
     run = Executor(arch, config, few, blocks, model=opened.model, mode="sync", keep_logits=True,
@@ -351,9 +349,10 @@ def checkpoint_runs(arch: ArchSpec, model, n: int, max_new: int, q: float, folde
     empty_cache()
     full = Checkpoint.open(folder, device=DEVICE, dtype=torch.float32, r_max=arch.r_max)
     reference = ReferenceDecoder(full.model, KVLayout.DEPTH)
-    first_diff, first_rel, first_same, same_tokens = [], [], [], []
+    first_diff, first_rel, first_same, same_tokens, firsts = [], [], [], [], []
     for r, prompt in zip(few, prompts[:8], strict=True):
         want = reference.generate(prompt, r.output_len, [arch.r_max] * r.output_len)
+        firsts.append(want.logits[0])
         got = run.logits[(r.request_id, 0)].float().to(want.logits.device)
         first_diff.append(float((got - want.logits[0]).abs().max()))
         first_rel.append(float((got - want.logits[0]).norm() / want.logits[0].norm()))
@@ -361,10 +360,19 @@ def checkpoint_runs(arch: ArchSpec, model, n: int, max_new: int, q: float, folde
         ours = [int(t) for t in run.tokens[r.request_id]]
         pairs = enumerate(zip(ours, want.tokens, strict=False))
         same_tokens.append(next((j for j, (a, b) in pairs if a != b), len(ours)))
+    # the same comparison for a float32 run whose embeddings are nudged by PERTURBATION (relative): how far the
+    # model itself carries a tiny change through its loop (random weights need not contract as trained ones do)
+    embed = full.model.embed
+    noise = torch.randn(embed.shape, generator=torch.Generator().manual_seed(seed)).to(embed.device)
+    embed.mul_(1 + PERTURBATION * noise)
+    nudged = [float((reference.generate(p, 1, []).logits[0] - want).norm() / want.norm())
+              for p, want in zip(prompts[:8], firsts, strict=True)]
     row |= {"dtype": str(DTYPE).replace("torch.", ""), "vs_fp32_first_logit_max_abs": max(first_diff),
             "vs_fp32_first_logit_rel_l2": statistics.median(first_rel),
             "vs_fp32_first_token_agree": sum(first_same) / len(first_same),
-            "vs_fp32_greedy_tokens_before_divergence": statistics.median(same_tokens)}
+            "vs_fp32_greedy_tokens_before_divergence": statistics.median(same_tokens),
+            "vs_fp32_compared_tokens": COMPARED_TOKENS, "perturbation": PERTURBATION,
+            "fp32_perturbed_first_logit_rel_l2": statistics.median(nudged)}
     del full, reference
     shutil.rmtree(folder, ignore_errors=True)
     return [row]

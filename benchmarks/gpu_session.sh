@@ -6,9 +6,12 @@
 #                                             -> benchmarks/results/validation/ (H200), validation-h100/ (H100)
 #   bash benchmarks/gpu_session.sh bench      the executor table and refill at K = 1 without exits (about 7 min)
 #                                             -> benchmarks/results/executor/
+#   bash benchmarks/gpu_session.sh checkpoint full-size Ouro-1.4B and Huginn-3.5B saved in the authors' layout and opened
+#                                             as --checkpoint does: cdbsim record's speed, bf16 against float32 logits
+#                                             (about 1.5 min) -> benchmarks/results/executor/checkpoint.csv
 #   bash benchmarks/gpu_session.sh paper      H200: Huginn-3.5B at W = 64 under the paper's per-step launches (about
 #                                             7 min) -> benchmarks/results/paper/gpu/; H100: the paper's offline settings,
-#                                             CB / no-refill / refill (about 9 min) -> benchmarks/results/paper/h100/
+#                                             CB / no-refill / refill (about 5.5 min) -> benchmarks/results/paper/h100/
 #   bash benchmarks/gpu_session.sh adaptive   the adaptive policy against fixed ones on the same requests (about 9 min)
 #                                             -> benchmarks/results/adaptive/gpu/
 #   bash benchmarks/gpu_session.sh unseen     shapes no per-model profile measured, on the kernel-level profile
@@ -22,7 +25,7 @@
 # Everything a phase writes goes to $OUT/session-<phase>.tgz; copy the files the docs cite into the folder named.
 # ONLY=name,name runs those configurations of a matrix alone. docs/validating.md says more.
 set -u
-REBUILD=(calibrate calibrate-kernels validate unseen adaptive paper memory bench wide)
+REBUILD=(calibrate calibrate-kernels validate unseen adaptive paper memory bench checkpoint wide)
 phase=${1:-}
 if [ "$phase" = rebuild ]; then
   n=${2:-}
@@ -36,9 +39,9 @@ if [ "$phase" = rebuild ]; then
   [ "$phase" = calibrate-kernels ] && { export MODELS=kernels; phase=calibrate; }
 fi
 case $phase in
-  calibrate | validate | bench | paper | adaptive | unseen | memory | wide) ;;
-  *) echo "error: unknown phase '$phase'; phases: calibrate, validate, bench, paper, adaptive, unseen, memory, wide," \
-       "rebuild N" >&2
+  calibrate | validate | bench | checkpoint | paper | adaptive | unseen | memory | wide) ;;
+  *) echo "error: unknown phase '$phase'; phases: calibrate, validate, bench, checkpoint, paper, adaptive, unseen," \
+       "memory, wide, rebuild N" >&2
      exit 2 ;;
 esac
 OUT=${OUT:-/tmp/cdbsim-out}
@@ -54,7 +57,7 @@ run() {  # run LIMIT_S NAME CMD...: a time-limited step with its log kept; the a
   timeout "$limit" "$@" > "$work/$name.log" 2>&1
   echo "$name: exit $? after $((SECONDS - t0)) s" | tee -a "$work/steps.txt"
   tail -n 25 "$work/$name.log"
-  tar czf "$OUT/session-$phase.tgz" --exclude=trace.json.gz -C "$work" .
+  tar czf "$OUT/session-$phase.tgz" --exclude=trace.json.gz --exclude='checkpoint-*' -C "$work" .
 }
 matrix() {  # matrix LIMIT_S NAME FILE: a validation matrix against the shipped profiles
   run "$1" "validate-$2" python3 cli.py validate --matrix "calibration/matrices/$3" ${ONLY:+--only "$ONLY"} \
@@ -78,6 +81,10 @@ case $phase in
       --budget-s 270 --out "$work/executor"
     run 150 bench-throughput-k1 python3 benchmarks/bench_executor.py --parts throughput --quick --exits none \
       --requests 128 --k 1 --budget-s 130 --out "$work/executor-k1"
+    ;;
+  checkpoint)
+    run 560 checkpoint python3 benchmarks/bench_executor.py --parts checkpoint --quick --requests 64 \
+      --out "$work/executor"
     ;;
   paper) matrix 560 paper "$([ $gpu = h100 ] && echo paper-h100.json || echo paper-huginn-h200.json)" ;;
   adaptive) matrix 560 adaptive adaptive-h200.json ;;

@@ -172,6 +172,25 @@ def executor_targets() -> str:
                                                              for r in rows])
 
 
+def checkpoint() -> str:
+    """``cdbsim record`` on full-size checkpoints in the authors' layout, and bf16 against float32 logits."""
+    path = RESULTS / "executor" / "checkpoint.csv"
+    header = ["model", "checkpoint GB", "open s", "record tok/s (prompts x new tokens)", "mean exit depth",
+              "bf16 vs fp32: first-logit rel. L2", "same first token", "greedy tokens alike (median)"]
+    if not path.exists():
+        return markdown(header, [["none yet", "`bash benchmarks/gpu_session.sh checkpoint` measures it",
+                                  *[""] * 6]])
+    runs = pd.read_csv(path)
+    nudged = "fp32_perturbed_first_logit_rel_l2" in runs  # a float32 run with nudged embeddings, where measured
+    rows = [[f"{r.model} ({r.device})", f"{r.checkpoint_gb:.1f}", f"{r.open_s:.1f}",
+             f"{r.record_tok_s:,.0f} ({r.prompts} x {r.max_new_tokens})", f"{r.mean_exit_depth:.2f} (q = {r.q:g})",
+             f"{r.vs_fp32_first_logit_rel_l2:.2e}", f"{100 * r.vs_fp32_first_token_agree:.0f}%",
+             f"{r.vs_fp32_greedy_tokens_before_divergence:g} of {r.vs_fp32_compared_tokens}",
+             *([f"{r.fp32_perturbed_first_logit_rel_l2:.2e}"] if nudged else [])] for r in runs.itertuples()]
+    return markdown(header + ([f"fp32, embeddings x (1 + {runs.perturbation[0]:g} N): rel. L2"] if nudged else []),
+                    rows)
+
+
 SIM_TARGETS = {"refill": "10", "norefill": "10", "cb": "15"}  # µs per launch
 
 
@@ -300,7 +319,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "adaptive-grid": adaptive_grid, "adaptive-gpu": adaptive_gpu, "executor-targets": executor_targets,
     "sim-speed": sim_speed, "sweep-speed": sweep_speed, "codesign-best": codesign_best,
     "codesign-limits": codesign_limits, "codesign-kernels": codesign_kernels, "memory": memory,
-    "memory-full": memory_full, "memory-measured": memory_measured}
+    "memory-full": memory_full, "memory-measured": memory_measured, "checkpoint": checkpoint}
 
 
 def blocks(path: Path) -> list[tuple[str, str]]:

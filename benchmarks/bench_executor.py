@@ -363,8 +363,8 @@ def checkpoint_runs(arch: ArchSpec, model, n: int, max_new: int, q: float, folde
     # the same comparison for a float32 run whose embeddings are nudged by PERTURBATION (relative): how far the
     # model itself carries a tiny change through its loop (random weights need not contract as trained ones do)
     embed = full.model.embed
-    noise = torch.randn(embed.shape, generator=torch.Generator().manual_seed(seed)).to(embed.device)
-    embed.mul_(1 + PERTURBATION * noise)
+    noise = torch.Generator(device=embed.device).manual_seed(seed)
+    embed.mul_(1 + PERTURBATION * torch.randn(embed.shape, generator=noise, device=embed.device))
     nudged = [float((reference.generate(p, 1, []).logits[0] - want).norm() / want.norm())
               for p, want in zip(prompts[:8], firsts, strict=True)]
     row |= {"dtype": str(DTYPE).replace("torch.", ""), "vs_fp32_first_logit_max_abs": max(first_diff),

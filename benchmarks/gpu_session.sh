@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU measurements the README and docs/results.md quote, one phase per call of at most ten minutes (H200):
 #   bash benchmarks/gpu_session.sh calibrate  GPU tests, the three shipped models' profiles (about 8 min)
-#                                             -> calibration/profiles/ (the kernel-level profile: MODELS=kernels)
+#                                             -> calibration/profiles/
+#   bash benchmarks/gpu_session.sh kernels-matmul     the kernel-level profile's matmul, norm, glue and host families,
+#   bash benchmarks/gpu_session.sh kernels-attention  and its attention, prefill and probe families: each re-measured
+#                                             into this GPU's shipped kernel profile -> calibration/profiles/
 #   bash benchmarks/gpu_session.sh validate   the 20-configuration validation matrix of this GPU (about 7 min)
 #                                             -> benchmarks/results/validation/ (H200), validation-h100/ (H100)
 #   bash benchmarks/gpu_session.sh bench      the executor table and refill at K = 1 without exits (about 7 min)
@@ -15,7 +18,8 @@
 #   bash benchmarks/gpu_session.sh adaptive   the adaptive policy against fixed ones on the same requests (about 9 min)
 #                                             -> benchmarks/results/adaptive/gpu/
 #   bash benchmarks/gpu_session.sh unseen     shapes no per-model profile measured, on the kernel-level profile
-#                                             (about 9 min) -> benchmarks/results/unseen/
+#                                             (PART=1/2 and PART=2/2: about 8 min each; re-predict their measured
+#                                             logs together on a CPU) -> benchmarks/results/unseen/
 #   bash benchmarks/gpu_session.sh memory     GPU tests, an oversized KV cache refused before any model loads, and
 #                                             the executor's peak memory on every configuration of this GPU's
 #                                             validation matrix (about 6 min) -> benchmarks/results/memory/
@@ -23,9 +27,11 @@
 #   bash benchmarks/gpu_session.sh rebuild N  call N of the rebuild: everything above, in the order that makes later
 #                                             calls use the profiles earlier ones measured (no N: the list)
 # Everything a phase writes goes to $OUT/session-<phase>.tgz; copy the files the docs cite into the folder named.
-# ONLY=name,name runs those configurations of a matrix alone. docs/validating.md says more.
+# ONLY=name,name runs those configurations of a matrix alone; PART=i/n every n-th from the i-th. docs/validating.md
+# says more.
 set -u
-REBUILD=(calibrate calibrate-kernels validate unseen adaptive paper memory bench checkpoint wide)
+REBUILD=(calibrate kernels-matmul kernels-attention validate unseen:1/2 unseen:2/2 adaptive paper memory bench
+         checkpoint wide)
 phase=${1:-}
 if [ "$phase" = rebuild ]; then
   n=${2:-}
@@ -36,14 +42,19 @@ if [ "$phase" = rebuild ]; then
     [ -z "$n" ] && exit 0 || exit 2
   fi
   phase=${REBUILD[$((n - 1))]}
-  [ "$phase" = calibrate-kernels ] && { export MODELS=kernels; phase=calibrate; }
+  [[ $phase == *:* ]] && { export PART=${phase#*:}; phase=${phase%%:*}; }
 fi
 case $phase in
-  calibrate | validate | bench | checkpoint | paper | adaptive | unseen | memory | wide) ;;
-  *) echo "error: unknown phase '$phase'; phases: calibrate, validate, bench, checkpoint, paper, adaptive, unseen," \
-       "memory, wide, rebuild N" >&2
+  calibrate | kernels-matmul | kernels-attention | validate | bench | checkpoint | paper | adaptive | unseen | memory \
+    | wide) ;;
+  *) echo "error: unknown phase '$phase'; phases: calibrate, kernels-matmul, kernels-attention, validate, bench," \
+       "checkpoint, paper, adaptive, unseen, memory, wide, rebuild N" >&2
      exit 2 ;;
 esac
+if [ -n "${PART:-}" ] && ! [[ $PART =~ ^([1-9][0-9]*)/([1-9][0-9]*)$ && ${BASH_REMATCH[1]} -le ${BASH_REMATCH[2]} ]]; then
+  echo "error: PART=$PART: give i/n with 1 <= i <= n" >&2
+  exit 2
+fi
 OUT=${OUT:-/tmp/cdbsim-out}
 work=$OUT/work
 mkdir -p "$work"
@@ -59,21 +70,27 @@ run() {  # run LIMIT_S NAME CMD...: a time-limited step with its log kept; the a
   tail -n 25 "$work/$name.log"
   tar czf "$OUT/session-$phase.tgz" --exclude=trace.json.gz --exclude='checkpoint-*' -C "$work" .
 }
-matrix() {  # matrix LIMIT_S NAME FILE: a validation matrix against the shipped profiles
-  run "$1" "validate-$2" python3 cli.py validate --matrix "calibration/matrices/$3" ${ONLY:+--only "$ONLY"} \
+matrix() {  # matrix LIMIT_S NAME FILE: a validation matrix (ONLY, PART: some entries) against the shipped profiles
+  local only=${ONLY:-}
+  [ -n "${PART:-}" ] && only=$(python3 -c "import sys; from calibration.validation import load_matrix
+i, n = map(int, sys.argv[2].split('/')); print(','.join(e.name for e in load_matrix(sys.argv[1])[i - 1::n]))" \
+    "calibration/matrices/$3" "$PART")
+  run "$1" "validate-$2" python3 cli.py validate --matrix "calibration/matrices/$3" ${only:+--only "$only"} \
     --out "$work/$2"
+}
+kernels() {  # kernels NAME FAMILIES: those families re-measured into this GPU's shipped kernel profile
+  run 580 "calibrate-$1" python3 cli.py calibrate --kernels --update "calibration/profiles/$gpu-kernels.json" \
+    --families "$2" --out "$work/profiles"
 }
 case $phase in
   calibrate)
     run 150 gpu-tests python3 -m pytest tests/executor -m gpu -q -x -p no:cacheprovider
-    if [ "${MODELS:-}" = kernels ]; then
-      run 580 calibrate-kernels python3 cli.py calibrate --kernels --out "$work/profiles"
-    else
-      for model in ${MODELS:-ouro-1.4b ouro-2.6b huginn-3.5b}; do
-        run 150 "calibrate-$model" python3 cli.py calibrate --arch "$model" --no-kernels --out "$work/profiles"
-      done
-    fi
+    for model in ${MODELS:-ouro-1.4b ouro-2.6b huginn-3.5b}; do
+      run 150 "calibrate-$model" python3 cli.py calibrate --arch "$model" --no-kernels --out "$work/profiles"
+    done
     ;;
+  kernels-matmul) kernels matmul copy,gemm,few_gemm,few_swiglu,elementwise,gemv,glue,adapter,host ;;
+  kernels-attention) kernels attention attention,skew,prefill,probes,mixed_probes,sustained ;;
   validate) matrix 560 validation "validation-$gpu.json" ;;
   bench)
     run 300 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick \

@@ -31,26 +31,26 @@ class KernelPlan:
     gemm_m: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048,
                                4096, 8192)
     gemm_n: tuple[int, ...] = (1024, 1536, 2048, 2560, 3072, 4096, 5280, 6144, 8192, 11264, 12288, 15840, 16384,
-                               17920, 24576, 35840, 49152)
+                               17920, 24576, 35840, 49152, 65536)
     gemm_k: tuple[int, ...] = (1024, 1536, 2048, 2560, 3072, 4096, 5280, 5632, 6144, 8192, 11008, 12288, 17920,
-                               24576)
-    gemm_max_weight: int = 49152 * 8192       # n x k beyond this is no layer of the design space
+                               24576, 32768)
+    gemm_max_weight: int = 65536 * 8192       # the gate/up of an 8,192-wide layer at 4x; n x k beyond is no layer
     gemv_n: tuple[int, ...] = (512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 11264, 16384)
     gemv_k: tuple[int, ...] = (512, 1024, 1536, 2048, 3072, 4096, 5632, 8192)
     attention_rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-    attention_heads: int = 8                  # rows x heads is what the kernels' grids follow
+    attention_heads: int = 8                  # rows x heads is what the kernels' grids follow (more for a wider group)
     attention_lengths: tuple[int, ...] = (32, 128, 512, 2048, 8192, 16384)
-    head_dims: tuple[int, ...] = (64, 96, 128)
-    groups: tuple[int, ...] = (1, 2, 4, 8)
+    head_dims: tuple[int, ...] = (64, 80, 96, 128, 256)
+    groups: tuple[int, ...] = (1, 2, 4, 8, 16)
     max_positions: int = 2 ** 20              # rows x context per decode-attention point
-    chained_heads: tuple[int, ...] = (8, 16, 32)
+    chained_heads: tuple[int, ...] = (8, 16, 32, 64)
     prefill_tokens: tuple[int, ...] = (16, 64, 256, 1024, 4096, 8192)
     prefill_chunks: tuple[int, ...] = (1, 8, 32)
     prefill_prefix: tuple[int, ...] = (0, 2048)
-    prefill_heads: tuple[int, ...] = (8, 32, 64)  # 64: Huginn-3.5B's 55 heads inside the grid
-    prefill_groups: tuple[int, ...] = (1, 4)
+    prefill_heads: tuple[int, ...] = (8, 16, 32, 64)  # 64: Huginn-3.5B's 55 heads inside the grid
+    prefill_groups: tuple[int, ...] = (1, 4, 16)      # each with the heads that hold it (heads >= group)
     rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-    widths: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384, 24576)
+    widths: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384, 24576, 32768)
     glue_hidden: tuple[int, ...] = (1024, 2048, 4096, 8192)
     glue_vocab: tuple[int, ...] = (32768, 131072, 262144)
     glue_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -85,6 +85,14 @@ class KernelPlan:
     def decode_units(self) -> int:
         """Rows x heads of the decode grid's largest launch (``rope_kv`` rows beyond it come from prefill)."""
         return max(self.attention_rows) * self.attention_heads
+
+    def decode_heads(self, group: int) -> int:
+        """Query heads of the decode grid at a GQA ``group``: at least the group, so that one KV head serves it."""
+        return max(self.attention_heads, group)
+
+    def decode_rows(self, group: int) -> tuple[int, ...]:
+        """The decode grid's rows at ``group``: those whose rows x heads stay within :attr:`decode_units`."""
+        return tuple(r for r in self.attention_rows if r * self.decode_heads(group) <= self.decode_units)
 
     @classmethod
     def quick(cls) -> KernelPlan:
@@ -208,15 +216,28 @@ def _gemv_call(ops: Ops, op: str, w: torch.Tensor, x: torch.Tensor, branch: torc
     return lambda: ops.gemv_residual(branch, x, norm, norm, 1e-6, True, w, swiglu=op == "swiglu")
 
 
+ATTENTION_CACHE_BYTES = 32 * 2 ** 30  # an attention bench's KV cache at most (each layer far beyond the L2)
+
+
+def cache_layers(positions: int, kv_heads: int, head_dim: int) -> int:
+    """Layers of an attention bench's cache: eight, or as many (two at least) as fit :data:`ATTENTION_CACHE_BYTES`
+    in bf16 keys and values."""
+    per_layer = positions * 2 * kv_heads * head_dim * 2
+    return max(2, min(8, ATTENTION_CACHE_BYTES // per_layer))
+
+
 class AttentionBench:
-    """The executor's RoPE/KV-write and attention kernels on an eight-layer cache, with engine-prepared metadata."""
+    """The executor's RoPE/KV-write and attention kernels on a cache of up to eight layers (fewer where eight would
+    pass :data:`ATTENTION_CACHE_BYTES`), with engine-prepared metadata."""
 
     def __init__(self, heads: int, group: int, head_dim: int, max_rows: int, max_context: int,
                  max_positions: int, device: torch.device, timer: Timer) -> None:
-        layer = LayerShape(hidden=heads * head_dim, intermediate=64, heads=heads, kv_heads=max(1, heads // group),
+        kv_heads = max(1, heads // group)
+        layer = LayerShape(hidden=heads * head_dim, intermediate=64, heads=heads, kv_heads=kv_heads,
                            head_dim=head_dim, style=LayerStyle.OURO)
+        layers = cache_layers(max_positions, kv_heads, head_dim)
         self.arch = ArchSpec(name=f"attention-{heads}x{head_dim}-g{group}", layer=layer, vocab=256, prelude=0,
-                             core=8, coda=0, r_max=1)  # a model whose only role is to hold the KV cache
+                             core=layers, coda=0, r_max=1)  # a model whose only role is to hold the KV cache
         self.bench = UnitBench(self.arch, max_rows, max_context + 1, max_positions, KVLayout.SHARED, device, timer)
         self.engine = self.bench.engine
         self.device, self.dtype = device, self.engine.model.dtype
@@ -284,26 +305,27 @@ def measure_attention(plan: KernelPlan, chain: ChainTimer, progress: Callable[[s
                       ) -> dict[str, list[list[float]]]:
     """The RoPE/KV-write, decode-attention and chained-attention tables."""
     tables: dict[str, list[list[float]]] = {"rope_kv": [], "decode_attention": [], "chained_attention": []}
-    h8 = plan.attention_heads
     longest = max(*plan.attention_lengths, ROPE_CONTEXT)
     for d, g in itertools.product(plan.head_dims, plan.groups):
         progress(f"attention d={d} group={g}: building")
-        bench = AttentionBench(h8, g, d, max(plan.attention_rows), longest, plan.max_positions, chain.device,
-                               chain.timer)
-        for rows in plan.attention_rows:
+        heads, grid_rows = plan.decode_heads(g), plan.decode_rows(g)
+        bench = AttentionBench(heads, g, d, max(grid_rows), longest, plan.max_positions, chain.device, chain.timer)
+        for rows in grid_rows:
             progress(f"rope_kv rows={rows} d={d} g={g}")
-            tables["rope_kv"].append([rows * h8, g, d, chain(bench.calls("rope_kv", rows, [ROPE_CONTEXT] * rows))])
-        for rows, length in itertools.product(plan.attention_rows, plan.attention_lengths):
+            tables["rope_kv"].append([rows * heads, g, d, chain(bench.calls("rope_kv", rows, [ROPE_CONTEXT] * rows))])
+        for rows, length in itertools.product(grid_rows, plan.attention_lengths):
             if rows * length <= plan.max_positions:
                 progress(f"decode_attention rows={rows} L={length} d={d} g={g}")
                 tables["decode_attention"].append(
-                    [rows * h8, g, d, length, chain(bench.calls("decode_attention", rows, [length] * rows))])
-        if h8 in plan.chained_heads:
+                    [rows * heads, g, d, length, chain(bench.calls("decode_attention", rows, [length] * rows))])
+        if heads in plan.chained_heads:
             for length in plan.attention_lengths:
-                progress(f"chained_attention heads={h8} L={length} d={d} g={g}")
-                tables["chained_attention"].append([h8, g, d, length, chain(bench.calls("chained", 1, [length]))])
+                progress(f"chained_attention heads={heads} L={length} d={d} g={g}")
+                tables["chained_attention"].append([heads, g, d, length, chain(bench.calls("chained", 1, [length]))])
         bench.close()
-    for heads, d, g in itertools.product([h for h in plan.chained_heads if h != h8], plan.head_dims, plan.groups):
+    for heads, d, g in itertools.product(plan.chained_heads, plan.head_dims, plan.groups):
+        if heads == plan.decode_heads(g) or heads < g:  # measured above, or no whole KV head
+            continue
         progress(f"chained attention heads={heads} d={d} g={g}")
         bench = AttentionBench(heads, g, d, 1, max(plan.attention_lengths), max(plan.attention_lengths) + 64,
                                chain.device, chain.timer)
@@ -324,6 +346,8 @@ def measure_prefill_attention(plan: KernelPlan, chain: ChainTimer, progress: Cal
                                                          plan.prefill_prefix) if t % k == 0]
     positions = max(k * (p + t // k + 64) for t, k, p in shapes)  # the largest launch's cache, not the grid's corner
     for heads, d, g in itertools.product(plan.prefill_heads, plan.head_dims, plan.prefill_groups):
+        if heads < g:
+            continue
         progress(f"prefill attention heads={heads} d={d} g={g}: building")
         bench = AttentionBench(heads, g, d, chunks_max, longest, positions, chain.device, chain.timer)
         for tokens, chunks, prefix in shapes:

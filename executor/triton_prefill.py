@@ -127,8 +127,11 @@ class PrefillTiles:
 
 def prefill_tiles(d: int) -> PrefillTiles:
     """The launch shape for head size ``d``: a head in two parts (96 = 64 + 32) holds fewer columns per key, so
-    twice the keys per tile and one more stage; a power-of-two head 64 keys, two stages."""
-    return PrefillTiles(128, 4, 3) if prefill_head_parts(d)[1] else PrefillTiles(64, 4, 2)
+    twice the keys per tile and one more stage; a power-of-two head 64 keys, two stages, and eight warps beyond
+    128 columns (a 256-wide accumulator spills from four warps' registers)."""
+    if prefill_head_parts(d)[1]:
+        return PrefillTiles(128, 4, 3)
+    return PrefillTiles(64, 8 if d > 128 else 4, 2)
 
 
 LOG2E = 1.4426950408889634

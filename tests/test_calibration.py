@@ -177,6 +177,23 @@ def test_attention_family_alone_keeps_the_prefill_rows_of_rope_kv(tmp_path) -> N
     assert rows[-1] == prefill_rows[-1]
 
 
+def test_a_group_wider_than_the_decode_grids_heads_is_measured_on_as_many_heads(tmp_path) -> None:
+    """GQA 16:1 needs 16 query heads per KV head: the decode grid takes that many heads at group 16 (its rows
+    capped at the grid's largest rows x heads) and the chained and prefill grids skip heads narrower than a group."""
+    from calibration.kernels import KernelPlan, calibrate_kernels
+
+    plan = KernelPlan(attention_rows=(1, 2), attention_lengths=(32,), head_dims=(80,), groups=(1, 16),
+                      chained_heads=(8, 16), max_positions=4096, prefill_tokens=(16,), prefill_chunks=(1,),
+                      prefill_prefix=(0,), prefill_heads=(8, 16), prefill_groups=(1, 16), repeats=2, warmup=1)
+    assert plan.decode_heads(16) == 16 and plan.decode_rows(16) == (1,)
+    tables = calibrate_kernels(tmp_path, device="cpu", plan=plan, families=("attention", "prefill")).kernels["tables"]
+    assert [row[:3] for row in tables["decode_attention"]] == [[8, 1, 80], [16, 1, 80], [16, 16, 80]]
+    assert sorted(tuple(row[:2]) for row in tables["chained_attention"]) == [(8, 1), (16, 1), (16, 16)]
+    assert sorted(tuple(row[3:5]) for row in tables["prefill_attention"]) == [(8, 1), (16, 1), (16, 16)]
+    assert all(row[-1] > 0 for name in ("decode_attention", "chained_attention", "prefill_attention")
+               for row in tables[name])
+
+
 def test_skew_family_fits_the_attention_width_on_its_own_head_layout_and_refits_alike(tmp_path) -> None:
     """The mixed-context points run on the plan's skew layout (heads, group), against the uniform table at
     that layout; refitting a record from its points gives the same width and sharpness."""

@@ -178,21 +178,24 @@ def check_ops(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: flo
 
 
 def _check_wide_head_parts(dec, device: str, dtype: torch.dtype, atol: float) -> None:
-    """Huginn's head width, 96 = 64 + 32, against the torch backend and against one padded 128-lane part."""
+    """Heads in two parts, Huginn's 96 = 64 + 32 and 80 = 64 + 16, against the torch backend and against one padded
+    128-lane part."""
     assert dec.head_parts(96) == (64, 32) and dec.head_parts(128) == (128, 0) and dec.head_parts(64) == (64, 0)
+    assert dec.head_parts(80) == (64, 16) and dec.head_parts(256) == (256, 0)
     gen = torch.Generator(device=device).manual_seed(3)
     geo = CacheGeometry(0, 1, 0, 1, KVLayout.SHARED, num_blocks=6)
-    cache = PagedKVCache(geo, 1, 96, device=device, dtype=dtype)
-    cache.k.copy_(torch.randn(*cache.k.shape, generator=gen, device=device).to(dtype))
-    cache.v.copy_(torch.randn(*cache.v.shape, generator=gen, device=device).to(dtype))
     table = torch.tensor([[4, 1, 2], [0, 5, 3]], dtype=torch.int32, device=device)
     seq = torch.tensor([40, 33], dtype=torch.int32, device=device)
     base = torch.zeros(2, dtype=torch.int32, device=device)
-    q = torch.randn(2, 2, 96, generator=gen, device=device).to(dtype)
-    want = torch_ops.decode_attention(q, cache, table, base, 0, seq, 96 ** -0.5)
-    for parts in (None, (128, 0)):
-        got = dec.decode_attention(q, cache, table, base, 0, seq, 96 ** -0.5, splits=2, min_split=16, parts=parts)
-        _close(got, want, atol * 10, f"decode_attention head_dim 96 parts={parts}")
+    for d in (96, 80):
+        cache = PagedKVCache(geo, 1, d, device=device, dtype=dtype)
+        cache.k.copy_(torch.randn(*cache.k.shape, generator=gen, device=device).to(dtype))
+        cache.v.copy_(torch.randn(*cache.v.shape, generator=gen, device=device).to(dtype))
+        q = torch.randn(2, 2, d, generator=gen, device=device).to(dtype)
+        want = torch_ops.decode_attention(q, cache, table, base, 0, seq, d ** -0.5)
+        for parts in (None, (128, 0)):
+            got = dec.decode_attention(q, cache, table, base, 0, seq, d ** -0.5, splits=2, min_split=16, parts=parts)
+            _close(got, want, atol * 10, f"decode_attention head_dim {d} parts={parts}")
 
 
 def _counters_back_to_zero(dec, device: str) -> None:
@@ -205,7 +208,8 @@ def _counters_back_to_zero(dec, device: str) -> None:
 def check_prefill_attention(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: float = 1e-5) -> None:
     """Packed prefill chunks (a cached prefix, a chunk spanning two work items, a one-token chunk, padding)
     for a head loaded in one padded part (24) and in two (48 = 32 + 16), at the shipped tiles and at tiles
-    small enough that items have several unmasked tiles below the diagonal and several on it."""
+    small enough that items have several unmasked tiles below the diagonal and several on it; and a head of 80
+    (64 + 16) at the shipped tiles."""
     import numpy as np
 
     from executor import triton_prefill as pre
@@ -218,7 +222,8 @@ def check_prefill_attention(device: str = "cpu", dtype: torch.dtype = torch.floa
               Chunk(5, 1, blocks[7:8], 200, True)]
     layout = PrefillLayout(96, 4, 6)
     packed = torch.from_numpy(pack(layout, chunks, 999, geo.trash_block, geo.block_size)).to(device)
-    for d, (block_m, tiles) in itertools.product((24, 48), ((BLOCK_M, None), (16, pre.PrefillTiles(16, 1, 1)))):
+    cases = [*itertools.product((24, 48), ((BLOCK_M, None), (16, pre.PrefillTiles(16, 1, 1)))), (80, (BLOCK_M, None))]
+    for d, (block_m, tiles) in cases:
         heads, kv_heads = 4, 2
         gen = torch.Generator(device=device).manual_seed(d)
         cache = PagedKVCache(geo, kv_heads, d, device=device, dtype=dtype)

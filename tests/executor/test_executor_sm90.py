@@ -17,7 +17,7 @@ from executor.prefill import BLOCK_M  # noqa: E402
 pytestmark = pytest.mark.skipif(not sm90.available(), reason="this Triton has no NVIDIA compiler")
 
 
-@pytest.mark.parametrize("heads,kv_heads,d", [(16, 16, 128), (55, 55, 96), (32, 8, 64)])
+@pytest.mark.parametrize("heads,kv_heads,d", [(16, 16, 128), (55, 55, 96), (32, 8, 64), (32, 8, 80), (16, 1, 256)])
 def test_prefill_attention_compiles_at_its_shipped_tiles(heads: int, kv_heads: int, d: int) -> None:
     da, db = pre.prefill_head_parts(d)
     tiles = pre.prefill_tiles(d)
@@ -29,16 +29,16 @@ def test_prefill_attention_compiles_at_its_shipped_tiles(heads: int, kv_heads: i
     assert r.stack == 0 and r.fits, r
 
 
+@pytest.mark.parametrize("d", [80, 96, 256])
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_rope_write_kv_compiles(interleaved: bool) -> None:
-    d = 96
+def test_rope_write_kv_compiles(interleaved: bool, d: int) -> None:
     kernel = sm90.compile_sm90(pw._rope_kv_kernel, sm90.SIGNATURES["rope_kv"],
                                dict(H=55, KVH=55, D=d, HALF=d // 2, BLOCK_HALF=triton.next_power_of_2(d // 2),
                                     BLOCK_T=pw.ROPE_ROWS, HAS_BIAS=True, INTERLEAVED=interleaved, PAGE=16, PDL=True))
     assert sm90.resources(kernel).stack == 0
 
 
-@pytest.mark.parametrize("heads,d", [(16, 128), (55, 96)])
+@pytest.mark.parametrize("heads,d", [(16, 128), (55, 96), (32, 80), (16, 256)])
 def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int) -> None:
     da, db = dec.head_parts(d)
     kernel = sm90.compile_sm90(dec._decode_attn_kernel, sm90.SIGNATURES["decode"],
@@ -49,7 +49,7 @@ def test_decode_attention_compiles_at_its_shipped_tiles(heads: int, d: int) -> N
 
 
 @pytest.mark.parametrize("splits", [2, 11, 16, 32])
-@pytest.mark.parametrize("d", [96, 128])
+@pytest.mark.parametrize("d", [80, 96, 128, 256])
 def test_split_merge_compiles_without_spills(splits: int, d: int) -> None:
     """The merge kernel of decode attention's splits, one warp a (row, head), at split counts the rule gives."""
     kernel = sm90.compile_sm90(dec._decode_attn_merge, sm90.SIGNATURES["merge"],
@@ -59,12 +59,13 @@ def test_split_merge_compiles_without_spills(splits: int, d: int) -> None:
     assert r.stack == 0 and r.fits, r
 
 
+@pytest.mark.parametrize("d", [80, 128, 256])
 @pytest.mark.parametrize("splits", [16, 32])
-def test_fused_decode_attention_compiles_with_its_merge(splits: int) -> None:
+def test_fused_decode_attention_compiles_with_its_merge(splits: int, d: int) -> None:
     """The chained path's one-kernel RoPE + attention, whose last split merges up to 32 partials."""
     kernel = sm90.compile_sm90(dec._rope_decode_attn_kernel, sm90.SIGNATURES["rope_decode"],
-                               dict(H=16, KVH=16, D=128, BLOCK_D=128, HALF=64, HAS_BIAS=False, INTERLEAVED=False,
-                                    PAGE=16, BLOCK=64, SPLITS=splits, MIN_PER=64, PDL=1), 4)
+                               dict(H=16, KVH=16, D=d, BLOCK_D=triton.next_power_of_2(d), HALF=d // 2, HAS_BIAS=False,
+                                    INTERLEAVED=False, PAGE=16, BLOCK=64, SPLITS=splits, MIN_PER=64, PDL=1), 4)
     r = sm90.resources(kernel)
     assert r.stack == 0 and r.fits, r
 

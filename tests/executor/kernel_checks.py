@@ -208,8 +208,8 @@ def _counters_back_to_zero(dec, device: str) -> None:
 def check_prefill_attention(device: str = "cpu", dtype: torch.dtype = torch.float32, atol: float = 1e-5) -> None:
     """Packed prefill chunks (a cached prefix, a chunk spanning two work items, a one-token chunk, padding)
     for a head loaded in one padded part (24) and in two (48 = 32 + 16), at the shipped tiles and at tiles
-    small enough that items have several unmasked tiles below the diagonal and several on it; and a head of 80
-    (64 + 16) at the shipped tiles."""
+    small enough that items have several unmasked tiles below the diagonal and several on it; and heads of 80
+    (64 + 16) and 256 (eight warps) at the shipped tiles."""
     import numpy as np
 
     from executor import triton_prefill as pre
@@ -222,7 +222,7 @@ def check_prefill_attention(device: str = "cpu", dtype: torch.dtype = torch.floa
               Chunk(5, 1, blocks[7:8], 200, True)]
     layout = PrefillLayout(96, 4, 6)
     packed = torch.from_numpy(pack(layout, chunks, 999, geo.trash_block, geo.block_size)).to(device)
-    cases = [*itertools.product((24, 48), ((BLOCK_M, None), (16, pre.PrefillTiles(16, 1, 1)))), (80, (BLOCK_M, None))]
+    cases = [*itertools.product((24, 48), ((BLOCK_M, None), (16, pre.PrefillTiles(16, 1, 1)))), (80, (BLOCK_M, None)), (256, (BLOCK_M, None))]
     for d, (block_m, tiles) in cases:
         heads, kv_heads = 4, 2
         gen = torch.Generator(device=device).manual_seed(d)

@@ -30,9 +30,9 @@ class KernelPlan:
 
     gemm_m: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048,
                                4096, 8192)
-    gemm_n: tuple[int, ...] = (1024, 1536, 2048, 2560, 3072, 4096, 5280, 6144, 8192, 11264, 12288, 15840, 16384,
+    gemm_n: tuple[int, ...] = (512, 768, 1024, 1536, 2048, 2560, 3072, 4096, 5280, 6144, 8192, 11264, 12288, 15840, 16384,
                                17920, 24576, 35840, 49152, 65536)
-    gemm_k: tuple[int, ...] = (1024, 1536, 2048, 2560, 3072, 4096, 5280, 5632, 6144, 8192, 11008, 12288, 17920,
+    gemm_k: tuple[int, ...] = (512, 768, 1024, 1536, 2048, 2560, 3072, 4096, 5280, 5632, 6144, 8192, 11008, 12288, 17920,
                                24576, 32768)
     gemm_max_weight: int = 65536 * 8192       # the gate/up of an 8,192-wide layer at 4x; n x k beyond is no layer
     gemv_n: tuple[int, ...] = (512, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 11264, 16384)
@@ -48,7 +48,7 @@ class KernelPlan:
     prefill_chunks: tuple[int, ...] = (1, 8, 32)
     prefill_prefix: tuple[int, ...] = (0, 2048)
     prefill_heads: tuple[int, ...] = (8, 16, 32, 64)  # 64: Huginn-3.5B's 55 heads inside the grid
-    prefill_groups: tuple[int, ...] = (1, 4, 16)      # each with the heads that hold it (heads >= group)
+    prefill_groups: tuple[int, ...] = (1, 4, 16)      # and each heads' widest group (see prefill_group_grid)
     rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
     widths: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384, 24576, 32768)
     glue_hidden: tuple[int, ...] = (1024, 2048, 4096, 8192)
@@ -89,6 +89,11 @@ class KernelPlan:
     def decode_heads(self, group: int) -> int:
         """Query heads of the decode grid at a GQA ``group``: at least the group, so that one KV head serves it."""
         return max(self.attention_heads, group)
+
+    def prefill_group_grid(self, heads: int) -> tuple[int, ...]:
+        """The prefill grid's groups at ``heads``: those it holds, and its widest within the grid (one KV head, or the
+        widest group), so that a lookup capped at ``heads`` stays inside."""
+        return tuple(sorted({g for g in self.prefill_groups if g <= heads} | {min(heads, max(self.prefill_groups))}))
 
     def decode_rows(self, group: int) -> tuple[int, ...]:
         """The decode grid's rows at ``group``: those whose rows x heads stay within :attr:`decode_units`."""
@@ -345,9 +350,9 @@ def measure_prefill_attention(plan: KernelPlan, chain: ChainTimer, progress: Cal
     shapes = [(t, k, p) for t, k, p in itertools.product(plan.prefill_tokens, plan.prefill_chunks,
                                                          plan.prefill_prefix) if t % k == 0]
     positions = max(k * (p + t // k + 64) for t, k, p in shapes)  # the largest launch's cache, not the grid's corner
-    for heads, d, g in itertools.product(plan.prefill_heads, plan.head_dims, plan.prefill_groups):
-        if heads < g:
-            continue
+    combos = [(heads, d, g) for heads, d in itertools.product(plan.prefill_heads, plan.head_dims)
+              for g in plan.prefill_group_grid(heads)]
+    for heads, d, g in combos:
         progress(f"prefill attention heads={heads} d={d} g={g}: building")
         bench = AttentionBench(heads, g, d, chunks_max, longest, positions, chain.device, chain.timer)
         for tokens, chunks, prefix in shapes:

@@ -179,7 +179,8 @@ def test_attention_family_alone_keeps_the_prefill_rows_of_rope_kv(tmp_path) -> N
 
 def test_a_group_wider_than_the_decode_grids_heads_is_measured_on_as_many_heads(tmp_path) -> None:
     """GQA 16:1 needs 16 query heads per KV head: the decode grid takes that many heads at group 16 (its rows
-    capped at the grid's largest rows x heads) and the chained and prefill grids skip heads narrower than a group."""
+    capped at the grid's largest rows x heads), the chained and prefill grids skip heads narrower than a group, and
+    each prefill heads is measured at its widest group too (one KV head)."""
     from calibration.kernels import KernelPlan, calibrate_kernels
 
     plan = KernelPlan(attention_rows=(1, 2), attention_lengths=(32,), head_dims=(80,), groups=(1, 16),
@@ -189,7 +190,7 @@ def test_a_group_wider_than_the_decode_grids_heads_is_measured_on_as_many_heads(
     tables = calibrate_kernels(tmp_path, device="cpu", plan=plan, families=("attention", "prefill")).kernels["tables"]
     assert [row[:3] for row in tables["decode_attention"]] == [[8, 1, 80], [16, 1, 80], [16, 16, 80]]
     assert sorted(tuple(row[:2]) for row in tables["chained_attention"]) == [(8, 1), (16, 1), (16, 16)]
-    assert sorted(tuple(row[3:5]) for row in tables["prefill_attention"]) == [(8, 1), (16, 1), (16, 16)]
+    assert sorted(tuple(row[3:5]) for row in tables["prefill_attention"]) == [(8, 1), (8, 8), (16, 1), (16, 16)]
     assert all(row[-1] > 0 for name in ("decode_attention", "chained_attention", "prefill_attention")
                for row in tables[name])
 

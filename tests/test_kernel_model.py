@@ -35,6 +35,19 @@ def test_table_is_exact_on_the_grid_log_linear_between_and_carried_outside() -> 
     assert outside.reach == pytest.approx(65 / 17)
 
 
+def test_a_capped_dimension_is_read_at_most_at_its_bounds_grid_value() -> None:
+    """GQA groups: 8 heads hold at most group 8, so (12 heads, group 12) lies between (8, 8) and (16, 12), inside."""
+    points = [[8, 1, 1.0], [8, 8, 2.0], [16, 1, 3.0], [16, 4, 4.0], [16, 16, 8.0]]
+    table = KernelTable("t", ("heads", "group"), points, proxy=lambda q: q[0], caps={"group": "heads"})
+    between = table.lookup(12, 12)
+    assert between.reach == 1.0 and 2.0 < between.seconds < 8.0
+    assert table.lookup(8, 16).seconds == 2.0 and table.lookup(8, 16).reach == 1.0
+    uncapped = KernelTable("t", ("heads", "group"), points, proxy=lambda q: q[0]).lookup(12, 12)
+    assert uncapped.reach > 1.4  # without the cap, 8 heads' grid ends at group 8
+    with pytest.raises(ValueError, match="earlier"):
+        KernelTable("t", ("group", "heads"), [[1, 8, 1.0]], proxy=lambda q: 1.0, caps={"group": "heads"})
+
+
 def test_exact_dimensions_must_match() -> None:
     table = KernelTable("t", ("style", "rows"), [[0, 1, 1e-5], [0, 8, 2e-5]], proxy=lambda q: q[1],
                         exact=frozenset({"style"}))

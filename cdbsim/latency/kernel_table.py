@@ -4,6 +4,8 @@ A table holds points ``[d_1, ..., d_n, t]`` on (most of) a rectilinear grid. Bet
 interpolated piecewise-linearly against ``log(1 + d)`` one dimension at a time; variant dimensions match exactly.
 Outside the grid (or in a hole) the nearest value is carried by the kernel's roofline *proxy*, ``t(q) =
 t(edge) * proxy(q) / proxy(edge)``, and every lookup reports how far outside the grid it went (1.0 inside).
+A dimension *capped* by an earlier one (a GQA group by the heads that hold it) is read at most at that
+dimension's grid value: a point beyond it is no shape at all, so it neither extrapolates nor counts as outside.
 """
 
 from __future__ import annotations
@@ -26,18 +28,24 @@ class Lookup:
 
 @dataclass
 class KernelTable:
-    """Measured times of one kernel on a grid of ``dims``; ``exact`` names the dimensions matched exactly."""
+    """Measured times of one kernel on a grid of ``dims``; ``exact`` names the dimensions matched exactly, ``caps``
+    each capped dimension and the earlier one that bounds it."""
 
     name: str
     dims: tuple[str, ...]
     points: list[list[float]]
     proxy: Proxy
     exact: frozenset[str] = frozenset()
+    caps: dict[str, str] = field(default_factory=dict)
     _tree: dict = field(init=False, repr=False)
+    _cap_of: dict[int, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.points:
             raise ValueError(f"kernel table {self.name} has no points")
+        self._cap_of = {self.dims.index(dim): self.dims.index(by) for dim, by in self.caps.items()}
+        if any(by >= level for level, by in self._cap_of.items()):
+            raise ValueError(f"kernel table {self.name}: a dimension is capped only by an earlier one")
         self._tree = {}
         for row in self.points:
             if len(row) != len(self.dims) + 1:
@@ -61,6 +69,9 @@ class KernelTable:
             return Lookup(node)
         keys = sorted(node)
         x = q[level]
+        if level in self._cap_of:  # the bounding dimension is already at its grid value on this path
+            x = min(x, q[self._cap_of[level]])
+            q = _with(q, level, x)
         if self.dims[level] in self.exact:
             if x not in node:
                 raise KeyError(f"kernel table {self.name} has no {self.dims[level]} = {x:g} "

@@ -121,6 +121,9 @@ TABLE_DIMS: dict[str, tuple[str, ...]] = {
     "adapter": ("hidden", "rows"),
 }
 EXACT_DIMS = frozenset({"op", "style"})  # matched exactly (variants); ``units`` is rows x heads
+GROUP_CAPS: dict[str, dict[str, str]] = {  # a GQA group never exceeds the query heads (rows x heads) holding it
+    "rope_kv": {"group": "units"}, "decode_attention": {"group": "units"}, "chained_attention": {"group": "units"},
+    "prefill_attention": {"group": "heads"}}
 
 
 @dataclass
@@ -140,7 +143,7 @@ class KernelModel:
         proxies = _proxies(self.measured_on)
         self.scale = _proxies(self.target) if self.target is not None else None
         self.tables = {name: KernelTable(name, TABLE_DIMS[name], _current(name, points), proxies[name],
-                                         exact=frozenset(TABLE_DIMS[name]) & EXACT_DIMS)
+                                         exact=frozenset(TABLE_DIMS[name]) & EXACT_DIMS, caps=GROUP_CAPS.get(name, {}))
                        for name, points in self.record["tables"].items()}
         self.gaps = self.record.get("gaps", {})  # per layer style: {"many": [[rows, s], ...], "chained": s}
         self.reach = 1.0           # the farthest any lookup so far went outside the grid

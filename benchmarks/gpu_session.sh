@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu_session.sh calibrate  GPU tests, the three shipped models' profiles (about 8 min)
 #                                             -> calibration/profiles/
 #   bash benchmarks/gpu_session.sh kernels-matmul     the kernel-level profile's matmul, norm, glue and host families,
-#   bash benchmarks/gpu_session.sh kernels-attention  and its attention, prefill and probe families: each re-measured
+#   bash benchmarks/gpu_session.sh kernels-attention  its decode attention families,
+#   bash benchmarks/gpu_session.sh kernels-prefill    and its prefill, mixed-context and probe families: each re-measured
 #                                             into this GPU's shipped kernel profile -> calibration/profiles/
 #   bash benchmarks/gpu_session.sh validate   the 20-configuration validation matrix of this GPU (about 7 min)
 #                                             -> benchmarks/results/validation/ (H200), validation-h100/ (H100)
@@ -30,8 +31,8 @@
 # ONLY=name,name runs those configurations of a matrix alone; PART=i/n every n-th from the i-th. docs/validating.md
 # says more.
 set -u
-REBUILD=(calibrate kernels-matmul kernels-attention validate unseen:1/2 unseen:2/2 adaptive paper memory bench
-         checkpoint wide)
+REBUILD=(calibrate kernels-matmul kernels-attention kernels-prefill validate unseen:1/2 unseen:2/2 adaptive paper memory
+         bench checkpoint wide)
 phase=${1:-}
 if [ "$phase" = rebuild ]; then
   n=${2:-}
@@ -45,10 +46,10 @@ if [ "$phase" = rebuild ]; then
   [[ $phase == *:* ]] && { export PART=${phase#*:}; phase=${phase%%:*}; }
 fi
 case $phase in
-  calibrate | kernels-matmul | kernels-attention | validate | bench | checkpoint | paper | adaptive | unseen | memory \
-    | wide) ;;
-  *) echo "error: unknown phase '$phase'; phases: calibrate, kernels-matmul, kernels-attention, validate, bench," \
-       "checkpoint, paper, adaptive, unseen, memory, wide, rebuild N" >&2
+  calibrate | kernels-matmul | kernels-attention | kernels-prefill | validate | bench | checkpoint | paper | adaptive \
+    | unseen | memory | wide) ;;
+  *) echo "error: unknown phase '$phase'; phases: calibrate, kernels-matmul, kernels-attention, kernels-prefill," \
+       "validate, bench, checkpoint, paper, adaptive, unseen, memory, wide, rebuild N" >&2
      exit 2 ;;
 esac
 if [ -n "${PART:-}" ] && ! [[ $PART =~ ^([1-9][0-9]*)/([1-9][0-9]*)$ && ${BASH_REMATCH[1]} -le ${BASH_REMATCH[2]} ]]; then
@@ -90,7 +91,8 @@ case $phase in
     done
     ;;
   kernels-matmul) kernels matmul copy,gemm,few_gemm,few_swiglu,elementwise,gemv,glue,adapter,host ;;
-  kernels-attention) kernels attention attention,skew,prefill,probes,mixed_probes,sustained ;;
+  kernels-attention) kernels attention attention ;;
+  kernels-prefill) kernels prefill prefill,skew,probes,mixed_probes,sustained ;;
   validate) matrix 560 validation "validation-$gpu.json" ;;
   bench)
     run 300 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick \

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -347,10 +349,10 @@ def calibrate(
         chosen = tuple(comma_list(families, "--families")) if families else FAMILIES
         bad = [f for f in chosen if f not in FAMILIES]
         require(not bad, f"unknown kernel families {', '.join(bad)}; choose from: {', '.join(FAMILIES)}")
-    with Status("calibrating", console=Console(stderr=True)) as status:
-        profiles = run_calibration(specs, out, quick=quick, device=device, progress=status.update)
+    with calibration_progress() as progress:
+        profiles = run_calibration(specs, out, quick=quick, device=device, progress=progress)
         if kernels is not False:
-            kernel_profile = calibrate_kernels(out, device=device, quick=quick, progress=status.update,
+            kernel_profile = calibrate_kernels(out, device=device, quick=quick, progress=progress,
                                                families=chosen, base=base)
     if kernels is not False:
         emit(summary_rows(kernel_profile), f"{kernel_profile.label()}: kernel tables",
@@ -361,6 +363,27 @@ def calibrate(
             emit(attention_rows(profile), _mixed_context_title(spec.name, profile))
         emit(saturation_rows(profile, spec), f"{spec.name}: core stage and B*(L)",
              caption=f"written to {out / (profile.name + '.json')} and .png")
+
+
+@contextlib.contextmanager
+def calibration_progress(every_s: float = 10.0) -> Iterator[Callable[[str], None]]:
+    """Where a calibration is: a spinner on a terminal; in a log, a timestamped line when the step's kind (its first
+    word) changes, else at most every ``every_s``."""
+    console = Console(stderr=True)
+    if console.is_terminal:
+        with Status("calibrating", console=console) as status:
+            yield status.update
+        return
+    start, last, kind = time.perf_counter(), -every_s, ""
+
+    def line(message: str) -> None:
+        nonlocal last, kind
+        now = time.perf_counter() - start
+        if now - last >= every_s or message.split(" ", 1)[0] != kind:
+            last, kind = now, message.split(" ", 1)[0]
+            console.print(f"[{now:7.1f} s] {message}", markup=False, highlight=False, soft_wrap=True)
+
+    yield line
 
 
 def _update_model_attention(specs: list, update: Path, families: str | None, out: Path, device: str) -> None:
@@ -378,8 +401,8 @@ def _update_model_attention(specs: list, update: Path, families: str | None, out
     profile = load_profile_file(check_file(update, "--update", (".json",)))
     if profile.kind is not ProfileKind.MEASURED:
         raise ConfigError(f"--update {update}: {profile.name} is a {profile.kind} profile, not a measured one")
-    with Status("calibrating", console=Console(stderr=True)) as status:
-        updated = remeasure_attention(specs[0], profile, torch_device(device), progress=status.update)
+    with calibration_progress() as progress:
+        updated = remeasure_attention(specs[0], profile, torch_device(device), progress=progress)
     path = out / update.name
     updated.save(path)
     emit(attention_rows(updated), _mixed_context_title(specs[0].name, updated), caption=f"written to {path}")

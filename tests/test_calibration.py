@@ -327,3 +327,14 @@ def test_the_profile_plot_draws_an_undefined_saturation_batch(tmp_path, monkeypa
     monkeypatch.setattr(fit.LatencyModel, "saturation_batch", lambda self, context: bstar)
     path = fit.plot_profile(resolve_profile("h200-ouro-1.4b", arch), arch, tmp_path / "p.png")
     assert path.stat().st_size > 0
+
+
+def test_a_calibration_logged_to_a_file_prints_each_new_step_and_few_repeats(capsys) -> None:
+    """Off a terminal (a GPU session's log) progress is a line per change of step, not one per point."""
+    from commands.gpu import calibration_progress
+
+    with calibration_progress(every_s=60.0) as progress:
+        for message in ("gemm m=1", "gemm m=2", "gemm m=4", "decode_attention rows=1", "decode_attention rows=2"):
+            progress(message)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("] ", 1)[1] for line in lines] == ["gemm m=1", "decode_attention rows=1"]

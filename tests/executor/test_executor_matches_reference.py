@@ -149,3 +149,17 @@ def test_fused_attention_on_multi_row_launches_matches_reference(style: str) -> 
     run = execute(arch, config, requests, kv_blocks=64, model=model, keep_logits=True)
     assert run.log.launches["size"].max() > 1  # multi-row decode launches took the fused path
     assert_matches_reference(run, model, arch, config, requests)
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_heads_sized_apart_from_hidden_match_reference(style: str) -> None:
+    """Attention wider than the model (4 heads of 32 on a 64-wide layer, one KV head), as Gemma sizes its heads."""
+    from dataclasses import replace
+
+    tiny = tiny_arch(style)
+    arch = replace(tiny, layer=replace(tiny.layer, head_dim=32, kv_heads=1))
+    model = tiny_model(arch)
+    requests = tiny_requests(seed=5)
+    config = ServeConfig(policy="refill", width=4, coda_batch=1, prefill_budget=32, timing="sync", layout="depth")
+    run = execute(arch, config, requests, kv_blocks=64, model=model, keep_logits=True)
+    assert_matches_reference(run, model, arch, config, requests)

@@ -28,8 +28,9 @@
 #   bash benchmarks/gpu_session.sh rebuild N  call N of the rebuild: everything above, in the order that makes later
 #                                             calls use the profiles earlier ones measured (no N: the list)
 # Everything a phase writes goes to $OUT/session-<phase>.tgz; copy the files the docs cite into the folder named.
-# ONLY=name,name runs those configurations of a matrix alone; PART=i/n every n-th from the i-th. docs/validating.md
-# says more.
+# ONLY=name,name runs those configurations of a matrix alone; PART=i/n every n-th from the i-th; HEAD_DIMS=64,80 a
+# kernels phase's attention families at those head sizes (a phase too long for one call, in parts; commit the profile
+# between them). docs/validating.md says more.
 set -u
 REBUILD=(calibrate kernels-matmul kernels-attention kernels-prefill validate unseen:1/2 unseen:2/2 adaptive paper memory
          bench checkpoint wide)
@@ -81,7 +82,7 @@ i, n = map(int, sys.argv[2].split('/')); print(','.join(e.name for e in load_mat
 }
 kernels() {  # kernels NAME FAMILIES: those families re-measured into this GPU's shipped kernel profile
   run 580 "calibrate-$1" python3 cli.py calibrate --kernels --update "calibration/profiles/$gpu-kernels.json" \
-    --families "$2" --out "$work/profiles"
+    --families "$2" ${HEAD_DIMS:+--head-dims "$HEAD_DIMS"} --out "$work/profiles"
 }
 case $phase in
   calibrate)

@@ -10,7 +10,7 @@ import datetime as dt
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -189,15 +189,22 @@ FAMILIES = ("copy", "gemm", "few_gemm", "few_swiglu", "elementwise", "gemv", "at
             "adapter", "probes", "mixed_probes", "sustained", "host")
 
 
+HEAD_DIM_COLUMN = {"rope_kv": 2, "decode_attention": 2, "chained_attention": 2, "prefill_attention": 5}
+
+
 def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan: KernelPlan | None = None,
                       progress: Callable[[str], None] = lambda _: None, name: str | None = None,
-                      families: tuple[str, ...] = FAMILIES, base: Profile | None = None) -> Profile:
+                      families: tuple[str, ...] = FAMILIES, base: Profile | None = None,
+                      head_dims: tuple[int, ...] | None = None) -> Profile:
     """Measure every family (or ``families`` on top of ``base``'s record), fit gaps and attention widths and write
-    the kernel profile (``<device>-kernels.json``), saved after each family."""
+    the kernel profile (``<device>-kernels.json``), saved after each family. ``head_dims``: the attention families
+    at those head sizes only, ``base``'s rows of the others kept (a family too long for one sitting, in parts)."""
     from calibration.run import torch_device
 
     dev = torch_device(device)
     plan = plan or (KernelPlan.quick() if quick else KernelPlan())
+    if head_dims is not None:
+        plan = replace(plan, head_dims=head_dims)
     chain = ChainTimer(dev, plan)
     info, versions = environment(dev)
     build = current_build(dev).to_dict()  # an --update records the build of its latest measurement
@@ -237,6 +244,15 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
         save()
 
     tables = record["tables"]
+
+    def with_other_heads(table: str, rows: list[list[float]], keep: Callable[[list[float]], bool] = bool
+                         ) -> list[list[float]]:
+        """``rows`` just measured, after the record's rows of ``table`` (those ``keep`` holds) at other head sizes."""
+        if head_dims is None:
+            return rows
+        column = HEAD_DIM_COLUMN[table]
+        return [r for r in tables.get(table, []) if r[column] not in head_dims and keep(r)] + rows
+
     family("copy", lambda: record.update(copy_bandwidth=copy_bandwidth(dev)))
     family("gemm", lambda: tables.update(gemm=measure_gemm(plan, chain, progress)))
     family("few_gemm", lambda: tables.update(few_gemm=measure_few_gemm(plan, chain, progress)),
@@ -247,19 +263,27 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
            chained_rows={"rows": CHAINED_ROWS, "hidden": CHAINED_MAX_HIDDEN})
 
     def attention() -> None:
-        measured = {k: v for k, v in measure_attention(plan, chain, progress).items() if v}
+        measured = {k: with_other_heads(k, v) for k, v in measure_attention(plan, chain, progress).items() if v}
         if "rope_kv" in measured:  # the prefill family's rows beyond the decode grid stay (an --update of this one)
             beyond = [row for row in tables.get("rope_kv", []) if row[0] > plan.decode_units]
             measured["rope_kv"] = merge_prefill_rope(measured["rope_kv"], beyond, plan.decode_units)
         tables.update(measured)
 
     family("attention", attention)
-    family("skew", lambda: record.update(attention_record(
-        measure_skew(plan, chain, tables["decode_attention"], progress), plan.skew_heads)))
+    def skew() -> None:
+        fits = attention_record(measure_skew(plan, chain, tables["decode_attention"], progress), plan.skew_heads)
+        if head_dims is not None:  # per head size: the other sizes' fits stay
+            fits = {key: {**record.get(key, {}), **value} if isinstance(value, dict) and key != "attention_layout"
+                    else value for key, value in fits.items()}
+        record.update(fits)
+
+    family("skew", skew)
+
     def prefill() -> None:
         attention_rows, rope = measure_prefill_attention(plan, chain, progress)
-        tables["prefill_attention"] = attention_rows
-        tables["rope_kv"] = merge_prefill_rope(tables.get("rope_kv", []), rope, plan.decode_units)
+        tables["prefill_attention"] = with_other_heads("prefill_attention", attention_rows)
+        beyond = with_other_heads("rope_kv", rope, keep=lambda r: r[0] > plan.decode_units)
+        tables["rope_kv"] = merge_prefill_rope(tables.get("rope_kv", []), beyond, plan.decode_units)
 
     family("prefill", prefill)
     family("glue", lambda: tables.update(measure_glue(plan, chain, progress)))

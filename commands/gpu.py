@@ -299,6 +299,9 @@ def calibrate(
                          "mixed-context core steps (family skew) into this --arch model's profile.")] = None,
     families: Annotated[str | None, typer.Option(
         "--families", help="Kernel-level: comma-separated families to measure (default: all).")] = None,
+    head_dims: Annotated[str | None, typer.Option(
+        "--head-dims", help="With --update of a kernel profile: measure the attention families at these head "
+                            "sizes only (comma-separated), keeping its rows of the others.")] = None,
     launch_gap: Annotated[Path | None, typer.Option(
         "--launch-gap", help="With --refit: set the device's launch gap to the mean back-to-back gap over these "
                              "saved executor runs (a directory or .tgz, as validate --out saves them).")] = None,
@@ -339,6 +342,8 @@ def calibrate(
         kernels = False
     else:
         specs = [] if kernels else [load_arch(name) for name in comma_list(arch, "--arch")]
+    require(head_dims is None or kernels is not False,
+            "--head-dims chooses head sizes of the kernel-level profile; drop --no-kernels")
     if kernels is False and update is not None:
         _update_model_attention(specs, update, families, out, device)
         return
@@ -349,11 +354,12 @@ def calibrate(
         chosen = tuple(comma_list(families, "--families")) if families else FAMILIES
         bad = [f for f in chosen if f not in FAMILIES]
         require(not bad, f"unknown kernel families {', '.join(bad)}; choose from: {', '.join(FAMILIES)}")
+        sizes = _head_dims(head_dims, update) if head_dims is not None else None
     with calibration_progress() as progress:
         profiles = run_calibration(specs, out, quick=quick, device=device, progress=progress)
         if kernels is not False:
             kernel_profile = calibrate_kernels(out, device=device, quick=quick, progress=progress,
-                                               families=chosen, base=base)
+                                               families=chosen, base=base, head_dims=sizes)
     if kernels is not False:
         emit(summary_rows(kernel_profile), f"{kernel_profile.label()}: kernel tables",
              caption=f"written to {out / (kernel_profile.name + '.json')}")
@@ -363,6 +369,16 @@ def calibrate(
             emit(attention_rows(profile), _mixed_context_title(spec.name, profile))
         emit(saturation_rows(profile, spec), f"{spec.name}: core stage and B*(L)",
              caption=f"written to {out / (profile.name + '.json')} and .png")
+
+
+def _head_dims(text: str, update: Path | None) -> tuple[int, ...]:
+    """``--head-dims``: even positive sizes, re-measured into an existing profile (``--update``)."""
+    sizes = comma_list(text, "--head-dims")
+    bad = [item for item in sizes if not (item.isdigit() and int(item) > 0 and int(item) % 2 == 0)]
+    if bad:
+        raise ConfigError(f"--head-dims: {bad[0]!r} is not an even positive head size")
+    require(update is not None, "--head-dims re-measures some head sizes into a kernel profile; give --update")
+    return tuple(sorted({int(item) for item in sizes}))
 
 
 @contextlib.contextmanager

@@ -195,6 +195,29 @@ def test_a_group_wider_than_the_decode_grids_heads_is_measured_on_as_many_heads(
                for row in tables[name])
 
 
+def test_attention_families_measured_in_parts_by_head_size_equal_one_sitting(tmp_path) -> None:
+    """``--head-dims``: each part replaces its own head sizes' rows and fits and keeps the rest, so two parts leave
+    the rows (and fitted widths) one run measures."""
+    from calibration.kernels import KernelPlan, calibrate_kernels
+
+    plan = KernelPlan(attention_rows=(1, 2, 4), attention_lengths=(32, 128), head_dims=(64, 80), groups=(1,),
+                      chained_heads=(), max_positions=4096, prefill_tokens=(16, 128), prefill_chunks=(1,),
+                      prefill_prefix=(0,), prefill_heads=(8,), prefill_groups=(1,), skew_heads=8, skew_groups=(1,),
+                      skew_points=((4, 32, 128, 1),), spread_points=(), repeats=2, warmup=1)
+    families = ("attention", "prefill", "skew")
+    whole = calibrate_kernels(tmp_path / "whole", device="cpu", plan=plan, families=families).kernels
+    first = calibrate_kernels(tmp_path / "a", device="cpu", plan=plan, families=families, base=None, head_dims=(64,))
+    both = calibrate_kernels(tmp_path / "b", device="cpu", plan=plan, families=families, base=first,
+                             head_dims=(80,)).kernels
+    for table, column in (("rope_kv", 2), ("decode_attention", 2), ("prefill_attention", 5)):
+        shape = sorted(tuple(row[:-1]) for row in whole["tables"][table])
+        assert sorted(tuple(row[:-1]) for row in both["tables"][table]) == shape, table
+        assert {row[column] for row in both["tables"][table]} == {64, 80}
+    assert set(both["attention_points"]) == set(whole["attention_points"]) == {"64", "80"}
+    kept = [row for row in both["tables"]["decode_attention"] if row[2] == 64]
+    assert kept == [row for row in first.kernels["tables"]["decode_attention"] if row[2] == 64]
+
+
 def test_skew_family_fits_the_attention_width_on_its_own_head_layout_and_refits_alike(tmp_path) -> None:
     """The mixed-context points run on the plan's skew layout (heads, group), against the uniform table at
     that layout; refitting a record from its points gives the same width and sharpness."""

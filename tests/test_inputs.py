@@ -199,6 +199,11 @@ BAD = [
     ("capacity --tpot-ms 50 --policies ,", "--policies: no names in ','"),
     ("calibrate --arch , --no-kernels --device cpu --out c", "--arch: no names in ','"),
     ("calibrate --families , --kernels --device cpu --out c", "--families: no names in ','"),
+    ("calibrate --head-dims 64,63 --kernels --device cpu --out c", "--head-dims: '63' is not an even positive head"),
+    ("calibrate --head-dims 64 --kernels --device cpu --out c", "--head-dims re-measures some head sizes into a kernel"
+                                                                " profile; give --update"),
+    ("calibrate --head-dims 64 --no-kernels --device cpu --out c", "--head-dims chooses head sizes of the "
+                                                                   "kernel-level profile; drop --no-kernels"),
     ("calibrate --device tpu --no-kernels --out c", "unknown device 'tpu'; choose one of: cpu, cuda"),
     ("validate --only a --out v", "--only picks configurations of a --matrix file"),
     ("validate --matrix IN/matrix.json --rate-of-capacity 0.5 --out v", "--rate-of-capacity sets the configuration"),

@@ -222,7 +222,8 @@ def check_prefill_attention(device: str = "cpu", dtype: torch.dtype = torch.floa
               Chunk(5, 1, blocks[7:8], 200, True)]
     layout = PrefillLayout(96, 4, 6)
     packed = torch.from_numpy(pack(layout, chunks, 999, geo.trash_block, geo.block_size)).to(device)
-    cases = [*itertools.product((24, 48), ((BLOCK_M, None), (16, pre.PrefillTiles(16, 1, 1)))), (80, (BLOCK_M, None)), (256, (BLOCK_M, None))]
+    cases = [*itertools.product((24, 48), ((BLOCK_M, None), (16, pre.PrefillTiles(16, 1, 1)))),
+             (80, (BLOCK_M, None)), (256, (BLOCK_M, None))]
     for d, (block_m, tiles) in cases:
         heads, kv_heads = 4, 2
         gen = torch.Generator(device=device).manual_seed(d)

@@ -245,7 +245,7 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
 
     tables = record["tables"]
 
-    def with_other_heads(table: str, rows: list[list[float]], keep: Callable[[list[float]], bool] = bool
+    def with_other_heads(table: str, rows: list[list[float]], keep: Callable[[list[float]], bool] = lambda _: True
                          ) -> list[list[float]]:
         """``rows`` just measured, after the record's rows of ``table`` (those ``keep`` holds) at other head sizes."""
         if head_dims is None:
@@ -270,11 +270,12 @@ def calibrate_kernels(out: Path, device: str = "cuda", quick: bool = False, plan
         tables.update(measured)
 
     family("attention", attention)
+
     def skew() -> None:
         fits = attention_record(measure_skew(plan, chain, tables["decode_attention"], progress), plan.skew_heads)
-        if head_dims is not None:  # per head size: the other sizes' fits stay
-            fits = {key: {**record.get(key, {}), **value} if isinstance(value, dict) and key != "attention_layout"
-                    else value for key, value in fits.items()}
+        if head_dims is not None:  # keyed by head size: the other sizes' fits stay
+            for key in ("attention_slots", "attention_sharpness", "attention_points"):
+                fits[key] = {**record.get(key, {}), **fits[key]}
         record.update(fits)
 
     family("skew", skew)

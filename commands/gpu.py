@@ -394,9 +394,9 @@ def calibration_progress(every_s: float = 10.0) -> Iterator[Callable[[str], None
 
     def line(message: str) -> None:
         nonlocal last, kind
-        now = time.perf_counter() - start
-        if now - last >= every_s or message.split(" ", 1)[0] != kind:
-            last, kind = now, message.split(" ", 1)[0]
+        now, step = time.perf_counter() - start, message.split(" ", 1)[0]
+        if now - last >= every_s or step != kind:
+            last, kind = now, step
             console.print(f"[{now:7.1f} s] {message}", markup=False, highlight=False, soft_wrap=True)
 
     yield line

@@ -64,6 +64,8 @@ def validation() -> str:
         validation_row("H200 (its own)", "validation", f"{MAX_MEDIAN:g}% / {MAX_WORST:g}%; 10%"),
         validation_row("H100 80GB (its own)", "validation-h100", "1% / 3%"),
         validation_row("H100 80GB (the H200's, `--profile h200`)", "validation-h100/from-h200", "5% / 10%"),
+        validation_row("H100 80GB (its kernels, `--profile h100-kernels`)", "validation-h100/from-h100-kernels",
+                       "1.5% / 4%"),
         validation_row("H100 80GB (the H200's kernels, `--profile h200-kernels`)", "validation-h100/from-h200-kernels",
                        ""),
         validation_row("H200, Huginn per-step launches (`paper-huginn-h200.json`)", "paper/gpu", ""),
@@ -80,6 +82,58 @@ def unseen() -> str:
          f"{pct(e['offline tok/s |error| median %'], 1)} / {pct(e['offline tok/s |error| worst %'], 1)}", "3% / 6%"],
         [f"{online} online runs: normalized latency p50 worst", pct(e["online norm p50 |error| worst %"], 1), "8%"]])
 
+
+
+def unseen_h100() -> str:
+    """The grid's new shapes on the H100 from its kernel profile alone, per shape, signed (predicted against
+    measured): offline throughput, and the time of the decode-step stage (core, or decode under CB) over all its
+    launches and of the online runs' normalized latency p50 (+: predicted slower)."""
+    folder = RESULTS / "unseen-h100"
+    summary = pd.concat([pd.read_csv(part / "summary.csv") for part in sorted(folder.glob("part*"))])
+    stages = pd.concat([pd.read_csv(part / "stages.csv") for part in sorted(folder.glob("part*"))])
+    steps = stages[stages["stage"].isin(["core", "decode"]) & (stages["batch"] == "all")].set_index("config")
+    shape = summary["config"].str.replace(r"-(alpaca|sharegpt)-.*", "", regex=True)
+    rows = []
+    for name, runs in summary.groupby(shape, sort=False):
+        offline = runs[runs["norm p50 error %"].isna()]
+        online = runs["norm p50 error %"].dropna()
+        step = 100 * steps.loc[runs["config"], "error"]
+        rows.append([name, ARCH_NOTES.get(name, ""), len(offline),
+                     f"{offline['tok/s error %'].min():+.1f}% to {offline['tok/s error %'].max():+.1f}%",
+                     f"{step.min():+.1f}% to {step.max():+.1f}%",
+                     " / ".join(f"{v:+.1f}%" for v in online)])
+    return markdown(["shape (H100, `h100-kernels`)", "hidden, GQA, head size, vocab", "offline runs",
+                     "offline tok/s", "decode-step time", "online norm. p50"],
+                    rows)
+
+
+ARCH_NOTES = {"ouro-1024": "1,024, 16:1, 64, 152k", "huginn-1792": "1,792, 7:1, 128, 262k",
+              "ouro-2560-d80": "2,560, 4:1, 80, 50k", "huginn-3072-d256": "3,072, 4:1, 256, 256k"}
+
+
+def composed_layers() -> str:
+    """One decode layer of each calibrated model on the H100 at 128 positions: measured (the model profile's layer
+    points: a two-layer core step less a one-layer one) against composed from the kernel profile's tables."""
+    from cdbsim.latency.kernels import KernelModel
+    from cdbsim.latency.shipped import shipped_profiles
+    from cdbsim.model.arch import PRESETS
+
+    profiles = shipped_profiles()
+    kernels = KernelModel(profiles["h100-kernels"].kernels)
+    models = ("ouro-1.4b", "huginn-3.5b")
+    measured = {}
+    for model in models:
+        layer = next(fit for name, fit in profiles[f"h100-{model}"].components.items() if name.startswith("layer/"))
+        measured[model] = {int(rows): t for rows, context, t in layer.points if context == 128 * rows}
+    rows = []
+    for batch in (1, 2, 4, 8, 16, 32, 64):
+        cells = []
+        for model in models:
+            t, composed = measured[model][batch], kernels.layer(PRESETS[model], batch, 128.0)
+            cells.append(f"{1e6 * t:.1f} / {1e6 * composed:.1f} ({100 * (composed / t - 1):+.0f}%)")
+        rows.append([batch, *cells])
+    return markdown(["rows", "Ouro-1.4B layer, µs: measured / composed", "Huginn-3.5B layer, µs: measured / composed"],
+                    rows)
 
 
 def paper() -> str:
@@ -315,7 +369,8 @@ def memory() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {
-    "validation": validation, "unseen": unseen, "paper": paper, "paper-h100": paper_h100,
+    "validation": validation, "unseen": unseen, "unseen-h100": unseen_h100,
+    "composed-layers": composed_layers, "paper": paper, "paper-h100": paper_h100,
     "adaptive-grid": adaptive_grid, "adaptive-gpu": adaptive_gpu, "executor-targets": executor_targets,
     "sim-speed": sim_speed, "sweep-speed": sweep_speed, "codesign-best": codesign_best,
     "codesign-limits": codesign_limits, "codesign-kernels": codesign_kernels, "memory": memory,

@@ -338,3 +338,41 @@ def test_a_profile_chains_two_rows_only_if_it_measured_them() -> None:
     one = new.time("gemv", GEMV_OPS["gemv"], 1, s.hidden, s.intermediate)
     assert new.time("gemv", GEMV_OPS["gemv"], 2, s.hidden, s.intermediate) == pytest.approx(3 * one)
     assert old.time("gemv", GEMV_OPS["gemv"], 1, s.hidden, s.intermediate) == pytest.approx(one)
+
+
+def design_box() -> list[ArchSpec]:
+    """The corners of the shapes people build: width 1,024 and 8,192, every head size of the grid, both layer
+    styles, MHA with a 32k vocabulary and GQA 16:1 with a 262k one, MLP at 4x."""
+    shapes = []
+    for hidden, d, style in itertools.product((1024, 8192), (64, 80, 96, 128, 256), LayerStyle):
+        heads = min(max(hidden // d, 8), 64)
+        for group, vocab in ((1, 32000), (min(16, heads), 262144)):
+            layer = LayerShape(hidden=hidden, intermediate=4 * hidden, heads=heads, kv_heads=heads // group,
+                               head_dim=d, style=style)
+            shapes.append(ArchSpec(name=f"box-{hidden}-d{d}-g{group}-{style}", layer=layer, vocab=vocab, prelude=1,
+                                   core=4, coda=1, r_max=4))
+    return shapes
+
+
+@pytest.mark.parametrize("name", ["h100-kernels"])
+def test_the_shipped_kernel_grid_holds_every_shape_of_the_design_box(name: str) -> None:
+    """No corner of the design box is composed from outside the measured grid (no carrying by roofline)."""
+    from cdbsim.latency.kernels import compose_profile
+
+    profile = shipped_profiles()[name]
+    outside = {arch.name: warnings for arch in design_box() if (warnings := compose_profile(profile, arch)[1])}
+    assert not outside, f"{len(outside)} of {len(design_box())} shapes outside: {next(iter(outside.values()))}"
+
+
+
+def test_the_design_box_check_fails_on_a_grid_without_the_widest_heads() -> None:
+    """The check above is not vacuous: with the head size 256 rows taken out of the grid, those shapes are outside."""
+    from cdbsim.latency.kernels import TABLE_DIMS, compose_profile
+
+    profile = shipped_profiles()["h100-kernels"]
+    tables = {name: [row for row in rows if "head_dim" not in TABLE_DIMS[name]
+                     or row[TABLE_DIMS[name].index("head_dim")] < 256]
+              for name, rows in profile.kernels["tables"].items()}
+    narrower = replace(profile, kernels={**profile.kernels, "tables": tables})
+    outside = {arch.name for arch in design_box() if compose_profile(narrower, arch)[1]}
+    assert outside == {arch.name for arch in design_box() if arch.layer.head_dim == 256}

@@ -2,10 +2,12 @@
 # The GPU measurements the README and docs/results.md quote, one phase per call of at most ten minutes (H200):
 #   bash benchmarks/gpu_session.sh calibrate  GPU tests, the three shipped models' profiles (about 8 min)
 #                                             -> calibration/profiles/
-#   bash benchmarks/gpu_session.sh kernels-matmul     the kernel-level profile's matmul, norm, glue and host families,
-#   bash benchmarks/gpu_session.sh kernels-attention  its decode attention families,
-#   bash benchmarks/gpu_session.sh kernels-prefill    and its prefill, mixed-context and probe families: each re-measured
-#                                             into this GPU's shipped kernel profile -> calibration/profiles/
+#   bash benchmarks/gpu_session.sh kernels-matmul     the kernel-level profile's GEMM and norm families,
+#   bash benchmarks/gpu_session.sh kernels-gemv       its one- and few-row matmul, glue and host families,
+#   bash benchmarks/gpu_session.sh kernels-attention  its decode attention, mixed-context and probe families,
+#   bash benchmarks/gpu_session.sh kernels-prefill    and its prefill and power-limit families: each re-measured into
+#                                             this GPU's shipped kernel profile (H100: 3-5 min each)
+#                                             -> calibration/profiles/
 #   bash benchmarks/gpu_session.sh validate   the 20-configuration validation matrix of this GPU (about 7 min)
 #                                             -> benchmarks/results/validation/ (H200), validation-h100/ (H100)
 #   bash benchmarks/gpu_session.sh bench      the executor table and refill at K = 1 without exits (about 7 min)
@@ -34,7 +36,7 @@
 # kernels phase's attention families at those head sizes (a phase too long for one call, in parts; commit the profile
 # between them). docs/validating.md says more.
 set -u
-REBUILD=(calibrate kernels-matmul kernels-attention kernels-prefill validate unseen:1/2 unseen:2/2 adaptive paper memory
+REBUILD=(calibrate kernels-matmul kernels-gemv kernels-attention kernels-prefill validate unseen:1/2 unseen:2/2 adaptive paper memory
          bench checkpoint wide)
 phase=${1:-}
 if [ "$phase" = rebuild ]; then
@@ -49,10 +51,11 @@ if [ "$phase" = rebuild ]; then
   [[ $phase == *:* ]] && { export PART=${phase#*:}; phase=${phase%%:*}; }
 fi
 case $phase in
-  calibrate | kernels-matmul | kernels-attention | kernels-prefill | validate | bench | checkpoint | paper | adaptive \
+  calibrate | kernels-matmul | kernels-gemv | kernels-attention | kernels-prefill | validate | bench | checkpoint \
+    | paper | adaptive \
     | unseen | memory | wide | layers) ;;
-  *) echo "error: unknown phase '$phase'; phases: calibrate, kernels-matmul, kernels-attention, kernels-prefill," \
-       "validate, bench, checkpoint, paper, adaptive, unseen, memory, wide, layers, rebuild N" >&2
+  *) echo "error: unknown phase '$phase'; phases: calibrate, kernels-matmul, kernels-gemv, kernels-attention," \
+       "kernels-prefill, validate, bench, checkpoint, paper, adaptive, unseen, memory, wide, layers, rebuild N" >&2
      exit 2 ;;
 esac
 if [ -n "${PART:-}" ] && ! [[ $PART =~ ^([1-9][0-9]*)/([1-9][0-9]*)$ && ${BASH_REMATCH[1]} -le ${BASH_REMATCH[2]} ]]; then
@@ -93,9 +96,10 @@ case $phase in
       run 150 "calibrate-$model" python3 cli.py calibrate --arch "$model" --no-kernels --out "$work/profiles"
     done
     ;;
-  kernels-matmul) kernels matmul copy,gemm,few_gemm,few_swiglu,elementwise,gemv,glue,adapter,host ;;
-  kernels-attention) kernels attention attention ;;
-  kernels-prefill) kernels prefill prefill,skew,probes,mixed_probes,sustained ;;
+  kernels-matmul) kernels matmul copy,gemm,few_gemm,elementwise,adapter ;;
+  kernels-gemv) kernels gemv few_swiglu,gemv,glue,host ;;
+  kernels-attention) kernels attention attention,skew,probes,mixed_probes ;;
+  kernels-prefill) kernels prefill prefill,sustained ;;
   validate) matrix 560 validation "validation-$gpu.json" ;;
   bench)
     run 300 bench-stages python3 benchmarks/bench_executor.py --models ouro-1.4b huginn-3.5b --quick \

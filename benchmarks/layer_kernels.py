@@ -142,14 +142,22 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             raise ConfigError("layer_kernels.py profiles CUDA graphs: it needs a CUDA GPU")
         from cdbsim.latency.devices import device_tag
+        from cdbsim.latency.shipped import shipped_profiles
 
         profile = args.profile or f"{device_tag(torch.cuda.get_device_name(0))}-kernels"
+        kernel_profiles = [name for name, p in shipped_profiles().items() if p.kernels]
+        if profile not in kernel_profiles:
+            raise ConfigError(f"no kernel profile {profile!r}; give --profile, one of: {', '.join(kernel_profiles)}")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     rows: list[dict] = []
     for arch in archs:
-        rows += measure(arch, args.rows, args.context, args.layers, profile)
+        try:
+            rows += measure(arch, args.rows, args.context, args.layers, profile)
+        except ValueError as exc:  # the profiler's kernels did not form whole replays of whole layers
+            print(f"error: {arch.name}: {exc}", file=sys.stderr)
+            return 1
         pd.DataFrame(rows).to_csv(args.out, index=False)
     frame = pd.DataFrame(rows)
     summary = frame[~frame["what"].str.endswith("kernel")].pivot_table(index=["shape", "rows"], columns="what",

@@ -43,3 +43,11 @@ def test_bad_settings_get_one_line_errors(capsys) -> None:
     assert "unknown architecture" in capsys.readouterr().err
     assert main(["--arch", "ouro-1.4b", "--layers", "2", "--out", "x.csv"]) == 2
     assert "--layers must be at least 3" in capsys.readouterr().err
+
+
+def test_without_a_gpu_it_says_so_in_one_line(capsys) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: tests/executor/test_executor_gpu.py runs it")
+    assert main(["--arch", "ouro-1.4b", "--out", "x.csv"]) == 2
+    assert capsys.readouterr().err.strip() == "error: layer_kernels.py profiles CUDA graphs: it needs a CUDA GPU"

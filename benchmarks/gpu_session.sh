@@ -27,8 +27,6 @@
 #                                             the executor's peak memory on every configuration of this GPU's
 #                                             validation matrix (about 6 min) -> benchmarks/results/memory/
 #   bash benchmarks/gpu_session.sh wide       Huginn-3.5B at W = 256, CB and refill (about 6 min) -> not in a table
-#   bash benchmarks/gpu_session.sh layers     one decode layer of narrow and wide shapes, kernel by kernel inside the
-#                                             served graph, against the kernel profile's composition -> not in a table
 #   bash benchmarks/gpu_session.sh rebuild N  call N of the rebuild: everything above, in the order that makes later
 #                                             calls use the profiles earlier ones measured (no N: the list)
 # Everything a phase writes goes to $OUT/session-<phase>.tgz; copy the files the docs cite into the folder named.
@@ -53,9 +51,9 @@ fi
 case $phase in
   calibrate | kernels-matmul | kernels-gemv | kernels-attention | kernels-prefill | validate | bench | checkpoint \
     | paper | adaptive \
-    | unseen | memory | wide | layers) ;;
+    | unseen | memory | wide) ;;
   *) echo "error: unknown phase '$phase'; phases: calibrate, kernels-matmul, kernels-gemv, kernels-attention," \
-       "kernels-prefill, validate, bench, checkpoint, paper, adaptive, unseen, memory, wide, layers, rebuild N" >&2
+       "kernels-prefill, validate, bench, checkpoint, paper, adaptive, unseen, memory, wide, rebuild N" >&2
      exit 2 ;;
 esac
 if [ -n "${PART:-}" ] && ! [[ $PART =~ ^([1-9][0-9]*)/([1-9][0-9]*)$ && ${BASH_REMATCH[1]} -le ${BASH_REMATCH[2]} ]]; then
@@ -116,11 +114,6 @@ case $phase in
   adaptive) matrix 560 adaptive adaptive-h200.json ;;
   unseen) matrix 560 unseen unseen-h200.json ;;
   wide) matrix 560 wide wide-huginn-h200.json ;;
-  layers)
-    run 300 layer-kernels python3 benchmarks/layer_kernels.py --arch ouro-1.4b,huginn-3.5b,$(printf \
-      'calibration/archs/unseen-%s.json,' ouro-1024 huginn-1792 ouro-2560-d80 huginn-3072-d256 | sed 's/,$//') \
-      --out "$work/layer-kernels.csv"
-    ;;
   memory)
     run 380 memory python3 benchmarks/memory.py measure --matrix "calibration/matrices/validation-$gpu.json" \
       --requests 32 --out "$work/memory-$gpu.csv"

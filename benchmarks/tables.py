@@ -98,7 +98,7 @@ def unseen_h100() -> str:
         offline = runs[runs["norm p50 error %"].isna()]
         online = runs["norm p50 error %"].dropna()
         step = 100 * steps.loc[runs["config"], "error"]
-        rows.append([name, ARCH_NOTES.get(name, ""), len(offline),
+        rows.append([name, shape_facts(f"unseen-{name}"), len(offline),
                      f"{offline['tok/s error %'].min():+.1f}% to {offline['tok/s error %'].max():+.1f}%",
                      f"{step.min():+.1f}% to {step.max():+.1f}%",
                      " / ".join(f"{v:+.1f}%" for v in online)])
@@ -107,8 +107,13 @@ def unseen_h100() -> str:
                     rows)
 
 
-ARCH_NOTES = {"ouro-1024": "1,024, 16:1, 64, 152k", "huginn-1792": "1,792, 7:1, 128, 262k",
-              "ouro-2560-d80": "2,560, 4:1, 80, 50k", "huginn-3072-d256": "3,072, 4:1, 256, 256k"}
+def shape_facts(name: str) -> str:
+    """Hidden, GQA, head size and vocabulary of ``calibration/archs/NAME.json``."""
+    from cdbsim.model.arch import load_arch
+
+    arch = load_arch(str(ROOT / "calibration" / "archs" / f"{name}.json"))
+    s = arch.layer
+    return f"{s.hidden:,}, {s.heads // s.kv_heads}:1, {s.head_dim}, {arch.vocab / 1000:.0f}k"
 
 
 def composed_layers() -> str:

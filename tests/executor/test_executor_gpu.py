@@ -114,18 +114,3 @@ def test_calibration_timer_keeps_the_host_out_of_a_replay() -> None:
     assert Timer(device, 5, 1, spin_s=0.0)(slow_launch) > 1.5e-3
     assert Timer(device, 5, 1, spin_s=5e-3)(slow_launch) < 0.5e-3
 
-
-def test_layer_kernels_reads_a_served_layer_from_the_profiler(tmp_path) -> None:
-    """benchmarks/layer_kernels.py on the GPU: the profiler sees the graph's kernels, so a layer has a period and
-    kernel times of the size the kernel profile composes (within 2x)."""
-    import pandas as pd
-
-    from benchmarks.layer_kernels import main
-
-    out = tmp_path / "layers.csv"
-    assert main(["--arch", "ouro-1.4b", "--rows", "1", "8", "--layers", "4", "--out", str(out)]) == 0
-    frame = pd.read_csv(out).set_index(["rows", "what"])
-    for rows in (1, 8):
-        composed = frame.loc[(rows, "composed with gap"), "us"]
-        for what in ("measured period", "measured kernels"):
-            assert 0.5 * composed < frame.loc[(rows, what), "us"] < 2 * composed

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-import statistics
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +16,7 @@ from cdbsim.errors import ConfigError, require
 from cdbsim.latency.gpu_work import equivalent_length, least_splits, padded_mean
 from cdbsim.latency.interp import Surface
 from cdbsim.latency.kernel_table import KernelTable
-from cdbsim.latency.kernels import MANY_KERNELS, PROBE_SHAPES, KernelModel
+from cdbsim.latency.kernels import EARLY_LAUNCH_PATHS, MANY_KERNELS, PROBE_SHAPES, KernelModel
 from cdbsim.latency.model import LatencyModel
 from cdbsim.latency.power import fit_replays
 from cdbsim.latency.profile import Fit, Profile, ProfileKind, fit_points
@@ -198,32 +197,25 @@ HUBER_SCALE_S = 2e-6  # residuals beyond this count linearly: a probe layer whos
 
 
 def fit_gaps(record: dict, probes: tuple[LayerShape, ...] = PROBE_SHAPES) -> dict:
-    """What whole probe layers take beyond their kernels' tables, per layer style and path: seconds per kernel (median)
-    on the chained path; per kernel (``many``) and a GEMM share (``many_gemm``) by a Huber loss on the many-row path."""
+    """What whole probe layers on the cuBLAS path take beyond their kernels' tables, per layer style: a time per
+    kernel (``many``) and a GEMM share (``many_gemm``), by a Huber loss. Layers on the early-launch paths (chained,
+    few-row) take their kernels' sum (:meth:`KernelModel.layer`), so their probes are not fitted."""
     from scipy.optimize import least_squares
 
     model = KernelModel({**record, "gaps": {}})
-    chained: dict[str, list[float]] = {}
     many: list[tuple[float, float]] = []
     for index, rows, length, t in record["probes"]:
-        shape = probes[int(index)]
-        kernels, path = model.layer_kernels(probe_arch(shape), int(rows), float(length))
-        total = sum(seconds for _, seconds in kernels)
-        if path == "chained":
-            chained.setdefault(shape.style.value, []).append((t - total) / len(kernels))
-        else:
-            many.append((sum(seconds for name, seconds in kernels if name == "gemm"), t - total))
+        kernels, path = model.layer_kernels(probe_arch(probes[int(index)]), int(rows), float(length))
+        if path not in EARLY_LAUNCH_PATHS:
+            many.append((sum(seconds for name, seconds in kernels if name == "gemm"),
+                         t - sum(seconds for _, seconds in kernels)))
+    require(len(many) >= 2, "a line needs two probe layers on the cuBLAS path at least")
     gemm, beyond = map(np.array, zip(*many, strict=True))
-    require(len(gemm) >= 2, "a line needs two points at least")
     design = np.column_stack([gemm, np.ones(len(gemm))])
     share, per_layer = least_squares(lambda p: design @ p - beyond, np.zeros(2), loss="huber", f_scale=HUBER_SCALE_S,
                                      x_scale=[1.0, HUBER_SCALE_S]).x.tolist()
-    gaps: dict[str, dict[str, float]] = {}
-    for style in sorted({shape.style.value for shape in probes}):
-        gaps[style] = {"many": per_layer / MANY_KERNELS, "many_gemm": share}
-        if style in chained:
-            gaps[style]["chained"] = statistics.median(chained[style])
-    return gaps
+    return {style: {"many": per_layer / MANY_KERNELS, "many_gemm": share}
+            for style in sorted({shape.style.value for shape in probes})}
 
 
 def fit_components(points: dict[str, list[list[float]]]) -> dict[str, Fit]:

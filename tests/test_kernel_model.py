@@ -119,13 +119,13 @@ def test_auto_picks_the_profiles_of_the_chosen_gpu_and_carries_the_h200s_elsewhe
 
 @pytest.mark.parametrize("name", ["ouro-1.4b", "huginn-3.5b"])
 def test_the_h200_profile_carried_to_the_h100_lands_near_the_h100_measurement(name: str) -> None:
-    """Carried by the H200's kernels, the H200's measured core step comes within 6% of the H100's own."""
+    """Carried by the H200's kernels, the H200's measured core step comes within 7% of the H100's own."""
     arch, h100 = PRESETS[name], device_preset("h100-sxm")
     carried = LatencyModel(arch, resolve_profile(f"h200-{name}", arch, h100))
     measured = LatencyModel(arch, resolve_profile(f"h100-{name}", arch, h100))
     for rows, length in ((1, 128), (8, 512), (64, 512), (32, 2048)):
         launch = decode_launch(Stage.CORE, list(range(rows)), [length - 1] * rows, [[0]] * rows, rows)
-        assert carried.launch_time(launch) == pytest.approx(measured.launch_time(launch), rel=0.06)
+        assert carried.launch_time(launch) == pytest.approx(measured.launch_time(launch), rel=0.07)
 
 
 def test_device_presets_order_memory_bound_decode_by_bandwidth() -> None:
@@ -189,7 +189,25 @@ def test_layer_gaps_recover_a_share_of_the_gemms_and_a_time_per_kernel() -> None
     for style in ("ouro", "huginn"):
         assert gaps[style]["many_gemm"] == pytest.approx(-0.08, abs=1e-3)
         assert gaps[style]["many"] == pytest.approx(0.7e-6, rel=1e-2)
-    assert gaps["ouro"]["chained"] == pytest.approx(1e-7, rel=1e-6)
+        assert set(gaps[style]) == {"many", "many_gemm"}  # the probes on the early-launch paths are not fitted
+
+
+def test_layers_on_the_early_launch_paths_take_their_kernels_sum_and_cublas_layers_add_the_gap() -> None:
+    """Chained and few-row layers (every kernel launched early, as in the chains that timed it) are the sum of their
+    kernels' tables whatever the gaps; a cuBLAS layer adds the gap per kernel and the GEMM share."""
+    from cdbsim.latency.kernels import MANY_KERNELS, KernelModel
+
+    gaps = {style: {"many": 1e-6, "many_gemm": 0.1} for style in ("ouro", "huginn")}
+    model = KernelModel({**kernel_profile().kernels, "gaps": gaps})
+    narrow = ArchSpec(name="n", layer=PRESETS["ouro-1.4b"].layer, vocab=4096, prelude=0, core=1, coda=0, r_max=1)
+    paths = {}
+    for rows in (1, 8, 64):
+        kernels, path = model.layer_kernels(narrow, rows, 512.0)
+        total, gemm = sum(t for _, t in kernels), sum(t for n, t in kernels if n == "gemm")
+        paths[rows] = path
+        expected = total if path in ("chained", "few") else total + 0.1 * gemm + MANY_KERNELS * 1e-6
+        assert model.layer(narrow, rows, 512.0) == pytest.approx(expected)
+    assert paths == {1: "chained", 8: "few", 64: "many"}
 
 
 def test_a_few_probe_layers_far_off_do_not_move_the_gap_fit() -> None:
@@ -238,13 +256,14 @@ def test_the_gemm_share_changes_many_row_layers_only() -> None:
     from cdbsim.latency.kernels import KernelModel
 
     record = kernel_profile().kernels
-    base = KernelModel({**record, "gaps": {"ouro": {"chained": 0.0, "many": 0.0}}})
-    less = KernelModel({**record, "gaps": {"ouro": {"chained": 0.0, "many": 0.0, "many_gemm": -0.1}}})
+    base = KernelModel({**record, "gaps": {"ouro": {"many": 0.0}}})
+    less = KernelModel({**record, "gaps": {"ouro": {"many": 0.0, "many_gemm": -0.1}}})
     arch = SMALL_OURO
-    kernels, path = base.layer_kernels(arch, 8, 512.0)
+    kernels, path = base.layer_kernels(arch, 64, 512.0)
     gemm = sum(t for name, t in kernels if name == "gemm")
-    assert path == "many" and less.layer(arch, 8, 512.0) == pytest.approx(base.layer(arch, 8, 512.0) - 0.1 * gemm)
-    assert less.layer(arch, 1, 512.0) == pytest.approx(base.layer(arch, 1, 512.0))  # the chained path
+    assert path == "many" and less.layer(arch, 64, 512.0) == pytest.approx(base.layer(arch, 64, 512.0) - 0.1 * gemm)
+    for rows in (1, 8):  # the chained and few-row paths
+        assert less.layer(arch, rows, 512.0) == pytest.approx(base.layer(arch, rows, 512.0))
 
 
 def test_refitting_a_kernel_profile_refits_its_gaps_and_keeps_its_tables(tmp_path) -> None:
@@ -302,7 +321,7 @@ def test_a_profile_composes_the_few_row_matmul_only_if_it_measured_it() -> None:
                                         (new, wide, 8, False)):
         kernels, path = model.layer_kernels(arch, rows, 512.0)
         names = [name for name, _ in kernels]
-        assert path == "many" and names.count("gemm") == 4
+        assert path == ("few" if few_path else "many") and names.count("gemm") == 4
         assert ("silu_mul" in names) != few_path, (arch.name, rows)
     halved = sum(t for n, t in new.layer_kernels(narrow, 8, 512.0)[0] if n == "gemm")
     assert halved == pytest.approx(0.5 * sum(t for n, t in old.layer_kernels(narrow, 8, 512.0)[0] if n == "gemm"))
@@ -331,8 +350,8 @@ def test_a_profile_chains_two_rows_only_if_it_measured_them() -> None:
     narrow = ArchSpec(name="n", layer=PRESETS["ouro-1.4b"].layer, vocab=4096, prelude=0, core=1, coda=0, r_max=1)
     old, new = KernelModel(legacy), KernelModel(current)
     assert old.layer_kernels(narrow, 1, 512.0)[1] == new.layer_kernels(narrow, 1, 512.0)[1] == "chained"
-    assert old.layer_kernels(narrow, 2, 512.0)[1] == "many" and new.layer_kernels(narrow, 2, 512.0)[1] == "chained"
-    assert new.layer_kernels(narrow, 4, 512.0)[1] == "many"
+    assert old.layer_kernels(narrow, 2, 512.0)[1] == "few" and new.layer_kernels(narrow, 2, 512.0)[1] == "chained"
+    assert new.layer_kernels(narrow, 4, 512.0)[1] == "few"
     assert new.layer_kernels(PRESETS["huginn-3.5b"], 2, 512.0)[1] == "many"
     s = narrow.layer
     one = new.time("gemv", GEMV_OPS["gemv"], 1, s.hidden, s.intermediate)

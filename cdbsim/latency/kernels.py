@@ -28,6 +28,7 @@ from cdbsim.serving.launch import causal_pairs
 if TYPE_CHECKING:
     from cdbsim.latency.devices import DeviceSpec
 
+EARLY_LAUNCH_PATHS = frozenset({"chained", "few"})  # decode-layer paths whose kernels all launch early (no gap)
 MANY_KERNELS = 9  # kernels of a many-row decode layer: four GEMMs, RoPE/KV write, attention, two norms, SwiGLU
 
 
@@ -145,7 +146,7 @@ class KernelModel:
         self.tables = {name: KernelTable(name, TABLE_DIMS[name], _current(name, points), proxies[name],
                                          exact=frozenset(TABLE_DIMS[name]) & EXACT_DIMS, caps=GROUP_CAPS.get(name, {}))
                        for name, points in self.record["tables"].items()}
-        self.gaps = self.record.get("gaps", {})  # per layer style: {"many": [[rows, s], ...], "chained": s}
+        self.gaps = self.record.get("gaps", {})  # per layer style: {"many": s or [[rows, s], ...], "many_gemm": share}
         self.reach = 1.0           # the farthest any lookup so far went outside the grid
         self.reached: str = ""     # which table and query that was
 
@@ -182,7 +183,8 @@ class KernelModel:
     # ----- components ----------------------------------------------------------------------------
     def layer_kernels(self, arch: ArchSpec, rows: int, length: float) -> tuple[list[tuple[str, float]], str]:
         """The kernels of one decode layer of ``arch`` over ``rows`` padded rows at ``length`` positions, as
-        ``(table, seconds)`` in launch order, and the path (``chained`` or ``many``) whose gap applies."""
+        ``(table, seconds)`` in launch order, and the build's path: ``chained``, ``few`` (the few-row matmul) or
+        ``many`` (cuBLAS)."""
         s = arch.layer
         h, i, d, g = s.hidden, s.intermediate, s.head_dim, s.heads / s.kv_heads
         qkv = (s.heads + 2 * s.kv_heads) * d
@@ -198,7 +200,7 @@ class KernelModel:
         qkv_proj, o_proj, *mlp = self.projections(rows, s)
         return [qkv_proj, ("rope_kv", self.time("rope_kv", units, g, d)),
                 ("decode_attention", self.time("decode_attention", units, g, d, length)), o_proj, norm, norm,
-                *mlp], "many"
+                *mlp], "few" if self.few(rows, h) else "many"
 
     def chained_rows(self, hidden: int) -> int:
         """Rows up to which the calibrated build ran a model ``hidden`` wide on the chained kernels (default: one)."""
@@ -225,14 +227,15 @@ class KernelModel:
         return out
 
     def layer(self, arch: ArchSpec, rows: int, length: float) -> float:
-        """One decode layer of ``arch``: its kernels' tables, the path's gap per kernel and, on the many-row path,
-        the GEMM share (:func:`calibration.fit.fit_gaps`)."""
+        """One decode layer of ``arch``: its kernels' tables and, on the cuBLAS path (``many``), the gap per kernel
+        and the GEMM share (:func:`calibration.fit.fit_gaps`). On the chained and few-row paths every kernel starts
+        early (programmatic dependent launch) as it did in the chains its table timed, so the layer is their sum."""
         kernels, path = self.layer_kernels(arch, rows, length)
         total = sum(t for _, t in kernels)
-        if path == "many":
-            total += self.gemm_share(arch.layer.style) * sum(t for name, t in kernels if name == "gemm")
-        count = MANY_KERNELS if path == "many" else len(kernels)  # the many-row gap is fitted per layer
-        return _with_gaps(total, count, self.gap(arch.layer.style, path, rows))
+        if path in EARLY_LAUNCH_PATHS:
+            return total
+        total += self.gemm_share(arch.layer.style) * sum(t for name, t in kernels if name == "gemm")
+        return _with_gaps(total, MANY_KERNELS, self.gap(arch.layer.style, path, rows))  # fitted per layer
 
     def core1(self, arch: ArchSpec, rows: int, length: float) -> float:
         return self.layer(arch, rows, length) + self.time("core_glue", STYLE_CODE[arch.style], arch.layer.hidden,

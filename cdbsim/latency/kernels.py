@@ -131,7 +131,7 @@ GROUP_CAPS: dict[str, dict[str, str]] = {  # a GQA group never exceeds the query
 class KernelModel:
     """The kernel tables of one calibration, read for any architecture (optionally on another device).
 
-    ``record`` is a kernel profile's ``kernels`` section: ``tables`` ({name: points}), ``gaps`` (per path),
+    ``record`` is a kernel profile's ``kernels`` section: ``tables`` ({name: points}), ``gaps`` (the cuBLAS path's),
     ``copy_bandwidth`` (bytes/s), ``attention_slots`` and ``attention_sharpness`` (per head size, or per head size
     and group), ``device`` (the measured GPU's figures) and ``glue_vocab``.
     """
@@ -161,10 +161,10 @@ class KernelModel:
         q = tuple(map(float, query))
         return carried(found.seconds, self.tables[table].proxy(q), self.scale[table](q))
 
-    def gap(self, style: LayerStyle, path: str, rows: float = 1.0) -> float:
-        """Seconds per kernel a layer of ``style`` takes beyond its kernels' tables: a number, or
+    def gap(self, style: LayerStyle, rows: float = 1.0) -> float:
+        """Seconds per kernel a cuBLAS-path layer of ``style`` takes beyond its kernels' tables: a number, or
         ``[[rows, gap], ...]`` interpolated in log rows."""
-        gap = self.gaps.get(str(style), {}).get(path, 0.0)
+        gap = self.gaps.get(str(style), {}).get("many", 0.0)
         if not isinstance(gap, list):
             return float(gap)
         points = sorted((float(r), float(g)) for r, g in gap)
@@ -235,7 +235,7 @@ class KernelModel:
         if path in EARLY_LAUNCH_PATHS:
             return total
         total += self.gemm_share(arch.layer.style) * sum(t for name, t in kernels if name == "gemm")
-        return _with_gaps(total, MANY_KERNELS, self.gap(arch.layer.style, path, rows))  # fitted per layer
+        return _with_gaps(total, MANY_KERNELS, self.gap(arch.layer.style, rows))  # fitted per layer
 
     def core1(self, arch: ArchSpec, rows: int, length: float) -> float:
         return self.layer(arch, rows, length) + self.time("core_glue", STYLE_CODE[arch.style], arch.layer.hidden,
@@ -257,7 +257,7 @@ class KernelModel:
         kernels = (sum(t for _, t in self.projections(tokens, s)) + self.time("rope_kv", tokens * s.heads, g, d)
                    + self.time("prefill_attention", tokens, chunks, prefix, s.heads, g, d)
                    + 2 * self.time("residual_norm", tokens, h))
-        return _with_gaps(kernels, MANY_KERNELS, self.gap(s.style, "many", tokens))
+        return _with_gaps(kernels, MANY_KERNELS, self.gap(s.style, tokens))
 
     def prefill1(self, arch: ArchSpec, tokens: int, chunks: int, prefix: int) -> float:
         """A one-layer, one-loop prefill with embedding, head and sampling of each chunk's last token."""

@@ -129,3 +129,25 @@ def test_predict_names_the_build_its_profile_came_from(tmp_path) -> None:
     assert "build 3f2a9c1e, torch 2.11, NVIDIA H200" in " ".join(result.stdout.split())
     shipped = CliRunner().invoke(app, ["predict", "--requests", "8", "--no-baseline"])
     assert "profile from build unknown" in " ".join(shipped.stdout.split())
+
+
+def leaves(data: object, where: str = "") -> dict[str, object]:
+    """Every scalar of a JSON document by its path."""
+    if isinstance(data, dict):
+        return {k: v for key, value in data.items() for k, v in leaves(value, f"{where}/{key}").items()}
+    if isinstance(data, list):
+        return {k: v for i, value in enumerate(data) for k, v in leaves(value, f"{where}[{i}]").items()}
+    return {where: data}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SHIPPED.glob("*.json")))
+def test_a_shipped_profile_is_what_refitting_its_raw_points_gives(name: str) -> None:
+    """The fits, gaps and their reported errors follow the fitting code: a change to it refits the shipped profiles."""
+    from calibration.fit import refit_profile
+
+    shipped = load_profile_file(SHIPPED / name)
+    stored, refitted = leaves(shipped.to_dict()), leaves(refit_profile(shipped).to_dict())
+    assert stored.keys() == refitted.keys()
+    differ = {k: (v, refitted[k]) for k, v in stored.items()
+              if v != refitted[k] and not (isinstance(v, float) and refitted[k] == pytest.approx(v, rel=1e-6))}
+    assert not differ, f"{name} differs from its refit (cdbsim calibrate --refit): {list(differ.items())[:5]}"

@@ -5,6 +5,9 @@ Run time: about 2 min on two cores with ``--repeat 5 --memory`` (CPU only).
     python benchmarks/bench_sim.py [--repeat 5] [--profile shipped|roofline] [--cases SUBSTRING]
                                    [--out benchmarks/results/sim_speed.json] [--memory [N]]
 
+The header and the result file also give the CPU time of a fixed pure-Python loop (``sum(range(1000))``): the
+cases' times follow the host's speed, and this says how fast the host was.
+
 Each case is timed as CPU time (``time.process_time``: other processes on a busy machine do not count),
 the minimum of ``--repeat`` runs. A "token loop step" is one token going through one application of the
 looped core (the items of core launches; CB's fused steps count r_max each). ``--profile shipped`` (the
@@ -29,6 +32,7 @@ import resource
 import subprocess
 import sys
 import time
+import timeit
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +68,14 @@ def machine() -> str:
     except (OSError, StopIteration):
         pass
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
+
+
+HOST_REFERENCE = "sum(range(1000))"  # a fixed pure-Python loop: how fast this host runs Python, beside the cases
+
+
+def host_reference_us() -> float:
+    """CPU microseconds of :data:`HOST_REFERENCE` (best of 5), so results from different hosts can be compared."""
+    return min(timeit.repeat(HOST_REFERENCE, number=2000, repeat=5, timer=time.process_time)) / 2000 * 1e6
 
 
 def loop_steps(log, r_max: int) -> int:
@@ -122,7 +134,9 @@ def main() -> None:
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     load = os.getloadavg()[0]  # other processes on the machine slow a core down even in CPU time
     build = "compiled (mypyc)" if native.compiled() else "pure Python"
-    print(f"simulator speed on {machine()}, {when}, load average {load:.1f}, {build} build")
+    reference = host_reference_us()
+    print(f"simulator speed on {machine()}, {when}, load average {load:.1f}, {build} build; "
+          f"host reference {HOST_REFERENCE}: {reference:.1f} us")
     print(f"CPU time of simulate, min of {args.repeat} runs, {args.profile} profile, one core")
     print(f"{'case':40s} {'launches':>9s} {'loop steps':>11s} {'CPU s':>7s} {'us/launch':>9s} {'target':>6s} "
           f"{'steps/s':>11s}")
@@ -145,6 +159,7 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"machine": machine(), "date": when, "load_average": load,
+                                        "host_reference": {"code": HOST_REFERENCE, "us": reference},
                                         "build": build, "profile": args.profile,
                                         "repeat": args.repeat, "clock": "process_time (CPU), min of repeats",
                                         "results": results, "memory": memory}, indent=2) + "\n")

@@ -264,9 +264,8 @@ def sim_speed() -> str:
             for r in compiled["results"]]
     memory = compiled["memory"]
     rows.append([f"{memory['requests']:,} requests: peak memory", f"{memory['peak_rss_mb']:,.0f} MB", "", "600 MB"])
-    host = compiled.get("host_reference")
-    if host:
-        rows.append([f"the host: `{host['code']}`, µs", f"{host['us']:.1f}", "", ""])
+    host = compiled["host_reference"]
+    rows.append([f"the host: `{host['code']}`, µs", f"{host['us']:.1f}", "", ""])
     return markdown(["case (µs per launch, CPU)", "compiled", "pure Python", "target"], rows)
 
 

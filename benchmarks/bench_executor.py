@@ -13,11 +13,15 @@ Parts (each bounded by ``--budget-s``):
 (d) ``checkpoint`` each model saved as a checkpoint in its authors' layout and opened as ``--checkpoint`` does;
                    ``cdbsim record`` on random prompts of Alpaca lengths (tokens per second), and the bf16
                    executor's logits against a float32 run of the same checkpoint (``checkpoint.csv``).
+(e) ``layers``     one decode layer as served, kernel by kernel (``--layer-archs``, ``--layer-rows``, ``--contexts``):
+                   a core step of eight layers replayed under the PyTorch profiler gives the layer's period and each
+                   kernel's share of it, beside the layer a two-layer step adds to a one-layer step (how profiles
+                   measure it) and the layer the GPU's kernel profile composes (``layers.csv``).
 
 Random weights and KV contents (never zeros), CUDA graphs, CUDA events, warm-up replays, median of repeats;
 the copy bandwidth (bytes read + written by a large device-to-device copy) is the ceiling every roofline uses.
-Writes ``stages.csv``, ``attention.csv``, ``throughput.csv`` and ``results.json`` (everything) to ``--out``
-and prints a short table. Needs a CUDA GPU (``--smoke``: a tiny model on the CPU, to check the script).
+Writes ``stages.csv``, ``attention.csv``, ``throughput.csv``, ``layers.csv`` and ``results.json`` (everything) to
+``--out`` and prints a short table. Needs a CUDA GPU (``--smoke``: a tiny model on the CPU, to check the script).
 
 Run time on an H200: the README's executor table (``bash benchmarks/gpu_session.sh bench``) about 4.5 min for
 ``--parts stages attention``, 2 min for ``--parts throughput --exits none --k 1 --requests 128``.
@@ -38,6 +42,8 @@ import statistics
 import sys
 import time
 import traceback
+from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +53,7 @@ if str(ROOT) not in sys.path:  # this checkout's packages, not an installed copy
 import numpy as np
 import torch
 
-from cdbsim.model.arch import PRESETS, ArchSpec, KVLayout
+from cdbsim.model.arch import PRESETS, ArchSpec, KVLayout, load_arch
 from cdbsim.serving.blocks import need_blocks
 from cdbsim.serving.config import Policy, ServeConfig
 from cdbsim.serving.launch import Stage, decode_launch, prefill_launch
@@ -379,6 +385,121 @@ def checkpoint_runs(arch: ArchSpec, model, n: int, max_new: int, q: float, folde
 
 
 # ----- driver ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a profiled replay: its name, start and duration (microseconds)."""
+
+    name: str
+    start: float
+    duration: float
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """A steady layer: its period, and per kernel its share of the period (from the end of the kernel before it to
+    its own end, so the shares add up to the period whatever the overlap), microseconds."""
+
+    period: float
+    shares: dict[str, float]
+
+
+def layer_times(kernels: list[Kernel], layers: int, replays: int) -> LayerTimes:
+    """The steady layer of ``replays`` replays of a ``layers``-layer step: kernels that run a multiple of ``layers``
+    times a replay are the layer's, the rest the step's glue; the period runs from the first layer kernel's second
+    run to its last, so the glue at either end stays out of it."""
+    if not kernels or len(kernels) % replays:
+        raise ValueError(f"{len(kernels)} kernels do not split into {replays} replays")
+    kernels = sorted(kernels, key=lambda k: k.start)
+    per_replay = len(kernels) // replays
+    counts = Counter(k.name for k in kernels[:per_replay])
+    own = {name for name, count in counts.items() if count % layers == 0}
+    if layers < 3 or not own:
+        raise ValueError(f"no kernel runs a multiple of {layers} times a replay (at least 3 layers are needed)")
+    first = next(k.name for k in kernels[:per_replay] if k.name in own)
+    periods, shares = [], Counter()
+    for r in range(replays):
+        replay = kernels[r * per_replay:(r + 1) * per_replay]
+        starts = [k.start for k in replay if k.name == first]
+        per_layer = len(starts) // layers
+        periods.append((starts[-per_layer] - starts[per_layer]) / (layers - 2))
+        end = replay[0].start
+        for k in replay:
+            if k.name in own:
+                shares[k.name] += max(0.0, k.start + k.duration - end)
+            end = max(end, k.start + k.duration)
+    return LayerTimes(statistics.median(periods), {n: t / (replays * layers) for n, t in shares.items()})
+
+
+def profiled_kernels(replay, replays: int) -> list[Kernel]:
+    """The device kernels of ``replays`` calls of ``replay`` (a CUDA graph's), from the PyTorch profiler."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        replay()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            replay()
+        sync()
+    return [Kernel(e.name, e.time_range.start, e.time_range.end - e.time_range.start) for e in prof.events()
+            if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
+
+
+def layer_arch(spec: str) -> ArchSpec:
+    """A preset, an architecture file, or ``probeN``: the kernel profile's N-th probe layer shape."""
+    if spec.startswith("probe") and spec[5:].isdigit():
+        from calibration.fit import probe_arch
+        from cdbsim.latency.kernels import PROBE_SHAPES
+
+        return replace(probe_arch(PROBE_SHAPES[int(spec[5:])]), name=spec)
+    return load_arch(spec)
+
+
+LAYER_STEP = 8  # layers of the profiled core step
+LAYER_REPLAYS = 20
+
+
+def layer_rows(arch: ArchSpec, rows: list[int], contexts: list[int], profile: str) -> list[dict]:
+    """``layers.csv`` rows of one shape: per rows and context, the served layer's period and kernel shares, the
+    layer a two-layer step adds to a one-layer step, and the kernel profile's composition (its tables and layer)."""
+    from calibration.measure import Timer, UnitBench
+    from cdbsim.latency.kernels import KernelModel
+    from cdbsim.latency.shipped import shipped_profiles
+
+    model = KernelModel(shipped_profiles()[profile].kernels)
+    longest = max(contexts)
+
+    def bench(core: int) -> UnitBench:
+        unit = ArchSpec(name=f"{arch.name}-c{core}", layer=arch.layer, vocab=4096, prelude=0, core=core, coda=0,
+                        r_max=1)
+        return UnitBench(unit, max(rows), longest + 1, max(rows) * (longest + 1) + 64, KVLayout.SHARED, DEVICE,
+                         Timer(DEVICE, 7, 2))
+
+    points = [(b, c) for c in contexts for b in rows]
+    one, two = bench(1), bench(2)
+    added = {(b, c): 1e6 * (two.stage(Stage.CORE, b, c) - one.stage(Stage.CORE, b, c)) for b, c in points}
+    one.close()
+    two.close()
+    step = bench(LAYER_STEP)
+    out = []
+    try:
+        for b, c in points:
+            served = layer_times(profiled_kernels(step.graph(Stage.CORE, b, c), LAYER_REPLAYS), LAYER_STEP,
+                                 LAYER_REPLAYS)
+            composed, path = model.layer_kernels(arch, b, float(c))
+            key = {"shape": arch.name, "rows": b, "context": c, "path": path}
+            out += [{**key, "what": "served layer", "name": "", "us": served.period},
+                    {**key, "what": "two-layer less one-layer step", "name": "", "us": added[(b, c)]},
+                    {**key, "what": "composed layer", "name": profile, "us": 1e6 * model.layer(arch, b, float(c))},
+                    {**key, "what": "composed tables", "name": profile, "us": 1e6 * sum(t for _, t in composed)}]
+            out += [{**key, "what": "served kernel", "name": name[:60], "us": t} for name, t in served.shares.items()]
+            out += [{**key, "what": "composed kernel", "name": table, "us": 1e6 * t} for table, t in composed]
+    finally:
+        step.close()
+    return out
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     if not rows:
         return
@@ -395,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes and traces (a few minutes)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--parts", nargs="+", default=["stages", "attention", "throughput"],
-                        choices=["stages", "attention", "throughput", "checkpoint"])
+                        choices=["stages", "attention", "throughput", "checkpoint", "layers"])
     parser.add_argument("--workload", default="alpaca", choices=["alpaca", "sharegpt", "arxiv"],
                         help="length distribution of the throughput trace (ShareGPT prompts are long: slow)")
     parser.add_argument("--requests", type=int, help="requests per throughput run (64 quick, 256 full)")
@@ -413,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--attention-points", type=attention_point, nargs="+", default=[(64, 4096), (1, 512)],
                         metavar="B:L", help="attention part: batch and context of each point (default 64:4096 1:512)")
+    parser.add_argument("--layer-archs", nargs="+", default=["ouro-1.4b", "huginn-3.5b"],
+                        help="layers part: presets, architecture files or probeN (the N-th probe layer shape)")
+    parser.add_argument("--layer-rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64],
+                        help="layers part: padded rows of each layer")
     parser.add_argument("--smoke", action="store_true",
                         help="check the script itself: tiny same-style models, float32, CPU unless CUDA is there")
     args = parser.parse_args(argv)
@@ -431,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     device_name = torch.cuda.get_device_name() if cuda() else "cpu"
     results: dict = {"meta": {"device": device_name, "torch": torch.__version__, "cuda": torch.version.cuda,
                               "quick": quick, "smoke": args.smoke, "dtype": str(DTYPE).replace("torch.", "")},
-                     "stages": [], "attention": [], "throughput": [], "checkpoint": [], "errors": [], "skipped": []}
+                     "stages": [], "attention": [], "throughput": [], "checkpoint": [], "layers": [], "errors": [],
+                     "skipped": []}
 
     def save() -> None:
         (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
@@ -439,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(out / "attention.csv", results["attention"])
         write_csv(out / "throughput.csv", results["throughput"])
         write_csv(out / "checkpoint.csv", results["checkpoint"])
+        write_csv(out / "layers.csv", results["layers"])
 
     def part(name: str, fn) -> None:
         elapsed = time.perf_counter() - t_start
@@ -469,6 +596,17 @@ def main(argv: list[str] | None = None) -> int:
                      lambda name=name, h=h, kvh=kvh, d=d, batch=batch, length=length: results["attention"].extend(
                          attention_bandwidth(name, h, kvh, d, batch, length, bandwidth, iters, repeats,
                                              with_torch=args.smoke or not quick)))
+
+    if "layers" in args.parts and not cuda():
+        results["skipped"].append("layers (the profiler reads CUDA kernels: it needs a GPU)")
+    elif "layers" in args.parts:
+        from cdbsim.latency.devices import device_tag
+
+        profile = f"{device_tag(device_name)}-kernels"
+        for spec in args.layer_archs:
+            arch = layer_arch(spec)
+            part(f"layers {arch.name}", lambda arch=arch: results["layers"].extend(
+                layer_rows(arch, args.layer_rows, args.contexts, profile)))
 
     models = {}
     for name in args.models:  # stage latencies of every model first: the cheapest, most reused numbers
@@ -517,8 +655,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def tiny_preset(name: str) -> ArchSpec:
     """A small model of the preset's style, split and loop count, for ``--smoke``."""
-    from dataclasses import replace
-
     from cdbsim.model.arch import LayerShape
 
     arch = PRESETS[name]

@@ -144,6 +144,23 @@ def composed_layers() -> str:
                     rows)
 
 
+def served_layers() -> str:
+    """One decode layer as served on the H100, against the kernel profile's composition and the two-layer less
+    one-layer step (``python benchmarks/bench_executor.py --parts layers``), per shape and path."""
+    frame = pd.read_csv(RESULTS / "executor" / "layers.csv")
+    wide = frame[frame["what"].isin(["served layer", "composed layer", "two-layer less one-layer step"])].pivot_table(
+        index=["shape", "path", "rows", "context"], columns="what", values="us").reset_index()
+    rows = []
+    for (shape, path), group in wide.groupby(["shape", "path"], sort=False):
+        composed = 100 * (group["composed layer"] / group["served layer"] - 1)
+        added = 100 * (group["two-layer less one-layer step"] / group["served layer"] - 1)
+        rows.append([shape, path, f"{group['rows'].min()}–{group['rows'].max()}", len(group),
+                     f"{composed.median():+.1f}% ({composed.min():+.1f} to {composed.max():+.1f})",
+                     f"{added.median():+.1f}% ({added.min():+.1f} to {added.max():+.1f})"])
+    return markdown(["shape", "path", "rows", "points", "composed vs served: median (range)",
+                     "two-layer less one-layer step vs served"], rows)
+
+
 def paper() -> str:
     """The paper's findings against cdbsim on the shipped profiles."""
     rows = json.loads((RESULTS / "paper" / "findings.json").read_text())["rows"]
@@ -380,7 +397,7 @@ def memory() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "validation": validation, "unseen": unseen, "unseen-h100": unseen_h100,
-    "composed-layers": composed_layers, "paper": paper, "paper-h100": paper_h100,
+    "composed-layers": composed_layers, "served-layers": served_layers, "paper": paper, "paper-h100": paper_h100,
     "adaptive-grid": adaptive_grid, "adaptive-gpu": adaptive_gpu, "executor-targets": executor_targets,
     "sim-speed": sim_speed, "sweep-speed": sweep_speed, "codesign-best": codesign_best,
     "codesign-limits": codesign_limits, "codesign-kernels": codesign_kernels, "memory": memory,

@@ -26,6 +26,9 @@
 #   bash benchmarks/gpu_session.sh memory     GPU tests, an oversized KV cache refused before any model loads, and
 #                                             the executor's peak memory on every configuration of this GPU's
 #                                             validation matrix (about 6 min) -> benchmarks/results/memory/
+#   bash benchmarks/gpu_session.sh layers     one decode layer as served, kernel by kernel, against this GPU's kernel
+#                                             profile, on its probe layers and the calibrated and unseen shapes (about
+#                                             3 min) -> benchmarks/results/executor/layers.csv
 #   bash benchmarks/gpu_session.sh wide       Huginn-3.5B at W = 256, CB and refill (about 6 min) -> not in a table
 #   bash benchmarks/gpu_session.sh rebuild N  call N of the rebuild: everything above, in the order that makes later
 #                                             calls use the profiles earlier ones measured (no N: the list)
@@ -35,7 +38,7 @@
 # between them). docs/validating.md says more.
 set -u
 REBUILD=(calibrate kernels-matmul kernels-gemv kernels-attention kernels-prefill validate unseen:1/2 unseen:2/2 adaptive paper memory
-         bench checkpoint wide)
+         bench checkpoint layers wide)
 phase=${1:-}
 if [ "$phase" = rebuild ]; then
   n=${2:-}
@@ -51,9 +54,9 @@ fi
 case $phase in
   calibrate | kernels-matmul | kernels-gemv | kernels-attention | kernels-prefill | validate | bench | checkpoint \
     | paper | adaptive \
-    | unseen | memory | wide) ;;
+    | unseen | memory | layers | wide) ;;
   *) echo "error: unknown phase '$phase'; phases: calibrate, kernels-matmul, kernels-gemv, kernels-attention," \
-       "kernels-prefill, validate, bench, checkpoint, paper, adaptive, unseen, memory, wide, rebuild N" >&2
+       "kernels-prefill, validate, bench, checkpoint, paper, adaptive, unseen, memory, layers, wide, rebuild N" >&2
      exit 2 ;;
 esac
 if [ -n "${PART:-}" ] && ! [[ $PART =~ ^([1-9][0-9]*)/([1-9][0-9]*)$ && ${BASH_REMATCH[1]} -le ${BASH_REMATCH[2]} ]]; then
@@ -113,6 +116,12 @@ case $phase in
   paper) matrix 560 paper "$([ $gpu = h100 ] && echo paper-h100.json || echo paper-huginn-h200.json)" ;;
   adaptive) matrix 560 adaptive adaptive-h200.json ;;
   unseen) matrix 560 unseen unseen-h200.json ;;
+  layers)
+    run 400 layers python3 benchmarks/bench_executor.py --parts layers --budget-s 360 --layer-archs probe0 probe1 \
+      probe2 probe3 ouro-1.4b huginn-3.5b calibration/archs/unseen-ouro-1024.json \
+      calibration/archs/unseen-huginn-1792.json calibration/archs/unseen-ouro-2560-d80.json \
+      --layer-rows 1 2 4 8 16 32 64 --contexts 128 2048 --out "$work/executor"
+    ;;
   wide) matrix 560 wide wide-huginn-h200.json ;;
   memory)
     run 380 memory python3 benchmarks/memory.py measure --matrix "calibration/matrices/validation-$gpu.json" \

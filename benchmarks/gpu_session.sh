@@ -28,7 +28,7 @@
 #                                             validation matrix (about 6 min) -> benchmarks/results/memory/
 #   bash benchmarks/gpu_session.sh layers     one decode layer as served, kernel by kernel, against this GPU's kernel
 #                                             profile, on its probe layers and the calibrated and unseen shapes (about
-#                                             3 min) -> benchmarks/results/executor/layers.csv
+#                                             3 min) -> benchmarks/results/executor/layers.csv.gz
 #   bash benchmarks/gpu_session.sh wide       Huginn-3.5B at W = 256, CB and refill (about 6 min) -> not in a table
 #   bash benchmarks/gpu_session.sh rebuild N  call N of the rebuild: everything above, in the order that makes later
 #                                             calls use the profiles earlier ones measured (no N: the list)

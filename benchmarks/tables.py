@@ -147,7 +147,7 @@ def composed_layers() -> str:
 def served_layers() -> str:
     """One decode layer as served on the H100, against the kernel profile's composition and the two-layer less
     one-layer step (``python benchmarks/bench_executor.py --parts layers``), per shape and path."""
-    frame = pd.read_csv(RESULTS / "executor" / "layers.csv")
+    frame = pd.read_csv(RESULTS / "executor" / "layers.csv.gz")
     wide = frame[frame["what"].isin(["served layer", "composed layer", "two-layer less one-layer step"])].pivot_table(
         index=["shape", "path", "rows", "context"], columns="what", values="us").reset_index()
     rows = []

@@ -404,9 +404,9 @@ class LayerTimes:
 
 
 def layer_times(kernels: list[Kernel], layers: int, replays: int) -> LayerTimes:
-    """The steady layer of ``replays`` replays of a ``layers``-layer step: kernels that run a multiple of ``layers``
-    times a replay are the layer's, the rest the step's glue; the period runs from the first layer kernel's second
-    run to its last, so the glue at either end stays out of it."""
+    """The steady layer of ``replays`` replays of a ``layers``-layer step. The layer's first kernel is the first of
+    those that run a multiple of ``layers`` times a replay; the layers from its second run to its last are the steady
+    ones, every kernel in them counts (whatever else runs under its name) and the step's glue at either end stays out."""
     if not kernels or len(kernels) % replays:
         raise ValueError(f"{len(kernels)} kernels do not split into {replays} replays")
     kernels = sorted(kernels, key=lambda k: k.start)
@@ -421,13 +421,14 @@ def layer_times(kernels: list[Kernel], layers: int, replays: int) -> LayerTimes:
         replay = kernels[r * per_replay:(r + 1) * per_replay]
         starts = [k.start for k in replay if k.name == first]
         per_layer = len(starts) // layers
-        periods.append((starts[-per_layer] - starts[per_layer]) / (layers - 2))
-        end = replay[0].start
+        begin, stop = starts[per_layer], starts[-per_layer]
+        periods.append((stop - begin) / (layers - 2))
+        end = begin
         for k in replay:
-            if k.name in own:
+            if begin <= k.start < stop:
                 shares[k.name] += max(0.0, k.start + k.duration - end)
-            end = max(end, k.start + k.duration)
-    return LayerTimes(statistics.median(periods), {n: t / (replays * layers) for n, t in shares.items()})
+                end = max(end, k.start + k.duration)
+    return LayerTimes(statistics.median(periods), {n: t / (replays * (layers - 2)) for n, t in shares.items()})
 
 
 def profiled_kernels(replay, replays: int) -> list[Kernel]:

@@ -9,13 +9,14 @@ pytest.importorskip("torch")
 from benchmarks.bench_executor import Kernel, layer_times
 
 
-def step(layers: int, replays: int, period: float, overlap: float = 0.0) -> list[Kernel]:
-    """``replays`` steps of glue, ``layers`` layers of a 4 us GEMM, a 2 us attention and a 4 us GEMM, and glue; each
-    layer kernel starting ``overlap`` before the one before it ends, the rest of the period spread between them."""
+def step(layers: int, replays: int, period: float, overlap: float = 0.0, glue: str = "fill") -> list[Kernel]:
+    """``replays`` steps of a 1 us ``glue`` kernel, ``layers`` layers of a 4 us GEMM, a 2 us attention and a 4 us GEMM,
+    and a head; each layer kernel starting ``overlap`` before the one before it ends, the rest of the period spread
+    between them."""
     kernels, t = [], 0.0
     idle = (period - 10.0 + 3 * overlap) / 3
     for _ in range(replays):
-        kernels.append(Kernel("fill", t, 1.0))
+        kernels.append(Kernel(glue, t, 1.0))
         t += 1.0
         for _ in range(layers):
             for name, duration in (("gemm", 4.0), ("attn", 2.0), ("gemm", 4.0)):
@@ -29,8 +30,16 @@ def step(layers: int, replays: int, period: float, overlap: float = 0.0) -> list
 def test_the_steady_layer_leaves_the_glue_out_and_its_shares_add_up_to_its_period() -> None:
     times = layer_times(step(layers=8, replays=5, period=12.0), layers=8, replays=5)
     assert times.period == pytest.approx(12.0)
-    assert sum(times.shares.values()) == pytest.approx(12.0, rel=0.05)  # the first layer's share starts at the fill
+    assert sum(times.shares.values()) == pytest.approx(12.0 - (2 / 3) / 6)  # less the idle after the last steady layer
     assert set(times.shares) == {"gemm", "attn"}
+
+
+def test_a_layer_kernel_that_also_runs_in_the_glue_keeps_its_share() -> None:
+    alone = layer_times(step(layers=8, replays=5, period=12.0), layers=8, replays=5)
+    shared = layer_times(step(layers=8, replays=5, period=12.0, glue="gemm"), layers=8, replays=5)
+    assert shared.period == pytest.approx(alone.period)
+    assert set(shared.shares) == {"gemm", "attn"}
+    assert sum(shared.shares.values()) == pytest.approx(sum(alone.shares.values()))
 
 
 def test_overlapping_kernels_share_the_period_not_their_durations() -> None:

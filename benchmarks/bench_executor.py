@@ -397,7 +397,8 @@ class Kernel:
 @dataclass(frozen=True)
 class LayerTimes:
     """A steady layer: its period, and per kernel its share of the period (from the end of the kernel before it to
-    its own end, so the shares add up to the period whatever the overlap), microseconds."""
+    its own end, so overlap is not counted twice; the shares add up to the period less the idle after the layer's
+    last kernel), microseconds."""
 
     period: float
     shares: dict[str, float]
@@ -479,9 +480,11 @@ def layer_rows(arch: ArchSpec, rows: list[int], contexts: list[int], profile: st
 
     points = [(b, c) for c in contexts for b in rows]
     one, two = bench(1), bench(2)
-    added = {(b, c): 1e6 * (two.stage(Stage.CORE, b, c) - one.stage(Stage.CORE, b, c)) for b, c in points}
-    one.close()
-    two.close()
+    try:
+        added = {(b, c): 1e6 * (two.stage(Stage.CORE, b, c) - one.stage(Stage.CORE, b, c)) for b, c in points}
+    finally:
+        one.close()
+        two.close()
     step = bench(LAYER_STEP)
     out = []
     try:

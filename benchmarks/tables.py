@@ -161,6 +161,34 @@ def served_layers() -> str:
                      "two-layer less one-layer step vs served"], rows)
 
 
+KERNEL_FAMILIES = (  # (family, name fragments of served and composed kernels), matched in this order
+    ("attention", ("attn", "attention")), ("norms", ("norm",)), ("matmul", ("gemv", "gemm", "few_rows", "nvjet", "cublas")),
+    ("elementwise", ("rope_kv", "silu")))
+
+
+def kernel_family(name: str) -> str:
+    """The family of a served or composed kernel's name; ``other`` when none matches."""
+    return next((family for family, parts in KERNEL_FAMILIES if any(p in name.lower() for p in parts)), "other")
+
+
+def served_kernels() -> str:
+    """The served layer's kernels by family against the composed ones (the same file's ``served kernel`` and
+    ``composed kernel`` rows): median over rows and contexts of composed / served - 1, per shape and path."""
+    frame = pd.read_csv(RESULTS / "executor" / "layers.csv.gz")
+    kernels = frame[frame["what"].isin(["served kernel", "composed kernel"])].copy()
+    kernels["family"] = kernels["name"].map(kernel_family)
+    sums = kernels.pivot_table(index=["shape", "path", "rows", "context", "family"], columns="what", values="us",
+                               aggfunc="sum").reset_index()
+    sums["error"] = 100 * (sums["composed kernel"] / sums["served kernel"] - 1)
+    families = [f for f, _ in KERNEL_FAMILIES]
+    rows = []
+    for (shape, path), group in sums.groupby(["shape", "path"], sort=False):
+        median = group.groupby("family")["error"].median()
+        rows.append([shape, path, *(f"{median[f]:+.0f}%" if f in median and pd.notna(median[f]) else ""
+                                    for f in families)])
+    return markdown(["shape", "path", *(f"{f}: composed vs served" for f in families)], rows)
+
+
 def paper() -> str:
     """The paper's findings against cdbsim on the shipped profiles."""
     rows = json.loads((RESULTS / "paper" / "findings.json").read_text())["rows"]
@@ -397,7 +425,7 @@ def memory() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "validation": validation, "unseen": unseen, "unseen-h100": unseen_h100,
-    "composed-layers": composed_layers, "served-layers": served_layers, "paper": paper, "paper-h100": paper_h100,
+    "composed-layers": composed_layers, "served-layers": served_layers, "served-kernels": served_kernels, "paper": paper, "paper-h100": paper_h100,
     "adaptive-grid": adaptive_grid, "adaptive-gpu": adaptive_gpu, "executor-targets": executor_targets,
     "sim-speed": sim_speed, "sweep-speed": sweep_speed, "codesign-best": codesign_best,
     "codesign-limits": codesign_limits, "codesign-kernels": codesign_kernels, "memory": memory,

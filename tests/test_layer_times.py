@@ -1,4 +1,5 @@
-"""The layers part of benchmarks/bench_executor.py: a served layer's period and kernel shares from a profiled step."""
+"""The layers part of benchmarks/bench_executor.py: a served layer's period and kernel shares from a profiled step,
+and the kernel families by which benchmarks/tables.py sets served shares beside composed kernels."""
 
 from __future__ import annotations
 
@@ -53,3 +54,15 @@ def test_a_profile_that_does_not_split_into_replays_or_layers_is_refused() -> No
         layer_times(step(layers=8, replays=5, period=12.0), layers=8, replays=4)
     with pytest.raises(ValueError, match="at least 3 layers"):
         layer_times(step(layers=2, replays=2, period=12.0), layers=2, replays=2)
+
+
+@pytest.mark.parametrize(("name", "family"), [
+    ("_rope_decode_attn_kernel", "attention"), ("chained_attention", "attention"), ("_decode_attn_merge", "attention"),
+    ("_residual_norm_kernel", "norms"), ("residual_norm", "norms"),
+    ("_few_rows_kernel", "matmul"), ("_chain_gemv_kernel", "matmul"), ("nvjet_sm90_tst_64x32_64x6", "matmul"),
+    ("void cublasLt::splitKreduce_kernel<32, 16>", "matmul"), ("gemm", "matmul"),
+    ("_rope_kv_kernel", "elementwise"), ("silu_mul", "elementwise"), ("fill", "other")])
+def test_served_and_composed_kernels_fall_in_the_same_family(name: str, family: str) -> None:
+    from benchmarks.tables import kernel_family
+
+    assert kernel_family(name) == family

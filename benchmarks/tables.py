@@ -162,8 +162,8 @@ def served_layers() -> str:
 
 
 KERNEL_FAMILIES = (  # (family, name fragments of served and composed kernels), matched in this order
-    ("attention", ("attn", "attention")), ("norms", ("norm",)), ("matmul", ("gemv", "gemm", "few_rows", "nvjet", "cublas")),
-    ("elementwise", ("rope_kv", "silu")))
+    ("attention", ("attn", "attention")), ("norms", ("norm",)),
+    ("matmul", ("gemv", "gemm", "few_rows", "nvjet", "cublas")), ("elementwise", ("rope_kv", "silu")))
 
 
 def kernel_family(name: str) -> str:
@@ -184,7 +184,7 @@ def served_kernels() -> str:
     rows = []
     for (shape, path), group in sums.groupby(["shape", "path"], sort=False):
         median = group.groupby("family")["error"].median()
-        rows.append([shape, path, *(f"{median[f]:+.0f}%" if f in median and pd.notna(median[f]) else ""
+        rows.append([shape, path, *(f"{round(median[f]):+d}%" if f in median and pd.notna(median[f]) else ""
                                     for f in families)])
     return markdown(["shape", "path", *(f"{f}: composed vs served" for f in families)], rows)
 
@@ -425,7 +425,8 @@ def memory() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "validation": validation, "unseen": unseen, "unseen-h100": unseen_h100,
-    "composed-layers": composed_layers, "served-layers": served_layers, "served-kernels": served_kernels, "paper": paper, "paper-h100": paper_h100,
+    "composed-layers": composed_layers, "served-layers": served_layers, "served-kernels": served_kernels,
+    "paper": paper, "paper-h100": paper_h100,
     "adaptive-grid": adaptive_grid, "adaptive-gpu": adaptive_gpu, "executor-targets": executor_targets,
     "sim-speed": sim_speed, "sweep-speed": sweep_speed, "codesign-best": codesign_best,
     "codesign-limits": codesign_limits, "codesign-kernels": codesign_kernels, "memory": memory,
